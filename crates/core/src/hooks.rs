@@ -1,0 +1,529 @@
+//! Typed hooks, the handler registry and the action accumulator.
+//!
+//! Each hook point is a trait. A module implements the traits of the hooks it
+//! cares about and registers the implementations in the [`HookRegistry`]
+//! with a priority (lower runs first). Hooks a module does not register cost
+//! nothing: a disabled module runs no code (DESIGN.md invariant 1).
+//!
+//! Handlers of session hooks get a [`SessionCtx`]: read-only facts about the
+//! session, the module's own per-session state, and an accumulator of
+//! [`Action`]s. The session task applies the actions, in order, when the
+//! chain has run; handlers never write to the socket themselves.
+//!
+//! A handler that returns an error is logged and skipped; the chain goes on
+//! and the connection stays up (invariant 3).
+
+use crate::{disco::DiscoRegistry, Env, Extensions};
+use async_trait::async_trait;
+use starling_proto::{FullJid, Stanza, StanzaError, StreamError};
+use starling_xml::Element;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a handler tells the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Run the next handler (and the default action at the end).
+    Continue,
+    /// The stanza was consumed: stop the chain and skip the default action.
+    Stop,
+}
+
+/// A handler failure; logged with the module name, then the chain goes on.
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+/// A handler's result.
+pub type HookResult = Result<Flow, HookError>;
+
+/// Identifies a session timer: the module that set it and a module-chosen
+/// token. Setting a timer with the same key replaces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimerKey {
+    /// The module's name, as given to the registry.
+    pub module: &'static str,
+    /// Module-defined meaning.
+    pub token: u64,
+}
+
+/// An effect requested by a handler, applied by the session task.
+#[derive(Debug)]
+pub enum Action {
+    /// Write this element to this session's client.
+    Send(Element),
+    /// Route this stanza (its `from` must be set by the handler).
+    Route(Stanza),
+    /// Record the session's presence priority in the session table (`None`:
+    /// not available).
+    SetPriority(Option<i8>),
+    /// Fire the module's timer handler after a delay.
+    SetTimer(TimerKey, Duration),
+    /// Cancel a timer.
+    CancelTimer(TimerKey),
+    /// Close the stream with this error.
+    Close(StreamError),
+}
+
+/// Facts about a session, maintained by the session task.
+#[derive(Clone, Debug)]
+pub struct SessionInfo {
+    /// Process-unique session id.
+    pub id: u64,
+    /// The stream id sent in our stream header.
+    pub stream_id: String,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The domain the client addressed (stream `to`).
+    pub domain: String,
+    /// True once TLS is established.
+    pub secure: bool,
+    /// True once SASL succeeded.
+    pub authenticated: bool,
+    /// The bound full JID, once resource binding is done.
+    pub jid: Option<FullJid>,
+    /// Presence priority; `None` while not available.
+    pub priority: Option<i8>,
+    /// When the last bytes arrived from the client.
+    pub last_inbound: Instant,
+}
+
+/// What a session hook handler works with.
+pub struct SessionCtx<'a> {
+    /// The server environment (router, storage, configuration of hosts…).
+    pub env: &'a Env,
+    /// Facts about the session.
+    pub info: &'a SessionInfo,
+    /// Per-module state of this session.
+    pub state: &'a mut Extensions,
+    actions: &'a mut Vec<Action>,
+}
+
+impl<'a> SessionCtx<'a> {
+    /// A context over the given parts; used by the session task.
+    pub fn new(
+        env: &'a Env,
+        info: &'a SessionInfo,
+        state: &'a mut Extensions,
+        actions: &'a mut Vec<Action>,
+    ) -> Self {
+        SessionCtx {
+            env,
+            info,
+            state,
+            actions,
+        }
+    }
+
+    /// The bound JID. Hooks that run before binding must not call this.
+    ///
+    /// # Panics
+    /// If called on a session that has not bound a resource; the hook
+    /// points that run before binding are documented as such.
+    pub fn jid(&self) -> &FullJid {
+        self.info
+            .jid
+            .as_ref()
+            .expect("session hook that requires a bound resource")
+    }
+
+    /// Requests an effect.
+    pub fn push(&mut self, action: Action) {
+        self.actions.push(action);
+    }
+
+    /// Requests that `el` be written to this session's client.
+    pub fn send(&mut self, el: Element) {
+        self.actions.push(Action::Send(el));
+    }
+
+    /// Requests that `stanza` be routed.
+    pub fn route(&mut self, stanza: Stanza) {
+        self.actions.push(Action::Route(stanza));
+    }
+
+    /// Answers `stanza` with an error (routed to the sender), unless it is an
+    /// error itself.
+    pub fn reply_error(&mut self, stanza: &Stanza, error: StanzaError) {
+        if let Some(reply) = stanza.error_reply(error) {
+            self.actions.push(Action::Send(reply.into_element()));
+        }
+    }
+}
+
+/// A stanza sent by an authenticated, bound client, after the server stamped
+/// its `from` (RFC 6120 §8.1.2.1). Returning [`Flow::Stop`] consumes it;
+/// otherwise the default is to route it.
+#[async_trait]
+pub trait UserSendHandler: Send + Sync + 'static {
+    /// Handles one stanza.
+    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult;
+}
+
+/// A stanza routed to this session, before it is written to the client.
+/// Returning [`Flow::Stop`] drops it; otherwise it is written.
+#[async_trait]
+pub trait UserReceiveHandler: Send + Sync + 'static {
+    /// Handles one stanza.
+    async fn user_receive(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult;
+}
+
+/// A stanza received on a stream that has not authenticated yet (for
+/// example XEP-0077 registration). If no handler consumes it, the stream is
+/// closed with `<not-authorized/>` (RFC 6120 §4.9.3.12). The stanza has no
+/// trusted `from`; `cx.info.jid` is `None`.
+#[async_trait]
+pub trait PreAuthHandler: Send + Sync + 'static {
+    /// Handles one stanza.
+    async fn pre_auth(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult;
+}
+
+/// The session bound a resource and is ready for stanzas.
+#[async_trait]
+pub trait SessionOpenedHandler: Send + Sync + 'static {
+    /// Runs once per session.
+    async fn session_opened(&self, cx: &mut SessionCtx<'_>) -> HookResult;
+}
+
+/// The session is ending (the client left, the stream failed, or it was
+/// replaced). Actions that write to this session are ignored; routed
+/// stanzas are still routed.
+#[async_trait]
+pub trait SessionClosedHandler: Send + Sync + 'static {
+    /// Runs once per bound session.
+    async fn session_closed(&self, cx: &mut SessionCtx<'_>) -> HookResult;
+}
+
+/// A timer set by this module (see [`Action::SetTimer`]) fired.
+#[async_trait]
+pub trait TimerHandler: Send + Sync + 'static {
+    /// Handles the timer `token`.
+    async fn timer(&self, cx: &mut SessionCtx<'_>, token: u64) -> HookResult;
+}
+
+/// When in negotiation stream features are offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeatureStage {
+    /// Before authentication (next to the SASL mechanisms).
+    PreAuth,
+    /// After authentication (next to resource binding).
+    PostAuth,
+}
+
+/// Contributes elements to `<stream:features/>` (RFC 6120 §4.3.2).
+pub trait StreamFeatureProvider: Send + Sync + 'static {
+    /// Appends this module's features for `stage` to `out`.
+    fn stream_features(
+        &self,
+        env: &Env,
+        info: &SessionInfo,
+        stage: FeatureStage,
+        out: &mut Vec<Element>,
+    );
+}
+
+/// A message of type chat or normal for an existing account with no
+/// available resource (RFC 6121 §8.5.2.1.1). A handler that stores it
+/// returns [`Flow::Stop`]; if none does, the sender gets
+/// `<service-unavailable/>`.
+#[async_trait]
+pub trait OfflineMessageHandler: Send + Sync + 'static {
+    /// Handles one message.
+    async fn offline_message(&self, env: &Env, stanza: &Stanza) -> HookResult;
+}
+
+/// Who an iq is addressed to, from the server's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IqScope {
+    /// The server itself (`to` is a local domain).
+    Server,
+    /// An account's bare JID, answered by the server on the account's
+    /// behalf (RFC 6121 §8.5.2.1.3), including iqs with no `to`.
+    Account,
+}
+
+/// The answer of an iq handler.
+#[derive(Debug)]
+pub enum IqResponse {
+    /// Reply `type='result'` with this payload.
+    Result(Option<Element>),
+    /// Reply `type='error'`.
+    Error(StanzaError),
+    /// The handler took care of any reply itself.
+    Handled,
+}
+
+/// Handles iq get/set requests whose payload is in one namespace.
+#[async_trait]
+pub trait IqHandler: Send + Sync + 'static {
+    /// Handles one request. `iq.from()` is the trusted sender.
+    async fn handle_iq(&self, env: &Env, scope: IqScope, iq: &Stanza) -> IqResponse;
+}
+
+struct IqEntry {
+    scope: IqScope,
+    name: String,
+    module: &'static str,
+    handler: Arc<dyn IqHandler>,
+}
+
+struct Registered<T: ?Sized> {
+    priority: i32,
+    module: &'static str,
+    handler: Arc<T>,
+}
+
+/// A priority-ordered chain of handlers of one hook.
+pub struct Chain<T: ?Sized> {
+    handlers: Vec<Registered<T>>,
+}
+
+impl<T: ?Sized> Default for Chain<T> {
+    fn default() -> Self {
+        Chain {
+            handlers: Vec::new(),
+        }
+    }
+}
+
+impl<T: ?Sized> Chain<T> {
+    fn add(&mut self, priority: i32, module: &'static str, handler: Arc<T>) {
+        self.handlers.push(Registered {
+            priority,
+            module,
+            handler,
+        });
+        // Stable sort: equal priorities keep registration order.
+        self.handlers.sort_by_key(|r| r.priority);
+    }
+
+    /// True when no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+
+    /// The handlers in running order, with their module names.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &Arc<T>)> {
+        self.handlers.iter().map(|r| (r.module, &r.handler))
+    }
+}
+
+/// Logs a handler failure; the chain continues.
+pub fn log_failure(hook: &'static str, module: &'static str, err: &HookError) {
+    tracing::error!(hook, module, error = %err, "hook handler failed; skipped");
+}
+
+/// Runs a chain; stops at the first [`Flow::Stop`]. Failed handlers are
+/// logged and skipped.
+#[macro_export]
+macro_rules! run_chain {
+    ($chain:expr, $hook:literal, |$h:ident| $call:expr) => {{
+        let mut flow = $crate::Flow::Continue;
+        for (module, $h) in $chain.iter() {
+            match $call.await {
+                Ok($crate::Flow::Continue) => {}
+                Ok($crate::Flow::Stop) => {
+                    flow = $crate::Flow::Stop;
+                    break;
+                }
+                Err(e) => $crate::hooks::log_failure($hook, module, &e),
+            }
+        }
+        flow
+    }};
+}
+
+/// Where modules register their handlers. Frozen into [`Hooks`] once all
+/// enabled modules are started.
+#[derive(Default)]
+pub struct HookRegistry {
+    hooks: Hooks,
+}
+
+/// All registered handlers, shared read-only by every session.
+#[derive(Default)]
+pub struct Hooks {
+    /// [`UserSendHandler`]s.
+    pub user_send: Chain<dyn UserSendHandler>,
+    /// [`UserReceiveHandler`]s.
+    pub user_receive: Chain<dyn UserReceiveHandler>,
+    /// [`PreAuthHandler`]s.
+    pub pre_auth: Chain<dyn PreAuthHandler>,
+    /// [`SessionOpenedHandler`]s.
+    pub session_opened: Chain<dyn SessionOpenedHandler>,
+    /// [`SessionClosedHandler`]s.
+    pub session_closed: Chain<dyn SessionClosedHandler>,
+    /// [`OfflineMessageHandler`]s.
+    pub offline_message: Chain<dyn OfflineMessageHandler>,
+    /// [`StreamFeatureProvider`]s.
+    pub stream_features: Vec<Arc<dyn StreamFeatureProvider>>,
+    timers: HashMap<&'static str, Arc<dyn TimerHandler>>,
+    /// namespace → (scope, element name, module, handler); looked up by
+    /// `&str` so routing an iq allocates nothing.
+    iq: HashMap<String, Vec<IqEntry>>,
+    /// Features and identities for service discovery, declared by modules.
+    pub disco: DiscoRegistry,
+}
+
+impl Hooks {
+    /// The timer handler of `module`.
+    pub fn timer(&self, module: &str) -> Option<&Arc<dyn TimerHandler>> {
+        self.timers.get(module)
+    }
+
+    /// The iq handler for a payload `{ns}name` in `scope`.
+    pub fn iq_handler(&self, scope: IqScope, name: &str, ns: &str) -> Option<&Arc<dyn IqHandler>> {
+        self.iq
+            .get(ns)?
+            .iter()
+            .find(|e| e.scope == scope && e.name == name)
+            .map(|e| &e.handler)
+    }
+}
+
+impl HookRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a [`UserSendHandler`].
+    pub fn user_send(&mut self, module: &'static str, priority: i32, h: Arc<dyn UserSendHandler>) {
+        self.hooks.user_send.add(priority, module, h);
+    }
+
+    /// Registers a [`UserReceiveHandler`].
+    pub fn user_receive(
+        &mut self,
+        module: &'static str,
+        priority: i32,
+        h: Arc<dyn UserReceiveHandler>,
+    ) {
+        self.hooks.user_receive.add(priority, module, h);
+    }
+
+    /// Registers a [`PreAuthHandler`].
+    pub fn pre_auth(&mut self, module: &'static str, priority: i32, h: Arc<dyn PreAuthHandler>) {
+        self.hooks.pre_auth.add(priority, module, h);
+    }
+
+    /// Registers a [`SessionOpenedHandler`].
+    pub fn session_opened(
+        &mut self,
+        module: &'static str,
+        priority: i32,
+        h: Arc<dyn SessionOpenedHandler>,
+    ) {
+        self.hooks.session_opened.add(priority, module, h);
+    }
+
+    /// Registers a [`SessionClosedHandler`].
+    pub fn session_closed(
+        &mut self,
+        module: &'static str,
+        priority: i32,
+        h: Arc<dyn SessionClosedHandler>,
+    ) {
+        self.hooks.session_closed.add(priority, module, h);
+    }
+
+    /// Registers an [`OfflineMessageHandler`].
+    pub fn offline_message(
+        &mut self,
+        module: &'static str,
+        priority: i32,
+        h: Arc<dyn OfflineMessageHandler>,
+    ) {
+        self.hooks.offline_message.add(priority, module, h);
+    }
+
+    /// Registers a [`StreamFeatureProvider`].
+    pub fn stream_features(&mut self, h: Arc<dyn StreamFeatureProvider>) {
+        self.hooks.stream_features.push(h);
+    }
+
+    /// Registers the [`TimerHandler`] for timers set with `module`'s name.
+    pub fn timer(&mut self, module: &'static str, h: Arc<dyn TimerHandler>) {
+        self.hooks.timers.insert(module, h);
+    }
+
+    /// Registers an [`IqHandler`] for payload `{ns}name` in `scope`.
+    ///
+    /// # Panics
+    /// If another module already handles the same payload in the same scope:
+    /// two enabled modules claiming one namespace is a configuration bug that
+    /// must stop start-up, not be resolved silently.
+    pub fn iq(
+        &mut self,
+        module: &'static str,
+        scope: IqScope,
+        name: &str,
+        ns: &str,
+        h: Arc<dyn IqHandler>,
+    ) {
+        let entries = self.hooks.iq.entry(ns.to_owned()).or_default();
+        if let Some(other) = entries.iter().find(|e| e.scope == scope && e.name == name) {
+            panic!(
+                "modules {} and {module} both handle {{{ns}}}{name} in {scope:?} scope",
+                other.module
+            );
+        }
+        entries.push(IqEntry {
+            scope,
+            name: name.to_owned(),
+            module,
+            handler: h,
+        });
+    }
+
+    /// Service discovery declarations.
+    pub fn disco(&mut self) -> &mut DiscoRegistry {
+        &mut self.hooks.disco
+    }
+
+    /// Freezes the registry.
+    pub fn build(self) -> Hooks {
+        self.hooks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Order(&'static str, Flow);
+    #[async_trait]
+    impl OfflineMessageHandler for Order {
+        async fn offline_message(&self, _env: &Env, _s: &Stanza) -> HookResult {
+            if self.0 == "fail" {
+                return Err("boom".into());
+            }
+            Ok(self.1)
+        }
+    }
+
+    #[test]
+    fn chain_orders_by_priority_then_registration() {
+        let mut reg = HookRegistry::new();
+        reg.offline_message("b", 50, Arc::new(Order("b", Flow::Continue)));
+        reg.offline_message("a", 10, Arc::new(Order("a", Flow::Continue)));
+        reg.offline_message("c", 50, Arc::new(Order("c", Flow::Continue)));
+        let hooks = reg.build();
+        let names: Vec<_> = hooks.offline_message.iter().map(|(m, _)| m).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "both handle")]
+    fn iq_registry_duplicate_namespace_panics() {
+        struct H;
+        #[async_trait]
+        impl IqHandler for H {
+            async fn handle_iq(&self, _: &Env, _: IqScope, _: &Stanza) -> IqResponse {
+                IqResponse::Handled
+            }
+        }
+        let mut reg = HookRegistry::new();
+        reg.iq("m1", IqScope::Server, "ping", "urn:xmpp:ping", Arc::new(H));
+        reg.iq("m2", IqScope::Server, "ping", "urn:xmpp:ping", Arc::new(H));
+    }
+}

@@ -1,0 +1,84 @@
+//! Storage interfaces, one trait per concern (DESIGN.md invariant 6).
+//!
+//! Modules use these traits; only backends (the `starling-storage` crate)
+//! see SQL. Every backend runs the same conformance suite. Later concerns
+//! (roster, offline, archive, inbox…) add a trait here and a field to
+//! [`Storage`].
+
+use async_trait::async_trait;
+use starling_proto::sasl::{ScramCredentials, ScramHash};
+use starling_proto::BareJid;
+use std::sync::Arc;
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The row already exists (for example creating an existing account).
+    #[error("already exists")]
+    Conflict,
+    /// The backend failed; the message is for operators' logs.
+    #[error("storage backend error: {0}")]
+    Backend(String),
+}
+
+/// Result of a storage operation.
+pub type StorageResult<T> = Result<T, StorageError>;
+
+/// Accounts and their SCRAM credentials. Passwords are never stored: only
+/// salted SCRAM keys, one set per hash function (RFC 5802 §3).
+#[async_trait]
+pub trait AccountStore: Send + Sync + 'static {
+    /// Creates an account. Fails with [`StorageError::Conflict`] if it exists.
+    async fn create(&self, jid: &BareJid, credentials: &[ScramCredentials]) -> StorageResult<()>;
+    /// Creates many accounts in one transaction (bulk import); existing
+    /// accounts are skipped. Returns how many were created.
+    async fn create_many(
+        &self,
+        accounts: &[(BareJid, Vec<ScramCredentials>)],
+    ) -> StorageResult<u64>;
+    /// True if the account exists.
+    async fn exists(&self, jid: &BareJid) -> StorageResult<bool>;
+    /// The stored credentials for one hash function.
+    async fn credentials(
+        &self,
+        jid: &BareJid,
+        hash: ScramHash,
+    ) -> StorageResult<Option<ScramCredentials>>;
+    /// Replaces all credentials (password change). Returns false if the
+    /// account does not exist.
+    async fn set_credentials(
+        &self,
+        jid: &BareJid,
+        credentials: &[ScramCredentials],
+    ) -> StorageResult<bool>;
+    /// Deletes the account and everything stored for it. Returns false if
+    /// it did not exist.
+    async fn delete(&self, jid: &BareJid) -> StorageResult<bool>;
+    /// Account names (localparts) of a domain, sorted, after `after`, at most `limit`.
+    async fn list(
+        &self,
+        domain: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StorageResult<Vec<String>>;
+    /// Number of accounts in a domain.
+    async fn count(&self, domain: &str) -> StorageResult<u64>;
+}
+
+/// Lifecycle of a storage backend as a whole.
+#[async_trait]
+pub trait StorageBackend: Send + Sync + 'static {
+    /// Flushes pending writes and closes connections (graceful shutdown).
+    async fn close(&self);
+    /// A short description for logs, e.g. `sqlite:./data/starling.db`.
+    fn describe(&self) -> String;
+}
+
+/// All storage handles of a deployment.
+#[derive(Clone)]
+pub struct Storage {
+    /// Accounts.
+    pub accounts: Arc<dyn AccountStore>,
+    /// The backend's lifecycle.
+    pub backend: Arc<dyn StorageBackend>,
+}

@@ -1,0 +1,228 @@
+//! SASL negotiation (RFC 6120 §6) for the c2s session: which mechanisms to
+//! offer, and the `<auth/>`, `<challenge/>`, `<response/>`, `<success/>`,
+//! `<failure/>` exchange. The mechanisms themselves are sans-IO code in
+//! `starling_proto::sasl`; this file adds credential lookup, limits and
+//! logging.
+
+use super::session::{Exit, Session};
+use starling_proto::sasl::{
+    decode_payload, encode_payload, parse_plain, Mechanism, SaslError, ScramHash, ScramServer,
+};
+use starling_proto::{ns, BareJid, StreamErrorCondition};
+use starling_xml::Element;
+
+/// Where the SASL exchange of a stream stands.
+pub(crate) enum SaslState {
+    /// No exchange in progress.
+    Idle,
+    /// `<auth/>` came without an initial response; we sent an empty
+    /// challenge and wait for the client's first message (§6.4.2).
+    AwaitingInitial(Mechanism),
+    /// SCRAM server-first sent; waiting for client-final.
+    Scram(Box<ScramServer>, BareJid),
+    /// Authenticated as this account.
+    Done(BareJid),
+}
+
+enum Step {
+    Challenge(Vec<u8>),
+    Success(Vec<u8>, BareJid),
+}
+
+impl Session {
+    /// Mechanisms to offer on this stream, strongest first.
+    pub(super) fn offered_mechanisms(&self) -> Vec<Mechanism> {
+        let secure = self.info.secure;
+        self.shared
+            .mechanisms
+            .iter()
+            .copied()
+            .filter(|m| match m {
+                Mechanism::Plain => secure,
+                m if m.is_plus() => secure && !self.bindings.is_empty(),
+                _ => secure || !self.shared.require_tls,
+            })
+            .collect()
+    }
+
+    pub(super) async fn on_sasl(&mut self, el: Element) -> Result<(), Exit> {
+        if self.shared.require_tls && !self.info.secure {
+            // §6.4.? / §6.5.4: the mechanism needs a protected stream.
+            return self.sasl_failure(SaslError::EncryptionRequired, "use STARTTLS first", None);
+        }
+        let result = match el.name() {
+            "auth" => self.on_auth(&el).await,
+            "response" => self.on_response(&el).await,
+            "abort" => {
+                self.sasl = SaslState::Idle;
+                Err(SaslError::Aborted)
+            }
+            _ => Err(SaslError::MalformedRequest("unknown SASL element")),
+        };
+        match result {
+            Ok(Step::Challenge(data)) => {
+                self.write_sasl("challenge", &data);
+                Ok(())
+            }
+            Ok(Step::Success(data, jid)) => {
+                self.write_sasl("success", &data);
+                self.shared.env.metrics.auth_success.inc();
+                tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, "authenticated");
+                self.sasl = SaslState::Done(jid);
+                self.info.authenticated = true;
+                self.restart = true;
+                Ok(())
+            }
+            Err(e) => {
+                let user = match &self.sasl {
+                    SaslState::Scram(_, j) => Some(j.to_string()),
+                    _ => None,
+                };
+                self.sasl = SaslState::Idle;
+                self.sasl_failure(e, "", user)
+            }
+        }
+    }
+
+    fn write_sasl(&mut self, name: &str, data: &[u8]) {
+        let mut el = Element::new(name, ns::SASL);
+        if !data.is_empty() || name == "challenge" {
+            el.append_text(encode_payload(data));
+        }
+        self.write_element(&el);
+    }
+
+    fn sasl_failure(&mut self, e: SaslError, text: &str, user: Option<String>) -> Result<(), Exit> {
+        let mut failure = Element::new("failure", ns::SASL);
+        failure.append_child(Element::new(e.condition(), ns::SASL));
+        if !text.is_empty() {
+            failure.append_child(
+                Element::builder("text", ns::SASL)
+                    .attr("xml:lang", "en")
+                    .text(text)
+                    .build(),
+            );
+        }
+        self.write_element(&failure);
+        if matches!(e, SaslError::Aborted) {
+            return Ok(());
+        }
+        self.shared.env.metrics.auth_failures.inc();
+        self.shared.auth_limiter.record(self.info.peer.ip());
+        self.auth_failures += 1;
+        tracing::info!(
+            session = self.info.id,
+            peer = %self.info.peer,
+            user = user.as_deref().unwrap_or("-"),
+            condition = e.condition(),
+            error = %e,
+            "authentication failed"
+        );
+        if self.auth_failures >= self.shared.max_auth_attempts {
+            // §6.4.5: too many retries → <policy-violation/>.
+            return Err(Exit::error(
+                StreamErrorCondition::PolicyViolation,
+                "too many failed authentication attempts",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn on_auth(&mut self, el: &Element) -> Result<Step, SaslError> {
+        if matches!(self.sasl, SaslState::Done(_)) {
+            return Err(SaslError::MalformedRequest("already authenticated"));
+        }
+        self.sasl = SaslState::Idle;
+        if self.shared.auth_limiter.is_limited(self.info.peer.ip()) {
+            return Err(SaslError::TemporaryAuthFailure);
+        }
+        let mechanism = el
+            .attr("mechanism")
+            .and_then(Mechanism::from_name)
+            .filter(|m| self.offered_mechanisms().contains(m))
+            .ok_or(SaslError::InvalidMechanism)?;
+        let text = el.text();
+        if text.is_empty() {
+            // No initial response: empty challenge (§6.4.2).
+            self.sasl = SaslState::AwaitingInitial(mechanism);
+            return Ok(Step::Challenge(Vec::new()));
+        }
+        let data = decode_payload(text.trim())?;
+        self.initial(mechanism, &data).await
+    }
+
+    async fn on_response(&mut self, el: &Element) -> Result<Step, SaslError> {
+        let data = decode_payload(el.text().trim())?;
+        match std::mem::replace(&mut self.sasl, SaslState::Idle) {
+            SaslState::AwaitingInitial(m) => self.initial(m, &data).await,
+            SaslState::Scram(mut server, jid) => {
+                let reply = server.client_final(&data);
+                match reply {
+                    Ok(server_final) => Ok(Step::Success(server_final, jid)),
+                    Err(e) => {
+                        self.sasl = SaslState::Scram(server, jid); // for the failure log
+                        Err(e)
+                    }
+                }
+            }
+            _ => Err(SaslError::MalformedRequest("no authentication in progress")),
+        }
+    }
+
+    fn account_jid(&self, username: &str) -> Result<BareJid, SaslError> {
+        BareJid::new(&format!("{username}@{}", self.info.domain))
+            .ok()
+            .filter(|j| j.node().is_some())
+            .ok_or(SaslError::NotAuthorized("invalid username"))
+    }
+
+    fn check_authzid(&self, authzid: Option<&str>, jid: &BareJid) -> Result<(), SaslError> {
+        match authzid {
+            None => Ok(()),
+            Some(a) if BareJid::new(a).is_ok_and(|z| z == *jid) => Ok(()),
+            Some(_) => Err(SaslError::InvalidAuthzid),
+        }
+    }
+
+    async fn initial(&mut self, mechanism: Mechanism, data: &[u8]) -> Result<Step, SaslError> {
+        let accounts = self.shared.env.storage.accounts.clone();
+        if mechanism == Mechanism::Plain {
+            let (authzid, authcid, password) = parse_plain(data)?;
+            let jid = self.account_jid(&authcid)?;
+            self.check_authzid(authzid.as_deref(), &jid)?;
+            let creds = accounts
+                .credentials(&jid, ScramHash::Sha256)
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "credential lookup failed");
+                    SaslError::TemporaryAuthFailure
+                })?;
+            let Some(creds) = creds else {
+                return Err(SaslError::NotAuthorized("unknown user or wrong password"));
+            };
+            // PBKDF2 runs on the blocking pool (invariant 8).
+            let ok = tokio::task::spawn_blocking(move || creds.verify_password(&password))
+                .await
+                .unwrap_or(false);
+            return if ok {
+                Ok(Step::Success(Vec::new(), jid))
+            } else {
+                Err(SaslError::NotAuthorized("unknown user or wrong password"))
+            };
+        }
+        let hash = mechanism.scram_hash().ok_or(SaslError::InvalidMechanism)?;
+        let plus_advertised = self.offered_mechanisms().iter().any(|m| m.is_plus());
+        let mut server = ScramServer::new(mechanism, self.bindings.clone(), plus_advertised)?;
+        server.set_fake_iterations(self.shared.scram_iterations);
+        let first = server.client_first(data)?;
+        let jid = self.account_jid(&first.username)?;
+        self.check_authzid(first.authzid.as_deref(), &jid)?;
+        let creds = accounts.credentials(&jid, hash).await.map_err(|e| {
+            tracing::error!(error = %e, "credential lookup failed");
+            SaslError::TemporaryAuthFailure
+        })?;
+        let server_first = server.server_first(creds.as_ref())?;
+        self.sasl = SaslState::Scram(Box::new(server), jid);
+        Ok(Step::Challenge(server_first))
+    }
+}

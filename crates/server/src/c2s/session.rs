@@ -1,0 +1,896 @@
+//! The c2s session task: RFC 6120 negotiation and the stanza loop.
+//!
+//! States (all derived from a few facts, not a separate enum):
+//!
+//! ```text
+//! connected ──header──► features ──starttls──► (TLS) ──restart──► features
+//!                          │                                         │
+//!                          └──────────────auth (SASL)────────────────┘
+//!                                              │ success → restart
+//!                                              ▼
+//!                           features(bind) ──bind──► established (hooks)
+//! ```
+//!
+//! Every stanza of an established session goes through the `user_send`
+//! hooks and then to the router; every stanza routed to the session goes
+//! through `user_receive` and then to the socket. Modules request effects
+//! ([`Action`]s) which this task applies; no module ever holds the socket.
+
+use super::transport::Transport;
+use super::C2sShared;
+use crate::c2s::sasl::SaslState;
+use starling_core::hooks::FeatureStage;
+use starling_core::{
+    run_chain, Action, CloseReason, Extensions, Flow, SessionCtx, SessionHandle, SessionInfo,
+    SessionMsg, TimerKey,
+};
+use starling_proto::sasl::ChannelBindings;
+use starling_proto::{
+    ns, random_id, BareJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+    StanzaParseError, StreamError, StreamErrorCondition,
+};
+use starling_xml::{Element, StreamEvent, StreamHeader, StreamParser};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio::time::sleep_until;
+
+/// How a session ends.
+#[derive(Debug)]
+pub(super) enum Exit {
+    /// We close the stream with this error (RFC 6120 §4.9).
+    Error(StreamError),
+    /// The client closed its stream; we close ours (§4.4).
+    ClientClosed,
+    /// The connection failed or reached end of file.
+    Io,
+}
+
+impl Exit {
+    pub(super) fn error(c: StreamErrorCondition, text: impl Into<String>) -> Exit {
+        Exit::Error(StreamError::with_text(c, text))
+    }
+}
+
+/// The session task's state.
+pub(crate) struct Session {
+    pub(super) shared: Arc<C2sShared>,
+    pub(super) transport: Transport,
+    parser: StreamParser,
+    pub(super) info: SessionInfo,
+    state: Extensions,
+    /// Our own sender, handed to the session table at bind time. Holding it
+    /// also keeps `mailbox.recv()` from ever returning `None`.
+    handle: SessionHandle,
+    mailbox: mpsc::Receiver<SessionMsg>,
+    wbuf: Vec<u8>,
+    /// Our stream header for the current stream has been sent.
+    header_sent: bool,
+    /// Bytes after the current element must go to a fresh parser
+    /// (stream restart after SASL success).
+    pub(super) restart: bool,
+    /// Bytes after the current element must be dropped (STARTTLS).
+    discard_rest: bool,
+    pub(super) sasl: SaslState,
+    pub(super) auth_failures: u32,
+    pub(super) bindings: ChannelBindings,
+    connected_at: Instant,
+    timers: Vec<(Instant, TimerKey)>,
+    tokens: f64,
+    refilled_at: Instant,
+    read_paused_until: Option<Instant>,
+}
+
+/// Runs one client connection to completion.
+pub(crate) async fn run(
+    shared: Arc<C2sShared>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    direct_tls: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let metrics = &shared.env.metrics;
+    metrics.connections.inc();
+    metrics.connections_total.inc();
+    let transport = if direct_tls {
+        let Some(tls) = shared.tls.as_ref() else {
+            metrics.connections.dec();
+            return;
+        };
+        match tokio::time::timeout(shared.negotiation_timeout, tls.direct.accept(tcp)).await {
+            Ok(Ok(s)) => Transport::Tls(Box::new(s)),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "direct TLS handshake failed");
+                metrics.connections.dec();
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "direct TLS handshake timed out");
+                metrics.connections.dec();
+                return;
+            }
+        }
+    } else {
+        Transport::Plain(tcp)
+    };
+    let mut session = Session::new(shared.clone(), transport, peer);
+    if let Transport::Tls(tls) = &session.transport {
+        if let Some(ctx) = shared.tls.as_ref() {
+            session.bindings = ctx.bindings(tls);
+        }
+        session.info.secure = true;
+    }
+    let exit = session.run_loop(&mut shutdown).await;
+    session.finish(exit).await;
+    shared.env.metrics.connections.dec();
+}
+
+impl Session {
+    fn new(shared: Arc<C2sShared>, transport: Transport, peer: SocketAddr) -> Session {
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, mailbox) = mpsc::channel(shared.mailbox_size);
+        let now = Instant::now();
+        let burst = shared
+            .max_bytes_per_second
+            .max(shared.limits.max_stanza_bytes as u64) as f64;
+        Session {
+            parser: StreamParser::new(shared.limits.clone()),
+            info: SessionInfo {
+                id,
+                stream_id: String::new(),
+                peer,
+                domain: String::new(),
+                secure: false,
+                authenticated: false,
+                jid: None,
+                priority: None,
+                last_inbound: now,
+            },
+            shared,
+            transport,
+            state: Extensions::new(),
+            handle: SessionHandle::new(id, tx),
+            mailbox,
+            wbuf: Vec::new(),
+            header_sent: false,
+            restart: false,
+            discard_rest: false,
+            sasl: SaslState::Idle,
+            auth_failures: 0,
+            bindings: ChannelBindings::default(),
+            connected_at: now,
+            timers: Vec::new(),
+            tokens: burst,
+            refilled_at: now,
+            read_paused_until: None,
+        }
+    }
+
+    /// The earliest instant at which something time-based must happen.
+    fn next_deadline(&self) -> Option<Instant> {
+        let negotiation = if self.info.jid.is_none() {
+            Some(self.connected_at + self.shared.negotiation_timeout)
+        } else {
+            None
+        };
+        let timers = self.timers.iter().map(|(t, _)| *t).min();
+        [negotiation, timers, self.read_paused_until]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Exit {
+        if *shutdown.borrow() {
+            return Exit::Error(StreamError::new(StreamErrorCondition::SystemShutdown));
+        }
+        loop {
+            let deadline = self.next_deadline();
+            let far = Instant::now() + Duration::from_secs(86_400);
+            let reading = self.read_paused_until.is_none();
+            let step = tokio::select! {
+                biased;
+                _ = shutdown.changed() => Err(Exit::Error(StreamError::with_text(
+                    StreamErrorCondition::SystemShutdown,
+                    "the server is shutting down; reconnect in a moment",
+                ))),
+                msg = self.mailbox.recv() => match msg {
+                    Some(msg) => self.on_mailbox(msg).await,
+                    None => Ok(()),
+                },
+                read = self.transport.read_chunk(), if reading => match read {
+                    Ok(data) if data.is_empty() => Err(Exit::Io),
+                    Ok(data) => self.on_input(&data).await,
+                    Err(e) => {
+                        tracing::debug!(session = self.info.id, error = %e, "read failed");
+                        Err(Exit::Io)
+                    }
+                },
+                _ = sleep_until(deadline.unwrap_or(far).into()) => self.on_deadline().await,
+            };
+            if let Err(exit) = step {
+                return exit;
+            }
+            // Coalesce: deliver what else is queued before one flush.
+            for _ in 0..64 {
+                match self.mailbox.try_recv() {
+                    Ok(msg) => {
+                        if let Err(exit) = self.on_mailbox(msg).await {
+                            return exit;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Err(exit) = self.flush().await {
+                return exit;
+            }
+        }
+    }
+
+    async fn on_deadline(&mut self) -> Result<(), Exit> {
+        let now = Instant::now();
+        if let Some(t) = self.read_paused_until {
+            if t <= now {
+                self.read_paused_until = None;
+            }
+        }
+        if self.info.jid.is_none() && now >= self.connected_at + self.shared.negotiation_timeout {
+            return Err(Exit::error(
+                StreamErrorCondition::ConnectionTimeout,
+                "authentication and resource binding took too long",
+            ));
+        }
+        let mut due = Vec::new();
+        self.timers.retain(|(t, k)| {
+            if *t <= now {
+                due.push(*k);
+                false
+            } else {
+                true
+            }
+        });
+        for key in due {
+            let Some(handler) = self.shared.env.hooks.timer(key.module).cloned() else {
+                continue;
+            };
+            let mut actions = Vec::new();
+            let result = {
+                let mut cx =
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+                handler.timer(&mut cx, key.token).await
+            };
+            if let Err(e) = result {
+                starling_core::hooks::log_failure("timer", key.module, &e);
+            }
+            self.apply(actions).await?;
+        }
+        Ok(())
+    }
+
+    fn throttle(&mut self, n: usize) {
+        let rate = self.shared.max_bytes_per_second as f64;
+        if rate <= 0.0 {
+            return;
+        }
+        let burst = rate.max(self.shared.limits.max_stanza_bytes as f64);
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
+        self.refilled_at = now;
+        self.tokens = (self.tokens + elapsed * rate).min(burst) - n as f64;
+        if self.tokens < 0.0 {
+            self.read_paused_until = Some(now + Duration::from_secs_f64(-self.tokens / rate));
+        }
+    }
+
+    async fn on_input(&mut self, data: &[u8]) -> Result<(), Exit> {
+        self.info.last_inbound = Instant::now();
+        self.throttle(data.len());
+        let mut input = data;
+        loop {
+            let event = match self.parser.push(&mut input) {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    let cond = StreamErrorCondition::from_str(e.stream_condition())
+                        .unwrap_or(StreamErrorCondition::NotWellFormed);
+                    return Err(Exit::error(cond, e.to_string()));
+                }
+            };
+            match event {
+                StreamEvent::Open(h) => self.on_header(h)?,
+                StreamEvent::Close => return Err(Exit::ClientClosed),
+                StreamEvent::Stanza(el) => self.on_element(el).await?,
+            }
+            if self.discard_rest {
+                // RFC 6120 §5.4.3.3: nothing sent before the TLS handshake
+                // may be read as part of the secured stream.
+                self.discard_rest = false;
+                return Ok(());
+            }
+            if self.restart {
+                self.restart = false;
+                self.parser = StreamParser::new(self.shared.limits.clone());
+                self.header_sent = false;
+            }
+            if input.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    // ----- stream headers and features (RFC 6120 §4.3, §4.7) -----
+
+    fn on_header(&mut self, h: StreamHeader) -> Result<(), Exit> {
+        let to = h.attr("to").unwrap_or("");
+        let domain = starling_proto::BareJid::new(to)
+            .ok()
+            .filter(|j| j.node().is_none())
+            .map(|j| j.domain().as_str().to_owned());
+        // Answer with our header whatever the outcome (§4.9.1.2).
+        let domain_ok = match &domain {
+            Some(d) if self.shared.env.hosts.is_local(d) => {
+                if self.info.domain.is_empty() || self.info.domain == *d {
+                    self.info.domain = d.to_string();
+                    true
+                } else {
+                    false // a restart may not switch domains
+                }
+            }
+            _ => false,
+        };
+        if self.info.domain.is_empty() {
+            self.info.domain = self
+                .shared
+                .env
+                .hosts
+                .list()
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+        }
+        self.info.stream_id = random_id(16);
+        self.write_header();
+        if h.default_ns.as_deref() != Some(ns::CLIENT) {
+            return Err(Exit::error(
+                StreamErrorCondition::InvalidNamespace,
+                "the stream's default namespace must be jabber:client",
+            ));
+        }
+        if !domain_ok {
+            return Err(Exit::error(
+                StreamErrorCondition::HostUnknown,
+                format!("this server does not serve {to:?}"),
+            ));
+        }
+        let version_ok = h
+            .attr("version")
+            .and_then(|v| v.split('.').next())
+            .and_then(|major| major.parse::<u32>().ok())
+            .is_some_and(|major| major >= 1);
+        if !version_ok {
+            return Err(Exit::error(
+                StreamErrorCondition::UnsupportedVersion,
+                "only XMPP streams of version 1.0 are supported",
+            ));
+        }
+        self.write_features();
+        Ok(())
+    }
+
+    fn write_header(&mut self) {
+        if self.header_sent {
+            return;
+        }
+        self.header_sent = true;
+        let header = format!(
+            "<?xml version='1.0'?><stream:stream xmlns='jabber:client' \
+             xmlns:stream='http://etherx.jabber.org/streams' id='{}' from='{}' \
+             version='1.0' xml:lang='en'>",
+            self.info.stream_id, self.info.domain
+        );
+        self.wbuf.extend_from_slice(header.as_bytes());
+    }
+
+    fn write_features(&mut self) {
+        let mut features = Vec::new();
+        let tls_available = self.shared.tls.is_some() && !self.info.secure;
+        if !self.info.authenticated {
+            if tls_available {
+                let mut starttls = Element::new("starttls", ns::TLS);
+                if self.shared.require_tls {
+                    starttls.append_child(Element::new("required", ns::TLS));
+                }
+                features.push(starttls);
+            }
+            if self.info.secure || !self.shared.require_tls {
+                let mechs = self.offered_mechanisms();
+                if !mechs.is_empty() {
+                    let mut el = Element::new("mechanisms", ns::SASL);
+                    for m in mechs {
+                        el.append_child(
+                            Element::builder("mechanism", ns::SASL)
+                                .text(m.name())
+                                .build(),
+                        );
+                    }
+                    features.push(el);
+                }
+                // XEP-0440: which channel bindings -PLUS can use here.
+                if !self.bindings.is_empty() {
+                    let mut cb = Element::new("sasl-channel-binding", ns::SASL_CB);
+                    for t in self.bindings.types() {
+                        cb.append_child(
+                            Element::builder("channel-binding", ns::SASL_CB)
+                                .attr("type", t.name())
+                                .build(),
+                        );
+                    }
+                    features.push(cb);
+                }
+                self.module_features(FeatureStage::PreAuth, &mut features);
+            }
+        } else {
+            features.push(Element::new("bind", ns::BIND));
+            let mut session = Element::new("session", ns::SESSION);
+            session.append_child(Element::new("optional", ns::SESSION));
+            features.push(session);
+            self.module_features(FeatureStage::PostAuth, &mut features);
+        }
+        self.wbuf.extend_from_slice(b"<stream:features>");
+        for f in &features {
+            f.write_to(&mut self.wbuf, ns::CLIENT);
+        }
+        self.wbuf.extend_from_slice(b"</stream:features>");
+    }
+
+    fn module_features(&self, stage: FeatureStage, out: &mut Vec<Element>) {
+        for p in &self.shared.env.hooks.stream_features {
+            p.stream_features(&self.shared.env, &self.info, stage, out);
+        }
+    }
+
+    // ----- top-level elements -----
+
+    async fn on_element(&mut self, el: Element) -> Result<(), Exit> {
+        if !self.info.authenticated {
+            return self.on_unauthenticated(el).await;
+        }
+        if el.ns() != ns::CLIENT {
+            return Err(Exit::error(
+                StreamErrorCondition::UnsupportedStanzaType,
+                format!(
+                    "unexpected element {{{}}}{} after authentication",
+                    el.ns(),
+                    el.name()
+                ),
+            ));
+        }
+        if el.name() == "iq" && el.attr("type") == Some("set") {
+            if el.has_child("bind", ns::BIND) {
+                return self.on_bind(el).await;
+            }
+            if el.has_child("session", ns::SESSION) {
+                // Legacy session establishment (RFC 3921 §3): a no-op today.
+                let mut reply = Element::new("iq", ns::CLIENT);
+                reply.set_attr("type", "result");
+                if let Some(id) = el.attr("id") {
+                    reply.set_attr("id", id);
+                }
+                self.write_element(&reply);
+                return Ok(());
+            }
+        }
+        if self.info.jid.is_none() {
+            return Err(Exit::error(
+                StreamErrorCondition::NotAuthorized,
+                "bind a resource before sending stanzas (RFC 6120 §7)",
+            ));
+        }
+        self.on_stanza(el).await
+    }
+
+    async fn on_unauthenticated(&mut self, el: Element) -> Result<(), Exit> {
+        if el.is("starttls", ns::TLS) {
+            return self.on_starttls().await;
+        }
+        if el.ns() == ns::SASL {
+            return self.on_sasl(el).await;
+        }
+        if el.ns() == ns::CLIENT && matches!(el.name(), "iq" | "message" | "presence") {
+            if self.shared.require_tls && !self.info.secure {
+                return Err(Exit::error(
+                    StreamErrorCondition::PolicyViolation,
+                    "STARTTLS is required before anything else",
+                ));
+            }
+            let mut el = el;
+            el.remove_attr("from");
+            let mut stanza = match Stanza::from_element(el) {
+                Ok(s) => s,
+                Err(_) => {
+                    return Err(Exit::error(
+                        StreamErrorCondition::NotAuthorized,
+                        "authenticate before sending stanzas",
+                    ))
+                }
+            };
+            let mut actions = Vec::new();
+            let flow = {
+                let mut cx =
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+                run_chain!(self.shared.env.hooks.pre_auth, "pre_auth", |h| h
+                    .pre_auth(&mut cx, &mut stanza))
+            };
+            self.apply(actions).await?;
+            if flow == Flow::Stop {
+                return Ok(());
+            }
+            return Err(Exit::error(
+                StreamErrorCondition::NotAuthorized,
+                "authenticate before sending stanzas",
+            ));
+        }
+        Err(Exit::error(
+            StreamErrorCondition::UnsupportedStanzaType,
+            format!(
+                "unexpected element {{{}}}{} before authentication",
+                el.ns(),
+                el.name()
+            ),
+        ))
+    }
+
+    // ----- STARTTLS (RFC 6120 §5) -----
+
+    async fn on_starttls(&mut self) -> Result<(), Exit> {
+        let Some(tls) = self.shared.tls.clone().filter(|_| !self.info.secure) else {
+            // §5.4.2.2: failure, then close the stream.
+            self.wbuf.extend_from_slice(
+                b"<failure xmlns='urn:ietf:params:xml:ns:xmpp-tls'/></stream:stream>",
+            );
+            let _ = self.flush().await;
+            return Err(Exit::Io);
+        };
+        self.wbuf
+            .extend_from_slice(b"<proceed xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>");
+        self.flush().await?;
+        let Transport::Plain(tcp) = std::mem::replace(&mut self.transport, Transport::Upgrading)
+        else {
+            return Err(Exit::Io);
+        };
+        let remaining = (self.connected_at + self.shared.negotiation_timeout)
+            .saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, tls.starttls.accept(tcp)).await {
+            Ok(Ok(stream)) => {
+                self.bindings = tls.bindings(&stream);
+                self.transport = Transport::Tls(Box::new(stream));
+                self.info.secure = true;
+                self.discard_rest = true;
+                self.parser = StreamParser::new(self.shared.limits.clone());
+                self.header_sent = false;
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(session = self.info.id, peer = %self.info.peer, error = %e, "TLS handshake failed");
+                Err(Exit::Io)
+            }
+            Err(_) => Err(Exit::Io),
+        }
+    }
+
+    // ----- resource binding (RFC 6120 §7) -----
+
+    async fn on_bind(&mut self, el: Element) -> Result<(), Exit> {
+        let id = el.attr("id").unwrap_or("").to_owned();
+        if self.info.jid.is_some() {
+            // §7.7.2.3 allows refusing additional resources on one stream.
+            self.write_iq_error(
+                &id,
+                StanzaErrorCondition::NotAllowed,
+                "a resource is already bound",
+            );
+            return Ok(());
+        }
+        let Some(user) = self.sasl_user() else {
+            return Err(Exit::error(
+                StreamErrorCondition::NotAuthorized,
+                "not authenticated",
+            ));
+        };
+        let requested = el
+            .get_child("bind", ns::BIND)
+            .and_then(|b| b.get_child("resource", ns::BIND))
+            .map(|r| r.text())
+            .unwrap_or_default();
+        let requested = requested.trim();
+        let resource = if requested.is_empty() {
+            format!("starling-{}", random_id(10))
+        } else {
+            requested.to_owned()
+        };
+        let full = match user.with_resource_str(&resource) {
+            Ok(f) => f,
+            Err(_) => {
+                // §7.7.2.1: the resource cannot be processed.
+                self.write_iq_error(&id, StanzaErrorCondition::BadRequest, "invalid resource");
+                return Ok(());
+            }
+        };
+        if let Some(old) = self
+            .shared
+            .env
+            .sessions
+            .register(&full, self.handle.clone())
+        {
+            // §7.7.2.2: the new session wins; the old one gets <conflict/>.
+            tracing::info!(jid = %full, old_session = old.id, new_session = self.info.id, "resource conflict: replacing older session");
+            let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+        }
+        self.info.jid = Some(full.clone());
+        self.shared.env.metrics.sessions.inc();
+        tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
+        let mut reply = Element::new("iq", ns::CLIENT);
+        reply.set_attr("type", "result");
+        reply.set_attr("id", id);
+        let mut bind = Element::new("bind", ns::BIND);
+        bind.append_child(
+            Element::builder("jid", ns::BIND)
+                .text(full.as_str())
+                .build(),
+        );
+        reply.append_child(bind);
+        self.write_element(&reply);
+
+        let mut actions = Vec::new();
+        {
+            let mut cx =
+                SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+            run_chain!(
+                self.shared.env.hooks.session_opened,
+                "session_opened",
+                |h| h.session_opened(&mut cx)
+            );
+        }
+        self.apply(actions).await
+    }
+
+    fn sasl_user(&self) -> Option<BareJid> {
+        match &self.sasl {
+            SaslState::Done(j) => Some(j.clone()),
+            _ => None,
+        }
+    }
+
+    // ----- stanzas of an established session -----
+
+    async fn on_stanza(&mut self, mut el: Element) -> Result<(), Exit> {
+        let full = self.info.jid.clone().expect("checked by caller");
+        // RFC 6120 §8.1.2.1 rule 1: the server sets 'from' itself.
+        if let Some(claimed) = el.remove_attr("from") {
+            if claimed != full.as_str() && claimed != full.to_bare().as_str() {
+                tracing::debug!(session = self.info.id, jid = %full, claimed = %claimed, "rewrote spoofed 'from'");
+            }
+        }
+        let mut stanza = match Stanza::from_element(el.clone()) {
+            Ok(s) => s,
+            Err(StanzaParseError::UnsupportedElement(name)) => {
+                return Err(Exit::error(
+                    StreamErrorCondition::UnsupportedStanzaType,
+                    format!("unknown stanza element {name}"),
+                ))
+            }
+            Err(StanzaParseError::MalformedTo(why)) => {
+                self.write_raw_error(
+                    &el,
+                    StanzaError::new(StanzaErrorCondition::JidMalformed).with_text(why),
+                );
+                return Ok(());
+            }
+            Err(StanzaParseError::BadIq) => {
+                self.write_raw_error(
+                    &el,
+                    StanzaError::new(StanzaErrorCondition::BadRequest)
+                        .with_text("an iq needs an id and a type of get, set, result or error"),
+                );
+                return Ok(());
+            }
+            Err(StanzaParseError::MalformedFrom(_)) => unreachable!("'from' was removed above"),
+        };
+        stanza.set_from(Some(Jid::from(full)));
+        self.shared.env.metrics.stanza_in(stanza.kind());
+        let mut actions = Vec::new();
+        let flow = {
+            let mut cx =
+                SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+            run_chain!(self.shared.env.hooks.user_send, "user_send", |h| h
+                .user_send(&mut cx, &mut stanza))
+        };
+        self.apply(actions).await?;
+        if flow == Flow::Continue {
+            self.shared.env.route(stanza).await;
+        }
+        Ok(())
+    }
+
+    async fn on_mailbox(&mut self, msg: SessionMsg) -> Result<(), Exit> {
+        match msg {
+            SessionMsg::Stanza(stanza) => {
+                let mut stanza = *stanza;
+                let mut actions = Vec::new();
+                let flow = {
+                    let mut cx = SessionCtx::new(
+                        &self.shared.env,
+                        &self.info,
+                        &mut self.state,
+                        &mut actions,
+                    );
+                    run_chain!(self.shared.env.hooks.user_receive, "user_receive", |h| h
+                        .user_receive(&mut cx, &mut stanza))
+                };
+                self.apply(actions).await?;
+                if flow == Flow::Continue {
+                    self.shared.env.metrics.stanza_out(stanza.kind());
+                    stanza.element().write_to(&mut self.wbuf, ns::CLIENT);
+                }
+                Ok(())
+            }
+            SessionMsg::Close(CloseReason::Replaced) => Err(Exit::error(
+                StreamErrorCondition::Conflict,
+                "replaced by a new session with the same resource",
+            )),
+            SessionMsg::Close(CloseReason::Error(e)) => Err(Exit::Error(e)),
+        }
+    }
+
+    /// Applies the effects requested by hook handlers, in order.
+    async fn apply(&mut self, actions: Vec<Action>) -> Result<(), Exit> {
+        for action in actions {
+            match action {
+                Action::Send(el) => self.write_element(&el),
+                Action::Route(stanza) => self.shared.env.route(stanza).await,
+                Action::SetPriority(p) => {
+                    self.info.priority = p;
+                    if let Some(jid) = &self.info.jid {
+                        self.shared.env.sessions.set_priority(jid, self.info.id, p);
+                    }
+                }
+                Action::SetTimer(key, after) => {
+                    self.timers.retain(|(_, k)| *k != key);
+                    self.timers.push((Instant::now() + after, key));
+                }
+                Action::CancelTimer(key) => self.timers.retain(|(_, k)| *k != key),
+                Action::Close(e) => return Err(Exit::Error(e)),
+            }
+        }
+        Ok(())
+    }
+
+    // ----- output -----
+
+    pub(super) fn write_element(&mut self, el: &Element) {
+        if el.ns() == ns::CLIENT {
+            if let Some(kind) = match el.name() {
+                "message" => Some(StanzaKind::Message),
+                "presence" => Some(StanzaKind::Presence),
+                "iq" => Some(StanzaKind::Iq),
+                _ => None,
+            } {
+                self.shared.env.metrics.stanza_out(kind);
+            }
+        }
+        el.write_to(&mut self.wbuf, ns::CLIENT);
+    }
+
+    fn write_iq_error(&mut self, id: &str, cond: StanzaErrorCondition, text: &str) {
+        let mut reply = Element::new("iq", ns::CLIENT);
+        reply.set_attr("type", "error");
+        reply.set_attr("id", id);
+        reply.append_child(StanzaError::new(cond).with_text(text).to_element());
+        self.write_element(&reply);
+    }
+
+    /// An error reply for an element that could not even be parsed as a
+    /// stanza (so `Stanza::error_reply` is not available).
+    fn write_raw_error(&mut self, el: &Element, err: StanzaError) {
+        if el.attr("type") == Some("error") {
+            return;
+        }
+        let mut reply = Element::new(el.name(), ns::CLIENT);
+        reply.set_attr("type", "error");
+        if let Some(id) = el.attr("id") {
+            reply.set_attr("id", id);
+        }
+        reply.append_child(err.to_element());
+        self.write_element(&reply);
+    }
+
+    pub(super) async fn flush(&mut self) -> Result<(), Exit> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        // Hand the buffer to the write; an idle session keeps none.
+        let buf = std::mem::take(&mut self.wbuf);
+        let write = async {
+            self.transport.write_all(&buf).await?;
+            self.transport.flush().await
+        };
+        match tokio::time::timeout(self.shared.write_timeout, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::debug!(session = self.info.id, error = %e, "write failed");
+                Err(Exit::Io)
+            }
+            Err(_) => {
+                tracing::info!(
+                    session = self.info.id,
+                    "client stopped reading; dropping session"
+                );
+                Err(Exit::Io)
+            }
+        }
+    }
+
+    /// Closes the stream as `exit` says, then cleans up.
+    async fn finish(mut self, exit: Exit) {
+        match &exit {
+            Exit::Error(e) => {
+                self.write_header();
+                self.shared.env.metrics.stream_errors.inc();
+                tracing::info!(session = self.info.id, peer = %self.info.peer, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), condition = %e.condition, text = e.text.as_deref().unwrap_or(""), "closing stream with error");
+                self.wbuf.extend_from_slice(b"<stream:error>");
+                for child in e.to_element().children() {
+                    child.write_to(&mut self.wbuf, ns::CLIENT);
+                }
+                self.wbuf
+                    .extend_from_slice(b"</stream:error></stream:stream>");
+            }
+            Exit::ClientClosed => self.wbuf.extend_from_slice(b"</stream:stream>"),
+            Exit::Io => self.wbuf.clear(),
+        }
+        if !matches!(exit, Exit::Io) {
+            let write_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
+            let buf = std::mem::take(&mut self.wbuf);
+            let _ = tokio::time::timeout(write_timeout, async {
+                self.transport.write_all(&buf).await?;
+                self.transport.flush().await?;
+                self.transport.shutdown().await
+            })
+            .await;
+        }
+        if let Some(jid) = self.info.jid.clone() {
+            self.shared.env.sessions.unregister(&jid, self.info.id);
+            self.shared.env.metrics.sessions.dec();
+            let mut actions = Vec::new();
+            {
+                let mut cx =
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+                run_chain!(
+                    self.shared.env.hooks.session_closed,
+                    "session_closed",
+                    |h| h.session_closed(&mut cx)
+                );
+            }
+            // The stream is gone: only routing effects still make sense.
+            for a in actions {
+                if let Action::Route(s) = a {
+                    self.shared.env.route(s).await;
+                }
+            }
+            tracing::info!(session = self.info.id, jid = %jid, "session closed");
+        }
+        // Stanzas still queued for this session go back to the router, now
+        // that the session is unregistered: messages reach another resource
+        // or offline handling (RFC 6121 §8.5.3.2.1), iq requests are bounced.
+        self.mailbox.close();
+        while let Ok(msg) = self.mailbox.try_recv() {
+            if let SessionMsg::Stanza(s) = msg {
+                self.shared.env.route(*s).await;
+            }
+        }
+    }
+}

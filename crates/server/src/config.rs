@@ -1,0 +1,541 @@
+//! Configuration: one TOML file, every key optional, every key documented in
+//! `docs/configuration.md`. With no file at all Starling serves `localhost`
+//! from `./data` on ports 5222 (STARTTLS) and 5223 (direct TLS).
+//!
+//! Unknown keys are errors (a typo must not silently fall back to a
+//! default); `starling check-config FILE` reports them with line and column.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[server]`
+    pub server: ServerSection,
+    /// `[log]`
+    pub log: LogSection,
+    /// `[tls]`
+    pub tls: TlsSection,
+    /// `[[listen]]`
+    pub listen: Vec<Listener>,
+    /// `[c2s]`
+    pub c2s: C2sSection,
+    /// `[auth]`
+    pub auth: AuthSection,
+    /// `[storage]`
+    pub storage: StorageSection,
+    /// `[modules.*]`
+    pub modules: ModulesSection,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerSection::default(),
+            log: LogSection::default(),
+            tls: TlsSection::default(),
+            listen: vec![
+                Listener {
+                    address: "0.0.0.0:5222".parse().expect("literal address"),
+                    tls: TlsMode::Starttls,
+                },
+                Listener {
+                    address: "0.0.0.0:5223".parse().expect("literal address"),
+                    tls: TlsMode::Direct,
+                },
+            ],
+            c2s: C2sSection::default(),
+            auth: AuthSection::default(),
+            storage: StorageSection::default(),
+            modules: ModulesSection::default(),
+        }
+    }
+}
+
+/// `[server]`: identity and data location.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// XMPP domains served by this deployment.
+    pub domains: Vec<String>,
+    /// Directory for the database, generated certificates and other state.
+    pub data_dir: PathBuf,
+    /// Seconds to wait for sessions to close on shutdown before giving up.
+    pub shutdown_timeout_secs: u64,
+    /// Upper bound on simultaneous client connections (beyond it, new
+    /// connections wait in the kernel's accept queue).
+    pub max_connections: usize,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            domains: vec!["localhost".into()],
+            data_dir: PathBuf::from("./data"),
+            shutdown_timeout_secs: 10,
+            max_connections: 100_000,
+        }
+    }
+}
+
+/// `[log]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// A `tracing` filter such as `info` or `info,starling_server::c2s=debug`.
+    /// The `RUST_LOG` environment variable overrides it.
+    pub level: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        LogSection {
+            level: "info".into(),
+        }
+    }
+}
+
+/// `[tls]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// PEM certificate chain. Unset: a self-signed certificate for the
+    /// configured domains is generated under `data_dir/tls/` on first start
+    /// and reused afterwards.
+    pub certificate: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub private_key: Option<PathBuf>,
+}
+
+/// How a listener secures its connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Plain TCP, upgraded with STARTTLS (RFC 6120 §5).
+    Starttls,
+    /// TLS from the first byte (XEP-0368).
+    Direct,
+}
+
+/// `[[listen]]`: one client listener.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    /// Address and port to bind.
+    pub address: SocketAddr,
+    /// `starttls` or `direct`.
+    pub tls: TlsMode,
+}
+
+/// `[c2s]`: client stream limits and policies.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct C2sSection {
+    /// Require STARTTLS before authentication. Set to false only for
+    /// benchmarks on loopback: it allows SCRAM over plain TCP.
+    pub require_tls: bool,
+    /// Largest stanza accepted, in bytes (RFC 6120 §13.12). Larger ones
+    /// close the stream with `<policy-violation/>`.
+    pub max_stanza_bytes: usize,
+    /// Deepest element nesting accepted inside a stanza.
+    pub max_depth: usize,
+    /// Most attributes accepted on one element.
+    pub max_attributes: usize,
+    /// Seconds a connection may take to authenticate and bind a resource
+    /// before it is closed with `<connection-timeout/>`.
+    pub negotiation_timeout_secs: u64,
+    /// Failed SASL attempts allowed on one stream before it is closed with
+    /// `<policy-violation/>` (RFC 6120 §6.4.5 asks for 2 to 5).
+    pub max_auth_attempts: u32,
+    /// Stanzas queued for one session before senders get
+    /// `<resource-constraint/>`.
+    pub mailbox_size: usize,
+    /// Seconds a write to a client may block before the session is dropped.
+    pub write_timeout_secs: u64,
+    /// Seconds of TCP idleness before the kernel sends keepalive probes
+    /// (0 disables TCP keepalive).
+    pub tcp_keepalive_secs: u64,
+    /// Sustained bytes per second read from one client; faster senders are
+    /// throttled (reads pause), not disconnected. 0 disables the limit.
+    pub max_bytes_per_second: u64,
+}
+
+impl Default for C2sSection {
+    fn default() -> Self {
+        C2sSection {
+            require_tls: true,
+            max_stanza_bytes: 256 * 1024,
+            max_depth: 64,
+            max_attributes: 64,
+            negotiation_timeout_secs: 30,
+            max_auth_attempts: 3,
+            mailbox_size: 1024,
+            write_timeout_secs: 30,
+            tcp_keepalive_secs: 60,
+            max_bytes_per_second: 1024 * 1024,
+        }
+    }
+}
+
+/// `[auth]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// SASL mechanisms offered, by name. PLAIN is never offered without TLS;
+    /// -PLUS variants only when a channel binding is available.
+    pub mechanisms: Vec<String>,
+    /// PBKDF2 iterations for newly stored SCRAM keys (RFC 7677 asks for at
+    /// least 4096).
+    pub scram_iterations: u32,
+    /// Failed authentications allowed from one IP address within
+    /// `failure_window_secs`; beyond, attempts from that address are refused
+    /// with `<temporary-auth-failure/>` until the window passes.
+    pub max_failures_per_ip: u32,
+    /// Length of the per-IP failure window, in seconds.
+    pub failure_window_secs: u64,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection {
+            mechanisms: [
+                "SCRAM-SHA-512-PLUS",
+                "SCRAM-SHA-512",
+                "SCRAM-SHA-256-PLUS",
+                "SCRAM-SHA-256",
+                "SCRAM-SHA-1-PLUS",
+                "SCRAM-SHA-1",
+                "PLAIN",
+            ]
+            .map(String::from)
+            .to_vec(),
+            scram_iterations: 4096,
+            max_failures_per_ip: 20,
+            failure_window_secs: 60,
+        }
+    }
+}
+
+/// `[storage]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSection {
+    /// `sqlite` (more backends arrive with later releases).
+    pub backend: String,
+    /// SQLite database file; relative paths are under `data_dir`.
+    pub path: PathBuf,
+    /// Database connections in the pool.
+    pub pool_size: u32,
+}
+
+impl Default for StorageSection {
+    fn default() -> Self {
+        StorageSection {
+            backend: "sqlite".into(),
+            path: PathBuf::from("starling.db"),
+            pool_size: 4,
+        }
+    }
+}
+
+/// `[modules]`: one table per module.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModulesSection {
+    /// `[modules.ping]`
+    pub ping: PingConfig,
+    /// `[modules.disco]`
+    pub disco: DiscoConfig,
+    /// `[modules.register]`
+    pub register: RegisterConfig,
+    /// `[modules.presence]`
+    pub presence: PresenceConfig,
+}
+
+/// `[modules.ping]`: XEP-0199.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PingConfig {
+    /// Answer pings and ping idle clients.
+    pub enabled: bool,
+    /// Seconds without any data from a client before the server pings it.
+    /// 0 disables server-initiated pings (pings are still answered).
+    pub interval_secs: u64,
+    /// Seconds to wait for any data after a ping before the session is
+    /// closed with `<connection-timeout/>`.
+    pub timeout_secs: u64,
+}
+
+impl Default for PingConfig {
+    fn default() -> Self {
+        PingConfig {
+            enabled: true,
+            interval_secs: 120,
+            timeout_secs: 30,
+        }
+    }
+}
+
+/// `[modules.disco]`: XEP-0030.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoConfig {
+    /// Answer service discovery queries.
+    pub enabled: bool,
+    /// Name shown in the server identity.
+    pub server_name: String,
+}
+
+impl Default for DiscoConfig {
+    fn default() -> Self {
+        DiscoConfig {
+            enabled: true,
+            server_name: "Starling".into(),
+        }
+    }
+}
+
+/// `[modules.register]`: XEP-0077.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegisterConfig {
+    /// Allow anyone who can connect to create an account (off by default).
+    pub enabled: bool,
+    /// Accounts one IP address may create within `window_secs`.
+    pub max_per_ip: u32,
+    /// The registration rate-limit window, in seconds.
+    pub window_secs: u64,
+    /// Let logged-in users change their password in-band.
+    pub allow_password_change: bool,
+    /// Let logged-in users delete their account in-band.
+    pub allow_cancel: bool,
+    /// Shortest password accepted.
+    pub min_password_length: usize,
+}
+
+impl Default for RegisterConfig {
+    fn default() -> Self {
+        RegisterConfig {
+            enabled: false,
+            max_per_ip: 5,
+            window_secs: 600,
+            allow_password_change: true,
+            allow_cancel: true,
+            min_password_length: 4,
+        }
+    }
+}
+
+/// `[modules.presence]`: RFC 6121 presence (availability and priority).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PresenceConfig {
+    /// Track availability and priority from the client's presence. Turning
+    /// it off leaves every session unavailable for bare-JID delivery.
+    pub enabled: bool,
+}
+
+impl Default for PresenceConfig {
+    fn default() -> Self {
+        PresenceConfig { enabled: true }
+    }
+}
+
+/// A configuration problem, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TOML syntax error, unknown key or wrong type.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line, column and the offending key.
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("{path}: {key}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The dotted key.
+        key: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `path` is used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Checks values that types alone cannot.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            key: key.into(),
+            message,
+        };
+        if self.server.domains.is_empty() {
+            return Err(invalid(
+                "server.domains",
+                "at least one domain is needed, e.g. domains = [\"example.org\"]".into(),
+            ));
+        }
+        for d in &self.server.domains {
+            match starling_proto::BareJid::new(d) {
+                Ok(j) if j.node().is_none() => {}
+                _ => {
+                    return Err(invalid(
+                        "server.domains",
+                        format!("{d:?} is not a valid XMPP domain"),
+                    ))
+                }
+            }
+        }
+        if self.listen.is_empty() {
+            return Err(invalid(
+                "listen",
+                "no listener: add a [[listen]] table with address and tls".into(),
+            ));
+        }
+        if self.tls.certificate.is_some() != self.tls.private_key.is_some() {
+            return Err(invalid(
+                "tls",
+                "set both certificate and private_key, or neither (for a generated self-signed certificate)".into(),
+            ));
+        }
+        for (key, p) in [
+            ("tls.certificate", &self.tls.certificate),
+            ("tls.private_key", &self.tls.private_key),
+        ] {
+            if let Some(p) = p {
+                if !p.exists() {
+                    return Err(invalid(key, format!("{} does not exist", p.display())));
+                }
+            }
+        }
+        if self.c2s.max_stanza_bytes < 10_000 {
+            return Err(invalid(
+                "c2s.max_stanza_bytes",
+                "RFC 6120 §13.12 requires accepting stanzas of at least 10000 bytes".into(),
+            ));
+        }
+        if !(1..=64).contains(&self.c2s.max_auth_attempts) {
+            return Err(invalid(
+                "c2s.max_auth_attempts",
+                "must be between 1 and 64 (RFC 6120 §6.4.5 suggests 2 to 5)".into(),
+            ));
+        }
+        if self.c2s.mailbox_size == 0 {
+            return Err(invalid("c2s.mailbox_size", "must be at least 1".into()));
+        }
+        for m in &self.auth.mechanisms {
+            if starling_proto::sasl::Mechanism::from_name(m).is_none() {
+                return Err(invalid(
+                    "auth.mechanisms",
+                    format!("unknown mechanism {m:?}; known: SCRAM-SHA-1, SCRAM-SHA-256, SCRAM-SHA-512 (each also -PLUS) and PLAIN"),
+                ));
+            }
+        }
+        if self.auth.mechanisms.is_empty() {
+            return Err(invalid(
+                "auth.mechanisms",
+                "no mechanism: nobody could log in".into(),
+            ));
+        }
+        if self.auth.scram_iterations < 4096 {
+            return Err(invalid(
+                "auth.scram_iterations",
+                "must be at least 4096 (RFC 7677 §4)".into(),
+            ));
+        }
+        if self.storage.backend != "sqlite" {
+            return Err(invalid(
+                "storage.backend",
+                format!(
+                    "unknown backend {:?}; this build supports \"sqlite\"",
+                    self.storage.backend
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The database path, resolved against `data_dir`.
+    pub fn database_path(&self) -> PathBuf {
+        if self.storage.path.is_absolute() {
+            self.storage.path.clone()
+        } else {
+            self.server.data_dir.join(&self.storage.path)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_empty_file_gives_defaults() {
+        let c = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(c.server.domains, ["localhost"]);
+        assert_eq!(c.listen.len(), 2);
+        assert!(c.c2s.require_tls);
+        assert_eq!(c.c2s.max_stanza_bytes, 262_144);
+    }
+
+    #[test]
+    fn config_unknown_key_names_key_and_line() {
+        let err = Config::parse("[c2s]\nmax_stanza_bites = 5\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_stanza_bites"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn config_bad_domain_rejected() {
+        let err = Config::parse("[server]\ndomains = [\"a b\"]\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.domains"), "{err}");
+    }
+
+    #[test]
+    fn config_listeners_override_defaults() {
+        let c = Config::parse(
+            "[[listen]]\naddress = \"127.0.0.1:15222\"\ntls = \"starttls\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.listen.len(), 1);
+        assert_eq!(c.listen[0].tls, TlsMode::Starttls);
+    }
+}

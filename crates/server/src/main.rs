@@ -1,0 +1,358 @@
+//! The `starling` command: run the server, check a configuration, manage
+//! accounts.
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use starling_core::storage::Storage;
+use starling_proto::BareJid;
+use starling_server::{accounts, Config};
+use std::io::{BufRead, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Starling: an XMPP instant-messaging server.
+///
+/// With no arguments it serves the domain `localhost` with zero
+/// configuration: data in ./data (SQLite), a self-signed certificate
+/// generated on first start, clients on port 5222 (STARTTLS) and 5223
+/// (direct TLS). Create an account with `starling user add alice@localhost`
+/// and log in with any XMPP client.
+#[derive(Parser)]
+#[command(name = "starling", version, about, long_about)]
+struct Cli {
+    /// Configuration file (TOML). Every key is optional; see
+    /// docs/configuration.md. Without it, built-in defaults are used.
+    #[arg(short, long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (the default). Stops gracefully on SIGINT/SIGTERM.
+    Run,
+    /// Validate a configuration file and report the first problem with its
+    /// key and line.
+    CheckConfig {
+        /// The file to check.
+        file: PathBuf,
+    },
+    /// Manage accounts (works while the server runs).
+    #[command(subcommand)]
+    User(UserCommand),
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Create an account. Without --password the password is read from
+    /// standard input, or generated and printed when stdin is a terminal.
+    Add {
+        /// The account, e.g. alice@localhost.
+        jid: String,
+        /// The password (visible in process lists: prefer stdin).
+        #[arg(long)]
+        password: Option<String>,
+    },
+    /// Delete an account and its data.
+    Del {
+        /// The account.
+        jid: String,
+    },
+    /// Change an account's password (same password sources as `add`).
+    Passwd {
+        /// The account.
+        jid: String,
+        /// The new password.
+        #[arg(long)]
+        password: Option<String>,
+    },
+    /// List the accounts of a domain (default: the first configured domain).
+    List {
+        /// The domain.
+        domain: Option<String>,
+    },
+    /// Create many accounts from a file with one `user@domain:password` per
+    /// line (or `user:password` with --domain). Existing accounts are
+    /// skipped; blank lines and lines starting with # are ignored.
+    Import {
+        /// The file ("-" for standard input).
+        file: PathBuf,
+        /// Domain for lines without one.
+        #[arg(long)]
+        domain: Option<String>,
+        /// PBKDF2 iterations for the stored keys (default from the
+        /// configuration, 4096). Lower values speed up load-test set-ups
+        /// and weaken stored keys against offline attack.
+        #[arg(long)]
+        iterations: Option<u32>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("starling: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None => Ok(Config::default()),
+    }
+}
+
+fn init_logging(cfg: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log.level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::CheckConfig { file }) = &cli.command {
+        let cfg = Config::load(file)?;
+        println!(
+            "{}: OK ({} domain(s), {} listener(s), database {})",
+            file.display(),
+            cfg.server.domains.len(),
+            cfg.listen.len(),
+            cfg.database_path().display()
+        );
+        return Ok(());
+    }
+    let cfg = load_config(cli.config.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            init_logging(&cfg);
+            rt.block_on(run(cfg))
+        }
+        Command::CheckConfig { .. } => unreachable!("handled above"),
+        Command::User(cmd) => rt.block_on(user(cfg, cmd)),
+    }
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    let server = starling_server::start(cfg).await?;
+    wait_for_signal().await;
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
+    Ok(
+        starling_storage::open(&starling_storage::BackendConfig::Sqlite {
+            path: cfg.database_path(),
+            pool_size: 2,
+        })
+        .await?,
+    )
+}
+
+fn parse_account(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
+    let jid = BareJid::new(s).with_context(|| format!("{s:?} is not a valid JID"))?;
+    if jid.node().is_none() {
+        bail!("{s:?} has no user part; write it as user@domain");
+    }
+    if !cfg
+        .server
+        .domains
+        .iter()
+        .any(|d| d.eq_ignore_ascii_case(jid.domain().as_str()))
+    {
+        eprintln!(
+            "warning: {} is not one of the configured domains {:?}",
+            jid.domain(),
+            cfg.server.domains
+        );
+    }
+    Ok(jid)
+}
+
+fn obtain_password(given: Option<String>) -> anyhow::Result<(String, bool)> {
+    if let Some(p) = given {
+        return Ok((p, false));
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok((starling_proto::random_id(20), true));
+    }
+    let mut line = String::new();
+    stdin.lock().read_line(&mut line)?;
+    let p = line.trim_end_matches(['\r', '\n']).to_owned();
+    if p.is_empty() {
+        bail!("empty password on standard input");
+    }
+    Ok((p, false))
+}
+
+async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
+    let storage = open_storage(&cfg).await?;
+    let iterations = cfg.auth.scram_iterations;
+    let result = match cmd {
+        UserCommand::Add { jid, password } => {
+            let jid = parse_account(&jid, &cfg)?;
+            let (password, generated) = obtain_password(password)?;
+            accounts::create(&storage, &jid, &password, iterations).await?;
+            if generated {
+                println!("created {jid} with password: {password}");
+            } else {
+                println!("created {jid}");
+            }
+            Ok(())
+        }
+        UserCommand::Del { jid } => {
+            let jid = parse_account(&jid, &cfg)?;
+            if storage.accounts.delete(&jid).await? {
+                println!("deleted {jid}");
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("{jid} does not exist"))
+            }
+        }
+        UserCommand::Passwd { jid, password } => {
+            let jid = parse_account(&jid, &cfg)?;
+            let (password, generated) = obtain_password(password)?;
+            accounts::set_password(&storage, &jid, &password, iterations).await?;
+            if generated {
+                println!("new password for {jid}: {password}");
+            } else {
+                println!("password changed for {jid}");
+            }
+            Ok(())
+        }
+        UserCommand::List { domain } => {
+            let domain = domain.unwrap_or_else(|| cfg.server.domains[0].clone());
+            let mut after: Option<String> = None;
+            loop {
+                let page = storage
+                    .accounts
+                    .list(&domain, after.as_deref(), 1000)
+                    .await?;
+                for u in &page {
+                    println!("{u}@{domain}");
+                }
+                if page.len() < 1000 {
+                    break;
+                }
+                after = page.last().cloned();
+            }
+            Ok(())
+        }
+        UserCommand::Import {
+            file,
+            domain,
+            iterations: iters,
+        } => import(&storage, &cfg, &file, domain, iters.unwrap_or(iterations)).await,
+    };
+    storage.backend.close().await;
+    result
+}
+
+async fn import(
+    storage: &Storage,
+    cfg: &Config,
+    file: &Path,
+    domain: Option<String>,
+    iterations: u32,
+) -> anyhow::Result<()> {
+    if iterations < 4096 {
+        eprintln!("warning: {iterations} PBKDF2 iterations is below RFC 7677's minimum of 4096; use only for test accounts");
+    }
+    let text = if file == Path::new("-") {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?
+    };
+    let domain = domain.unwrap_or_else(|| cfg.server.domains[0].clone());
+    let mut entries = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((user, password)) = line.split_once(':') else {
+            bail!(
+                "{}:{}: expected user@domain:password",
+                file.display(),
+                n + 1
+            );
+        };
+        let user = if user.contains('@') {
+            user.to_owned()
+        } else {
+            format!("{user}@{domain}")
+        };
+        let jid = BareJid::new(&user)
+            .ok()
+            .filter(|j| j.node().is_some())
+            .with_context(|| {
+                format!(
+                    "{}:{}: {user:?} is not a valid account",
+                    file.display(),
+                    n + 1
+                )
+            })?;
+        entries.push((jid, password.to_owned()));
+    }
+    let total = entries.len();
+    let started = Instant::now();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut created = 0u64;
+    for (i, chunk) in entries.chunks(500).enumerate() {
+        // Derive keys for this chunk on all cores (PBKDF2 dominates).
+        let parts: Vec<Vec<(BareJid, String)>> = chunk
+            .chunks(chunk.len().div_ceil(workers).max(1))
+            .map(|c| c.to_vec())
+            .collect();
+        let mut tasks = Vec::new();
+        for part in parts {
+            tasks.push(tokio::task::spawn_blocking(move || {
+                part.into_iter()
+                    .map(|(jid, pw)| {
+                        accounts::derive_credentials_blocking(&pw, iterations).map(|c| (jid, c))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            }));
+        }
+        let mut batch = Vec::with_capacity(chunk.len());
+        for t in tasks {
+            batch.extend(t.await??);
+        }
+        created += storage.accounts.create_many(&batch).await?;
+        let done = (i * 500 + chunk.len()).min(total);
+        let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+        eprintln!("imported {done}/{total} ({rate:.0} accounts/s)");
+    }
+    println!(
+        "created {created} account(s), skipped {} existing, in {:.1}s",
+        total as u64 - created,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

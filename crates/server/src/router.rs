@@ -1,0 +1,289 @@
+//! Routing of stanzas on one node (RFC 6120 §10, RFC 6121 §8.5).
+//!
+//! | `to`                           | message                              | presence                 | iq get/set                   |
+//! |--------------------------------|--------------------------------------|--------------------------|------------------------------|
+//! | remote domain                  | `remote-server-not-found` (no s2s)   | dropped                  | `remote-server-not-found`    |
+//! | local domain (± resource)      | `service-unavailable`¹               | dropped                  | server iq handlers, else `service-unavailable` |
+//! | bare JID, no such account      | `service-unavailable` (§8.5.1)       | dropped                  | `service-unavailable`        |
+//! | bare JID, available resources  | chat/normal: highest priority ≥ 0; headline: all ≥ 0 (§8.5.2.1.1) | all available (§8.5.2.1.2) | account iq handlers (§8.5.2.1.3) |
+//! | bare JID, none available       | chat/normal: offline hook, else `service-unavailable`; headline dropped | dropped | account iq handlers |
+//! | full JID, session bound        | delivered (§8.5.3.1)                 | delivered                | delivered                    |
+//! | full JID, no such session      | as bare JID (§8.5.3.2.1); groupchat: `service-unavailable` | dropped (§8.5.3.2.3) | `service-unavailable` (§8.5.3.2.2) |
+//!
+//! ¹ type error/headline/groupchat messages are dropped instead; an error is
+//! never answered with an error (RFC 6120 §8.3.1).
+//!
+//! Subscription presence to a bare JID is the presence module's (a later
+//! issue); here it is dropped. iq results and errors addressed to the server
+//! or to a bare JID are dropped: modules that issue requests consume the
+//! answers in their own hooks.
+
+use async_trait::async_trait;
+use starling_core::hooks::{IqResponse, IqScope};
+use starling_core::{run_chain, Env, Flow, Router, SessionEntry, SessionMsg, SessionSendError};
+use starling_proto::{
+    BareJid, ErrorType, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
+
+/// The single-node router.
+#[derive(Default)]
+pub struct LocalRouter;
+
+impl LocalRouter {
+    /// A router over the environment's session table and hooks.
+    pub fn new() -> Self {
+        LocalRouter
+    }
+}
+
+fn error(c: StanzaErrorCondition) -> StanzaError {
+    StanzaError::new(c)
+}
+
+impl LocalRouter {
+    /// Sends an error back to the sender of `stanza` (never for errors).
+    async fn bounce(&self, env: &Env, stanza: &Stanza, err: StanzaError) {
+        if let Some(reply) = stanza.error_reply(err) {
+            if reply.to().is_some() {
+                Box::pin(self.route(env, reply)).await;
+            }
+        }
+    }
+
+    /// Puts the stanza in one session's mailbox; bounces on a full mailbox.
+    /// Returns the stanza back if the session is gone.
+    async fn deliver(&self, env: &Env, entry: &SessionEntry, stanza: Stanza) -> Result<(), Stanza> {
+        match entry.handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
+            Ok(()) => Ok(()),
+            Err((SessionSendError::Full, SessionMsg::Stanza(stanza))) => {
+                env.metrics.mailbox_full.inc();
+                tracing::warn!(to = %entry.jid, "recipient mailbox full; bouncing");
+                self.bounce(
+                    env,
+                    &stanza,
+                    error(StanzaErrorCondition::ResourceConstraint)
+                        .with_text("the recipient is not reading its messages fast enough"),
+                )
+                .await;
+                Ok(())
+            }
+            Err((_, SessionMsg::Stanza(stanza))) => Err(*stanza),
+            Err((_, SessionMsg::Close(_))) => Ok(()),
+        }
+    }
+
+    async fn iq_local(&self, env: &Env, scope: IqScope, stanza: Stanza) {
+        if !stanza.is_iq_request() {
+            return; // results/errors to the server or an account: nobody waits here
+        }
+        let Some(payload) = stanza.payload() else {
+            // RFC 6120 §8.2.3: a get/set iq has exactly one payload child.
+            return self
+                .bounce(env, &stanza, error(StanzaErrorCondition::BadRequest))
+                .await;
+        };
+        let Some(handler) = env.hooks.iq_handler(scope, payload.name(), payload.ns()) else {
+            return self
+                .bounce(
+                    env,
+                    &stanza,
+                    error(StanzaErrorCondition::ServiceUnavailable),
+                )
+                .await;
+        };
+        let response = handler.handle_iq(env, scope, &stanza).await;
+        let reply = match response {
+            IqResponse::Result(p) => Some(stanza.iq_result(p)),
+            IqResponse::Error(e) => stanza.error_reply(e),
+            IqResponse::Handled => None,
+        };
+        if let Some(reply) = reply {
+            if reply.to().is_some() {
+                Box::pin(self.route(env, reply)).await;
+            }
+        }
+    }
+
+    async fn to_bare(&self, env: &Env, bare: &BareJid, stanza: Stanza) {
+        match stanza.kind() {
+            StanzaKind::Iq => self.iq_local(env, IqScope::Account, stanza).await,
+            StanzaKind::Presence => {
+                let t = stanza.stanza_type();
+                if t.is_empty() || t == "unavailable" {
+                    // §8.5.2.1.2: directed presence goes to all available resources.
+                    for e in env
+                        .sessions
+                        .resources(bare)
+                        .iter()
+                        .filter(|e| e.priority.is_some())
+                    {
+                        let _ = self.deliver(env, e, stanza.clone()).await;
+                    }
+                }
+            }
+            StanzaKind::Message => self.message_to_bare(env, bare, stanza).await,
+        }
+    }
+
+    async fn message_to_bare(&self, env: &Env, bare: &BareJid, stanza: Stanza) {
+        let t = stanza.stanza_type().to_owned();
+        if t == "error" {
+            return;
+        }
+        if t == "groupchat" {
+            return self
+                .bounce(
+                    env,
+                    &stanza,
+                    error(StanzaErrorCondition::ServiceUnavailable),
+                )
+                .await;
+        }
+        let resources = env.sessions.resources(bare);
+        let available: Vec<&SessionEntry> = resources
+            .iter()
+            .filter(|e| matches!(e.priority, Some(p) if p >= 0))
+            .collect();
+        if !available.is_empty() {
+            let targets: Vec<&SessionEntry> = if t == "headline" {
+                available
+            } else {
+                // chat/normal: the highest-priority resource(s).
+                let max = available
+                    .iter()
+                    .filter_map(|e| e.priority)
+                    .max()
+                    .unwrap_or(0);
+                available
+                    .into_iter()
+                    .filter(|e| e.priority == Some(max))
+                    .collect()
+            };
+            let mut delivered = false;
+            for e in targets {
+                delivered |= self.deliver(env, e, stanza.clone()).await.is_ok();
+            }
+            if delivered {
+                return;
+            }
+        }
+        if t == "headline" {
+            return; // §8.5.2.1.1: headlines are not stored
+        }
+        // The account may not exist; sessions imply it does.
+        if resources.is_empty() {
+            match env.storage.accounts.exists(bare).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return self
+                        .bounce(
+                            env,
+                            &stanza,
+                            error(StanzaErrorCondition::ServiceUnavailable),
+                        )
+                        .await
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "account lookup failed while routing");
+                    return self
+                        .bounce(
+                            env,
+                            &stanza,
+                            error(StanzaErrorCondition::InternalServerError)
+                                .with_type(ErrorType::Wait),
+                        )
+                        .await;
+                }
+            }
+        }
+        let flow = run_chain!(env.hooks.offline_message, "offline_message", |h| h
+            .offline_message(env, &stanza));
+        if flow == Flow::Continue {
+            // §8.5.2.1.1: no offline storage → service-unavailable.
+            self.bounce(
+                env,
+                &stanza,
+                error(StanzaErrorCondition::ServiceUnavailable)
+                    .with_text("the recipient is offline and offline storage is not enabled"),
+            )
+            .await;
+        }
+    }
+}
+
+#[async_trait]
+impl Router for LocalRouter {
+    async fn route(&self, env: &Env, stanza: Stanza) {
+        // RFC 6120 §10.3: no 'to' means the sender's own account.
+        let to: Jid = match stanza.to().or(stanza.from()) {
+            Some(j) => j.clone(),
+            None => return, // server-generated stanza with no addresses: nowhere to go
+        };
+        let to_account = stanza.to().is_none();
+        if !env.hosts.is_local(to.domain().as_str()) {
+            // No server-to-server connections yet.
+            let cond = StanzaErrorCondition::RemoteServerNotFound;
+            if stanza.kind() != StanzaKind::Presence {
+                self.bounce(env, &stanza, error(cond)).await;
+            }
+            return;
+        }
+        if to.node().is_none() {
+            return match stanza.kind() {
+                StanzaKind::Iq => self.iq_local(env, IqScope::Server, stanza).await,
+                StanzaKind::Message => {
+                    if !matches!(stanza.stanza_type(), "error" | "headline" | "groupchat") {
+                        self.bounce(
+                            env,
+                            &stanza,
+                            error(StanzaErrorCondition::ServiceUnavailable),
+                        )
+                        .await;
+                    }
+                }
+                StanzaKind::Presence => {}
+            };
+        }
+        let bare = to.to_bare();
+        if to_account {
+            return self.to_bare(env, &bare, stanza).await;
+        }
+        match to.try_as_full() {
+            Err(_) => self.to_bare(env, &bare, stanza).await,
+            Ok(full) => {
+                let stanza = match env.sessions.get(full) {
+                    Some(entry) => match self.deliver(env, &entry, stanza).await {
+                        Ok(()) => return,
+                        Err(stanza) => stanza,
+                    },
+                    None => stanza,
+                };
+                match stanza.kind() {
+                    StanzaKind::Message => {
+                        if stanza.stanza_type() == "groupchat" {
+                            self.bounce(
+                                env,
+                                &stanza,
+                                error(StanzaErrorCondition::ServiceUnavailable),
+                            )
+                            .await
+                        } else {
+                            self.message_to_bare(env, &bare, stanza).await
+                        }
+                    }
+                    StanzaKind::Iq => {
+                        if stanza.is_iq_request() {
+                            self.bounce(
+                                env,
+                                &stanza,
+                                error(StanzaErrorCondition::ServiceUnavailable),
+                            )
+                            .await
+                        }
+                    }
+                    StanzaKind::Presence => {}
+                }
+            }
+        }
+    }
+}

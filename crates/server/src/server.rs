@@ -1,0 +1,209 @@
+//! Start-up and shutdown: opens storage, builds the hooks of enabled modules,
+//! binds listeners and accepts connections; on shutdown tells every session
+//! to close with `<system-shutdown/>`, waits for them, then closes storage.
+
+use crate::c2s::{session, C2sShared};
+use crate::config::{Config, TlsMode};
+use crate::router::LocalRouter;
+use crate::sessions::SessionTable;
+use crate::tls::TlsContext;
+use anyhow::Context;
+use starling_core::{Env, Hosts, Metrics};
+use starling_storage::BackendConfig;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+
+/// A started server.
+pub struct RunningServer {
+    /// The shared environment (for tests and the admin tools).
+    pub env: Arc<Env>,
+    /// Bound client listeners and their TLS mode (actual ports, also when
+    /// the configuration asked for port 0).
+    pub c2s_addrs: Vec<(SocketAddr, TlsMode)>,
+    shutdown_tx: watch::Sender<bool>,
+    done_tx: Option<mpsc::Sender<()>>,
+    done_rx: mpsc::Receiver<()>,
+    listeners: Vec<JoinHandle<()>>,
+    shutdown_timeout: Duration,
+}
+
+impl RunningServer {
+    /// The first listener with this TLS mode.
+    pub fn addr(&self, mode: TlsMode) -> Option<SocketAddr> {
+        self.c2s_addrs
+            .iter()
+            .find(|(_, m)| *m == mode)
+            .map(|(a, _)| *a)
+    }
+
+    /// Graceful shutdown: stop accepting, close every stream with
+    /// `<system-shutdown/>`, wait (bounded) for sessions to finish their
+    /// hooks, then flush and close storage.
+    pub async fn shutdown(mut self) {
+        tracing::info!(sessions = self.env.sessions.count(), "shutting down");
+        let _ = self.shutdown_tx.send(true);
+        for l in &self.listeners {
+            l.abort();
+        }
+        self.done_tx.take();
+        if tokio::time::timeout(self.shutdown_timeout, self.done_rx.recv())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some sessions did not close in time");
+        }
+        self.env.storage.backend.close().await;
+        tracing::info!("shutdown complete");
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    // A large backlog: connection storms must not overflow the accept queue.
+    socket.listen(4096)
+}
+
+/// Starts a server from a validated configuration.
+pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
+    let domains: Vec<String> = cfg
+        .server
+        .domains
+        .iter()
+        .map(|d| {
+            starling_proto::BareJid::new(d)
+                .map(|j| j.domain().as_str().to_owned())
+                .unwrap_or_else(|_| d.clone())
+        })
+        .collect();
+    std::fs::create_dir_all(&cfg.server.data_dir).with_context(|| {
+        format!(
+            "cannot create data directory {}; set [server] data_dir to a writable place",
+            cfg.server.data_dir.display()
+        )
+    })?;
+    let storage = starling_storage::open(&BackendConfig::Sqlite {
+        path: cfg.database_path(),
+        pool_size: cfg.storage.pool_size,
+    })
+    .await
+    .context("opening storage")?;
+    let tls = TlsContext::load_or_generate(
+        cfg.tls.certificate.as_deref(),
+        cfg.tls.private_key.as_deref(),
+        &cfg.server.data_dir,
+        &domains,
+    )
+    .context("setting up TLS")?;
+    tracing::info!(certificate = %tls.source, "TLS ready");
+    let env = Arc::new(Env {
+        router: Arc::new(LocalRouter::new()),
+        sessions: Arc::new(SessionTable::new()),
+        storage,
+        hosts: Hosts::new(domains.clone()),
+        hooks: crate::modules::build_hooks(&cfg),
+        metrics: Metrics::new(),
+    });
+    let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (done_tx, done_rx) = mpsc::channel(1);
+    let limit = Arc::new(Semaphore::new(cfg.server.max_connections));
+    let keepalive = match cfg.c2s.tcp_keepalive_secs {
+        0 => None,
+        s => Some(Duration::from_secs(s)),
+    };
+    let mut c2s_addrs = Vec::new();
+    let mut listeners = Vec::new();
+    for l in &cfg.listen {
+        let listener = bind(l.address).with_context(|| {
+            format!(
+                "cannot listen on {}; is another server using the port? Change [[listen]] address",
+                l.address
+            )
+        })?;
+        let local = listener.local_addr()?;
+        tracing::info!(address = %local, tls = ?l.tls, "listening for clients");
+        c2s_addrs.push((local, l.tls));
+        listeners.push(tokio::spawn(accept_loop(
+            listener,
+            l.tls,
+            shared.clone(),
+            shutdown_rx.clone(),
+            done_tx.clone(),
+            limit.clone(),
+            keepalive,
+        )));
+    }
+    tracing::info!(
+        domains = ?domains,
+        storage = %env.storage.backend.describe(),
+        "Starling is ready; add an account with: starling user add user@{}",
+        domains.first().map(String::as_str).unwrap_or("localhost")
+    );
+    Ok(RunningServer {
+        env,
+        c2s_addrs,
+        shutdown_tx,
+        done_tx: Some(done_tx),
+        done_rx,
+        listeners,
+        shutdown_timeout: Duration::from_secs(cfg.server.shutdown_timeout_secs),
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    mode: TlsMode,
+    shared: Arc<C2sShared>,
+    shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+    limit: Arc<Semaphore>,
+    keepalive: Option<Duration>,
+) {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            return;
+        };
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => {
+                backoff = Duration::from_millis(5);
+                x
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed; backing off");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        if let Some(idle) = keepalive {
+            let ka = socket2::TcpKeepalive::new()
+                .with_time(idle)
+                .with_interval(Duration::from_secs((idle.as_secs() / 4).max(1)))
+                .with_retries(4);
+            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&ka) {
+                tracing::debug!(error = %e, "cannot set TCP keepalive");
+            }
+        }
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            session::run(shared, tcp, peer, mode == TlsMode::Direct, shutdown).await;
+            drop(permit);
+            drop(done);
+        });
+    }
+}

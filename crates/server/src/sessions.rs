@@ -1,0 +1,145 @@
+//! The local session table: bare JID → bound resources, sharded so that
+//! routing takes no global lock (DESIGN.md invariant 2). Locks are held
+//! for a map operation only, never across an `.await`.
+
+use starling_core::{SessionEntry, SessionHandle, SessionManager};
+use starling_proto::{BareJid, FullJid};
+use std::collections::hash_map::{DefaultHasher, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::RwLock;
+
+const SHARDS: usize = 64;
+
+type Shard = RwLock<HashMap<BareJid, Vec<SessionEntry>>>;
+
+/// The sharded in-memory session table.
+pub struct SessionTable {
+    shards: Box<[Shard]>,
+    count: AtomicUsize,
+}
+
+impl Default for SessionTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SessionTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        SessionTable {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    fn shard(&self, bare: &BareJid) -> &Shard {
+        let mut h = DefaultHasher::new();
+        bare.as_str().hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+}
+
+impl SessionManager for SessionTable {
+    fn register(&self, jid: &FullJid, handle: SessionHandle) -> Option<SessionHandle> {
+        let bare = jid.to_bare();
+        let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
+        let entries = shard.entry(bare).or_default();
+        let new = SessionEntry {
+            jid: jid.clone(),
+            priority: None,
+            handle,
+        };
+        if let Some(slot) = entries.iter_mut().find(|e| e.jid == *jid) {
+            let old = std::mem::replace(slot, new);
+            return Some(old.handle);
+        }
+        entries.push(new);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    fn unregister(&self, jid: &FullJid, session_id: u64) {
+        let bare = jid.to_bare();
+        let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
+        if let Some(entries) = shard.get_mut(&bare) {
+            let before = entries.len();
+            entries.retain(|e| !(e.jid == *jid && e.handle.id == session_id));
+            if entries.len() < before {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+            }
+            if entries.is_empty() {
+                shard.remove(&bare);
+            }
+        }
+    }
+
+    fn set_priority(&self, jid: &FullJid, session_id: u64, priority: Option<i8>) {
+        let bare = jid.to_bare();
+        let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = shard.get_mut(&bare).and_then(|v| {
+            v.iter_mut()
+                .find(|e| e.jid == *jid && e.handle.id == session_id)
+        }) {
+            e.priority = priority;
+        }
+    }
+
+    fn get(&self, jid: &FullJid) -> Option<SessionEntry> {
+        let bare = jid.to_bare();
+        let shard = self.shard(&bare).read().unwrap_or_else(|e| e.into_inner());
+        shard.get(&bare)?.iter().find(|e| e.jid == *jid).cloned()
+    }
+
+    fn resources(&self, bare: &BareJid) -> Vec<SessionEntry> {
+        let shard = self.shard(bare).read().unwrap_or_else(|e| e.into_inner());
+        shard.get(bare).cloned().unwrap_or_default()
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+
+    fn handle(id: u64) -> SessionHandle {
+        let (tx, _rx) = mpsc::channel(1);
+        SessionHandle::new(id, tx)
+    }
+
+    #[test]
+    fn register_same_full_jid_replaces_old_session() {
+        // RFC 6120 §7.7.2.2: a new session with the same full JID replaces the old one.
+        let t = SessionTable::new();
+        let j = FullJid::new("a@x/r").unwrap();
+        assert!(t.register(&j, handle(1)).is_none());
+        let old = t.register(&j, handle(2)).expect("old session returned");
+        assert_eq!(old.id, 1);
+        assert_eq!(t.count(), 1);
+        // The old session's unregister must not remove the new one.
+        t.unregister(&j, 1);
+        assert_eq!(t.get(&j).unwrap().handle.id, 2);
+        t.unregister(&j, 2);
+        assert_eq!(t.count(), 0);
+        assert!(t.resources(&j.to_bare()).is_empty());
+    }
+
+    #[test]
+    fn resources_lists_all_and_priority_updates() {
+        let t = SessionTable::new();
+        let a = FullJid::new("a@x/1").unwrap();
+        let b = FullJid::new("a@x/2").unwrap();
+        t.register(&a, handle(1));
+        t.register(&b, handle(2));
+        t.set_priority(&b, 2, Some(5));
+        let r = t.resources(&a.to_bare());
+        assert_eq!(r.len(), 2);
+        assert_eq!(r.iter().find(|e| e.jid == b).unwrap().priority, Some(5));
+        assert_eq!(r.iter().find(|e| e.jid == a).unwrap().priority, None);
+    }
+}
