@@ -1,1 +1,632 @@
-//! stub
+//! Test kit: an in-process Starling on ephemeral loopback ports and a
+//! scripted XMPP client that speaks over a real socket, so integration tests
+//! read as conversations:
+//!
+//! ```ignore
+//! let server = TestServer::start().await;
+//! let mut alice = server.login("alice").await;
+//! let mut bob = server.login("bob").await;
+//! alice.send(&format!("<message to='{}' type='chat'><body>hi</body></message>", bob.jid)).await;
+//! let msg = bob.recv().await;
+//! assert_eq!(msg.get_child("body", "jabber:client").unwrap().text(), "hi");
+//! ```
+//!
+//! The client panics with a readable message on anything unexpected; every
+//! wait has a timeout, so a broken server fails a test instead of hanging it.
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use sha2::Digest;
+use starling_proto::sasl::{ChannelBindingType, Mechanism, ScramClient};
+use starling_server::config::{Config, Listener, TlsMode};
+use starling_server::RunningServer;
+use starling_xml::{Element, Limits, StreamEvent, StreamParser};
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+pub use starling_server;
+pub use starling_xml;
+
+/// Namespaces used in assertions.
+pub mod ns {
+    pub use starling_proto::ns::*;
+}
+
+/// How long any single expectation may wait.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The test domain.
+pub const DOMAIN: &str = "localhost";
+
+/// A Starling running in this process on loopback with ephemeral ports and
+/// a fresh data directory.
+pub struct TestServer {
+    /// The running server.
+    pub server: RunningServer,
+    /// Its data directory (removed on [`TestServer::stop`]).
+    pub dir: PathBuf,
+}
+
+/// A configuration for tests: loopback, ephemeral ports, temp data dir,
+/// in-band registration on, quick limits.
+pub fn test_config() -> Config {
+    let mut cfg = Config::default();
+    cfg.server.data_dir =
+        std::env::temp_dir().join(format!("starling-test-{}", starling_proto::random_id(12)));
+    cfg.listen = vec![
+        Listener {
+            address: "127.0.0.1:0".parse().unwrap(),
+            tls: TlsMode::Starttls,
+        },
+        Listener {
+            address: "127.0.0.1:0".parse().unwrap(),
+            tls: TlsMode::Direct,
+        },
+    ];
+    cfg.modules.register.enabled = true;
+    cfg.modules.register.max_per_ip = 1000;
+    cfg.server.shutdown_timeout_secs = 5;
+    cfg
+}
+
+impl TestServer {
+    /// Starts a server with [`test_config`].
+    pub async fn start() -> TestServer {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts a server with [`test_config`] changed by `f`.
+    pub async fn start_with(f: impl FnOnce(&mut Config)) -> TestServer {
+        let mut cfg = test_config();
+        f(&mut cfg);
+        let dir = cfg.server.data_dir.clone();
+        let server = starling_server::start(cfg).await.expect("server starts");
+        TestServer { server, dir }
+    }
+
+    /// The STARTTLS listener.
+    pub fn starttls_addr(&self) -> SocketAddr {
+        self.server
+            .addr(TlsMode::Starttls)
+            .expect("starttls listener")
+    }
+
+    /// The direct TLS listener.
+    pub fn direct_addr(&self) -> SocketAddr {
+        self.server
+            .addr(TlsMode::Direct)
+            .expect("direct TLS listener")
+    }
+
+    /// Creates an account `user@localhost` with password `password`.
+    pub async fn create_user(&self, user: &str, password: &str) {
+        let jid = starling_proto::BareJid::new(&format!("{user}@{DOMAIN}")).unwrap();
+        starling_server::accounts::create(&self.server.env.storage, &jid, password, 4096)
+            .await
+            .expect("create account");
+    }
+
+    /// Creates `user` (password "pw-" + user), logs in over STARTTLS with
+    /// SCRAM-SHA-256, binds a resource and sends initial presence.
+    pub async fn login(&self, user: &str) -> Client {
+        let password = format!("pw-{user}");
+        if !self
+            .server
+            .env
+            .storage
+            .accounts
+            .exists(&starling_proto::BareJid::new(&format!("{user}@{DOMAIN}")).unwrap())
+            .await
+            .unwrap()
+        {
+            self.create_user(user, &password).await;
+        }
+        let mut c = Client::connect(self.starttls_addr()).await;
+        c.negotiate_tls().await;
+        c.auth(Mechanism::ScramSha256, user, &password)
+            .await
+            .expect("login succeeds");
+        c.bind(None).await;
+        c.send("<presence/>").await;
+        c
+    }
+
+    /// Graceful shutdown, then removes the data directory.
+    pub async fn stop(self) {
+        self.server.shutdown().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Accepts any certificate: tests run against self-signed certificates.
+#[derive(Debug)]
+struct NoVerify;
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+fn tls_connector(alpn: bool) -> TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NoVerify))
+        .with_no_client_auth();
+    if alpn {
+        cfg.alpn_protocols = vec![b"xmpp-client".to_vec()];
+    }
+    TlsConnector::from(Arc::new(cfg))
+}
+
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    Gone,
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Conn::Gone => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Conn::Gone => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Conn::Gone => Poll::Ready(Ok(())),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Conn::Gone => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// What the server sent.
+#[derive(Debug)]
+pub enum Event {
+    /// The server's stream header.
+    Header,
+    /// A top-level element (stanza, features, stream error, SASL…).
+    Element(Element),
+    /// `</stream:stream>`.
+    Close,
+    /// The connection ended.
+    Eof,
+}
+
+/// A scripted XMPP client over a real socket.
+pub struct Client {
+    conn: Conn,
+    parser: StreamParser,
+    buf: Vec<u8>,
+    /// The bound full JID, after [`Client::bind`].
+    pub jid: String,
+    /// The features of the last stream header.
+    pub features: Option<Element>,
+    /// The SASL mechanism of the last successful authentication.
+    pub mechanism_used: Option<Mechanism>,
+}
+
+fn client_parser() -> StreamParser {
+    StreamParser::new(Limits {
+        max_stanza_bytes: 16 * 1024 * 1024,
+        ..Limits::default()
+    })
+}
+
+impl Client {
+    /// Connects over plain TCP (for STARTTLS, or plaintext tests).
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        Client {
+            conn: Conn::Plain(tcp),
+            parser: client_parser(),
+            buf: Vec::new(),
+            jid: String::new(),
+            features: None,
+            mechanism_used: None,
+        }
+    }
+
+    /// Connects with direct TLS (XEP-0368) and opens the stream.
+    pub async fn connect_direct_tls(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let tls = tls_connector(true)
+            .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+            .await
+            .expect("direct TLS handshake");
+        let mut c = Client {
+            conn: Conn::Tls(Box::new(tls)),
+            parser: client_parser(),
+            buf: Vec::new(),
+            jid: String::new(),
+            features: None,
+            mechanism_used: None,
+        };
+        c.open_stream().await;
+        c
+    }
+
+    /// Writes raw bytes.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.conn.write_all(bytes).await.expect("write");
+        self.conn.flush().await.expect("flush");
+    }
+
+    /// Writes an XML string.
+    pub async fn send(&mut self, xml: &str) {
+        self.send_raw(xml.as_bytes()).await
+    }
+
+    /// Writes raw bytes, ignoring errors (the server may already be gone).
+    pub async fn try_send_raw(&mut self, bytes: &[u8]) -> bool {
+        self.conn.write_all(bytes).await.is_ok() && self.conn.flush().await.is_ok()
+    }
+
+    /// The next event from the server, or `None` after [`TIMEOUT`].
+    pub async fn next_event_within(&mut self, wait: Duration) -> Option<Event> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if !self.buf.is_empty() {
+                let mut input: &[u8] = &self.buf;
+                let before = input.len();
+                let ev = self.parser.push(&mut input);
+                let consumed = before - input.len();
+                self.buf.drain(..consumed);
+                match ev {
+                    Ok(Some(StreamEvent::Open(_))) => return Some(Event::Header),
+                    Ok(Some(StreamEvent::Stanza(el))) => return Some(Event::Element(el)),
+                    Ok(Some(StreamEvent::Close)) => return Some(Event::Close),
+                    Ok(None) => {}
+                    Err(e) => panic!("server sent bad XML: {e}"),
+                }
+            }
+            let mut chunk = [0u8; 16384];
+            let n = match tokio::time::timeout_at(deadline, self.conn.read(&mut chunk)).await {
+                Err(_) => return None,
+                Ok(Ok(n)) => n,
+                Ok(Err(_)) => 0,
+            };
+            if n == 0 {
+                return Some(Event::Eof);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The next event, panicking after [`TIMEOUT`].
+    pub async fn next_event(&mut self) -> Event {
+        self.next_event_within(TIMEOUT)
+            .await
+            .expect("timed out waiting for the server")
+    }
+
+    /// The next top-level element, panicking on anything else.
+    pub async fn recv(&mut self) -> Element {
+        match self.next_event().await {
+            Event::Element(el) => el,
+            other => panic!("expected an element, got {other:?}"),
+        }
+    }
+
+    /// Asserts that nothing arrives for `wait`.
+    pub async fn expect_silence(&mut self, wait: Duration) {
+        if let Some(ev) = self.next_event_within(wait).await {
+            panic!("expected silence, got {ev:?}");
+        }
+    }
+
+    /// Reads until a stream error; asserts its condition, then that the
+    /// stream is closed.
+    pub async fn expect_stream_error(&mut self, condition: &str) {
+        loop {
+            match self.next_event().await {
+                Event::Header => continue,
+                Event::Element(el) if el.is("error", ns::STREAMS) => {
+                    let got: Vec<_> = el
+                        .children()
+                        .filter(|c| c.ns() == ns::STREAM_ERRORS && c.name() != "text")
+                        .map(|c| c.name().to_owned())
+                        .collect();
+                    assert_eq!(got, [condition], "stream error: {el}");
+                    break;
+                }
+                Event::Element(el) if el.is("features", ns::STREAMS) => continue,
+                other => panic!("expected stream error {condition}, got {other:?}"),
+            }
+        }
+        match self.next_event().await {
+            Event::Close | Event::Eof => {}
+            other => panic!("expected the stream to close after the error, got {other:?}"),
+        }
+    }
+
+    /// Asserts the connection is closed (EOF, possibly after a close tag).
+    pub async fn expect_closed(&mut self) {
+        loop {
+            match self.next_event().await {
+                Event::Eof => return,
+                Event::Close => continue,
+                other => panic!("expected the connection to close, got {other:?}"),
+            }
+        }
+    }
+
+    /// Sends a stream header to [`DOMAIN`] and reads the server's header and
+    /// features.
+    pub async fn open_stream(&mut self) -> Element {
+        self.send(&format!(
+            "<?xml version='1.0'?><stream:stream to='{DOMAIN}' version='1.0' \
+             xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>"
+        ))
+        .await;
+        match self.next_event().await {
+            Event::Header => {}
+            other => panic!("expected stream header, got {other:?}"),
+        }
+        let features = self.recv().await;
+        assert!(
+            features.is("features", ns::STREAMS),
+            "expected features, got {features}"
+        );
+        self.features = Some(features.clone());
+        features
+    }
+
+    /// Opens the stream and performs STARTTLS (RFC 6120 §5), then reopens.
+    pub async fn negotiate_tls(&mut self) -> Element {
+        let f = self.open_stream().await;
+        assert!(f.has_child("starttls", ns::TLS), "no STARTTLS offered: {f}");
+        self.starttls().await
+    }
+
+    /// Sends `<starttls/>`, expects `<proceed/>`, upgrades, reopens.
+    pub async fn starttls(&mut self) -> Element {
+        self.send("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+            .await;
+        let proceed = self.recv().await;
+        assert!(
+            proceed.is("proceed", ns::TLS),
+            "expected proceed, got {proceed}"
+        );
+        let Conn::Plain(tcp) = std::mem::replace(&mut self.conn, Conn::Gone) else {
+            panic!("STARTTLS on a TLS connection");
+        };
+        let tls = tls_connector(false)
+            .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+            .await
+            .expect("TLS handshake");
+        self.conn = Conn::Tls(Box::new(tls));
+        self.parser = client_parser();
+        self.buf.clear();
+        self.open_stream().await
+    }
+
+    /// The mechanisms offered in the current features.
+    pub fn mechanisms(&self) -> Vec<String> {
+        self.features
+            .as_ref()
+            .and_then(|f| f.get_child("mechanisms", ns::SASL))
+            .map(|m| m.children().map(|c| c.text()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Channel binding data for a -PLUS mechanism on this connection.
+    pub fn channel_binding(&self, ty: ChannelBindingType) -> Vec<u8> {
+        let Conn::Tls(tls) = &self.conn else {
+            panic!("channel binding needs TLS");
+        };
+        let conn = tls.get_ref().1;
+        match ty {
+            ChannelBindingType::TlsExporter => conn
+                .export_keying_material([0u8; 32], b"EXPORTER-Channel-Binding", None)
+                .expect("exporter")
+                .to_vec(),
+            ChannelBindingType::TlsServerEndPoint => {
+                let cert = &conn.peer_certificates().expect("server certificate")[0];
+                sha2::Sha256::digest(cert.as_ref()).to_vec()
+            }
+        }
+    }
+
+    /// SASL authentication; on success the stream is restarted and the new
+    /// features read. Returns the `<failure/>` element on failure.
+    pub async fn auth(
+        &mut self,
+        mechanism: Mechanism,
+        user: &str,
+        password: &str,
+    ) -> Result<(), Element> {
+        let binding = if mechanism.is_plus() {
+            let ty = ChannelBindingType::TlsExporter;
+            Some((ty, self.channel_binding(ty)))
+        } else {
+            None
+        };
+        self.auth_with_binding(mechanism, user, password, binding)
+            .await
+    }
+
+    /// SASL authentication with explicit channel binding data.
+    pub async fn auth_with_binding(
+        &mut self,
+        mechanism: Mechanism,
+        user: &str,
+        password: &str,
+        binding: Option<(ChannelBindingType, Vec<u8>)>,
+    ) -> Result<(), Element> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        if mechanism == Mechanism::Plain {
+            let msg = format!("\0{user}\0{password}");
+            self.send(&format!(
+                "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='PLAIN'>{}</auth>",
+                b64.encode(msg)
+            ))
+            .await;
+            let reply = self.recv().await;
+            if !reply.is("success", ns::SASL) {
+                return Err(reply);
+            }
+        } else {
+            let mut scram =
+                ScramClient::new(mechanism, user, password, binding).expect("scram client");
+            let first = scram.client_first();
+            self.send(&format!(
+                "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='{}'>{}</auth>",
+                mechanism.name(),
+                b64.encode(first)
+            ))
+            .await;
+            let challenge = self.recv().await;
+            if !challenge.is("challenge", ns::SASL) {
+                return Err(challenge);
+            }
+            let server_first = b64
+                .decode(challenge.text().trim())
+                .expect("base64 challenge");
+            let fin = scram.client_final(&server_first).expect("client final");
+            self.send(&format!(
+                "<response xmlns='urn:ietf:params:xml:ns:xmpp-sasl'>{}</response>",
+                b64.encode(fin)
+            ))
+            .await;
+            let reply = self.recv().await;
+            if !reply.is("success", ns::SASL) {
+                return Err(reply);
+            }
+            let server_final = b64.decode(reply.text().trim()).expect("base64 success");
+            scram
+                .verify_server_final(&server_final)
+                .expect("server signature verifies");
+        }
+        self.mechanism_used = Some(mechanism);
+        self.parser = client_parser();
+        self.open_stream().await;
+        Ok(())
+    }
+
+    /// Binds a resource (RFC 6120 §7) and returns the full JID.
+    pub async fn bind(&mut self, resource: Option<&str>) -> String {
+        let res = resource
+            .map(|r| format!("<resource>{r}</resource>"))
+            .unwrap_or_default();
+        self.send(&format!(
+            "<iq type='set' id='bind1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'>{res}</bind></iq>"
+        ))
+        .await;
+        let reply = self.recv().await;
+        assert_eq!(reply.attr("type"), Some("result"), "bind failed: {reply}");
+        let jid = reply
+            .get_child("bind", ns::BIND)
+            .and_then(|b| b.get_child("jid", ns::BIND))
+            .map(|j| j.text())
+            .expect("bind result carries the JID");
+        self.jid = jid.clone();
+        jid
+    }
+
+    /// Sends an iq and waits for the reply with the same id (other elements
+    /// that arrive meanwhile are discarded).
+    pub async fn iq(&mut self, xml_with_id: &str, id: &str) -> Element {
+        self.send(xml_with_id).await;
+        loop {
+            let el = self.recv().await;
+            if el.name() == "iq" && el.attr("id") == Some(id) {
+                return el;
+            }
+        }
+    }
+
+    /// Receives until an element matching `pred` arrives.
+    pub async fn recv_until(&mut self, pred: impl Fn(&Element) -> bool) -> Element {
+        loop {
+            let el = self.recv().await;
+            if pred(&el) {
+                return el;
+            }
+        }
+    }
+
+    /// Closes the stream politely and waits for the server's close.
+    pub async fn close(mut self) {
+        self.send("</stream:stream>").await;
+        let _ = self.next_event_within(Duration::from_secs(2)).await;
+    }
+}
+
+/// The defined condition of a stanza error element.
+pub fn error_condition(stanza: &Element) -> Option<String> {
+    stanza
+        .get_child("error", ns::CLIENT)?
+        .children()
+        .find(|c| c.ns() == ns::STANZAS && c.name() != "text")
+        .map(|c| c.name().to_owned())
+}
