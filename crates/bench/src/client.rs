@@ -1,0 +1,677 @@
+//! A lean XMPP client for load generation: one tokio task per connection,
+//! small read buffers, no per-connection threads.
+//!
+//! [`establish`] runs the whole login (TCP, optional STARTTLS or direct TLS,
+//! SASL PLAIN or SCRAM, resource binding, optional initial presence) and
+//! classifies every failure by [`Cause`], so a connection storm can report
+//! failures by cause instead of a single error count.
+
+use anyhow::Context as _;
+use base64::Engine as _;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use serde::{Deserialize, Serialize};
+use starling_proto::sasl::{Mechanism, ScramClient};
+use starling_xml::{Element, Limits, StreamEvent, StreamParser};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+const NS_STREAMS: &str = "http://etherx.jabber.org/streams";
+const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
+const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+const NS_BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
+const NS_REGISTER: &str = "jabber:iq:register";
+
+/// Size of the per-read scratch buffer. Kept small: a load generator holds
+/// tens of thousands of connections.
+const READ_CHUNK: usize = 2048;
+
+/// How the connection is secured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Plain TCP, no TLS at all (the server must allow SASL without TLS).
+    Plain,
+    /// Plain TCP upgraded with STARTTLS (RFC 6120 §5).
+    Starttls,
+    /// TLS from the first byte (XEP-0368).
+    Direct,
+}
+
+/// The SASL mechanism to log in with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum Mech {
+    /// `PLAIN`.
+    #[value(name = "PLAIN")]
+    #[serde(rename = "PLAIN")]
+    Plain,
+    /// `SCRAM-SHA-1`.
+    #[value(name = "SCRAM-SHA-1")]
+    #[serde(rename = "SCRAM-SHA-1")]
+    ScramSha1,
+    /// `SCRAM-SHA-256`.
+    #[value(name = "SCRAM-SHA-256")]
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+}
+
+impl Mech {
+    fn mechanism(self) -> Mechanism {
+        match self {
+            Mech::Plain => Mechanism::Plain,
+            Mech::ScramSha1 => Mechanism::ScramSha1,
+            Mech::ScramSha256 => Mechanism::ScramSha256,
+        }
+    }
+}
+
+/// Why a session could not be established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cause {
+    /// TCP connect failed (refused, no ports left, too many open files…).
+    Connect,
+    /// TLS handshake failed.
+    Tls,
+    /// Stream negotiation failed (bad XML, stream error, missing features).
+    Stream,
+    /// SASL authentication was refused.
+    Auth,
+    /// Resource binding failed.
+    Bind,
+    /// Something took longer than the per-step timeout.
+    Timeout,
+    /// The server closed the connection during setup.
+    Closed,
+}
+
+impl Cause {
+    /// A short stable name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::Connect => "connect",
+            Cause::Tls => "tls",
+            Cause::Stream => "stream",
+            Cause::Auth => "auth",
+            Cause::Bind => "bind",
+            Cause::Timeout => "timeout",
+            Cause::Closed => "closed",
+        }
+    }
+}
+
+/// A setup failure with its cause and a human detail.
+#[derive(Debug)]
+pub struct SetupError {
+    /// The cause bucket.
+    pub cause: Cause,
+    /// What happened.
+    pub detail: String,
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.cause.name(), self.detail)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+fn fail<T>(cause: Cause, detail: impl Into<String>) -> Result<T, SetupError> {
+    Err(SetupError {
+        cause,
+        detail: detail.into(),
+    })
+}
+
+/// Where and how to connect; shared by all connections.
+#[derive(Clone)]
+pub struct Target {
+    /// Server address.
+    pub addr: SocketAddr,
+    /// XMPP domain (stream `to`, TLS SNI).
+    pub domain: String,
+    /// Transport security.
+    pub tls: TlsMode,
+    /// SASL mechanism.
+    pub mech: Mech,
+    /// Local source addresses, used round-robin by connection index.
+    pub sources: Vec<IpAddr>,
+    /// Timeout of each setup step.
+    pub step_timeout: Duration,
+    /// TLS client configuration (accepts any certificate).
+    pub tls_connector: TlsConnector,
+}
+
+impl Target {
+    /// The source address for connection number `i`.
+    pub fn source_for(&self, i: u64) -> Option<IpAddr> {
+        if self.sources.is_empty() {
+            None
+        } else {
+            Some(self.sources[(i % self.sources.len() as u64) as usize])
+        }
+    }
+}
+
+/// Accepts any server certificate: benchmarks run against self-signed certs.
+#[derive(Debug)]
+struct AcceptAny;
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS connector with the ring provider that accepts self-signed certificates.
+pub fn tls_connector() -> anyhow::Result<TlsConnector> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny))
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(cfg)))
+}
+
+/// Plain or TLS transport.
+pub enum Transport {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP (boxed: the rustls state is large).
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// What the server sent.
+#[derive(Debug)]
+pub enum Event {
+    /// A stream header.
+    Header,
+    /// A top-level element.
+    Element(Element),
+    /// `</stream:stream>` or EOF.
+    Closed,
+}
+
+/// One XMPP connection: transport, stream parser and unparsed input.
+pub struct Conn {
+    /// The transport.
+    pub io: Transport,
+    parser: StreamParser,
+    pending: Vec<u8>,
+}
+
+fn parser() -> StreamParser {
+    StreamParser::new(Limits {
+        max_stanza_bytes: 1024 * 1024,
+        ..Limits::default()
+    })
+}
+
+impl Conn {
+    /// Parses one event out of already-received bytes, if complete.
+    pub fn parse_pending(&mut self) -> anyhow::Result<Option<Event>> {
+        while !self.pending.is_empty() {
+            let mut input: &[u8] = &self.pending;
+            let before = input.len();
+            let ev = self.parser.push(&mut input);
+            let consumed = before - input.len();
+            self.pending.drain(..consumed);
+            match ev {
+                Ok(Some(StreamEvent::Open(_))) => return Ok(Some(Event::Header)),
+                Ok(Some(StreamEvent::Stanza(el))) => return Ok(Some(Event::Element(el))),
+                Ok(Some(StreamEvent::Close)) => return Ok(Some(Event::Closed)),
+                Ok(None) => {
+                    if consumed == 0 {
+                        break;
+                    }
+                }
+                Err(e) => anyhow::bail!("bad XML from server: {e}"),
+            }
+        }
+        if self.pending.is_empty() && self.pending.capacity() > READ_CHUNK {
+            self.pending = Vec::new();
+        }
+        Ok(None)
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+    }
+
+    /// Reads the next event (no timeout).
+    pub async fn next_event(&mut self) -> anyhow::Result<Event> {
+        loop {
+            if let Some(ev) = self.parse_pending()? {
+                return Ok(ev);
+            }
+            let mut chunk = [0u8; READ_CHUNK];
+            let n = self.io.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(Event::Closed);
+            }
+            self.feed(&chunk[..n]);
+        }
+    }
+
+    /// Writes and flushes.
+    pub async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.io.write_all(bytes).await?;
+        self.io.flush().await
+    }
+
+    fn restart(&mut self) {
+        self.parser = parser();
+        self.pending.clear();
+    }
+}
+
+async fn step<T>(
+    t: Duration,
+    cause_on_err: Cause,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> Result<T, SetupError> {
+    match tokio::time::timeout(t, f).await {
+        Err(_) => fail(Cause::Timeout, "timed out"),
+        Ok(Err(e)) => fail(cause_on_err, format!("{e:#}")),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// Reads the next element, mapping a close to [`Cause::Closed`].
+async fn expect_element(conn: &mut Conn, t: Duration, what: &str) -> Result<Element, SetupError> {
+    loop {
+        match step(t, Cause::Stream, conn.next_event()).await? {
+            Event::Header => continue,
+            Event::Element(el) if el.is("error", NS_STREAMS) => {
+                let cond: Vec<_> = el.children().map(|c| c.name().to_owned()).collect();
+                return fail(
+                    Cause::Stream,
+                    format!("stream error while waiting for {what}: {}", cond.join(",")),
+                );
+            }
+            Event::Element(el) => return Ok(el),
+            Event::Closed => return fail(Cause::Closed, format!("closed before {what}")),
+        }
+    }
+}
+
+async fn open_stream(conn: &mut Conn, target: &Target) -> Result<Element, SetupError> {
+    let header = format!(
+        "<?xml version='1.0'?><stream:stream to='{}' version='1.0' xml:lang='en' \
+         xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>",
+        target.domain
+    );
+    step(target.step_timeout, Cause::Closed, async {
+        Ok(conn.send(header.as_bytes()).await?)
+    })
+    .await?;
+    let f = expect_element(conn, target.step_timeout, "stream features").await?;
+    if !f.is("features", NS_STREAMS) {
+        return fail(Cause::Stream, format!("expected features, got {}", f.name()));
+    }
+    Ok(f)
+}
+
+async fn tcp_connect(target: &Target, source: Option<IpAddr>) -> Result<TcpStream, SetupError> {
+    let f = async {
+        let sock = if target.addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        if let Some(ip) = source {
+            sock.bind(SocketAddr::new(ip, 0))?;
+        }
+        let s = sock.connect(target.addr).await?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    };
+    step(target.step_timeout, Cause::Connect, f).await
+}
+
+async fn tls_upgrade(target: &Target, tcp: TcpStream) -> Result<Transport, SetupError> {
+    let name = ServerName::try_from(target.domain.clone())
+        .map_err(|e| SetupError {
+            cause: Cause::Tls,
+            detail: format!("bad server name: {e}"),
+        })?;
+    let f = async { Ok(target.tls_connector.connect(name, tcp).await?) };
+    let tls = step(target.step_timeout, Cause::Tls, f).await?;
+    Ok(Transport::Tls(Box::new(tls)))
+}
+
+/// Connects and negotiates up to (but not including) SASL; returns the
+/// connection and the features offered for authentication.
+pub async fn connect_stream(
+    target: &Target,
+    source: Option<IpAddr>,
+) -> Result<(Conn, Element), SetupError> {
+    let tcp = tcp_connect(target, source).await?;
+    let io = if target.tls == TlsMode::Direct {
+        tls_upgrade(target, tcp).await?
+    } else {
+        Transport::Plain(tcp)
+    };
+    let mut conn = Conn {
+        io,
+        parser: parser(),
+        pending: Vec::new(),
+    };
+    let mut features = open_stream(&mut conn, target).await?;
+    if target.tls == TlsMode::Starttls {
+        if !features.has_child("starttls", NS_TLS) {
+            return fail(Cause::Stream, "server does not offer STARTTLS");
+        }
+        step(target.step_timeout, Cause::Closed, async {
+            Ok(conn
+                .send(b"<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+                .await?)
+        })
+        .await?;
+        let p = expect_element(&mut conn, target.step_timeout, "<proceed/>").await?;
+        if !p.is("proceed", NS_TLS) {
+            return fail(Cause::Tls, format!("STARTTLS refused: {}", p.name()));
+        }
+        let Transport::Plain(tcp) = conn.io else {
+            return fail(Cause::Tls, "STARTTLS on TLS");
+        };
+        conn.io = tls_upgrade(target, tcp).await?;
+        conn.restart();
+        features = open_stream(&mut conn, target).await?;
+    }
+    Ok((conn, features))
+}
+
+async fn authenticate(
+    conn: &mut Conn,
+    target: &Target,
+    user: &str,
+    password: &str,
+) -> Result<(), SetupError> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let t = target.step_timeout;
+    let send = |conn: &mut Conn, s: String| {
+        let fut = async move { Ok(conn.send(s.as_bytes()).await?) };
+        step(t, Cause::Closed, fut)
+    };
+    let failure = |el: &Element| {
+        let cond: Vec<_> = el.children().map(|c| c.name().to_owned()).collect();
+        SetupError {
+            cause: Cause::Auth,
+            detail: format!("{} {}", el.name(), cond.join(",")),
+        }
+    };
+    if target.mech == Mech::Plain {
+        let msg = format!("\0{user}\0{password}");
+        send(
+            conn,
+            format!(
+                "<auth xmlns='{NS_SASL}' mechanism='PLAIN'>{}</auth>",
+                b64.encode(msg)
+            ),
+        )
+        .await?;
+        let reply = expect_element(conn, t, "SASL result").await?;
+        if !reply.is("success", NS_SASL) {
+            return Err(failure(&reply));
+        }
+    } else {
+        let mech = target.mech.mechanism();
+        let mut scram = ScramClient::new(mech, user, password, None).map_err(|e| SetupError {
+            cause: Cause::Auth,
+            detail: format!("SCRAM client: {e}"),
+        })?;
+        let first = scram.client_first();
+        send(
+            conn,
+            format!(
+                "<auth xmlns='{NS_SASL}' mechanism='{}'>{}</auth>",
+                mech.name(),
+                b64.encode(first)
+            ),
+        )
+        .await?;
+        let challenge = expect_element(conn, t, "SASL challenge").await?;
+        if !challenge.is("challenge", NS_SASL) {
+            return Err(failure(&challenge));
+        }
+        let server_first = b64
+            .decode(challenge.text().trim())
+            .map_err(|e| SetupError {
+                cause: Cause::Auth,
+                detail: format!("bad base64 in challenge: {e}"),
+            })?;
+        // PBKDF2 is CPU-heavy; keep it off the I/O threads' hot path.
+        let (scram, fin) = tokio::task::spawn_blocking(move || {
+            let fin = scram.client_final(&server_first);
+            (scram, fin)
+        })
+        .await
+        .map_err(|e| SetupError {
+            cause: Cause::Auth,
+            detail: format!("PBKDF2 task: {e}"),
+        })?;
+        let fin = fin.map_err(|e| SetupError {
+            cause: Cause::Auth,
+            detail: format!("SCRAM: {e}"),
+        })?;
+        send(
+            conn,
+            format!(
+                "<response xmlns='{NS_SASL}'>{}</response>",
+                b64.encode(fin)
+            ),
+        )
+        .await?;
+        let mut reply = expect_element(conn, t, "SASL result").await?;
+        if reply.is("challenge", NS_SASL) {
+            // Some servers send the server-final message as a challenge.
+            let data = b64.decode(reply.text().trim()).unwrap_or_default();
+            if scram.verify_server_final(&data).is_err() {
+                return fail(Cause::Auth, "server signature does not verify");
+            }
+            send(conn, format!("<response xmlns='{NS_SASL}'/>")).await?;
+            reply = expect_element(conn, t, "SASL result").await?;
+            if !reply.is("success", NS_SASL) {
+                return Err(failure(&reply));
+            }
+        } else if reply.is("success", NS_SASL) {
+            let data = b64.decode(reply.text().trim()).unwrap_or_default();
+            if scram.verify_server_final(&data).is_err() {
+                return fail(Cause::Auth, "server signature does not verify");
+            }
+        } else {
+            return Err(failure(&reply));
+        }
+    }
+    Ok(())
+}
+
+/// Logs in as `user` and binds `resource`; sends `<presence/>` if asked.
+/// Returns the established connection.
+pub async fn establish(
+    target: &Target,
+    source: Option<IpAddr>,
+    user: &str,
+    password: &str,
+    resource: &str,
+    presence: bool,
+) -> Result<Conn, SetupError> {
+    let (mut conn, features) = connect_stream(target, source).await?;
+    if !features.has_child("mechanisms", NS_SASL) {
+        return fail(Cause::Stream, "server offers no SASL mechanisms");
+    }
+    authenticate(&mut conn, target, user, password).await?;
+    conn.restart();
+    let features = open_stream(&mut conn, target).await?;
+    if !features.has_child("bind", NS_BIND) {
+        return fail(Cause::Bind, "server offers no resource binding");
+    }
+    let t = target.step_timeout;
+    let bind = format!(
+        "<iq type='set' id='b1'><bind xmlns='{NS_BIND}'><resource>{resource}</resource></bind></iq>"
+    );
+    step(t, Cause::Closed, async { Ok(conn.send(bind.as_bytes()).await?) }).await?;
+    loop {
+        let reply = expect_element(&mut conn, t, "bind result").await?;
+        if reply.name() != "iq" || reply.attr("id") != Some("b1") {
+            continue;
+        }
+        if reply.attr("type") != Some("result") {
+            return fail(Cause::Bind, format!("bind refused: {reply}"));
+        }
+        break;
+    }
+    // Legacy session establishment (RFC 3921) when the server insists.
+    if let Some(s) = features.get_child("session", "urn:ietf:params:xml:ns:xmpp-session") {
+        if !s.has_child("optional", "urn:ietf:params:xml:ns:xmpp-session") {
+            let iq = "<iq type='set' id='s1'><session xmlns='urn:ietf:params:xml:ns:xmpp-session'/></iq>";
+            step(t, Cause::Closed, async { Ok(conn.send(iq.as_bytes()).await?) }).await?;
+            loop {
+                let reply = expect_element(&mut conn, t, "session result").await?;
+                if reply.name() == "iq" && reply.attr("id") == Some("s1") {
+                    break;
+                }
+            }
+        }
+    }
+    if presence {
+        step(t, Cause::Closed, async { Ok(conn.send(b"<presence/>").await?) }).await?;
+    }
+    Ok(conn)
+}
+
+/// Outcome of one in-band registration.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Registered {
+    /// The account was created.
+    Created,
+    /// It already existed (`<conflict/>`).
+    Exists,
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&apos;")
+}
+
+/// Registers `user` with XEP-0077 in-band registration.
+pub async fn register(
+    target: &Target,
+    source: Option<IpAddr>,
+    user: &str,
+    password: &str,
+) -> Result<Registered, SetupError> {
+    let (mut conn, _features) = connect_stream(target, source).await?;
+    let iq = format!(
+        "<iq type='set' id='r1'><query xmlns='{NS_REGISTER}'><username>{}</username><password>{}</password></query></iq>",
+        xml_escape(user),
+        xml_escape(password)
+    );
+    let t = target.step_timeout;
+    step(t, Cause::Closed, async { Ok(conn.send(iq.as_bytes()).await?) }).await?;
+    let result = loop {
+        let reply = expect_element(&mut conn, t, "registration result").await?;
+        if reply.name() != "iq" || reply.attr("id") != Some("r1") {
+            continue;
+        }
+        if reply.attr("type") == Some("result") {
+            break Ok(Registered::Created);
+        }
+        let err = reply
+            .children()
+            .find(|c| c.name() == "error")
+            .map(|e| {
+                e.children()
+                    .map(|c| c.name().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        if err.iter().any(|c| c == "conflict") {
+            break Ok(Registered::Exists);
+        }
+        break fail(Cause::Auth, format!("registration refused: {}", err.join(",")));
+    };
+    let _ = conn.send(b"</stream:stream>").await;
+    result
+}

@@ -1,0 +1,1 @@
+//! starling-bench: a load generator for XMPP servers.

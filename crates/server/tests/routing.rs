@@ -1,0 +1,513 @@
+//! Routing between local sessions: RFC 6120 §8.1.2.1 (from stamping), §10
+//! (server rules), RFC 6121 §8.5 (local user delivery rules).
+
+use starling_testkit::{error_condition, ns, TestServer};
+use std::time::Duration;
+
+fn body(el: &starling_testkit::starling_xml::Element) -> String {
+    el.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+const QUIET: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_to_full_jid_delivered_with_stamped_from() {
+    // RFC 6121 §8.5.3.1; RFC 6120 §8.1.2.1 rule 1 (from = sender's full JID).
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send(&format!(
+            "<message to='{}' type='chat' id='m1'><body>hi bob</body></message>",
+            bob.jid
+        ))
+        .await;
+    let m = bob.recv().await;
+    assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
+    assert_eq!(m.attr("id"), Some("m1"));
+    assert_eq!(body(&m), "hi bob");
+    // And back.
+    bob.send(&format!(
+        "<message to='{}' type='chat'><body>hi alice</body></message>",
+        alice.jid
+    ))
+    .await;
+    assert_eq!(body(&alice.recv().await), "hi alice");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spoofed_from_is_rewritten() {
+    // RFC 6120 §8.1.2.1: the server overrides the 'from' a client claims.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send(&format!(
+            "<message from='admin@localhost/console' to='{}' type='chat'><body>trust me</body></message>",
+            bob.jid
+        ))
+        .await;
+    let m = bob.recv().await;
+    assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_payloads_pass_through_untouched() {
+    // DESIGN.md invariant 5: unknown extensions are forwarded as received.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send(&format!(
+            "<message to='{}' type='chat'><body>x &amp; y</body><custom xmlns='urn:example:x' a='1'><deep><b>t</b></deep></custom></message>",
+            bob.jid
+        ))
+        .await;
+    let m = bob.recv().await;
+    let custom = m
+        .get_child("custom", "urn:example:x")
+        .expect("extension forwarded");
+    assert_eq!(custom.attr("a"), Some("1"));
+    assert_eq!(
+        custom
+            .get_child("deep", "urn:example:x")
+            .unwrap()
+            .get_child("b", "urn:example:x")
+            .unwrap()
+            .text(),
+        "t"
+    );
+    assert_eq!(body(&m), "x & y");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_to_bare_jid_goes_to_highest_priority_resource() {
+    // RFC 6121 §8.5.2.1.1.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut low = server.login("bob").await;
+    let mut high = server.login("bob").await;
+    low.send("<presence><priority>1</priority></presence>")
+        .await;
+    high.send("<presence><priority>5</priority></presence>")
+        .await;
+    // Let the priorities land before routing.
+    let _ = low
+        .iq(
+            "<iq type='get' id='s'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "s",
+        )
+        .await;
+    let _ = high
+        .iq(
+            "<iq type='get' id='s'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "s",
+        )
+        .await;
+    alice
+        .send("<message to='bob@localhost' type='chat'><body>to bare</body></message>")
+        .await;
+    assert_eq!(body(&high.recv().await), "to bare");
+    low.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn headline_to_bare_jid_goes_to_all_non_negative_resources() {
+    // RFC 6121 §8.5.2.1.1: headline → all available resources with priority ≥ 0.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut a = server.login("bob").await;
+    let mut b = server.login("bob").await;
+    let mut neg = server.login("bob").await;
+    neg.send("<presence><priority>-1</priority></presence>")
+        .await;
+    let _ = neg
+        .iq(
+            "<iq type='get' id='s'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "s",
+        )
+        .await;
+    alice
+        .send("<message to='bob@localhost' type='headline'><body>news</body></message>")
+        .await;
+    assert_eq!(body(&a.recv().await), "news");
+    assert_eq!(body(&b.recv().await), "news");
+    neg.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_to_user_without_available_resource_gets_service_unavailable() {
+    // RFC 6121 §8.5.2.1.1 (no offline storage module yet) / §8.5.2.2.
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw").await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send(
+            "<message to='bob@localhost' type='chat' id='o1'><body>are you there</body></message>",
+        )
+        .await;
+    let e = alice.recv().await;
+    assert_eq!(e.attr("type"), Some("error"));
+    assert_eq!(e.attr("id"), Some("o1"));
+    assert_eq!(e.attr("from"), Some("bob@localhost"));
+    assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn negative_priority_only_counts_as_unavailable_for_bare_messages() {
+    // RFC 6121 §8.5.2.1.1: resources with negative priority get no bare-JID messages.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    bob.send("<presence><priority>-5</priority></presence>")
+        .await;
+    let _ = bob
+        .iq(
+            "<iq type='get' id='s'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "s",
+        )
+        .await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='n'><body>x</body></message>")
+        .await;
+    assert_eq!(
+        error_condition(&alice.recv().await).as_deref(),
+        Some("service-unavailable")
+    );
+    bob.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_to_unknown_account_gets_service_unavailable() {
+    // RFC 6121 §8.5.1.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='nobody@localhost' type='chat' id='u'><body>x</body></message>")
+        .await;
+    let e = alice.recv().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_to_gone_full_jid_is_treated_as_bare() {
+    // RFC 6121 §8.5.3.2.1: no such resource → handled as for the bare JID.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send("<message to='bob@localhost/old-phone' type='chat'><body>fallback</body></message>")
+        .await;
+    let m = bob.recv().await;
+    assert_eq!(body(&m), "fallback");
+    assert_eq!(
+        m.attr("to"),
+        Some("bob@localhost/old-phone"),
+        "addressing is preserved"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn iq_between_full_jids_and_result_routed_back() {
+    // RFC 6121 §8.5.3.1 for iq; the response is routed like any stanza.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send(&format!(
+            "<iq to='{}' type='get' id='q1'><query xmlns='urn:example:q'/></iq>",
+            bob.jid
+        ))
+        .await;
+    let q = bob.recv().await;
+    assert_eq!(q.attr("from"), Some(alice.jid.as_str()));
+    bob.send(&format!("<iq to='{}' type='result' id='q1'/>", alice.jid))
+        .await;
+    let r = alice.recv().await;
+    assert_eq!((r.attr("type"), r.attr("id")), (Some("result"), Some("q1")));
+    assert_eq!(r.attr("from"), Some(bob.jid.as_str()));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn iq_to_absent_full_jid_gets_service_unavailable() {
+    // RFC 6121 §8.5.3.2.2.
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw").await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq(
+            "<iq to='bob@localhost/none' type='get' id='q'><query xmlns='urn:example:q'/></iq>",
+            "q",
+        )
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn iq_to_bare_jid_unknown_namespace_gets_service_unavailable() {
+    // RFC 6121 §8.5.2.1.3: the server answers for the account.
+    let server = TestServer::start().await;
+    let _bob = server.login("bob").await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq(
+            "<iq to='bob@localhost' type='get' id='q'><query xmlns='urn:example:none'/></iq>",
+            "q",
+        )
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    assert_eq!(r.attr("from"), Some("bob@localhost"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn iq_to_server_unknown_namespace_gets_service_unavailable() {
+    // RFC 6120 §10.3.3 / §8.3.3.19.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq(
+            "<iq to='localhost' type='get' id='q'><query xmlns='urn:example:none'/></iq>",
+            "q",
+        )
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    assert_eq!(r.attr("from"), Some("localhost"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_to_remote_domain_gets_remote_server_not_found() {
+    // No server-to-server yet: RFC 6120 §8.3.3.16.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='juliet@capulet.example' type='chat' id='r'><body>x</body></message>")
+        .await;
+    assert_eq!(
+        error_condition(&alice.recv().await).as_deref(),
+        Some("remote-server-not-found")
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_to_gets_jid_malformed() {
+    // RFC 6120 §8.3.3.8.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='a@b@c' id='j'><body>x</body></message>")
+        .await;
+    let e = alice.recv().await;
+    assert_eq!(e.attr("id"), Some("j"));
+    assert_eq!(error_condition(&e).as_deref(), Some("jid-malformed"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn iq_without_id_gets_bad_request() {
+    // RFC 6120 §8.2.3: iq requires 'id'.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<iq type='get' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+        .await;
+    assert_eq!(
+        error_condition(&alice.recv().await).as_deref(),
+        Some("bad-request")
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn directed_presence_to_full_jid_delivered() {
+    // RFC 6121 §4.6 / §8.5.3.1.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send(&format!(
+            "<presence to='{}'><show>away</show></presence>",
+            bob.jid
+        ))
+        .await;
+    let p = bob.recv().await;
+    assert_eq!(p.name(), "presence");
+    assert_eq!(p.attr("from"), Some(alice.jid.as_str()));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn groupchat_to_bare_jid_gets_service_unavailable() {
+    // RFC 6121 §8.5.2.1.1 (groupchat to a bare JID of a user).
+    let server = TestServer::start().await;
+    let _bob = server.login("bob").await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='bob@localhost' type='groupchat' id='g'><body>x</body></message>")
+        .await;
+    assert_eq!(
+        error_condition(&alice.recv().await).as_deref(),
+        Some("service-unavailable")
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn error_stanza_is_never_answered_with_error() {
+    // RFC 6120 §8.3.1.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='nobody@localhost' type='error' id='e'><error type='cancel'><item-not-found xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></message>")
+        .await;
+    alice.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ping_server_and_own_account_answered() {
+    // XEP-0199 §4.2 (c2s ping) and an iq with no 'to' (RFC 6120 §10.3.3).
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq(
+            "<iq to='localhost' type='get' id='p1'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "p1",
+        )
+        .await;
+    assert_eq!(
+        (r.attr("type"), r.attr("from")),
+        (Some("result"), Some("localhost"))
+    );
+    let r = alice
+        .iq(
+            "<iq type='get' id='p2'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "p2",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_pings_idle_client_and_drops_silent_one() {
+    // XEP-0199 §4.1: server-to-client ping; no answer → connection-timeout.
+    let server = TestServer::start_with(|c| {
+        c.modules.ping.interval_secs = 1;
+        c.modules.ping.timeout_secs = 1;
+    })
+    .await;
+    let mut alive = server.login("alice").await;
+    let mut silent = server.login("bob").await;
+    let ping = alive.recv_until(|e| e.has_child("ping", ns::PING)).await;
+    assert_eq!(ping.attr("from"), Some("localhost"));
+    assert_eq!(ping.attr("type"), Some("get"));
+    alive
+        .send(&format!(
+            "<iq type='result' id='{}' to='localhost'/>",
+            ping.attr("id").unwrap()
+        ))
+        .await;
+    silent.recv_until(|e| e.has_child("ping", ns::PING)).await;
+    silent.expect_stream_error("connection-timeout").await;
+    // The answering client is still served.
+    let r = alive
+        .iq(
+            "<iq to='localhost' type='get' id='x'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "x",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disco_info_lists_declared_features_only() {
+    // XEP-0030 §3.1: identity and features, from the enabled modules.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq("<iq to='localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
+        .await;
+    let q = r.get_child("query", ns::DISCO_INFO).expect("query");
+    let id = q.get_child("identity", ns::DISCO_INFO).expect("identity");
+    assert_eq!(
+        (id.attr("category"), id.attr("type")),
+        (Some("server"), Some("im"))
+    );
+    let features: Vec<_> = q.children().filter_map(|f| f.attr("var")).collect();
+    for f in [ns::DISCO_INFO, ns::DISCO_ITEMS, ns::PING, ns::REGISTER] {
+        assert!(features.contains(&f), "{f} missing in {features:?}");
+    }
+    // A disabled module is not advertised.
+    let server2 = TestServer::start_with(|c| {
+        c.modules.ping.enabled = false;
+        c.modules.register.enabled = false;
+        c.modules.register.allow_cancel = false;
+        c.modules.register.allow_password_change = false;
+    })
+    .await;
+    let mut carol = server2.login("carol").await;
+    let r = carol
+        .iq("<iq to='localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
+        .await;
+    let vars: Vec<String> = r
+        .get_child("query", ns::DISCO_INFO)
+        .unwrap()
+        .children()
+        .filter_map(|f| f.attr("var").map(str::to_owned))
+        .collect();
+    assert!(
+        !vars.iter().any(|v| v == ns::PING || v == ns::REGISTER),
+        "{vars:?}"
+    );
+    let r = carol
+        .iq(
+            "<iq to='localhost' type='get' id='p'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "p",
+        )
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    server.stop().await;
+    server2.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disco_on_account_answered_for_owner_only() {
+    // XEP-0030 §3.1: the server answers for the account.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let r = alice
+        .iq("<iq to='alice@localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
+        .await;
+    let id = r
+        .get_child("query", ns::DISCO_INFO)
+        .unwrap()
+        .get_child("identity", ns::DISCO_INFO)
+        .unwrap();
+    assert_eq!(
+        (id.attr("category"), id.attr("type")),
+        (Some("account"), Some("registered"))
+    );
+    let r = bob
+        .iq("<iq to='alice@localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    server.stop().await;
+}
