@@ -33,7 +33,7 @@ const NS_REGISTER: &str = "jabber:iq:register";
 
 /// Size of the per-read scratch buffer. Kept small: a load generator holds
 /// tens of thousands of connections.
-const READ_CHUNK: usize = 2048;
+pub const READ_CHUNK: usize = 2048;
 
 /// How the connection is secured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -269,12 +269,18 @@ pub enum Event {
     Closed,
 }
 
-/// One XMPP connection: transport, stream parser and unparsed input.
+/// Incoming side of a stream: the parser and bytes not parsed yet.
+pub struct Inbound {
+    parser: StreamParser,
+    pending: Vec<u8>,
+}
+
+/// One XMPP connection: transport plus [`Inbound`].
 pub struct Conn {
     /// The transport.
     pub io: Transport,
-    parser: StreamParser,
-    pending: Vec<u8>,
+    /// Parser state.
+    pub inbound: Inbound,
 }
 
 fn parser() -> StreamParser {
@@ -284,7 +290,16 @@ fn parser() -> StreamParser {
     })
 }
 
-impl Conn {
+impl Default for Inbound {
+    fn default() -> Self {
+        Inbound {
+            parser: parser(),
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl Inbound {
     /// Parses one event out of already-received bytes, if complete.
     pub fn parse_pending(&mut self) -> anyhow::Result<Option<Event>> {
         while !self.pending.is_empty() {
@@ -315,11 +330,13 @@ impl Conn {
     pub fn feed(&mut self, bytes: &[u8]) {
         self.pending.extend_from_slice(bytes);
     }
+}
 
+impl Conn {
     /// Reads the next event (no timeout).
     pub async fn next_event(&mut self) -> anyhow::Result<Event> {
         loop {
-            if let Some(ev) = self.parse_pending()? {
+            if let Some(ev) = self.inbound.parse_pending()? {
                 return Ok(ev);
             }
             let mut chunk = [0u8; READ_CHUNK];
@@ -327,7 +344,7 @@ impl Conn {
             if n == 0 {
                 return Ok(Event::Closed);
             }
-            self.feed(&chunk[..n]);
+            self.inbound.feed(&chunk[..n]);
         }
     }
 
@@ -338,8 +355,7 @@ impl Conn {
     }
 
     fn restart(&mut self) {
-        self.parser = parser();
-        self.pending.clear();
+        self.inbound = Inbound::default();
     }
 }
 
@@ -385,7 +401,10 @@ async fn open_stream(conn: &mut Conn, target: &Target) -> Result<Element, SetupE
     .await?;
     let f = expect_element(conn, target.step_timeout, "stream features").await?;
     if !f.is("features", NS_STREAMS) {
-        return fail(Cause::Stream, format!("expected features, got {}", f.name()));
+        return fail(
+            Cause::Stream,
+            format!("expected features, got {}", f.name()),
+        );
     }
     Ok(f)
 }
@@ -408,11 +427,10 @@ async fn tcp_connect(target: &Target, source: Option<IpAddr>) -> Result<TcpStrea
 }
 
 async fn tls_upgrade(target: &Target, tcp: TcpStream) -> Result<Transport, SetupError> {
-    let name = ServerName::try_from(target.domain.clone())
-        .map_err(|e| SetupError {
-            cause: Cause::Tls,
-            detail: format!("bad server name: {e}"),
-        })?;
+    let name = ServerName::try_from(target.domain.clone()).map_err(|e| SetupError {
+        cause: Cause::Tls,
+        detail: format!("bad server name: {e}"),
+    })?;
     let f = async { Ok(target.tls_connector.connect(name, tcp).await?) };
     let tls = step(target.step_timeout, Cause::Tls, f).await?;
     Ok(Transport::Tls(Box::new(tls)))
@@ -432,8 +450,7 @@ pub async fn connect_stream(
     };
     let mut conn = Conn {
         io,
-        parser: parser(),
-        pending: Vec::new(),
+        inbound: Inbound::default(),
     };
     let mut features = open_stream(&mut conn, target).await?;
     if target.tls == TlsMode::Starttls {
@@ -460,6 +477,13 @@ pub async fn connect_stream(
     Ok((conn, features))
 }
 
+async fn send_step(conn: &mut Conn, t: Duration, s: String) -> Result<(), SetupError> {
+    step(t, Cause::Closed, async {
+        Ok(conn.send(s.as_bytes()).await?)
+    })
+    .await
+}
+
 async fn authenticate(
     conn: &mut Conn,
     target: &Target,
@@ -468,10 +492,6 @@ async fn authenticate(
 ) -> Result<(), SetupError> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let t = target.step_timeout;
-    let send = |conn: &mut Conn, s: String| {
-        let fut = async move { Ok(conn.send(s.as_bytes()).await?) };
-        step(t, Cause::Closed, fut)
-    };
     let failure = |el: &Element| {
         let cond: Vec<_> = el.children().map(|c| c.name().to_owned()).collect();
         SetupError {
@@ -481,8 +501,9 @@ async fn authenticate(
     };
     if target.mech == Mech::Plain {
         let msg = format!("\0{user}\0{password}");
-        send(
+        send_step(
             conn,
+            t,
             format!(
                 "<auth xmlns='{NS_SASL}' mechanism='PLAIN'>{}</auth>",
                 b64.encode(msg)
@@ -500,8 +521,9 @@ async fn authenticate(
             detail: format!("SCRAM client: {e}"),
         })?;
         let first = scram.client_first();
-        send(
+        send_step(
             conn,
+            t,
             format!(
                 "<auth xmlns='{NS_SASL}' mechanism='{}'>{}</auth>",
                 mech.name(),
@@ -533,12 +555,10 @@ async fn authenticate(
             cause: Cause::Auth,
             detail: format!("SCRAM: {e}"),
         })?;
-        send(
+        send_step(
             conn,
-            format!(
-                "<response xmlns='{NS_SASL}'>{}</response>",
-                b64.encode(fin)
-            ),
+            t,
+            format!("<response xmlns='{NS_SASL}'>{}</response>", b64.encode(fin)),
         )
         .await?;
         let mut reply = expect_element(conn, t, "SASL result").await?;
@@ -548,7 +568,7 @@ async fn authenticate(
             if scram.verify_server_final(&data).is_err() {
                 return fail(Cause::Auth, "server signature does not verify");
             }
-            send(conn, format!("<response xmlns='{NS_SASL}'/>")).await?;
+            send_step(conn, t, format!("<response xmlns='{NS_SASL}'/>")).await?;
             reply = expect_element(conn, t, "SASL result").await?;
             if !reply.is("success", NS_SASL) {
                 return Err(failure(&reply));
@@ -589,7 +609,10 @@ pub async fn establish(
     let bind = format!(
         "<iq type='set' id='b1'><bind xmlns='{NS_BIND}'><resource>{resource}</resource></bind></iq>"
     );
-    step(t, Cause::Closed, async { Ok(conn.send(bind.as_bytes()).await?) }).await?;
+    step(t, Cause::Closed, async {
+        Ok(conn.send(bind.as_bytes()).await?)
+    })
+    .await?;
     loop {
         let reply = expect_element(&mut conn, t, "bind result").await?;
         if reply.name() != "iq" || reply.attr("id") != Some("b1") {
@@ -604,7 +627,10 @@ pub async fn establish(
     if let Some(s) = features.get_child("session", "urn:ietf:params:xml:ns:xmpp-session") {
         if !s.has_child("optional", "urn:ietf:params:xml:ns:xmpp-session") {
             let iq = "<iq type='set' id='s1'><session xmlns='urn:ietf:params:xml:ns:xmpp-session'/></iq>";
-            step(t, Cause::Closed, async { Ok(conn.send(iq.as_bytes()).await?) }).await?;
+            step(t, Cause::Closed, async {
+                Ok(conn.send(iq.as_bytes()).await?)
+            })
+            .await?;
             loop {
                 let reply = expect_element(&mut conn, t, "session result").await?;
                 if reply.name() == "iq" && reply.attr("id") == Some("s1") {
@@ -614,7 +640,10 @@ pub async fn establish(
         }
     }
     if presence {
-        step(t, Cause::Closed, async { Ok(conn.send(b"<presence/>").await?) }).await?;
+        step(t, Cause::Closed, async {
+            Ok(conn.send(b"<presence/>").await?)
+        })
+        .await?;
     }
     Ok(conn)
 }
@@ -649,7 +678,10 @@ pub async fn register(
         xml_escape(password)
     );
     let t = target.step_timeout;
-    step(t, Cause::Closed, async { Ok(conn.send(iq.as_bytes()).await?) }).await?;
+    step(t, Cause::Closed, async {
+        Ok(conn.send(iq.as_bytes()).await?)
+    })
+    .await?;
     let result = loop {
         let reply = expect_element(&mut conn, t, "registration result").await?;
         if reply.name() != "iq" || reply.attr("id") != Some("r1") {
@@ -670,7 +702,10 @@ pub async fn register(
         if err.iter().any(|c| c == "conflict") {
             break Ok(Registered::Exists);
         }
-        break fail(Cause::Auth, format!("registration refused: {}", err.join(",")));
+        break fail(
+            Cause::Auth,
+            format!("registration refused: {}", err.join(",")),
+        );
     };
     let _ = conn.send(b"</stream:stream>").await;
     result

@@ -1,1 +1,58 @@
-//! starling-bench: a load generator for XMPP servers.
+//! starling-bench: a load generator for XMPP servers, in the spirit of
+//! MongooseIM's amoc, usable against any server (Starling, ejabberd,
+//! Prosody…).
+//!
+//! Code map:
+//! - [`cli`]: command-line options.
+//! - [`client`]: the lean XMPP client (TCP/STARTTLS/direct TLS, PLAIN/SCRAM,
+//!   bind, in-band registration), failures classified by cause.
+//! - [`engine`]: scenarios `connect`, `idle`, `o2o`: connection storm with
+//!   bounded concurrency, per-connection reader/writer tasks, the rate
+//!   scheduler, latency recording.
+//! - [`workers`]: beyond one process's file limit, the coordinator starts
+//!   copies of itself and merges their JSON results (histograms travel in
+//!   HDR V2 form, so merged percentiles are exact).
+//! - [`rate`], [`hist`], [`report`]: rate ramp, histograms, results.
+//! - [`provision`]: creating N accounts (IBR, Starling bulk import,
+//!   ejabberdctl/prosodyctl, Prosody's account files).
+//! - [`procmem`]: server RSS and PID from `/proc`.
+
+pub mod cli;
+pub mod client;
+pub mod engine;
+pub mod hist;
+pub mod procmem;
+pub mod provision;
+pub mod rate;
+pub mod report;
+pub mod workers;
+
+use clap::Parser as _;
+
+/// Entry point of the binary.
+pub fn main_entry() -> anyhow::Result<()> {
+    let cli = cli::Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match cli.command {
+            cli::Command::Connect(a) => engine::run(engine::Scenario::Connect, a).await,
+            cli::Command::Idle(a) => engine::run(engine::Scenario::Idle, a).await,
+            cli::Command::O2o(a) => engine::run(engine::Scenario::O2o, a).await,
+            cli::Command::MucLight(_) => {
+                not_supported("muc-light", "MUC Light (XEP-less group chat, muc_light)")
+            }
+            cli::Command::Muc(_) => not_supported("muc", "multi-user chat (XEP-0045)"),
+            cli::Command::Archive(_) => not_supported("archive", "message archive (XEP-0313 MAM)"),
+            cli::Command::Provision(p) => provision::run(p).await,
+        }
+    })
+}
+
+fn not_supported(scenario: &str, feature: &str) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "scenario `{scenario}` is not supported by this server yet: Starling has no {feature}; \
+         the scenario will be implemented when the feature exists (no fake numbers)"
+    )
+}

@@ -109,10 +109,13 @@ async fn chat_to_bare_jid_goes_to_highest_priority_resource() {
             "s",
         )
         .await;
+    // Presence broadcasts between the resources are not under test.
+    low.drain().await;
+    high.drain().await;
     alice
         .send("<message to='bob@localhost' type='chat'><body>to bare</body></message>")
         .await;
-    assert_eq!(body(&high.recv().await), "to bare");
+    assert_eq!(body(&high.recv_message().await), "to bare");
     low.expect_silence(QUIET).await;
     server.stop().await;
 }
@@ -133,11 +136,15 @@ async fn headline_to_bare_jid_goes_to_all_non_negative_resources() {
             "s",
         )
         .await;
+    // Presence broadcasts between the resources are not under test.
+    neg.drain().await;
+    a.drain().await;
+    b.drain().await;
     alice
         .send("<message to='bob@localhost' type='headline'><body>news</body></message>")
         .await;
-    assert_eq!(body(&a.recv().await), "news");
-    assert_eq!(body(&b.recv().await), "news");
+    assert_eq!(body(&a.recv_message().await), "news");
+    assert_eq!(body(&b.recv_message().await), "news");
     neg.expect_silence(QUIET).await;
     server.stop().await;
 }
@@ -175,11 +182,13 @@ async fn negative_priority_only_counts_as_unavailable_for_bare_messages() {
             "s",
         )
         .await;
+    // Presence broadcasts between the resources are not under test.
+    bob.drain().await;
     alice
         .send("<message to='bob@localhost' type='chat' id='n'><body>x</body></message>")
         .await;
     assert_eq!(
-        error_condition(&alice.recv().await).as_deref(),
+        error_condition(&alice.recv_message().await).as_deref(),
         Some("service-unavailable")
     );
     bob.expect_silence(QUIET).await;
@@ -433,6 +442,38 @@ async fn server_pings_idle_client_and_drops_silent_one() {
         )
         .await;
     assert_eq!(r.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn presence_broadcast_to_own_resources_and_echoed() {
+    // RFC 6121 §4.2.2: initial presence goes to all of the user's available
+    // resources, including the sender; §4.5.2: unavailable presence too.
+    let server = TestServer::start().await;
+    let mut phone = server.login("alice").await; // echo consumed by login()
+    let mut laptop = server.login("alice").await;
+    let p = phone.recv().await;
+    assert_eq!(
+        (p.name(), p.attr("from")),
+        ("presence", Some(laptop.jid.as_str()))
+    );
+    laptop
+        .send("<presence><show>dnd</show><priority>3</priority></presence>")
+        .await;
+    let echo = laptop.recv().await;
+    assert_eq!(echo.get_child("show", ns::CLIENT).unwrap().text(), "dnd");
+    let p = phone.recv().await;
+    assert_eq!(p.get_child("show", ns::CLIENT).unwrap().text(), "dnd");
+    laptop.send("<presence type='unavailable'/>").await;
+    let p = phone.recv().await;
+    assert_eq!(
+        (p.attr("type"), p.attr("from")),
+        (Some("unavailable"), Some(laptop.jid.as_str()))
+    );
+    // An unavailable resource no longer gets broadcasts.
+    phone.send("<presence><show>away</show></presence>").await;
+    let _echo = phone.recv().await;
+    laptop.expect_silence(QUIET).await;
     server.stop().await;
 }
 

@@ -117,7 +117,8 @@ impl TestServer {
     }
 
     /// Creates `user` (password "pw-" + user), logs in over STARTTLS with
-    /// SCRAM-SHA-256, binds a resource and sends initial presence.
+    /// SCRAM-SHA-256, binds a resource, sends initial presence and consumes
+    /// its echo. Other resources of the same user receive that presence.
     pub async fn login(&self, user: &str) -> Client {
         let password = format!("pw-{user}");
         if !self
@@ -138,6 +139,12 @@ impl TestServer {
             .expect("login succeeds");
         c.bind(None).await;
         c.send("<presence/>").await;
+        // RFC 6121 §4.2.2: the server echoes initial presence to its sender.
+        let echo = c.recv().await;
+        assert!(
+            echo.name() == "presence" && echo.attr("from") == Some(c.jid.as_str()),
+            "expected presence echo, got {echo}"
+        );
         c
     }
 
@@ -613,6 +620,21 @@ impl Client {
                 return el;
             }
         }
+    }
+
+    /// Receives until a `<message/>` arrives (skipping presence broadcasts).
+    pub async fn recv_message(&mut self) -> Element {
+        self.recv_until(|e| e.name() == "message").await
+    }
+
+    /// Discards whatever arrives until the connection has been quiet for
+    /// 200 ms.
+    pub async fn drain(&mut self) {
+        while self
+            .next_event_within(Duration::from_millis(200))
+            .await
+            .is_some()
+        {}
     }
 
     /// Closes the stream politely and waits for the server's close.

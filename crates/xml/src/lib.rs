@@ -57,6 +57,8 @@
 //! assert!(matches!(parser.push(&mut input).unwrap(), Some(StreamEvent::Close)));
 //! ```
 
+#![deny(missing_docs)]
+
 mod error;
 mod stream;
 mod tree;

@@ -123,13 +123,18 @@ impl std::fmt::Debug for StreamParser {
 }
 
 fn new_rxml(limits: &Limits) -> Box<rxml::Parser> {
-    let mut opts = rxml::Options::default();
-    opts.max_token_length = token_limit(limits);
-    let mut p = rxml::Parser::with_options(opts);
+    let mut p = rxml::Parser::with_options(rxml_options(token_limit(limits)));
     // Emit text as soon as it is available: keeps keepalive whitespace from being buffered
     // inside rxml and lets text count against the stanza limit immediately.
     p.set_text_buffering(false);
     Box::new(p)
+}
+
+fn rxml_options(max_token_length: usize) -> rxml::Options {
+    rxml::Options {
+        max_token_length,
+        ..rxml::Options::default()
+    }
 }
 
 fn token_limit(limits: &Limits) -> usize {
@@ -391,9 +396,7 @@ fn scan_namespace_decls(
     limits: &Limits,
     attrs: &mut Vec<(String, String)>,
 ) -> Option<String> {
-    let mut opts = rxml::Options::default();
-    opts.max_token_length = token_limit(limits);
-    let mut raw = rxml::RawParser::with_options(opts);
+    let mut raw = rxml::RawParser::with_options(rxml_options(token_limit(limits)));
     let mut input = buf;
     let mut default_ns = None;
     // The bytes were already accepted by the resolving parser, so this cannot fail; stop
@@ -418,9 +421,7 @@ fn scan_namespace_decls(
 /// Parse a standalone document into an element (used by `Element::from_str`).
 pub(crate) fn parse_document(mut input: &[u8]) -> Result<Element, XmlError> {
     let limits = Limits::default();
-    let mut opts = rxml::Options::default();
-    opts.max_token_length = MAX_TOKEN;
-    let mut parser = rxml::Parser::with_options(opts);
+    let mut parser = rxml::Parser::with_options(rxml_options(MAX_TOKEN));
     let mut stack: Vec<Element> = Vec::new();
     let mut root = None;
     loop {

@@ -74,6 +74,7 @@ fn intern(s: &str) -> Cow<'static, str> {
     Cow::Owned(s.to_owned())
 }
 
+#[allow(clippy::ptr_arg)] // needs to tell borrowed from owned
 fn cow_heap(s: &Cow<'static, str>) -> usize {
     match s {
         Cow::Borrowed(_) => 0,

@@ -488,21 +488,17 @@ fn error_non_utf8_input_unsupported_encoding() {
 fn error_after_failure_parser_poisoned() {
     let mut p = StreamParser::new(Limits::default());
     let mut input: &[u8] = b"<oops";
-    let mut first = None;
     let mut bad = stream_with("<message><!-- x --></message>");
     bad.extend_from_slice(b"<presence/>");
     let mut slice = &bad[..];
-    loop {
+    let first = loop {
         match p.push(&mut slice) {
             Ok(Some(_)) => continue,
             Ok(None) => panic!("expected error"),
-            Err(e) => {
-                first = Some(e);
-                break;
-            }
+            Err(e) => break e,
         }
-    }
-    let first = first.unwrap();
+    };
+    assert_eq!(first.stream_condition(), "restricted-xml");
     assert_eq!(p.push(&mut input), Err(first.clone()));
     assert_eq!(p.push(&mut &b"<presence/>"[..]), Err(first));
     assert_eq!(p.pending_bytes(), 0);

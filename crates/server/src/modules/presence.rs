@@ -4,7 +4,9 @@
 //!
 //! This module records, in the session table, whether each resource is
 //! available and with which priority, which is what routing to a bare JID
-//! needs (RFC 6121 §8.5.2). Broadcast to subscribers, probes and
+//! needs (RFC 6121 §8.5.2), and broadcasts the user's presence to all of the
+//! user's own available resources, including the sender for available
+//! presence (RFC 6121 §4.2.2, §4.5.2). Broadcast to subscribers, probes and
 //! subscription handling arrive with the roster module.
 //!
 //! Hooks: `user_send` (presence without 'to'). Storage: none.
@@ -44,10 +46,25 @@ impl UserSendHandler for Presence {
         if stanza.kind() != StanzaKind::Presence || stanza.to().is_some() {
             return Ok(Flow::Continue);
         }
-        match stanza.type_attr() {
-            None => cx.push(Action::SetPriority(Some(priority_of(stanza)))),
-            Some("unavailable") => cx.push(Action::SetPriority(None)),
+        let available = match stanza.type_attr() {
+            None => true,
+            Some("unavailable") => false,
             _ => return Ok(Flow::Continue),
+        };
+        cx.push(Action::SetPriority(available.then(|| priority_of(stanza))));
+        let me = cx.jid().clone();
+        for other in cx.env.sessions.resources(&me.to_bare()) {
+            if other.jid != me && other.priority.is_some() {
+                let mut copy = stanza.clone();
+                copy.set_to(Some(other.jid.into()));
+                cx.route(copy);
+            }
+        }
+        if available {
+            // §4.2.2: "including the resource that generated the presence".
+            let mut echo = stanza.clone();
+            echo.set_to(Some(me.into()));
+            cx.send(echo.into_element());
         }
         Ok(Flow::Stop)
     }

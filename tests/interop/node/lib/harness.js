@@ -124,6 +124,7 @@ export function makeClient({
   transport = STARTTLS,
   register = false,
   mechanism = SCRAM,
+  expectAuthFailure = false,
 }) {
   const port = transport === STARTTLS ? STARTTLS_PORT : TLS_PORT;
   const scheme = transport === STARTTLS ? "xmpp" : "xmpps";
@@ -139,6 +140,7 @@ export function makeClient({
     messages: [],
     presences: [],
     errors: [],
+    authFailure: null, // the SASLError when expectAuthFailure is set
   };
 
   const xmpp = client({
@@ -160,7 +162,16 @@ export function makeClient({
           `server does not offer ${mechanism}; offered ${rec.offeredMechanisms}`,
         );
       }
-      await authenticate({ username, password }, mechanism);
+      try {
+        await authenticate({ username, password }, mechanism);
+      } catch (err) {
+        if (!expectAuthFailure) throw err;
+        // Record the failure where it is raised and park the negotiation:
+        // rethrowing lets @xmpp/client's middleware chain reject a promise
+        // that nobody awaits (an unhandled rejection whose timing varies).
+        rec.authFailure = err;
+        return new Promise(() => {});
+      }
     },
   });
   // a failing server must fail the test, not be retried forever

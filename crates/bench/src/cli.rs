@@ -1,0 +1,266 @@
+//! Command-line options.
+
+use crate::client::{Mech, TlsMode};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// Load generator for XMPP servers.
+#[derive(Parser, Debug)]
+#[command(name = "starling-bench", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Scenarios and tools.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Connection storm: sessions established per second, failures by cause.
+    Connect(ScenarioArgs),
+    /// Hold N sessions with initial presence; server KB per session.
+    Idle(ScenarioArgs),
+    /// One-to-one chat at a ramp of total rates; saturation point.
+    O2o(ScenarioArgs),
+    /// Rooms of 5 members (not supported by Starling yet).
+    MucLight(ScenarioArgs),
+    /// MUC rooms (not supported by Starling yet).
+    Muc(ScenarioArgs),
+    /// Archive query latency (not supported by Starling yet).
+    Archive(ScenarioArgs),
+    /// Create N accounts.
+    Provision(ProvisionArgs),
+}
+
+/// Where to connect and as whom.
+#[derive(Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// Server host (IP address).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Server port.
+    #[arg(long, default_value_t = 5222)]
+    pub port: u16,
+    /// XMPP domain.
+    #[arg(long, default_value = "localhost")]
+    pub domain: String,
+    /// Transport security.
+    #[arg(long, value_enum, default_value_t = TlsMode::Starttls)]
+    pub tls: TlsMode,
+    /// SASL mechanism.
+    #[arg(long, value_enum, default_value_t = Mech::ScramSha256)]
+    pub mechanism: Mech,
+    /// User name pattern; `{n}` is replaced by the user number.
+    #[arg(long, default_value = "user{n}")]
+    pub user_pattern: String,
+    /// Password pattern; `{n}` is replaced by the user number.
+    #[arg(long, default_value = "password")]
+    pub password: String,
+    /// Number of the first user.
+    #[arg(long, default_value_t = 1)]
+    pub first_user: u64,
+    /// Number of users (sessions).
+    #[arg(long, short = 'n', default_value_t = 100)]
+    pub users: u64,
+    /// Local source addresses, comma-separated (e.g. 127.0.0.1,127.0.0.2),
+    /// used round-robin. Default: one loopback address per 25,000
+    /// connections (127.0.0.1, 127.0.0.2, …), no explicit bind below that.
+    #[arg(long, value_delimiter = ',')]
+    pub sources: Vec<IpAddr>,
+    /// Session setups in flight at once (per process).
+    #[arg(long, default_value_t = 100)]
+    pub concurrency: usize,
+    /// Timeout of each setup step (connect, TLS, each SASL round…), seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub step_timeout: f64,
+}
+
+/// Options of a scenario run.
+#[derive(Args, Debug, Clone)]
+pub struct ScenarioArgs {
+    /// Connection options.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// Resource to bind (the `o2o` scenario addresses full JIDs with it).
+    #[arg(long, default_value = "bench")]
+    pub resource: String,
+    /// A label for the server in reports (e.g. "starling 0.1.0").
+    #[arg(long, default_value = "")]
+    pub label: String,
+    /// Print one JSON object (the whole result) on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Also append the JSON result to this file.
+    #[arg(long)]
+    pub json_file: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Connections per process before worker processes are used (the
+    /// per-process open-file limit here is 20,000).
+    #[arg(long, default_value_t = 19_000)]
+    pub max_per_process: u64,
+    /// Fail (exit 1) unless at least this fraction of sessions was
+    /// established and, for `o2o`, of messages delivered over the whole
+    /// run. 0 disables the check.
+    #[arg(long, default_value_t = 0.0)]
+    pub require_ratio: f64,
+
+    /// `idle`: PID of the server (default: whoever listens on --port).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// `idle`: seconds to wait after the last session before measuring.
+    #[arg(long, default_value_t = 5.0)]
+    pub settle_secs: f64,
+    /// `idle`, `connect`: seconds to hold the sessions after measuring.
+    #[arg(long, default_value_t = 0.0)]
+    pub hold_secs: f64,
+    /// `connect`: send initial presence after binding (always on for idle and o2o).
+    #[arg(long)]
+    pub presence: bool,
+
+    /// `o2o`: ramp of total rates in msg/s: list and/or FROM..TO/STEP.
+    #[arg(long, default_value = "100,200,500,1000,2000,5000,10000")]
+    pub rates: String,
+    /// `o2o`: seconds per ramp step.
+    #[arg(long, default_value_t = 10.0)]
+    pub step_secs: f64,
+    /// `o2o`: p99 latency bound for a step to keep up, ms.
+    #[arg(long, default_value_t = 100.0)]
+    pub p99_bound_ms: f64,
+    /// `o2o`: delivery ratio for a step to keep up.
+    #[arg(long, default_value_t = 0.99)]
+    pub min_ratio: f64,
+    /// `o2o`: seconds to wait for late deliveries after the ramp.
+    #[arg(long, default_value_t = 3.0)]
+    pub drain_secs: f64,
+    /// `o2o`: stop the ramp after this many consecutive steps that did not
+    /// keep up (single process only; 0 = run the whole ramp).
+    #[arg(long, default_value_t = 2)]
+    pub stop_after_fails: u32,
+    /// `o2o`: extra body bytes per message.
+    #[arg(long, default_value_t = 0)]
+    pub body_bytes: usize,
+    /// `o2o`: address recipients by bare JID instead of user@domain/resource.
+    #[arg(long)]
+    pub to_bare: bool,
+    /// `o2o`: instance price per hour, for the cost per billion delivered
+    /// messages.
+    #[arg(long)]
+    pub hourly_price: Option<f64>,
+
+    /// Internal: this process is worker I of --worker-count.
+    #[arg(long, hide = true)]
+    pub worker_index: Option<u64>,
+    /// Internal: number of worker processes.
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub worker_count: u64,
+}
+
+/// How to create accounts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProvisionMethod {
+    /// XEP-0077 in-band registration over the network (any server with
+    /// registration open).
+    Ibr,
+    /// Write a Starling import file and run `starling user import`.
+    StarlingImport,
+    /// Only write the import file (`user@domain:password` lines) to --out.
+    StarlingFile,
+    /// `ejabberdctl register` per user (slow: one escript per call).
+    Ejabberdctl,
+    /// `prosodyctl register` per user (slow: one Lua start per call).
+    Prosodyctl,
+    /// Write Prosody's internal_hashed account files (SCRAM-SHA-1) directly
+    /// into --prosody-data (server stopped or restarted afterwards).
+    ProsodyFiles,
+}
+
+/// Options of `provision`.
+#[derive(Args, Debug, Clone)]
+pub struct ProvisionArgs {
+    /// Method.
+    #[arg(long, value_enum, default_value_t = ProvisionMethod::Ibr)]
+    pub method: ProvisionMethod,
+    /// Connection options (users, patterns; host/port/TLS for IBR).
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// `starling-import`: the starling binary.
+    #[arg(long, default_value = "starling")]
+    pub starling_bin: PathBuf,
+    /// `starling-import`: the server's config file.
+    #[arg(long)]
+    pub starling_config: Option<PathBuf>,
+    /// `starling-import`, `prosody-files`: PBKDF2 iterations.
+    #[arg(long, default_value_t = 4096)]
+    pub iterations: u32,
+    /// `starling-file`, `starling-import`: where to write the import file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// `ejabberdctl`/`prosodyctl`: the command with leading arguments,
+    /// e.g. "ejabberdctl --config-dir /x" (split on spaces).
+    #[arg(long)]
+    pub ctl: Option<String>,
+    /// `prosody-files`: Prosody's data_path.
+    #[arg(long)]
+    pub prosody_data: Option<PathBuf>,
+    /// `prosody-files`: chown the files to this user (e.g. prosody).
+    #[arg(long)]
+    pub chown: Option<String>,
+}
+
+impl ConnArgs {
+    /// The user name of user number `n`.
+    pub fn user(&self, n: u64) -> String {
+        self.user_pattern.replace("{n}", &n.to_string())
+    }
+
+    /// The password of user number `n`.
+    pub fn password_of(&self, n: u64) -> String {
+        self.password.replace("{n}", &n.to_string())
+    }
+
+    /// The source addresses to use for `total` connections.
+    pub fn source_list(&self, total: u64) -> Vec<IpAddr> {
+        if !self.sources.is_empty() {
+            return self.sources.clone();
+        }
+        let k = total.div_ceil(25_000);
+        if k <= 1 {
+            return Vec::new();
+        }
+        (1..=k.min(250))
+            .map(|i| IpAddr::from([127, 0, 0, i as u8]))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_and_sources() {
+        let cli = Cli::parse_from([
+            "starling-bench",
+            "o2o",
+            "--users",
+            "60000",
+            "--user-pattern",
+            "u{n}x",
+            "--password",
+            "p{n}",
+            "--mechanism",
+            "SCRAM-SHA-1",
+        ]);
+        let Command::O2o(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.conn.user(7), "u7x");
+        assert_eq!(a.conn.password_of(7), "p7");
+        assert_eq!(a.conn.mechanism, Mech::ScramSha1);
+        assert_eq!(a.conn.source_list(60_000).len(), 3);
+        assert!(a.conn.source_list(1000).is_empty());
+    }
+}

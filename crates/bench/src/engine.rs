@@ -1,0 +1,816 @@
+//! The scenarios: connection storm, idle sessions, one-to-one chat ramp.
+//!
+//! Every session is two small tasks: a reader (parses, records deliveries,
+//! answers server pings) and a writer (drains a bounded outbox, coalescing
+//! writes). The storm keeps at most `--concurrency` setups in flight.
+
+use crate::cli::ScenarioArgs;
+use crate::client::{self, Event, Inbound, Target, Transport, READ_CHUNK};
+use crate::hist::Latency;
+use crate::rate::{parse_rates, RateSchedule, SplitMix};
+use crate::report::{ConnectResult, IdleResult, O2oResult, RunResult, StepResult, TargetInfo};
+use crate::{procmem, workers};
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use starling_xml::Element;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Which scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Connection storm.
+    Connect,
+    /// Idle sessions, server memory.
+    Idle,
+    /// One-to-one chat ramp.
+    O2o,
+}
+
+impl Scenario {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Connect => "connect",
+            Scenario::Idle => "idle",
+            Scenario::O2o => "o2o",
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch (shared clock across worker processes).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+/// Per-step counters of the ramp.
+#[derive(Default)]
+struct StepCounters {
+    sent: AtomicU64,
+    delivered: AtomicU64,
+    errors: AtomicU64,
+    dropped: AtomicU64,
+    latency: Mutex<Latency>,
+}
+
+/// State shared by all tasks of one process.
+pub struct Shared {
+    /// Sessions established.
+    pub established: AtomicU64,
+    /// Setups failed.
+    pub failed: AtomicU64,
+    /// Messages queued for sending.
+    pub sent: AtomicU64,
+    /// Benchmark messages received.
+    pub delivered: AtomicU64,
+    start_us: AtomicU64,
+    schedule: RateSchedule,
+    steps: Vec<StepCounters>,
+}
+
+impl Shared {
+    fn new(schedule: RateSchedule) -> Shared {
+        let steps = (0..schedule.steps().len())
+            .map(|_| StepCounters::default())
+            .collect();
+        Shared {
+            established: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            start_us: AtomicU64::new(0),
+            schedule,
+            steps,
+        }
+    }
+
+    /// The ramp step a message sent at `ts_us` belongs to.
+    fn step_of(&self, ts_us: u64) -> Option<usize> {
+        let start = self.start_us.load(Relaxed);
+        if start == 0 || ts_us < start {
+            return None;
+        }
+        self.schedule.step_at((ts_us - start) as f64 / 1e6)
+    }
+
+    fn on_message(&self, el: &Element) {
+        let Some(body) = el.children().find(|c| c.name() == "body") else {
+            return;
+        };
+        let text = body.text();
+        let Some(ts) = text
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let Some(step) = self.step_of(ts) else {
+            return;
+        };
+        let c = &self.steps[step];
+        if el.attr("type") == Some("error") {
+            c.errors.fetch_add(1, Relaxed);
+            return;
+        }
+        let lat = now_us().saturating_sub(ts);
+        c.delivered.fetch_add(1, Relaxed);
+        self.delivered.fetch_add(1, Relaxed);
+        if let Ok(mut h) = c.latency.lock() {
+            h.record_us(lat);
+        }
+    }
+}
+
+/// Coordination with a parent process (when this is a worker).
+enum Mode {
+    Local,
+    Worker(tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>),
+}
+
+impl Mode {
+    /// Tells the coordinator this process is ready and waits for `GO <start_us>`.
+    async fn ready_and_wait(&mut self) -> anyhow::Result<Option<u64>> {
+        match self {
+            Mode::Local => Ok(None),
+            Mode::Worker(lines) => {
+                println!("READY");
+                let line = lines.next_line().await?.context("coordinator went away")?;
+                let start = line
+                    .strip_prefix("GO")
+                    .map(str::trim)
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .filter(|s| *s > 0);
+                Ok(start)
+            }
+        }
+    }
+}
+
+/// A live session: its outbox and its tasks.
+struct Session {
+    user: u64,
+    outbox: mpsc::Sender<Vec<u8>>,
+}
+
+fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
+    Ok(Arc::new(Target {
+        addr: std::net::SocketAddr::new(args.conn.host, args.conn.port),
+        domain: args.conn.domain.clone(),
+        tls: args.conn.tls,
+        mech: args.conn.mechanism,
+        sources: args.conn.source_list(args.conn.users),
+        step_timeout: Duration::from_secs_f64(args.conn.step_timeout),
+        tls_connector: client::tls_connector()?,
+    }))
+}
+
+/// Target description for reports.
+pub fn target_info(args: &ScenarioArgs) -> TargetInfo {
+    TargetInfo {
+        label: args.label.clone(),
+        address: format!("{}:{}", args.conn.host, args.conn.port),
+        domain: args.conn.domain.clone(),
+        tls: format!("{:?}", args.conn.tls).to_lowercase(),
+        mechanism: match args.conn.mechanism {
+            client::Mech::Plain => "PLAIN",
+            client::Mech::ScramSha1 => "SCRAM-SHA-1",
+            client::Mech::ScramSha256 => "SCRAM-SHA-256",
+        }
+        .into(),
+        sources: args
+            .conn
+            .source_list(args.conn.users)
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    }
+}
+
+/// The empty result skeleton.
+pub fn skeleton(sc: Scenario, args: &ScenarioArgs, workers: u32) -> RunResult {
+    RunResult {
+        tool: "starling-bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        scenario: sc.name().into(),
+        started_unix: now_us() / 1_000_000,
+        target: target_info(args),
+        users: args.conn.users,
+        workers,
+        ..RunResult::default()
+    }
+}
+
+/// Runs a scenario: in this process, or split over worker processes.
+pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.conn.users > 0, "--users must be at least 1");
+    let result = if args.worker_index.is_none() && args.conn.users > args.max_per_process {
+        workers::coordinate(sc, &args).await?
+    } else {
+        let worker = args.worker_index.is_some();
+        let mode = if worker {
+            Mode::Worker(tokio::io::BufReader::new(tokio::io::stdin()).lines())
+        } else {
+            Mode::Local
+        };
+        let r = run_local(sc, &args, mode).await?;
+        if worker {
+            println!("R {}", serde_json::to_string(&r)?);
+            return Ok(());
+        }
+        r
+    };
+    output(&result, &args)
+}
+
+fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<()> {
+    let json = serde_json::to_string(result)?;
+    if args.json {
+        eprint!("{}", result.table());
+        println!("{json}");
+    } else {
+        print!("{}", result.table());
+    }
+    if let Some(path) = &args.json_file {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        writeln!(f, "{json}")?;
+    }
+    if args.require_ratio > 0.0 {
+        let c = &result.connect;
+        let ratio = c.established as f64 / c.attempted.max(1) as f64;
+        anyhow::ensure!(
+            ratio >= args.require_ratio,
+            "only {}/{} sessions established ({:?})",
+            c.established,
+            c.attempted,
+            c.first_error
+        );
+        if let Some(o) = &result.o2o {
+            let sent: u64 = o.steps.iter().map(|s| s.sent).sum();
+            let delivered: u64 = o.steps.iter().map(|s| s.delivered).sum();
+            anyhow::ensure!(
+                sent > 0 && delivered as f64 >= args.require_ratio * sent as f64,
+                "only {delivered}/{sent} messages delivered"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The user numbers this process handles.
+fn local_range(args: &ScenarioArgs) -> (u64, u64) {
+    let k = args.worker_count.max(1);
+    let i = args.worker_index.unwrap_or(0);
+    let per = args.conn.users.div_ceil(k);
+    let lo = args.conn.first_user + i * per;
+    let hi = (lo + per).min(args.conn.first_user + args.conn.users);
+    (lo, hi.max(lo))
+}
+
+fn progress_bar(args: &ScenarioArgs, len: u64) -> ProgressBar {
+    if args.quiet || args.worker_index.is_some() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} sessions {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb
+}
+
+/// Runs one process's share of the scenario.
+async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow::Result<RunResult> {
+    let (lo, hi) = local_range(args);
+    let target = target_of(args)?;
+    let rates = if sc == Scenario::O2o {
+        parse_rates(&args.rates)?
+    } else {
+        Vec::new()
+    };
+    let schedule = RateSchedule::new(&rates, args.step_secs, args.worker_count as usize);
+    let shared = Arc::new(Shared::new(schedule));
+    let mut result = skeleton(sc, args, args.worker_count as u32);
+
+    // Idle: the "before" reading, with no session of ours yet.
+    let local_only = args.worker_index.is_none();
+    let idle_pid = if sc == Scenario::Idle && local_only {
+        let pid = match args.server_pid {
+            Some(p) => p,
+            None => procmem::pid_listening_on(args.conn.port)?,
+        };
+        Some((pid, procmem::rss_kb(pid)?))
+    } else {
+        None
+    };
+
+    let pb = progress_bar(args, hi - lo);
+    let reporter = spawn_reporter(args, shared.clone(), pb.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let presence = sc != Scenario::Connect || args.presence;
+    let (sessions, tasks, connect) =
+        connect_phase(args, &target, lo, hi, presence, &shared, &stop_rx).await;
+    result.connect = connect;
+
+    match sc {
+        Scenario::Connect => {
+            hold(args.hold_secs).await;
+        }
+        Scenario::Idle => {
+            if let Some((pid, before)) = idle_pid {
+                pb.set_message(format!("settling {} s", args.settle_secs));
+                hold(args.settle_secs).await;
+                let after = procmem::rss_kb(pid)?;
+                result.idle = Some(idle_result(
+                    pid,
+                    before,
+                    after,
+                    result.connect.established,
+                    args.settle_secs,
+                ));
+                hold(args.hold_secs).await;
+            } else {
+                mode.ready_and_wait().await?;
+            }
+        }
+        Scenario::O2o => {
+            let start = match mode.ready_and_wait().await? {
+                Some(s) => s,
+                None => now_us() + 500_000,
+            };
+            result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb).await);
+            result.compute_cost(args.hourly_price);
+        }
+    }
+
+    pb.set_message("closing sessions");
+    let _ = stop_tx.send(true);
+    drop(sessions);
+    let close_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    for t in tasks {
+        let _ = tokio::time::timeout_at(close_deadline, t).await;
+    }
+    reporter.abort();
+    pb.finish_and_clear();
+    Ok(result)
+}
+
+/// Builds the idle section.
+pub fn idle_result(pid: u32, before: u64, after: u64, sessions: u64, settle: f64) -> IdleResult {
+    IdleResult {
+        server_pid: pid,
+        rss_before_kb: before,
+        rss_after_kb: after,
+        sessions,
+        kb_per_session: if sessions > 0 {
+            (after as f64 - before as f64) / sessions as f64
+        } else {
+            0.0
+        },
+        settle_secs: settle,
+    }
+}
+
+async fn hold(secs: f64) {
+    if secs > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    }
+}
+
+/// Progress: an indicatif bar locally; `P …` lines on stdout in a worker.
+fn spawn_reporter(args: &ScenarioArgs, shared: Arc<Shared>, pb: ProgressBar) -> JoinHandle<()> {
+    let worker = args.worker_index.is_some();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut last = (0u64, 0u64, Instant::now());
+        loop {
+            tick.tick().await;
+            let est = shared.established.load(Relaxed);
+            let failed = shared.failed.load(Relaxed);
+            let sent = shared.sent.load(Relaxed);
+            let delivered = shared.delivered.load(Relaxed);
+            if worker {
+                println!("P {est} {failed} {sent} {delivered}");
+                continue;
+            }
+            pb.set_position(est + failed);
+            let dt = last.2.elapsed().as_secs_f64().max(1e-3);
+            if sent > 0 {
+                pb.set_message(format!(
+                    "{failed} failed | sent {:.0}/s delivered {:.0}/s",
+                    (sent - last.0) as f64 / dt,
+                    delivered.saturating_sub(last.1) as f64 / dt
+                ));
+            } else {
+                pb.set_message(format!("{failed} failed"));
+            }
+            last = (sent, delivered, Instant::now());
+        }
+    })
+}
+
+/// The storm: establishes sessions for users `lo..hi` with bounded
+/// concurrency; each established session gets its reader and writer tasks.
+async fn connect_phase(
+    args: &ScenarioArgs,
+    target: &Arc<Target>,
+    lo: u64,
+    hi: u64,
+    presence: bool,
+    shared: &Arc<Shared>,
+    stop: &watch::Receiver<bool>,
+) -> (Vec<Session>, Vec<JoinHandle<()>>, ConnectResult) {
+    let started = now_ms();
+    let mut set = JoinSet::new();
+    let mut next = lo;
+    let mut sessions = Vec::with_capacity((hi - lo) as usize);
+    let mut tasks = Vec::with_capacity(2 * (hi - lo) as usize);
+    let mut hist = Latency::new();
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+    let mut first_error = None;
+    let concurrency = args.conn.concurrency.max(1);
+    loop {
+        while set.len() < concurrency && next < hi {
+            let n = next;
+            next += 1;
+            let target = target.clone();
+            let user = args.conn.user(n);
+            let password = args.conn.password_of(n);
+            let resource = args.resource.clone();
+            set.spawn(async move {
+                let t0 = Instant::now();
+                let r = client::establish(
+                    &target,
+                    target.source_for(n),
+                    &user,
+                    &password,
+                    &resource,
+                    presence,
+                )
+                .await;
+                (n, t0.elapsed(), r)
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        match joined {
+            Ok((n, took, Ok(conn))) => {
+                hist.record_us(took.as_micros() as u64);
+                shared.established.fetch_add(1, Relaxed);
+                let (tx, rx) = mpsc::channel(256);
+                let (rd, wr) = tokio::io::split(conn.io);
+                tasks.push(tokio::spawn(reader(
+                    rd,
+                    conn.inbound,
+                    tx.clone(),
+                    shared.clone(),
+                    stop.clone(),
+                )));
+                tasks.push(tokio::spawn(writer(wr, rx, stop.clone())));
+                sessions.push(Session {
+                    user: n,
+                    outbox: tx,
+                });
+            }
+            Ok((_, _, Err(e))) => {
+                shared.failed.fetch_add(1, Relaxed);
+                *failures.entry(e.cause.name().to_owned()).or_default() += 1;
+                if first_error.is_none() {
+                    first_error = Some(e.to_string());
+                }
+            }
+            Err(e) => {
+                shared.failed.fetch_add(1, Relaxed);
+                *failures.entry("panic".to_owned()).or_default() += 1;
+                if first_error.is_none() {
+                    first_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+    let mut c = ConnectResult {
+        attempted: hi - lo,
+        established: sessions.len() as u64,
+        failed: (hi - lo) - sessions.len() as u64,
+        failures,
+        first_error,
+        started_unix_ms: started,
+        finished_unix_ms: now_ms(),
+        setup_latency: hist.summary(),
+        ..ConnectResult::default()
+    };
+    c.finalize();
+    (sessions, tasks, c)
+}
+
+/// Reads and parses server traffic; records benchmark messages; answers
+/// server-initiated iqs (pings) so the server keeps the session.
+async fn reader(
+    mut rd: ReadHalf<Transport>,
+    mut inbound: Inbound,
+    outbox: mpsc::Sender<Vec<u8>>,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut buf = [0u8; READ_CHUNK];
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        loop {
+            match inbound.parse_pending() {
+                Ok(Some(Event::Element(el))) => handle_element(&el, &outbox, &shared),
+                Ok(Some(Event::Header)) => {}
+                Ok(Some(Event::Closed)) | Err(_) => return,
+                Ok(None) => break,
+            }
+        }
+        let n = if let Some(d) = deadline {
+            match tokio::time::timeout_at(d, rd.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            }
+        } else {
+            tokio::select! {
+                r = rd.read(&mut buf) => match r { Ok(n) => n, Err(_) => return },
+                _ = stop.changed() => {
+                    // Keep reading briefly so the server's close is consumed.
+                    deadline = Some(tokio::time::Instant::now() + Duration::from_secs(3));
+                    continue;
+                }
+            }
+        };
+        if n == 0 {
+            return;
+        }
+        inbound.feed(&buf[..n]);
+    }
+}
+
+fn handle_element(el: &Element, outbox: &mpsc::Sender<Vec<u8>>, shared: &Shared) {
+    match el.name() {
+        "message" => shared.on_message(el),
+        "iq" if matches!(el.attr("type"), Some("get") | Some("set")) => {
+            let id = el.attr("id").unwrap_or("");
+            let to = el
+                .attr("from")
+                .map(|f| format!(" to='{f}'"))
+                .unwrap_or_default();
+            let is_ping = el.children().any(|c| c.name() == "ping");
+            let reply = if is_ping {
+                format!("<iq type='result' id='{id}'{to}/>")
+            } else {
+                format!(
+                    "<iq type='error' id='{id}'{to}><error type='cancel'>\
+                     <service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></iq>"
+                )
+            };
+            let _ = outbox.try_send(reply.into_bytes());
+        }
+        _ => {}
+    }
+}
+
+/// Drains the outbox into the socket, coalescing queued stanzas into one
+/// write; on stop, closes the stream.
+async fn writer(
+    mut wr: WriteHalf<Transport>,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            m = rx.recv() => {
+                let Some(mut buf) = m else { break };
+                while buf.len() < 16 * 1024 {
+                    match rx.try_recv() {
+                        Ok(more) => buf.extend_from_slice(&more),
+                        Err(_) => break,
+                    }
+                }
+                if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+                    return;
+                }
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = wr.write_all(b"</stream:stream>").await;
+        let _ = wr.flush().await;
+        let _ = wr.shutdown().await;
+    })
+    .await;
+}
+
+/// The o2o ramp: sends at the scheduled rate from random local senders to
+/// random users, then waits `--drain-secs` and collects per-step results.
+async fn o2o_ramp(
+    args: &ScenarioArgs,
+    shared: &Arc<Shared>,
+    sessions: &[Session],
+    start_us: u64,
+    pb: &ProgressBar,
+) -> O2oResult {
+    shared.start_us.store(start_us, Relaxed);
+    let schedule = shared.schedule.clone();
+    let nsteps = schedule.steps().len();
+    let rates = parse_rates(&args.rates).unwrap_or_default();
+    let total_users = args.conn.users;
+    let first = args.conn.first_user;
+    let mut rng = SplitMix::new(now_us() ^ (args.worker_index.unwrap_or(0) << 40));
+    let pad = "x".repeat(args.body_bytes);
+    let domain = &args.conn.domain;
+    let resource = if args.to_bare {
+        String::new()
+    } else {
+        format!("/{}", args.resource)
+    };
+    let early_stop = args.worker_index.is_none() && args.stop_after_fails > 0;
+    let grace = (3.0 * args.p99_bound_ms / 1000.0).max(2.0);
+    let mut evaluated = 0usize;
+    let mut consecutive_fails = 0u32;
+    let mut steps_run = nsteps;
+
+    let wait = start_us.saturating_sub(now_us());
+    tokio::time::sleep(Duration::from_micros(wait)).await;
+    let mut sent = 0u64;
+    let mut shown_step = usize::MAX;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    if sessions.is_empty() {
+        steps_run = 0;
+    }
+    while steps_run > 0 {
+        let now = now_us();
+        let t = now.saturating_sub(start_us) as f64 / 1e6;
+        let Some(step) = schedule.step_at(t) else {
+            break;
+        };
+        if step != shown_step {
+            shown_step = step;
+            pb.set_prefix(format!("step {}/{nsteps}", step + 1));
+            if !args.quiet && args.worker_index.is_none() {
+                pb.println(format!(
+                    "o2o step {}/{nsteps}: {} msg/s for {} s",
+                    step + 1,
+                    rates.get(step).copied().unwrap_or(0.0),
+                    args.step_secs
+                ));
+            }
+        }
+        let due = schedule.due(t);
+        let counters = &shared.steps[step];
+        while sent < due {
+            sent += 1;
+            let s = &sessions[rng.below(sessions.len() as u64) as usize];
+            let mut to = first + rng.below(total_users);
+            if to == s.user && total_users > 1 {
+                to = first + (to - first + 1) % total_users;
+            }
+            let msg = format!(
+                "<message to='{}@{domain}{resource}' type='chat' id='m{sent}'><body>{} {pad}</body></message>",
+                args.conn.user(to),
+                now_us()
+            );
+            if s.outbox.try_send(msg.into_bytes()).is_ok() {
+                counters.sent.fetch_add(1, Relaxed);
+                shared.sent.fetch_add(1, Relaxed);
+            } else {
+                counters.dropped.fetch_add(1, Relaxed);
+            }
+        }
+        // Early stop: judge each finished step after a grace period.
+        if early_stop {
+            while evaluated < step && t >= schedule.step_start(evaluated) + args.step_secs + grace {
+                let c = &shared.steps[evaluated];
+                let sent_k = c.sent.load(Relaxed);
+                let ratio = c.delivered.load(Relaxed) as f64 / sent_k.max(1) as f64;
+                let p99 = c.latency.lock().map(|h| h.quantile_ms(0.99)).unwrap_or(0.0);
+                let ok = ratio >= args.min_ratio && p99 <= args.p99_bound_ms;
+                consecutive_fails = if ok { 0 } else { consecutive_fails + 1 };
+                evaluated += 1;
+                if consecutive_fails >= args.stop_after_fails {
+                    // The current step is partial: leave it out.
+                    steps_run = step;
+                    if !args.quiet {
+                        pb.println(format!(
+                            "o2o: {consecutive_fails} step(s) in a row did not keep up; stopping the ramp"
+                        ));
+                    }
+                    break;
+                }
+            }
+            if steps_run <= step {
+                break;
+            }
+        }
+        tick.tick().await;
+    }
+    pb.set_message(format!("draining {} s", args.drain_secs));
+    hold(args.drain_secs).await;
+
+    let mut o = O2oResult {
+        step_secs: args.step_secs,
+        p99_bound_ms: args.p99_bound_ms,
+        min_delivery_ratio: args.min_ratio,
+        drain_secs: args.drain_secs,
+        steps: (0..steps_run.min(nsteps))
+            .map(|i| {
+                let c = &shared.steps[i];
+                StepResult {
+                    target_rate: rates[i],
+                    sent: c.sent.load(Relaxed),
+                    delivered: c.delivered.load(Relaxed),
+                    errors: c.errors.load(Relaxed),
+                    client_dropped: c.dropped.load(Relaxed),
+                    latency: c.latency.lock().map(|h| h.summary()).unwrap_or_default(),
+                    ..StepResult::default()
+                }
+            })
+            .collect(),
+        ..O2oResult::default()
+    };
+    o.finalize();
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser as _;
+
+    fn args(extra: &[&str]) -> ScenarioArgs {
+        let mut v = vec!["starling-bench", "o2o"];
+        v.extend_from_slice(extra);
+        match Cli::parse_from(v).command {
+            Command::O2o(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn workers_split_users_without_overlap() {
+        let mut seen = Vec::new();
+        for i in 0..3 {
+            let a = args(&[
+                "--users",
+                "10",
+                "--first-user",
+                "5",
+                "--worker-index",
+                &i.to_string(),
+                "--worker-count",
+                "3",
+            ]);
+            let (lo, hi) = local_range(&a);
+            seen.extend(lo..hi);
+        }
+        assert_eq!(seen, (5..15).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn messages_are_attributed_to_their_send_step() {
+        let s = Shared::new(RateSchedule::new(&[10.0, 20.0], 2.0, 1));
+        let start = 1_000_000_000u64;
+        s.start_us.store(start, Relaxed);
+        let msg = |ts: u64, ty: &str| {
+            Element::builder("message", "jabber:client")
+                .attr("type", ty)
+                .append(
+                    Element::builder("body", "jabber:client")
+                        .text(format!("{ts} xx"))
+                        .build(),
+                )
+                .build()
+        };
+        s.on_message(&msg(start + 500_000, "chat"));
+        s.on_message(&msg(start + 2_500_000, "chat"));
+        s.on_message(&msg(start + 2_600_000, "error"));
+        s.on_message(&msg(start - 1, "chat")); // before the ramp: ignored
+        assert_eq!(s.steps[0].delivered.load(Relaxed), 1);
+        assert_eq!(s.steps[1].delivered.load(Relaxed), 1);
+        assert_eq!(s.steps[1].errors.load(Relaxed), 1);
+        assert_eq!(s.delivered.load(Relaxed), 2);
+    }
+}

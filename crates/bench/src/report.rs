@@ -1,0 +1,606 @@
+//! Run results: the JSON shape, merging of worker results, the saturation
+//! and cost computations, and the human table.
+
+use crate::hist::LatencySummary;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One run, as printed with `--json` (one object per line).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RunResult {
+    /// Always `"starling-bench"`.
+    pub tool: String,
+    /// Tool version.
+    pub version: String,
+    /// `connect`, `idle` or `o2o`.
+    pub scenario: String,
+    /// Unix time (s) the run started.
+    pub started_unix: u64,
+    /// What was benchmarked.
+    pub target: TargetInfo,
+    /// Number of users (sessions) requested.
+    pub users: u64,
+    /// Processes that generated load (1 = no workers).
+    pub workers: u32,
+    /// Session establishment (every scenario starts with it).
+    pub connect: ConnectResult,
+    /// `idle` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleResult>,
+    /// `o2o` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub o2o: Option<O2oResult>,
+    /// Cost per billion delivered messages, when `--hourly-price` was given
+    /// and messages were delivered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostResult>,
+}
+
+/// The server and how the tool talked to it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TargetInfo {
+    /// Free-form label (`--label`), e.g. `starling 0.1.0`.
+    pub label: String,
+    /// Host:port.
+    pub address: String,
+    /// XMPP domain.
+    pub domain: String,
+    /// `plain`, `starttls` or `direct`.
+    pub tls: String,
+    /// SASL mechanism name.
+    pub mechanism: String,
+    /// Local source addresses used.
+    pub sources: Vec<String>,
+}
+
+/// Session establishment.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ConnectResult {
+    /// Sessions attempted.
+    pub attempted: u64,
+    /// Sessions fully established (authenticated, bound).
+    pub established: u64,
+    /// Failed attempts.
+    pub failed: u64,
+    /// Failures by cause (`connect`, `tls`, `stream`, `auth`, `bind`,
+    /// `timeout`, `closed`).
+    pub failures: BTreeMap<String, u64>,
+    /// One example error message, for diagnosis.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Wall-clock window of the storm (unix ms).
+    pub started_unix_ms: u64,
+    /// End of the storm (unix ms).
+    pub finished_unix_ms: u64,
+    /// Length of the storm, s.
+    pub duration_s: f64,
+    /// Established sessions per second over the storm.
+    pub sessions_per_s: f64,
+    /// Time from TCP connect to bound session.
+    pub setup_latency: LatencySummary,
+}
+
+/// Server memory for idle sessions.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct IdleResult {
+    /// The measured process.
+    pub server_pid: u32,
+    /// VmRSS before any session, KiB.
+    pub rss_before_kb: u64,
+    /// VmRSS with all sessions established and idle, KiB.
+    pub rss_after_kb: u64,
+    /// Sessions held while measuring.
+    pub sessions: u64,
+    /// (after − before) / sessions, KiB.
+    pub kb_per_session: f64,
+    /// Seconds waited after the last session before measuring.
+    pub settle_secs: f64,
+}
+
+/// One-to-one chat ramp.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct O2oResult {
+    /// Seconds per ramp step.
+    pub step_secs: f64,
+    /// p99 latency bound for a step to count as keeping up, ms.
+    pub p99_bound_ms: f64,
+    /// Delivery ratio a step needs to count as keeping up.
+    pub min_delivery_ratio: f64,
+    /// Seconds waited after the last step for late deliveries.
+    pub drain_secs: f64,
+    /// The ramp.
+    pub steps: Vec<StepResult>,
+    /// Highest step that kept up.
+    pub saturation: Saturation,
+}
+
+/// One ramp step. Messages are attributed to the step in which they were
+/// sent (the send time travels in the body), wherever they arrive.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StepResult {
+    /// Target total rate, msg/s.
+    pub target_rate: f64,
+    /// Messages sent.
+    pub sent: u64,
+    /// Of those, delivered to their recipient.
+    pub delivered: u64,
+    /// Error stanzas received for messages of this step.
+    pub errors: u64,
+    /// Messages the client could not queue (its own backlog was full).
+    pub client_dropped: u64,
+    /// sent / step length.
+    pub sent_per_s: f64,
+    /// delivered / step length.
+    pub delivered_per_s: f64,
+    /// delivered / sent.
+    pub delivery_ratio: f64,
+    /// Send-to-receive latency.
+    pub latency: LatencySummary,
+    /// Whether this step kept up (ratio, p99 bound, client reached ≥ 90 %
+    /// of the target rate).
+    pub ok: bool,
+}
+
+/// The saturation point of a ramp.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Saturation {
+    /// True if some step failed after the last good one (so the server
+    /// saturated inside the ramp); false if every step kept up (the real
+    /// limit is higher than the ramp) or none did.
+    pub reached: bool,
+    /// Target rate of the highest step that kept up (0 if none).
+    pub rate: f64,
+    /// Delivered msg/s at that step.
+    pub delivered_per_s: f64,
+    /// Human explanation.
+    pub note: String,
+}
+
+/// The seeds' cost metric.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CostResult {
+    /// Instance price per hour (currency of the caller's choice).
+    pub hourly_price: f64,
+    /// Delivered msg/s the cost is computed from (saturation point).
+    pub delivered_per_s: f64,
+    /// hourly_price / (delivered_per_s × 3600) × 10⁹.
+    pub cost_per_billion: f64,
+}
+
+/// Instance cost per billion delivered messages.
+pub fn cost_per_billion(hourly_price: f64, delivered_per_s: f64) -> Option<f64> {
+    if delivered_per_s <= 0.0 {
+        return None;
+    }
+    Some(hourly_price / (delivered_per_s * 3600.0) * 1e9)
+}
+
+impl ConnectResult {
+    /// Recomputes duration and rate from the window.
+    pub fn finalize(&mut self) {
+        self.duration_s =
+            self.finished_unix_ms.saturating_sub(self.started_unix_ms) as f64 / 1000.0;
+        self.sessions_per_s = if self.duration_s > 0.0 {
+            self.established as f64 / self.duration_s
+        } else {
+            0.0
+        };
+    }
+
+    /// Merges worker results (counts add, window is the union, latency merges
+    /// exactly).
+    pub fn merge(parts: &[ConnectResult]) -> anyhow::Result<ConnectResult> {
+        let mut out = ConnectResult {
+            started_unix_ms: parts.iter().map(|p| p.started_unix_ms).min().unwrap_or(0),
+            finished_unix_ms: parts.iter().map(|p| p.finished_unix_ms).max().unwrap_or(0),
+            ..ConnectResult::default()
+        };
+        for p in parts {
+            out.attempted += p.attempted;
+            out.established += p.established;
+            out.failed += p.failed;
+            for (k, v) in &p.failures {
+                *out.failures.entry(k.clone()).or_default() += v;
+            }
+            if out.first_error.is_none() {
+                out.first_error.clone_from(&p.first_error);
+            }
+        }
+        out.setup_latency = LatencySummary::merge_all(parts.iter().map(|p| &p.setup_latency))?;
+        out.finalize();
+        Ok(out)
+    }
+}
+
+impl O2oResult {
+    /// Recomputes per-step rates, ratios and `ok`, then the saturation point.
+    pub fn finalize(&mut self) {
+        let secs = self.step_secs.max(1e-9);
+        for s in &mut self.steps {
+            s.sent_per_s = s.sent as f64 / secs;
+            s.delivered_per_s = s.delivered as f64 / secs;
+            s.delivery_ratio = if s.sent > 0 {
+                s.delivered as f64 / s.sent as f64
+            } else {
+                0.0
+            };
+            s.ok = s.sent > 0
+                && s.delivery_ratio >= self.min_delivery_ratio
+                && s.latency.p99_ms <= self.p99_bound_ms
+                && s.sent_per_s >= 0.9 * s.target_rate;
+        }
+        self.saturation = saturation(&self.steps, self.p99_bound_ms);
+    }
+
+    /// Merges worker results step by step (all workers run the same ramp).
+    pub fn merge(parts: &[O2oResult]) -> anyhow::Result<O2oResult> {
+        let first = parts
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("no o2o results to merge"))?;
+        let n = parts.iter().map(|p| p.steps.len()).max().unwrap_or(0);
+        let mut steps = Vec::with_capacity(n);
+        for i in 0..n {
+            let each: Vec<&StepResult> = parts.iter().filter_map(|p| p.steps.get(i)).collect();
+            steps.push(StepResult {
+                target_rate: each[0].target_rate,
+                sent: each.iter().map(|s| s.sent).sum(),
+                delivered: each.iter().map(|s| s.delivered).sum(),
+                errors: each.iter().map(|s| s.errors).sum(),
+                client_dropped: each.iter().map(|s| s.client_dropped).sum(),
+                latency: LatencySummary::merge_all(each.iter().map(|s| &s.latency))?,
+                ..StepResult::default()
+            });
+        }
+        let mut out = O2oResult {
+            step_secs: first.step_secs,
+            p99_bound_ms: first.p99_bound_ms,
+            min_delivery_ratio: first.min_delivery_ratio,
+            drain_secs: first.drain_secs,
+            steps,
+            saturation: Saturation::default(),
+        };
+        out.finalize();
+        Ok(out)
+    }
+}
+
+/// The highest step that kept up, and whether a later one failed.
+pub fn saturation(steps: &[StepResult], bound_ms: f64) -> Saturation {
+    let best = steps.iter().rposition(|s| s.ok);
+    match best {
+        None => Saturation {
+            reached: false,
+            rate: 0.0,
+            delivered_per_s: 0.0,
+            note: format!(
+                "no step kept up (delivery ratio or p99 ≤ {bound_ms} ms failed from the first step)"
+            ),
+        },
+        Some(i) if i + 1 == steps.len() => Saturation {
+            reached: false,
+            rate: steps[i].target_rate,
+            delivered_per_s: steps[i].delivered_per_s,
+            note: format!(
+                "every step up to {} msg/s kept up: saturation is above the ramp",
+                steps[i].target_rate
+            ),
+        },
+        Some(i) => Saturation {
+            reached: true,
+            rate: steps[i].target_rate,
+            delivered_per_s: steps[i].delivered_per_s,
+            note: format!(
+                "kept up to {} msg/s; {} msg/s failed",
+                steps[i].target_rate,
+                steps[i + 1].target_rate
+            ),
+        },
+    }
+}
+
+impl RunResult {
+    /// Fills [`RunResult::cost`] from the saturation point.
+    pub fn compute_cost(&mut self, hourly_price: Option<f64>) {
+        let (Some(price), Some(o2o)) = (hourly_price, &self.o2o) else {
+            return;
+        };
+        let d = o2o.saturation.delivered_per_s;
+        self.cost = cost_per_billion(price, d).map(|c| CostResult {
+            hourly_price: price,
+            delivered_per_s: d,
+            cost_per_billion: c,
+        });
+    }
+
+    /// The human-readable summary table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let t = &self.target;
+        let _ = writeln!(
+            s,
+            "\n{} {} against {} ({}, domain {}, {} + {}), {} users, {} process(es)",
+            self.tool,
+            self.scenario,
+            if t.label.is_empty() {
+                &t.address
+            } else {
+                &t.label
+            },
+            t.address,
+            t.domain,
+            t.tls,
+            t.mechanism,
+            self.users,
+            self.workers
+        );
+        let c = &self.connect;
+        let _ = writeln!(
+            s,
+            "  sessions   {:>8} established, {} failed of {} in {:.2} s  =>  {:.0} sessions/s",
+            c.established, c.failed, c.attempted, c.duration_s, c.sessions_per_s
+        );
+        let _ = writeln!(
+            s,
+            "  setup      p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+            c.setup_latency.p50_ms,
+            c.setup_latency.p90_ms,
+            c.setup_latency.p99_ms,
+            c.setup_latency.max_ms
+        );
+        if !c.failures.is_empty() {
+            let f: Vec<String> = c.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "  failures   {}", f.join(" "));
+            if let Some(e) = &c.first_error {
+                let _ = writeln!(s, "  e.g.       {e}");
+            }
+        }
+        if let Some(i) = &self.idle {
+            let _ = writeln!(
+                s,
+                "  memory     pid {}: {} KiB -> {} KiB for {} sessions  =>  {:.1} KiB/session",
+                i.server_pid, i.rss_before_kb, i.rss_after_kb, i.sessions, i.kb_per_session
+            );
+        }
+        if let Some(o) = &self.o2o {
+            let _ = writeln!(
+                s,
+                "  {:>9} {:>9} {:>11} {:>7} {:>8} {:>8} {:>8} {:>8}  ok",
+                "target/s",
+                "sent/s",
+                "delivered/s",
+                "ratio",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "max ms"
+            );
+            for st in &o.steps {
+                let _ = writeln!(
+                    s,
+                    "  {:>9.0} {:>9.0} {:>11.0} {:>7.4} {:>8.1} {:>8.1} {:>8.1} {:>8.1}  {}",
+                    st.target_rate,
+                    st.sent_per_s,
+                    st.delivered_per_s,
+                    st.delivery_ratio,
+                    st.latency.p50_ms,
+                    st.latency.p90_ms,
+                    st.latency.p99_ms,
+                    st.latency.max_ms,
+                    if st.ok { "yes" } else { "NO" }
+                );
+            }
+            let _ = writeln!(
+                s,
+                "  saturation {:.0} msg/s delivered ({})",
+                o.saturation.delivered_per_s, o.saturation.note
+            );
+        }
+        if let Some(c) = &self.cost {
+            let _ = writeln!(
+                s,
+                "  cost       {:.4} per billion delivered messages at {} per hour",
+                c.cost_per_billion, c.hourly_price
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hist::Latency;
+
+    fn lat(values: &[u64]) -> LatencySummary {
+        let mut h = Latency::new();
+        for v in values {
+            h.record_us(*v);
+        }
+        h.summary()
+    }
+
+    fn step(rate: f64, sent: u64, delivered: u64, lat_us: u64) -> StepResult {
+        StepResult {
+            target_rate: rate,
+            sent,
+            delivered,
+            latency: lat(&vec![lat_us; delivered as usize]),
+            ..StepResult::default()
+        }
+    }
+
+    fn o2o(steps: Vec<StepResult>) -> O2oResult {
+        let mut o = O2oResult {
+            step_secs: 10.0,
+            p99_bound_ms: 100.0,
+            min_delivery_ratio: 0.99,
+            drain_secs: 2.0,
+            steps,
+            saturation: Saturation::default(),
+        };
+        o.finalize();
+        o
+    }
+
+    #[test]
+    fn saturation_is_the_last_step_that_kept_up() {
+        let o = o2o(vec![
+            step(100.0, 1000, 1000, 2_000),
+            step(200.0, 2000, 2000, 5_000),
+            step(400.0, 4000, 3000, 5_000),   // ratio too low
+            step(800.0, 8000, 8000, 500_000), // p99 too high
+        ]);
+        assert!(o.steps[0].ok && o.steps[1].ok && !o.steps[2].ok && !o.steps[3].ok);
+        assert!(o.saturation.reached);
+        assert_eq!(o.saturation.rate, 200.0);
+        assert_eq!(o.saturation.delivered_per_s, 200.0);
+    }
+
+    #[test]
+    fn client_that_cannot_reach_the_rate_does_not_count() {
+        let o = o2o(vec![
+            step(100.0, 1000, 1000, 1_000),
+            step(1000.0, 5000, 5000, 1_000),
+        ]);
+        assert!(!o.steps[1].ok);
+        assert_eq!(o.saturation.rate, 100.0);
+    }
+
+    #[test]
+    fn ramp_without_failure_is_not_saturated() {
+        let o = o2o(vec![step(100.0, 1000, 1000, 1_000)]);
+        assert!(!o.saturation.reached);
+        assert_eq!(o.saturation.rate, 100.0);
+    }
+
+    #[test]
+    fn merging_worker_steps_adds_counts_and_histograms() {
+        let a = o2o(vec![
+            step(100.0, 500, 500, 1_000),
+            step(200.0, 1000, 990, 1_000),
+        ]);
+        let b = o2o(vec![
+            step(100.0, 500, 500, 3_000),
+            step(200.0, 1000, 1000, 200_000),
+        ]);
+        let m = O2oResult::merge(&[a, b]).unwrap();
+        assert_eq!(m.steps[0].sent, 1000);
+        assert_eq!(m.steps[0].delivered, 1000);
+        assert_eq!(m.steps[0].latency.count, 1000);
+        assert!((m.steps[0].latency.p50_ms - 1.0).abs() < 0.01);
+        assert!((m.steps[0].latency.p90_ms - 3.0).abs() < 0.01);
+        assert_eq!(m.steps[1].delivered, 1990);
+        // Half of step 2's deliveries are slow: merged p99 must see it.
+        assert!(m.steps[1].latency.p99_ms > 100.0);
+        assert!(!m.steps[1].ok);
+        assert_eq!(m.saturation.rate, 100.0);
+    }
+
+    #[test]
+    fn connect_merge_uses_the_union_window() {
+        let a = ConnectResult {
+            attempted: 10,
+            established: 9,
+            failed: 1,
+            failures: [("auth".to_string(), 1)].into(),
+            started_unix_ms: 1_000,
+            finished_unix_ms: 3_000,
+            setup_latency: lat(&[1000; 9]),
+            ..ConnectResult::default()
+        };
+        let b = ConnectResult {
+            attempted: 10,
+            established: 10,
+            started_unix_ms: 1_500,
+            finished_unix_ms: 5_000,
+            setup_latency: lat(&[2000; 10]),
+            ..ConnectResult::default()
+        };
+        let m = ConnectResult::merge(&[a, b]).unwrap();
+        assert_eq!(m.established, 19);
+        assert_eq!(m.failures["auth"], 1);
+        assert_eq!(m.duration_s, 4.0);
+        assert_eq!(m.sessions_per_s, 19.0 / 4.0);
+        assert_eq!(m.setup_latency.count, 19);
+    }
+
+    #[test]
+    fn cost_metric() {
+        // 1 $/h at 10,000 msg/s: 36 M msgs per $ → 27.78 $ per billion.
+        let c = cost_per_billion(1.0, 10_000.0).unwrap();
+        assert!((c - 27.777_777).abs() < 1e-3);
+        assert_eq!(cost_per_billion(1.0, 0.0), None);
+    }
+
+    #[test]
+    fn json_shape_is_stable() {
+        let mut r = RunResult {
+            tool: "starling-bench".into(),
+            version: "0.1.0".into(),
+            scenario: "o2o".into(),
+            users: 4,
+            workers: 1,
+            o2o: Some(o2o(vec![step(100.0, 1000, 1000, 1_000)])),
+            ..RunResult::default()
+        };
+        r.compute_cost(Some(0.5));
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        for key in [
+            "tool",
+            "version",
+            "scenario",
+            "started_unix",
+            "target",
+            "users",
+            "workers",
+            "connect",
+            "o2o",
+            "cost",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert!(v.get("idle").is_none(), "absent sections are omitted");
+        for key in ["address", "domain", "tls", "mechanism", "label", "sources"] {
+            assert!(v["target"].get(key).is_some(), "missing target.{key}");
+        }
+        for key in [
+            "attempted",
+            "established",
+            "failed",
+            "failures",
+            "duration_s",
+            "sessions_per_s",
+            "setup_latency",
+        ] {
+            assert!(v["connect"].get(key).is_some(), "missing connect.{key}");
+        }
+        let s = &v["o2o"]["steps"][0];
+        for key in [
+            "target_rate",
+            "sent",
+            "delivered",
+            "sent_per_s",
+            "delivered_per_s",
+            "delivery_ratio",
+            "ok",
+        ] {
+            assert!(s.get(key).is_some(), "missing step.{key}");
+        }
+        for key in [
+            "count",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "max_ms",
+            "hdr_v2_base64",
+        ] {
+            assert!(s["latency"].get(key).is_some(), "missing latency.{key}");
+        }
+        assert_eq!(v["o2o"]["saturation"]["rate"], 100.0);
+        assert!(v["cost"]["cost_per_billion"].as_f64().unwrap() > 0.0);
+        // And it round-trips (workers send exactly this to the coordinator).
+        let back: RunResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+}

@@ -1,0 +1,188 @@
+//! The `starling` binary: configuration checking, account commands, and a
+//! real process that shuts down gracefully on SIGTERM.
+
+use starling_proto::sasl::Mechanism;
+use starling_testkit::Client;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+}
+
+fn temp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("starling-cli-{}", starling_proto::random_id(10)));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_config(dir: &Path, starttls_port: u16, tls_port: u16) -> PathBuf {
+    let cfg = dir.join("starling.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ndata_dir = {:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[test]
+fn check_config_reports_bad_key_with_line() {
+    let dir = temp_dir();
+    let cfg = dir.join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "[server]\ndomains = [\"example.org\"]\n\n[c2s]\nmax_stanza_size = 1\n",
+    )
+    .unwrap();
+    let out = bin().args(["check-config"]).arg(&cfg).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_stanza_size"), "{err}");
+    assert!(err.contains("line 5"), "{err}");
+
+    let good = write_config(&dir, 1, 2);
+    let out = bin().arg("check-config").arg(&good).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+}
+
+#[test]
+fn help_explains_zero_config_start() {
+    let out = bin().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("localhost") && text.contains("5222"),
+        "{text}"
+    );
+    assert!(text.contains("user"), "{text}");
+}
+
+#[test]
+fn user_add_list_passwd_del_import() {
+    let dir = temp_dir();
+    let cfg = write_config(&dir, 1, 2);
+    let run = |args: &[&str], stdin: &str| {
+        let mut child = bin()
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = run(&["user", "add", "alice@localhost"], "secret\n");
+    assert!(ok, "{err}");
+    assert!(out.contains("created alice@localhost"));
+    let (ok, _, err) = run(&["user", "add", "alice@localhost"], "again\n");
+    assert!(!ok);
+    assert!(err.contains("already exists"), "{err}");
+    let (ok, _, err) = run(&["user", "add", "not a jid"], "x\n");
+    assert!(!ok && err.contains("not a valid JID"), "{err}");
+
+    let import = dir.join("users.txt");
+    std::fs::write(
+        &import,
+        "# load-test users\nu1:p1\nu2@localhost:p2\n\nalice:ignored\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run(&["user", "import", import.to_str().unwrap()], "");
+    assert!(ok, "{err}");
+    assert!(out.contains("created 2 account(s), skipped 1"), "{out}");
+    assert!(err.contains("imported 3/3"), "progress shown: {err}");
+
+    let (ok, out, _) = run(&["user", "list"], "");
+    assert!(ok);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["alice@localhost", "u1@localhost", "u2@localhost"]
+    );
+    let (ok, _, err) = run(&["user", "passwd", "alice@localhost"], "newpass\n");
+    assert!(ok, "{err}");
+    let (ok, out, _) = run(&["user", "del", "u1@localhost"], "");
+    assert!(ok && out.contains("deleted"));
+    let (ok, _, err) = run(&["user", "del", "u1@localhost"], "");
+    assert!(!ok && err.contains("does not exist"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_config(&dir, p1, p2);
+    let mut add = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["user", "add", "alice@localhost"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    add.stdin.take().unwrap().write_all(b"secret\n").unwrap();
+    assert!(add.wait().unwrap().success());
+
+    let mut server = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{p1}").parse().unwrap();
+    let mut waited = 0;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    let mut c = Client::connect(addr).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, "alice", "secret")
+        .await
+        .unwrap();
+    c.bind(None).await;
+    // The certificate was generated on first start and persisted.
+    assert!(dir.join("data/tls/cert.pem").exists());
+
+    let pid = server.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    c.expect_stream_error("system-shutdown").await;
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+}
