@@ -138,7 +138,7 @@ impl Session {
             .max_bytes_per_second
             .max(shared.limits.max_stanza_bytes as u64) as f64;
         Session {
-            parser: StreamParser::new(shared.limits.clone()),
+            parser: StreamParser::new(shared.limits),
             info: SessionInfo {
                 id,
                 stream_id: String::new(),
@@ -314,7 +314,7 @@ impl Session {
             }
             if self.restart {
                 self.restart = false;
-                self.parser = StreamParser::new(self.shared.limits.clone());
+                self.parser = StreamParser::new(self.shared.limits);
                 self.header_sent = false;
             }
             if input.is_empty() {
@@ -332,14 +332,14 @@ impl Session {
             .filter(|j| j.node().is_none())
             .map(|j| j.domain().as_str().to_owned());
         // Answer with our header whatever the outcome (§4.9.1.2).
+        // A restart (after STARTTLS or SASL) may not switch domains.
         let domain_ok = match &domain {
-            Some(d) if self.shared.env.hosts.is_local(d) => {
-                if self.info.domain.is_empty() || self.info.domain == *d {
-                    self.info.domain = d.to_string();
-                    true
-                } else {
-                    false // a restart may not switch domains
-                }
+            Some(d)
+                if self.shared.env.hosts.is_local(d)
+                    && (self.info.domain.is_empty() || self.info.domain == *d) =>
+            {
+                self.info.domain = d.to_string();
+                true
             }
             _ => false,
         };
@@ -571,7 +571,7 @@ impl Session {
                 self.transport = Transport::Tls(Box::new(stream));
                 self.info.secure = true;
                 self.discard_rest = true;
-                self.parser = StreamParser::new(self.shared.limits.clone());
+                self.parser = StreamParser::new(self.shared.limits);
                 self.header_sent = false;
                 Ok(())
             }
