@@ -425,3 +425,36 @@ async fn whitespace_keepalives_are_accepted() {
     c.expect_silence(Duration::from_millis(200)).await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_sessions_stanzas_and_auth_failures() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice
+        .send(&format!(
+            "<message to='{}' type='chat'><body>m</body></message>",
+            bob.jid
+        ))
+        .await;
+    bob.recv().await;
+    let mut c = Client::connect(server.starttls_addr()).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, "alice", "wrong")
+        .await
+        .unwrap_err();
+    let text = server.server.env.metrics.encode();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in:\n{text}"))
+    };
+    assert_eq!(value("starling_c2s_sessions "), 2.0);
+    assert_eq!(value("starling_auth_failures_total "), 1.0);
+    assert!(value("starling_auth_success_total ") >= 2.0);
+    assert!(value("starling_stanzas_in_total{kind=\"message\"} ") >= 1.0);
+    assert!(value("starling_stanzas_out_total{kind=\"message\"} ") >= 1.0);
+    server.stop().await;
+}

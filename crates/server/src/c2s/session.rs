@@ -699,7 +699,11 @@ impl Session {
                 );
                 return Ok(());
             }
-            Err(StanzaParseError::MalformedFrom(_)) => unreachable!("'from' was removed above"),
+            Err(StanzaParseError::MalformedFrom(_)) => {
+                // Cannot happen ('from' was removed above); answer, don't panic.
+                self.write_raw_error(&el, StanzaError::new(StanzaErrorCondition::BadRequest));
+                return Ok(());
+            }
         };
         stanza.set_from(Some(Jid::from(full)));
         self.shared.env.metrics.stanza_in(stanza.kind());
