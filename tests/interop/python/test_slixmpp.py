@@ -56,7 +56,8 @@ def unique_password() -> str:
 class Client(slixmpp.ClientXMPP):
     """A slixmpp client that records what happened on its stream.
 
-    mechs:     the only SASL mechanisms slixmpp may choose from
+    mechs:     the only SASL mechanisms slixmpp may choose from (empty set:
+               slixmpp's own default choice, as a real user gets it)
     register:  perform XEP-0077 registration of (user, password) before SASL
     transport: STARTTLS (plain TCP + <starttls/>) or DIRECT_TLS (XEP-0368)
     tls_max:   optional ssl.TLSVersion ceiling (for tls-unique channel binding)
@@ -89,7 +90,8 @@ class Client(slixmpp.ClientXMPP):
         self.ssl_context = ctx
 
         # --- SASL: restrict the mechanisms slixmpp may pick -----------------
-        self.plugin["feature_mechanisms"].use_mechs = set(mechs)
+        if mechs:
+            self.plugin["feature_mechanisms"].use_mechs = set(mechs)
         # (unencrypted_* stay False: SCRAM/PLAIN only ever run inside TLS)
 
         self.register_plugin("xep_0030")
@@ -389,6 +391,52 @@ async def test_scram_sha_256_plus_forged_channel_binding_auth_fails():
             assert not bad.authenticated
         finally:
             await bad.close()
+
+    await asyncio.wait_for(run(), TEST_TIMEOUT)
+
+
+@pytest.mark.parametrize("transport", [STARTTLS, DIRECT_TLS])
+async def test_default_mechanism_login_chat_succeeds(transport):
+    """What a real user gets: slixmpp picks the mechanism itself."""
+    async def run():
+        a = b = None
+        try:
+            a = await online_client(unique_user("dflt-a"), unique_password(), transport=transport, mechs=set())
+            b = await online_client(unique_user("dflt-b"), unique_password(), transport=transport, mechs=set())
+            assert a.authenticated and len(a.auth_mechanisms_sent) == 1, a.auth_mechanisms_sent
+            assert a.auth_mechanisms_sent[0].startswith("SCRAM-SHA-"), a.auth_mechanisms_sent
+            await ping_server(a)
+        finally:
+            for c in (a, b):
+                if c is not None:
+                    await c.close()
+
+    await asyncio.wait_for(run(), TEST_TIMEOUT)
+
+
+@pytest.mark.skipif(os.environ.get("XMPP_SKIP_TLS_UNIQUE") != "1",
+                    reason="the server offers tls-unique: covered by the -PLUS success tests")
+async def test_scram_plus_tls_unique_refused_cleanly_when_not_offered():
+    """A server without tls-unique (RFC 9266; not defined for TLS 1.3) must
+    refuse slixmpp's p=tls-unique with a SASL failure, not hang, and keep
+    serving: the same account then logs in with SCRAM-SHA-256."""
+    async def run():
+        user, pw = unique_user("nounique"), unique_password()
+        good = await online_client(user, pw, transport=STARTTLS, mechs={"SCRAM-SHA-256"})
+        await good.close()
+        bad = Client(user, pw, mechs={"SCRAM-SHA-256-PLUS"}, register=False,
+                     transport=STARTTLS, tls_max=ssl.TLSVersion.TLSv1_2)
+        bad.start()
+        try:
+            condition = await asyncio.wait_for(asyncio.shield(bad.auth_failed), STEP)
+            assert condition == "not-authorized", condition
+            assert bad.plugin["feature_mechanisms"].mech.gs2_header.startswith(b"p=tls-unique,")
+            assert not bad.authenticated
+        finally:
+            await bad.close()
+        again = await online_client(user, pw, transport=STARTTLS, mechs={"SCRAM-SHA-256"}, register=False)
+        assert_secure_session(again, "SCRAM-SHA-256")
+        await again.close()
 
     await asyncio.wait_for(run(), TEST_TIMEOUT)
 
