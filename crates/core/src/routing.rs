@@ -25,11 +25,16 @@ pub enum CloseReason {
     /// Another session bound the same full JID (RFC 6120 §7.7.2.2): close
     /// with `<conflict/>`.
     Replaced,
-    /// Close with this stream error.
-    Error(StreamError),
+    /// Close with this stream error (boxed: it is rare, and keeping
+    /// [`SessionMsg`] small keeps every idle mailbox small).
+    Error(Box<StreamError>),
 }
 
 /// A message to a session task's mailbox.
+///
+/// Kept at 16 bytes: tokio's bounded channel allocates its first block of
+/// 32 slots when the channel is created, so every idle session pays
+/// 32 × `size_of::<SessionMsg>()`.
 #[derive(Debug)]
 pub enum SessionMsg {
     /// Deliver this stanza to the client (after the receive hooks).
@@ -102,4 +107,18 @@ pub trait SessionManager: Send + Sync + 'static {
     fn resources(&self, bare: &BareJid) -> Vec<SessionEntry>;
     /// Number of bound sessions on this node.
     fn count(&self) -> usize;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_msg_stays_two_words() {
+        assert!(
+            std::mem::size_of::<SessionMsg>() <= 16,
+            "{}",
+            std::mem::size_of::<SessionMsg>()
+        );
+    }
 }

@@ -70,6 +70,8 @@ impl Session {
                 tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, "authenticated");
                 self.sasl = SaslState::Done(jid);
                 self.info.authenticated = true;
+                // Channel bindings are only needed for SASL: free them.
+                self.bindings = Default::default();
                 self.restart = true;
                 Ok(())
             }

@@ -747,7 +747,7 @@ impl Session {
                 StreamErrorCondition::Conflict,
                 "replaced by a new session with the same resource",
             )),
-            SessionMsg::Close(CloseReason::Error(e)) => Err(Exit::Error(e)),
+            SessionMsg::Close(CloseReason::Error(e)) => Err(Exit::Error(*e)),
         }
     }
 

@@ -230,12 +230,14 @@ impl IqHandler for Register {
                         // §3.2: answer first, then close every session.
                         env.route(iq.iq_result(None)).await;
                         for e in env.sessions.resources(&from) {
-                            let _ = e.handle.try_send(SessionMsg::Close(CloseReason::Error(
-                                StreamError::with_text(
-                                    StreamErrorCondition::NotAuthorized,
-                                    "this account has been deleted",
-                                ),
-                            )));
+                            let _ =
+                                e.handle
+                                    .try_send(SessionMsg::Close(CloseReason::Error(Box::new(
+                                        StreamError::with_text(
+                                            StreamErrorCondition::NotAuthorized,
+                                            "this account has been deleted",
+                                        ),
+                                    ))));
                         }
                         IqResponse::Handled
                     }
