@@ -18,8 +18,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (workspace)"
 cargo test --workspace
 
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+
 step "interop: slixmpp and @xmpp/client against Starling"
 cargo build -q -p starling-server
-STARLING_BIN="$PWD/target/debug/starling" tests/interop/run-starling.sh
+STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
 
 step "all test suites passed"

@@ -7,7 +7,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-bin="${STARLING_BIN:-$root/target/debug/starling}"
+bin="${STARLING_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/starling}"
 if [ ! -x "$bin" ]; then
   (cd "$root" && cargo build -q -p starling-server)
 fi
