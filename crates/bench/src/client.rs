@@ -364,8 +364,17 @@ async fn step<T>(
     cause_on_err: Cause,
     f: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> Result<T, SetupError> {
+    step_named(t, cause_on_err, "", f).await
+}
+
+async fn step_named<T>(
+    t: Duration,
+    cause_on_err: Cause,
+    what: &str,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> Result<T, SetupError> {
     match tokio::time::timeout(t, f).await {
-        Err(_) => fail(Cause::Timeout, "timed out"),
+        Err(_) => fail(Cause::Timeout, format!("timed out {what}")),
         Ok(Err(e)) => fail(cause_on_err, format!("{e:#}")),
         Ok(Ok(v)) => Ok(v),
     }
@@ -374,7 +383,8 @@ async fn step<T>(
 /// Reads the next element, mapping a close to [`Cause::Closed`].
 async fn expect_element(conn: &mut Conn, t: Duration, what: &str) -> Result<Element, SetupError> {
     loop {
-        match step(t, Cause::Stream, conn.next_event()).await? {
+        let label = format!("waiting for {what}");
+        match step_named(t, Cause::Stream, &label, conn.next_event()).await? {
             Event::Header => continue,
             Event::Element(el) if el.is("error", NS_STREAMS) => {
                 let cond: Vec<_> = el.children().map(|c| c.name().to_owned()).collect();
@@ -423,7 +433,7 @@ async fn tcp_connect(target: &Target, source: Option<IpAddr>) -> Result<TcpStrea
         s.set_nodelay(true)?;
         Ok(s)
     };
-    step(target.step_timeout, Cause::Connect, f).await
+    step_named(target.step_timeout, Cause::Connect, "in TCP connect", f).await
 }
 
 async fn tls_upgrade(target: &Target, tcp: TcpStream) -> Result<Transport, SetupError> {
@@ -432,7 +442,7 @@ async fn tls_upgrade(target: &Target, tcp: TcpStream) -> Result<Transport, Setup
         detail: format!("bad server name: {e}"),
     })?;
     let f = async { Ok(target.tls_connector.connect(name, tcp).await?) };
-    let tls = step(target.step_timeout, Cause::Tls, f).await?;
+    let tls = step_named(target.step_timeout, Cause::Tls, "in TLS handshake", f).await?;
     Ok(Transport::Tls(Box::new(tls)))
 }
 

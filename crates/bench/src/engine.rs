@@ -312,10 +312,17 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
     let shared = Arc::new(Shared::new(schedule));
     let mut result = skeleton(sc, args, args.worker_count as u32);
 
-    // Idle: the "before" reading, with no session of ours yet.
+    // The server process (for memory and CPU), when this process can see it.
     let local_only = args.worker_index.is_none();
+    let server_pid = if local_only {
+        args.server_pid
+            .or_else(|| procmem::pid_listening_on(args.conn.port).ok())
+    } else {
+        None
+    };
+    // Idle: the "before" reading, with no session of ours yet.
     let idle_pid = if sc == Scenario::Idle && local_only {
-        let pid = match args.server_pid {
+        let pid = match server_pid {
             Some(p) => p,
             None => procmem::pid_listening_on(args.conn.port)?,
         };
@@ -323,6 +330,11 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
     } else {
         None
     };
+    let me = std::process::id();
+    let cpu_before = (
+        server_pid.and_then(procmem::cpu_secs),
+        procmem::cpu_secs(me),
+    );
 
     let pb = progress_bar(args, hi - lo);
     let reporter = spawn_reporter(args, shared.clone(), pb.clone());
@@ -331,6 +343,8 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
     let (sessions, tasks, connect) =
         connect_phase(args, &target, lo, hi, presence, &shared, &stop_rx).await;
     result.connect = connect;
+    result.connect.server_cpu_s = delta(cpu_before.0, server_pid.and_then(procmem::cpu_secs));
+    result.connect.client_cpu_s = delta(cpu_before.1, procmem::cpu_secs(me));
 
     match sc {
         Scenario::Connect => {
@@ -358,7 +372,7 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
                 Some(s) => s,
                 None => now_us() + 500_000,
             };
-            result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb).await);
+            result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb, server_pid).await);
             result.compute_cost(args.hourly_price);
         }
     }
@@ -389,6 +403,10 @@ pub fn idle_result(pid: u32, before: u64, after: u64, sessions: u64, settle: f64
         },
         settle_secs: settle,
     }
+}
+
+fn delta(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    Some(after? - before?)
 }
 
 async fn hold(secs: f64) {
@@ -630,7 +648,18 @@ async fn o2o_ramp(
     sessions: &[Session],
     start_us: u64,
     pb: &ProgressBar,
+    server_pid: Option<u32>,
 ) -> O2oResult {
+    // CPU samples at each step boundary: (time s, server CPU s, own CPU s).
+    let me = std::process::id();
+    let sample = || {
+        (
+            now_us() as f64 / 1e6,
+            server_pid.and_then(procmem::cpu_secs),
+            procmem::cpu_secs(me),
+        )
+    };
+    let mut marks = Vec::new();
     shared.start_us.store(start_us, Relaxed);
     let schedule = shared.schedule.clone();
     let nsteps = schedule.steps().len();
@@ -668,6 +697,9 @@ async fn o2o_ramp(
         };
         if step != shown_step {
             shown_step = step;
+            while marks.len() <= step {
+                marks.push(sample());
+            }
             pb.set_prefix(format!("step {}/{nsteps}", step + 1));
             if !args.quiet && args.worker_index.is_none() {
                 pb.println(format!(
@@ -726,6 +758,7 @@ async fn o2o_ramp(
         }
         tick.tick().await;
     }
+    marks.push(sample());
     pb.set_message(format!("draining {} s", args.drain_secs));
     hold(args.drain_secs).await;
 
@@ -744,6 +777,8 @@ async fn o2o_ramp(
                     errors: c.errors.load(Relaxed),
                     client_dropped: c.dropped.load(Relaxed),
                     latency: c.latency.lock().map(|h| h.summary()).unwrap_or_default(),
+                    server_cpu_pct: cpu_pct(&marks, i, |m| m.1),
+                    client_cpu_pct: cpu_pct(&marks, i, |m| m.2),
                     ..StepResult::default()
                 }
             })
@@ -752,6 +787,16 @@ async fn o2o_ramp(
     };
     o.finalize();
     o
+}
+
+type Mark = (f64, Option<f64>, Option<f64>);
+
+/// CPU % of one core between marks `i` and `i + 1`.
+fn cpu_pct(marks: &[Mark], i: usize, pick: impl Fn(&Mark) -> Option<f64>) -> Option<f64> {
+    let (a, b) = (marks.get(i)?, marks.get(i + 1)?);
+    let dt = b.0 - a.0;
+    (dt > 0.0).then_some(())?;
+    Some((pick(b)? - pick(a)?) / dt * 100.0)
 }
 
 #[cfg(test)]

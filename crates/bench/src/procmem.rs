@@ -11,6 +11,24 @@ pub fn rss_kb(pid: u32) -> anyhow::Result<u64> {
     parse_vmrss(&status).with_context(|| format!("no VmRSS in /proc/{pid}/status"))
 }
 
+/// CPU time (user + system) of `pid` in seconds, from `/proc/PID/stat`
+/// (clock ticks of 1/100 s, the value of `USER_HZ` on Linux).
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_ticks(&stat).map(|t| t as f64 / 100.0)
+}
+
+/// utime + stime (fields 14 and 15) from the text of `/proc/PID/stat`.
+pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14 → index 11.
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// Extracts `VmRSS` (KiB) from the text of `/proc/PID/status`.
 pub fn parse_vmrss(status: &str) -> Option<u64> {
     status
@@ -92,6 +110,13 @@ mod tests {
    1: 0100007F:1466 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0000000000000000 20 4 30 10 -1\n";
         assert_eq!(parse_listen_table(t, 5222), vec![4242]);
         assert!(parse_listen_table(t, 5223).is_empty());
+    }
+
+    #[test]
+    fn parses_cpu_ticks() {
+        let s = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 99 1000 200";
+        assert_eq!(parse_cpu_ticks(s), Some(300));
+        assert!(cpu_secs(std::process::id()).is_some());
     }
 
     #[test]

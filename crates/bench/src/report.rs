@@ -79,6 +79,13 @@ pub struct ConnectResult {
     pub sessions_per_s: f64,
     /// Time from TCP connect to bound session.
     pub setup_latency: LatencySummary,
+    /// CPU seconds the server process used during the storm (when its PID
+    /// is known, i.e. `idle`, or `--server-pid`; single process only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    /// CPU seconds the load generator used during the storm (all processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cpu_s: Option<f64>,
 }
 
 /// Server memory for idle sessions.
@@ -140,6 +147,12 @@ pub struct StepResult {
     /// Whether this step kept up (ratio, p99 bound, client reached ≥ 90 %
     /// of the target rate).
     pub ok: bool,
+    /// Server CPU use during the step, % of one core (when its PID is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_pct: Option<f64>,
+    /// Load generator CPU use during the step, % of one core (all processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cpu_pct: Option<f64>,
 }
 
 /// The saturation point of a ramp.
@@ -206,7 +219,9 @@ impl ConnectResult {
             if out.first_error.is_none() {
                 out.first_error.clone_from(&p.first_error);
             }
+            out.client_cpu_s = sum_opt(out.client_cpu_s, p.client_cpu_s);
         }
+        out.server_cpu_s = parts.iter().find_map(|p| p.server_cpu_s);
         out.setup_latency = LatencySummary::merge_all(parts.iter().map(|p| &p.setup_latency))?;
         out.finalize();
         Ok(out)
@@ -249,6 +264,9 @@ impl O2oResult {
                 errors: each.iter().map(|s| s.errors).sum(),
                 client_dropped: each.iter().map(|s| s.client_dropped).sum(),
                 latency: LatencySummary::merge_all(each.iter().map(|s| &s.latency))?,
+                // Every worker sees the same server; client CPU adds up.
+                server_cpu_pct: each.iter().find_map(|s| s.server_cpu_pct),
+                client_cpu_pct: each.iter().fold(None, |a, s| sum_opt(a, s.client_cpu_pct)),
                 ..StepResult::default()
             });
         }
@@ -262,6 +280,14 @@ impl O2oResult {
         };
         out.finalize();
         Ok(out)
+    }
+}
+
+fn sum_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x + y),
+        (x, None) => x,
+        (None, y) => y,
     }
 }
 
@@ -348,6 +374,15 @@ impl RunResult {
             c.setup_latency.p99_ms,
             c.setup_latency.max_ms
         );
+        if let (Some(srv), Some(cli)) = (c.server_cpu_s, c.client_cpu_s) {
+            let _ = writeln!(
+                s,
+                "  cpu        server {:.1} s ({:.2} ms/session), load generator {:.1} s",
+                srv,
+                srv * 1000.0 / c.established.max(1) as f64,
+                cli
+            );
+        }
         if !c.failures.is_empty() {
             let f: Vec<String> = c.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(s, "  failures   {}", f.join(" "));
@@ -378,7 +413,7 @@ impl RunResult {
             for st in &o.steps {
                 let _ = writeln!(
                     s,
-                    "  {:>9.0} {:>9.0} {:>11.0} {:>7.4} {:>8.1} {:>8.1} {:>8.1} {:>8.1}  {}",
+                    "  {:>9.0} {:>9.0} {:>11.0} {:>7.4} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}  {}",
                     st.target_rate,
                     st.sent_per_s,
                     st.delivered_per_s,
@@ -387,6 +422,8 @@ impl RunResult {
                     st.latency.p90_ms,
                     st.latency.p99_ms,
                     st.latency.max_ms,
+                    pct(st.server_cpu_pct),
+                    pct(st.client_cpu_pct),
                     if st.ok { "yes" } else { "NO" }
                 );
             }
@@ -405,6 +442,10 @@ impl RunResult {
         }
         s
     }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|p| format!("{p:.0}%")).unwrap_or_else(|| "-".into())
 }
 
 #[cfg(test)]

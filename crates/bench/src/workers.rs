@@ -52,7 +52,6 @@ pub async fn coordinate(sc: Scenario, args: &ScenarioArgs) -> anyhow::Result<Run
             .args(&base)
             .args(["--worker-index", &i.to_string()])
             .args(["--worker-count", &k.to_string()])
-            .arg("--quiet")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -458,3 +458,20 @@ async fn metrics_count_sessions_stanzas_and_auth_failures() {
     assert!(value("starling_stanzas_out_total{kind=\"message\"} ") >= 1.0);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_session_hibernates_parser_and_resumes() {
+    // After a quiet period the session frees its XML parser; the stream
+    // (with its namespace context) must continue seamlessly.
+    let server = TestServer::start_with(|c| c.c2s.hibernate_after_secs = 1).await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    alice
+        .send(&format!("<message to='{}' type='chat'><body>after nap</body><x xmlns='urn:example:x'/></message>", bob.jid))
+        .await;
+    let m = bob.recv().await;
+    assert_eq!(m.get_child("body", ns::CLIENT).unwrap().text(), "after nap");
+    assert!(m.has_child("x", "urn:example:x"));
+    server.stop().await;
+}

@@ -98,13 +98,18 @@ enum State {
 pub struct StreamParser {
     /// Boxed: rxml's parser is ~500 bytes; keeping it out of line keeps `StreamParser`
     /// cheap to move (it lives inside connection futures).
-    parser: Box<rxml::Parser>,
+    /// `None` while hibernating (see [`StreamParser::hibernate`]).
+    parser: Option<Box<rxml::Parser>>,
     state: State,
     /// Open elements of the stanza being built (empty between stanzas).
     stack: Vec<Element>,
     /// Raw header bytes, kept until the header is complete to recover namespace
     /// declarations (rxml's resolved events do not report them).
     header_buf: Vec<u8>,
+    /// The raw stream header (XML declaration and opening tag), kept once
+    /// the stream is open so a hibernated parser can be re-primed with the
+    /// stream's namespace context.
+    header_raw: Box<[u8]>,
     /// Bytes of the current unit (header or stanza) attributed to events so far.
     acc: usize,
     /// Bytes consumed by rxml but not yet attributed to an event.
@@ -151,10 +156,11 @@ impl StreamParser {
     /// Create a parser for a new stream, enforcing `limits`.
     pub fn new(limits: Limits) -> Self {
         StreamParser {
-            parser: new_rxml(&limits),
+            parser: Some(new_rxml(&limits)),
             state: State::Start { bom: 0 },
             stack: Vec::new(),
             header_buf: Vec::new(),
+            header_raw: Box::default(),
             acc: 0,
             unattributed: 0,
             limits,
@@ -175,7 +181,8 @@ impl StreamParser {
             Err(e) => {
                 self.stack = Vec::new();
                 self.header_buf = Vec::new();
-                self.parser.release_temporaries();
+                self.parser = None;
+                self.header_raw = Box::default();
                 self.state = State::Failed(Box::new(e.clone()));
                 Err(e)
             }
@@ -220,7 +227,11 @@ impl StreamParser {
             let budget = limit.saturating_sub(used).saturating_add(1);
             let take = input.len().min(budget);
             let mut chunk = &input[..take];
-            let res = self.parser.parse(&mut chunk, false);
+            if self.parser.is_none() {
+                self.parser = Some(self.reprime()?);
+            }
+            let parser = self.parser.as_mut().expect("set just above");
+            let res = parser.parse(&mut chunk, false);
             let consumed = take - chunk.len();
             if matches!(self.state, State::Start { .. }) {
                 self.header_buf.extend_from_slice(&input[..consumed]);
@@ -277,7 +288,9 @@ impl StreamParser {
     }
 
     fn shrink(&mut self) {
-        self.parser.release_temporaries();
+        if let Some(p) = self.parser.as_mut() {
+            p.release_temporaries();
+        }
         self.stack = Vec::new();
     }
 
@@ -305,6 +318,9 @@ impl StreamParser {
                 let mut attrs = attrs_to_pairs(attrs);
                 let header_buf = std::mem::take(&mut self.header_buf);
                 let default_ns = scan_namespace_decls(&header_buf, &self.limits, &mut attrs);
+                // Bytes rxml consumed beyond the opening tag are not header.
+                let end = header_buf.len().saturating_sub(self.unattributed);
+                self.header_raw = header_buf[..end].into();
                 self.state = State::Open;
                 self.acc = 0;
                 Ok(Some(StreamEvent::Open(StreamHeader {
@@ -363,6 +379,44 @@ impl StreamParser {
             (_, ev) => Err(XmlError::NotWellFormed(format!(
                 "unexpected XML event {ev:?}"
             ))),
+        }
+    }
+
+    /// Frees the underlying XML parser's state while the stream is idle
+    /// between stanzas (about 1.7 KB per connection); the next
+    /// [`StreamParser::push`] re-primes a fresh parser from the stored
+    /// stream header (a few microseconds). Returns false, changing nothing,
+    /// unless the stream is open and idle.
+    pub fn hibernate(&mut self) -> bool {
+        if !matches!(self.state, State::Open) || !self.is_idle() || self.header_raw.is_empty() {
+            return false;
+        }
+        self.parser = None;
+        self.stack = Vec::new();
+        true
+    }
+
+    /// True while hibernating.
+    pub fn is_hibernating(&self) -> bool {
+        self.parser.is_none() && matches!(self.state, State::Open)
+    }
+
+    /// A fresh rxml parser positioned inside the stream root, with the
+    /// header's namespace declarations in scope.
+    fn reprime(&self) -> Result<Box<rxml::Parser>, XmlError> {
+        let mut p = new_rxml(&self.limits);
+        let mut input: &[u8] = &self.header_raw;
+        loop {
+            match p.parse(&mut input, false) {
+                Ok(Some(Event::StartElement(..))) => return Ok(p),
+                Ok(Some(_)) => {}
+                Err(EndOrError::NeedMoreData) if !input.is_empty() => {}
+                _ => {
+                    return Err(XmlError::NotWellFormed(
+                        "cannot resume the stream after hibernation".into(),
+                    ))
+                }
+            }
         }
     }
 

@@ -62,5 +62,24 @@ fn memory_idle_parser_small() {
     let heap = per.saturating_sub(inline);
     println!("idle parser: ~{per} bytes total per connection (RSS), ~{heap} bytes heap");
     assert!(per <= 4096, "idle parser retains ~{per} bytes");
+
+    // Hibernated: only the stored header and our own struct remain.
+    let before = rss_bytes().unwrap();
+    let mut sleeping = Vec::with_capacity(N);
+    for _ in 0..N {
+        let mut p = StreamParser::new(Limits::default());
+        feed(&mut p, HEADER.as_bytes()).unwrap();
+        feed(&mut p, stanza.as_bytes()).unwrap();
+        assert!(p.hibernate());
+        sleeping.push(p);
+    }
+    let after = rss_bytes().unwrap();
+    let hibernated = after.saturating_sub(before) / N;
+    println!("hibernated parser: ~{hibernated} bytes total per connection (RSS)");
+    assert!(
+        hibernated * 2 < per,
+        "hibernation should at least halve idle memory ({hibernated} vs {per})"
+    );
     drop(parsers);
+    drop(sleeping);
 }

@@ -697,3 +697,44 @@ fn from_str_standalone_document_parsed() {
     assert!("<a xmlns='x'>".parse::<Element>().is_err());
     assert!("".parse::<Element>().is_err());
 }
+
+#[test]
+fn hibernate_idle_then_resume_keeps_namespace_context() {
+    // The header declares a prefix that stanzas use later: the re-primed
+    // parser must still resolve it.
+    let header = "<?xml version='1.0'?><stream:stream xmlns='jabber:client' \
+        xmlns:stream='http://etherx.jabber.org/streams' xmlns:x='urn:example:x' \
+        to='localhost' version='1.0'>";
+    let mut p = StreamParser::new(Limits::default());
+    let evs = feed(&mut p, header.as_bytes()).unwrap();
+    assert!(matches!(evs[0], StreamEvent::Open(_)));
+    assert!(p.hibernate());
+    assert!(p.is_hibernating());
+    let evs = feed(
+        &mut p,
+        b"<message to='a@b'><x:y a='1'/><body>hi</body></message>",
+    )
+    .unwrap();
+    let StreamEvent::Stanza(m) = &evs[0] else {
+        panic!("{evs:?}")
+    };
+    assert_eq!(m.ns(), "jabber:client");
+    assert!(m.has_child("y", "urn:example:x"), "{m}");
+    assert!(!p.is_hibernating());
+    // Hibernate again between stanzas, then close.
+    assert!(p.hibernate());
+    let evs = feed(&mut p, b" </stream:stream>").unwrap();
+    assert!(matches!(evs[0], StreamEvent::Close));
+}
+
+#[test]
+fn hibernate_refused_mid_stanza_or_before_open() {
+    let mut p = StreamParser::new(Limits::default());
+    assert!(!p.hibernate(), "no header yet");
+    feed(&mut p, HEADER.as_bytes()).unwrap();
+    feed(&mut p, b"<message><body>half").unwrap();
+    assert!(!p.hibernate(), "inside a stanza");
+    let evs = feed(&mut p, b"</body></message>").unwrap();
+    assert_eq!(evs.len(), 1);
+    assert!(p.hibernate());
+}

@@ -41,6 +41,8 @@ pub struct C2sShared {
     pub write_timeout: Duration,
     /// Sustained read rate per session in bytes/s (0 = unlimited).
     pub max_bytes_per_second: u64,
+    /// Quiet time before the XML parser hibernates (`None`: never).
+    pub hibernate_after: Option<Duration>,
     /// Configured mechanisms, strongest first.
     pub mechanisms: Vec<Mechanism>,
     /// SCRAM iteration count (so challenges for unknown users look real).
@@ -78,6 +80,10 @@ impl C2sShared {
             mailbox_size: cfg.c2s.mailbox_size,
             write_timeout: Duration::from_secs(cfg.c2s.write_timeout_secs),
             max_bytes_per_second: cfg.c2s.max_bytes_per_second,
+            hibernate_after: match cfg.c2s.hibernate_after_secs {
+                0 => None,
+                s => Some(Duration::from_secs(s)),
+            },
             mechanisms,
             scram_iterations: cfg.auth.scram_iterations,
             auth_limiter: IpLimiter::new(

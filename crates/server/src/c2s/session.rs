@@ -80,6 +80,8 @@ pub(crate) struct Session {
     pub(super) bindings: ChannelBindings,
     connected_at: Instant,
     timers: Vec<(Instant, TimerKey)>,
+    /// When the idle parser should hibernate.
+    hibernate_at: Option<Instant>,
     tokens: f64,
     refilled_at: Instant,
     read_paused_until: Option<Instant>,
@@ -164,6 +166,7 @@ impl Session {
             bindings: ChannelBindings::default(),
             connected_at: now,
             timers: Vec::new(),
+            hibernate_at: None,
             tokens: burst,
             refilled_at: now,
             read_paused_until: None,
@@ -178,10 +181,15 @@ impl Session {
             None
         };
         let timers = self.timers.iter().map(|(t, _)| *t).min();
-        [negotiation, timers, self.read_paused_until]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            negotiation,
+            timers,
+            self.read_paused_until,
+            self.hibernate_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Exit {
@@ -239,6 +247,10 @@ impl Session {
                 self.read_paused_until = None;
             }
         }
+        if self.hibernate_at.is_some_and(|t| t <= now) {
+            self.hibernate_at = None;
+            self.parser.hibernate();
+        }
         if self.info.jid.is_none() && now >= self.connected_at + self.shared.negotiation_timeout {
             return Err(Exit::error(
                 StreamErrorCondition::ConnectionTimeout,
@@ -294,7 +306,10 @@ impl Session {
         loop {
             let event = match self.parser.push(&mut input) {
                 Ok(Some(ev)) => ev,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    self.hibernate_at = self.shared.hibernate_after.map(|d| Instant::now() + d);
+                    return Ok(());
+                }
                 Err(e) => {
                     let cond = StreamErrorCondition::from_str(e.stream_condition())
                         .unwrap_or(StreamErrorCondition::NotWellFormed);
