@@ -53,9 +53,9 @@ pub enum Action {
     Send(Element),
     /// Route this stanza (its `from` must be set by the handler).
     Route(Stanza),
-    /// Record the session's presence priority in the session table (`None`:
-    /// not available).
-    SetPriority(Option<i8>),
+    /// Record the session's availability in the session table: priority
+    /// and the presence broadcast (`None`: not available).
+    SetPresence(Option<(i8, Arc<Element>)>),
     /// Fire the module's timer handler after a delay.
     SetTimer(TimerKey, Duration),
     /// Cancel a timer.
@@ -231,6 +231,17 @@ pub trait OfflineMessageHandler: Send + Sync + 'static {
     async fn offline_message(&self, env: &Env, stanza: &Stanza) -> HookResult;
 }
 
+/// A stanza addressed to a local account (bare or full JID), seen by the
+/// router before it applies its delivery rules (RFC 6121 §8.5). A handler
+/// that answers or drops it returns [`Flow::Stop`]. Used for rules that must
+/// hold whatever resource is online, e.g. block lists (XEP-0191) and
+/// subscription handling (RFC 6121 §3).
+#[async_trait]
+pub trait InboundHandler: Send + Sync + 'static {
+    /// Handles one stanza; `to` is a local account.
+    async fn inbound(&self, env: &Env, stanza: &Stanza) -> HookResult;
+}
+
 /// Who an iq is addressed to, from the server's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IqScope {
@@ -354,6 +365,8 @@ pub struct Hooks {
     pub session_closed: Chain<dyn SessionClosedHandler>,
     /// [`OfflineMessageHandler`]s.
     pub offline_message: Chain<dyn OfflineMessageHandler>,
+    /// [`InboundHandler`]s.
+    pub inbound: Chain<dyn InboundHandler>,
     /// [`StreamFeatureProvider`]s.
     pub stream_features: Vec<Arc<dyn StreamFeatureProvider>>,
     timers: HashMap<&'static str, Arc<dyn TimerHandler>>,
@@ -434,6 +447,11 @@ impl HookRegistry {
         h: Arc<dyn OfflineMessageHandler>,
     ) {
         self.hooks.offline_message.add(priority, module, h);
+    }
+
+    /// Registers an [`InboundHandler`].
+    pub fn inbound(&mut self, module: &'static str, priority: i32, h: Arc<dyn InboundHandler>) {
+        self.hooks.inbound.add(priority, module, h);
     }
 
     /// Registers a [`StreamFeatureProvider`].

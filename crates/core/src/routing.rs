@@ -7,6 +7,8 @@
 use crate::Env;
 use async_trait::async_trait;
 use starling_proto::{BareJid, FullJid, Stanza, StreamError};
+use starling_xml::Element;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// Routes stanzas to local sessions, local services or remote domains
@@ -84,6 +86,10 @@ pub struct SessionEntry {
     /// Presence priority; `None` while the resource is not available
     /// (no initial presence sent yet, or unavailable presence sent).
     pub priority: Option<i8>,
+    /// The resource's last available presence as broadcast (with its
+    /// `from`), for answering probes (RFC 6121 §4.3.2); `None` while not
+    /// available.
+    pub presence: Option<Arc<Element>>,
     /// The session's mailbox.
     pub handle: SessionHandle,
 }
@@ -99,8 +105,9 @@ pub trait SessionManager: Send + Sync + 'static {
     fn register(&self, jid: &FullJid, handle: SessionHandle) -> Option<SessionHandle>;
     /// Removes `jid` if it is still held by session `session_id`.
     fn unregister(&self, jid: &FullJid, session_id: u64);
-    /// Records the presence priority (`None` = unavailable).
-    fn set_priority(&self, jid: &FullJid, session_id: u64, priority: Option<i8>);
+    /// Records the resource's availability: priority and last presence
+    /// (`None` = unavailable).
+    fn set_presence(&self, jid: &FullJid, session_id: u64, presence: Option<(i8, Arc<Element>)>);
     /// The session holding exactly this full JID.
     fn get(&self, jid: &FullJid) -> Option<SessionEntry>;
     /// All bound resources of an account.

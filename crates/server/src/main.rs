@@ -228,7 +228,7 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
         }
         UserCommand::Del { jid } => {
             let jid = parse_account(&jid, &cfg)?;
-            if storage.accounts.delete(&jid).await? {
+            if storage.delete_account(&jid).await? {
                 println!("deleted {jid}");
                 Ok(())
             } else {

@@ -244,6 +244,13 @@ impl Router for LocalRouter {
                 StanzaKind::Presence => {}
             };
         }
+        // Account-wide rules (block lists, subscriptions) before delivery.
+        if !env.hooks.inbound.is_empty() {
+            let flow = run_chain!(env.hooks.inbound, "inbound", |h| h.inbound(env, &stanza));
+            if flow == Flow::Stop {
+                return;
+            }
+        }
         let bare = to.to_bare();
         if to_account {
             return self.to_bare(env, &bare, stanza).await;

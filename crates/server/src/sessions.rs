@@ -4,10 +4,11 @@
 
 use starling_core::{SessionEntry, SessionHandle, SessionManager};
 use starling_proto::{BareJid, FullJid};
+use starling_xml::Element;
 use std::collections::hash_map::{DefaultHasher, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 const SHARDS: usize = 64;
 
@@ -49,6 +50,7 @@ impl SessionManager for SessionTable {
         let new = SessionEntry {
             jid: jid.clone(),
             priority: None,
+            presence: None,
             handle,
         };
         if let Some(slot) = entries.iter_mut().find(|e| e.jid == *jid) {
@@ -75,14 +77,15 @@ impl SessionManager for SessionTable {
         }
     }
 
-    fn set_priority(&self, jid: &FullJid, session_id: u64, priority: Option<i8>) {
+    fn set_presence(&self, jid: &FullJid, session_id: u64, presence: Option<(i8, Arc<Element>)>) {
         let bare = jid.to_bare();
         let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = shard.get_mut(&bare).and_then(|v| {
             v.iter_mut()
                 .find(|e| e.jid == *jid && e.handle.id == session_id)
         }) {
-            e.priority = priority;
+            e.priority = presence.as_ref().map(|(p, _)| *p);
+            e.presence = presence.map(|(_, el)| el);
         }
     }
 
@@ -136,7 +139,11 @@ mod tests {
         let b = FullJid::new("a@x/2").unwrap();
         t.register(&a, handle(1));
         t.register(&b, handle(2));
-        t.set_priority(&b, 2, Some(5));
+        t.set_presence(
+            &b,
+            2,
+            Some((5, Arc::new(Element::new("presence", "jabber:client")))),
+        );
         let r = t.resources(&a.to_bare());
         assert_eq!(r.len(), 2);
         assert_eq!(r.iter().find(|e| e.jid == b).unwrap().priority, Some(5));

@@ -5,7 +5,7 @@
 //! `tests/conformance_sqlite.rs`); a PostgreSQL backend runs the very same
 //! functions.
 
-use starling_core::storage::{Storage, StorageError};
+use starling_core::storage::{RosterChange, RosterItem, Storage, StorageError, Subscription};
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
 
@@ -96,6 +96,183 @@ pub async fn accounts(s: &Storage) {
     assert!(a.exists(&alice2).await.unwrap());
 }
 
+/// Rosters: items, versions (XEP-0237), tombstones, pending requests.
+pub async fn roster(s: &Storage) {
+    let r = s.roster.as_ref();
+    let alice = jid("alice@example.org");
+    assert_eq!(r.get_roster(&alice).await.unwrap(), (0, vec![]));
+    let mut bob = RosterItem::new(jid("bob@example.org"));
+    bob.name = Some("Bob 'the builder'".into());
+    bob.groups = vec!["Friends".into(), "Work & Play".into()];
+    bob.ask = true;
+    let v1 = r.put_item(&alice, &bob).await.unwrap();
+    let mut carol = RosterItem::new(jid("carol@example.org"));
+    carol.subscription = Subscription::Both;
+    let v2 = r.put_item(&alice, &carol).await.unwrap();
+    assert!(v2 > v1);
+    let (v, items) = r.get_roster(&alice).await.unwrap();
+    assert_eq!(v, v2);
+    assert_eq!(
+        items,
+        vec![bob.clone(), carol.clone()],
+        "sorted by JID, all fields kept"
+    );
+    assert_eq!(
+        r.get_item(&alice, &bob.jid).await.unwrap(),
+        Some(bob.clone())
+    );
+    assert_eq!(r.count(&alice).await.unwrap(), 2);
+
+    // Update and removal are versioned; removal leaves a tombstone.
+    bob.subscription = Subscription::To;
+    bob.ask = false;
+    bob.groups.clear();
+    let v3 = r.put_item(&alice, &bob).await.unwrap();
+    let v4 = r
+        .remove_item(&alice, &carol.jid)
+        .await
+        .unwrap()
+        .expect("was present");
+    assert!(v4 > v3);
+    assert_eq!(r.remove_item(&alice, &carol.jid).await.unwrap(), None);
+    assert_eq!(r.get_item(&alice, &carol.jid).await.unwrap(), None);
+    assert_eq!(r.count(&alice).await.unwrap(), 1);
+    let (cur, changes) = r.changes_since(&alice, v2).await.unwrap().unwrap();
+    assert_eq!(cur, v4);
+    assert_eq!(
+        changes,
+        vec![
+            RosterChange::Updated(bob.clone()),
+            RosterChange::Removed(carol.jid.clone())
+        ]
+    );
+    assert_eq!(
+        r.changes_since(&alice, v4).await.unwrap(),
+        Some((v4, vec![]))
+    );
+    assert_eq!(
+        r.changes_since(&alice, v4 + 10).await.unwrap(),
+        None,
+        "unknown version"
+    );
+    // Re-adding a removed contact resurrects it.
+    r.put_item(&alice, &carol).await.unwrap();
+    assert_eq!(r.count(&alice).await.unwrap(), 2);
+    // Rosters are per owner.
+    assert_eq!(
+        r.get_roster(&jid("bob@example.org")).await.unwrap().1,
+        vec![]
+    );
+
+    // Pending subscription requests (RFC 6121 §3.1.3).
+    let dave = jid("dave@example.org");
+    r.put_pending_request(&alice, &dave, "<presence type='subscribe'/>")
+        .await
+        .unwrap();
+    r.put_pending_request(
+        &alice,
+        &dave,
+        "<presence type='subscribe'><status>hi</status></presence>",
+    )
+    .await
+    .unwrap();
+    let pending = r.pending_requests(&alice).await.unwrap();
+    assert_eq!(pending.len(), 1, "one request per contact, latest kept");
+    assert!(pending[0].1.contains("hi"));
+    r.remove_pending_request(&alice, &dave).await.unwrap();
+    assert!(r.pending_requests(&alice).await.unwrap().is_empty());
+
+    r.remove_user(&alice).await.unwrap();
+    assert_eq!(r.get_roster(&alice).await.unwrap(), (0, vec![]));
+}
+
+/// Block lists, per-user documents, last activity, and account deletion
+/// removing every concern's data.
+pub async fn user_data(s: &Storage) {
+    let alice = jid("alice@example.org");
+    let b = s.blocking.as_ref();
+    assert_eq!(
+        b.block(&alice, &["x@y".into(), "spam.example".into()])
+            .await
+            .unwrap(),
+        ["x@y", "spam.example"]
+    );
+    assert_eq!(
+        b.block(&alice, &["x@y".into()]).await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(b.blocklist(&alice).await.unwrap(), ["spam.example", "x@y"]);
+    assert_eq!(
+        b.unblock(&alice, &["x@y".into(), "z@y".into()])
+            .await
+            .unwrap(),
+        ["x@y"]
+    );
+    assert_eq!(b.unblock_all(&alice).await.unwrap(), ["spam.example"]);
+    assert!(b.blocklist(&alice).await.unwrap().is_empty());
+
+    let d = s.user_data.as_ref();
+    assert_eq!(d.get(&alice, "vcard", "").await.unwrap(), None);
+    d.set(&alice, "vcard", "", "<vCard xmlns='vcard-temp'/>")
+        .await
+        .unwrap();
+    d.set(
+        &alice,
+        "vcard",
+        "",
+        "<vCard xmlns='vcard-temp'><FN>A</FN></vCard>",
+    )
+    .await
+    .unwrap();
+    d.set(
+        &alice,
+        "private",
+        "{storage:bookmarks}storage",
+        "<storage/>",
+    )
+    .await
+    .unwrap();
+    assert!(d
+        .get(&alice, "vcard", "")
+        .await
+        .unwrap()
+        .unwrap()
+        .contains("<FN>A</FN>"));
+    d.delete(&alice, "private", "{storage:bookmarks}storage")
+        .await
+        .unwrap();
+    assert_eq!(
+        d.get(&alice, "private", "{storage:bookmarks}storage")
+            .await
+            .unwrap(),
+        None
+    );
+
+    let l = s.last_activity.as_ref();
+    assert_eq!(l.get(&alice).await.unwrap(), None);
+    l.set(&alice, 1_700_000_000, "gone fishing").await.unwrap();
+    l.set(&alice, 1_700_000_100, "").await.unwrap();
+    assert_eq!(
+        l.get(&alice).await.unwrap(),
+        Some((1_700_000_100, String::new()))
+    );
+
+    // delete_account removes every concern's rows.
+    s.accounts.create(&alice, &creds("pw")).await.unwrap();
+    s.roster
+        .put_item(&alice, &RosterItem::new(jid("bob@example.org")))
+        .await
+        .unwrap();
+    s.blocking.block(&alice, &["x@y".into()]).await.unwrap();
+    assert!(s.delete_account(&alice).await.unwrap());
+    assert!(!s.accounts.exists(&alice).await.unwrap());
+    assert_eq!(s.roster.count(&alice).await.unwrap(), 0);
+    assert!(s.blocking.blocklist(&alice).await.unwrap().is_empty());
+    assert_eq!(s.user_data.get(&alice, "vcard", "").await.unwrap(), None);
+    assert_eq!(s.last_activity.get(&alice).await.unwrap(), None);
+    assert!(!s.delete_account(&alice).await.unwrap());
+}
+
 /// Runs every conformance test, each on a fresh storage from `make`.
 pub async fn run_all<F, Fut>(mut make: F)
 where
@@ -103,4 +280,6 @@ where
     Fut: std::future::Future<Output = Storage>,
 {
     accounts(&make().await).await;
+    roster(&make().await).await;
+    user_data(&make().await).await;
 }

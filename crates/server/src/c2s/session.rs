@@ -772,10 +772,10 @@ impl Session {
             match action {
                 Action::Send(el) => self.write_element(&el),
                 Action::Route(stanza) => self.shared.env.route(stanza).await,
-                Action::SetPriority(p) => {
-                    self.info.priority = p;
+                Action::SetPresence(p) => {
+                    self.info.priority = p.as_ref().map(|(prio, _)| *prio);
                     if let Some(jid) = &self.info.jid {
-                        self.shared.env.sessions.set_priority(jid, self.info.id, p);
+                        self.shared.env.sessions.set_presence(jid, self.info.id, p);
                     }
                 }
                 Action::SetTimer(key, after) => {

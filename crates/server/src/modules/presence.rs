@@ -51,7 +51,9 @@ impl UserSendHandler for Presence {
             Some("unavailable") => false,
             _ => return Ok(Flow::Continue),
         };
-        cx.push(Action::SetPriority(available.then(|| priority_of(stanza))));
+        cx.push(Action::SetPresence(available.then(|| {
+            (priority_of(stanza), Arc::new(stanza.element().clone()))
+        })));
         let me = cx.jid().clone();
         for other in cx.env.sessions.resources(&me.to_bare()) {
             if other.jid != me && other.priority.is_some() {

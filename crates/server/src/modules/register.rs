@@ -224,7 +224,7 @@ impl IqHandler for Register {
                 if !self.cfg.allow_cancel {
                     return IqResponse::Error(StanzaErrorCondition::NotAllowed.into());
                 }
-                match env.storage.accounts.delete(&from).await {
+                match env.storage.delete_account(&from).await {
                     Ok(_) => {
                         tracing::info!(user = %from, "account deleted in-band");
                         // §3.2: answer first, then close every session.

@@ -3,6 +3,8 @@
 //! transactions), foreign keys on, a small connection pool (SQLite admits one
 //! writer at a time; readers proceed in parallel under WAL).
 
+mod im;
+
 use crate::migrate::Migration;
 use crate::OpenError;
 use async_trait::async_trait;
@@ -15,24 +17,31 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "accounts",
-    sql: include_str!("0001_accounts.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "accounts",
+        sql: include_str!("0001_accounts.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "im-core",
+        sql: include_str!("0002_im.sql"),
+    },
+];
 
 /// The SQLite backend.
 #[derive(Clone)]
 pub struct SqliteStorage {
-    pool: SqlitePool,
+    pub(crate) pool: SqlitePool,
     target: String,
 }
 
-fn backend(e: sqlx::Error) -> StorageError {
+pub(crate) fn backend(e: sqlx::Error) -> StorageError {
     StorageError::Backend(e.to_string())
 }
 
-fn now_secs() -> i64 {
+pub(crate) fn now_secs() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
@@ -47,7 +56,7 @@ fn hash_name(h: ScramHash) -> &'static str {
     }
 }
 
-fn split(jid: &BareJid) -> (&str, &str) {
+pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
     (
         jid.domain().as_str(),
         jid.node().map(|n| n.as_str()).unwrap_or(""),
@@ -134,6 +143,10 @@ impl SqliteStorage {
         let me = Arc::new(self);
         Storage {
             accounts: me.clone(),
+            roster: me.clone(),
+            blocking: me.clone(),
+            user_data: me.clone(),
+            last_activity: me.clone(),
             backend: me,
         }
     }

@@ -5,6 +5,13 @@
 //! (roster, offline, archive, inbox…) add a trait here and a field to
 //! [`Storage`].
 
+mod im;
+
+pub use im::{
+    BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
+    UserDataStore,
+};
+
 use async_trait::async_trait;
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
@@ -79,6 +86,27 @@ pub trait StorageBackend: Send + Sync + 'static {
 pub struct Storage {
     /// Accounts.
     pub accounts: Arc<dyn AccountStore>,
+    /// Rosters and pending subscription requests.
+    pub roster: Arc<dyn RosterStore>,
+    /// Block lists.
+    pub blocking: Arc<dyn BlockingStore>,
+    /// vCards and private XML.
+    pub user_data: Arc<dyn UserDataStore>,
+    /// Last logout times.
+    pub last_activity: Arc<dyn LastActivityStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
+}
+
+impl Storage {
+    /// Deletes an account and everything stored for it, in every concern.
+    /// Returns false if the account did not exist (other data is removed
+    /// anyway, so a half-deleted account can be cleaned up).
+    pub async fn delete_account(&self, jid: &BareJid) -> StorageResult<bool> {
+        self.roster.remove_user(jid).await?;
+        self.blocking.unblock_all(jid).await?;
+        self.user_data.remove_user(jid).await?;
+        self.last_activity.remove_user(jid).await?;
+        self.accounts.delete(jid).await
+    }
 }
