@@ -258,6 +258,95 @@ pub struct ModulesSection {
     pub register: RegisterConfig,
     /// `[modules.presence]`
     pub presence: PresenceConfig,
+    /// `[modules.roster]`
+    pub roster: RosterConfig,
+    /// `[modules.blocking]`
+    pub blocking: EnabledConfig,
+    /// `[modules.vcard]`
+    pub vcard: SizeLimitedConfig,
+    /// `[modules.private]`
+    pub private: SizeLimitedConfig,
+    /// `[modules.last]`
+    pub last: EnabledConfig,
+    /// `[modules.version]`
+    pub version: VersionConfig,
+    /// `[modules.time]`
+    pub time: EnabledConfig,
+}
+
+/// A module whose only setting is whether it runs.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnabledConfig {
+    /// Run the module.
+    pub enabled: bool,
+}
+
+impl Default for EnabledConfig {
+    fn default() -> Self {
+        EnabledConfig { enabled: true }
+    }
+}
+
+/// `[modules.roster]`: RFC 6121 roster and subscriptions, XEP-0237.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RosterConfig {
+    /// Run the module (without it there are no contacts or subscriptions).
+    pub enabled: bool,
+    /// Most items in one roster; adding more fails with
+    /// `<not-allowed/>` and a text saying so.
+    pub max_items: u32,
+    /// Offer roster versioning (XEP-0237).
+    pub versioning: bool,
+}
+
+impl Default for RosterConfig {
+    fn default() -> Self {
+        RosterConfig {
+            enabled: true,
+            max_items: 1000,
+            versioning: true,
+        }
+    }
+}
+
+/// A module storing per-user documents up to a size.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SizeLimitedConfig {
+    /// Run the module.
+    pub enabled: bool,
+    /// Largest document stored, in bytes of serialized XML.
+    pub max_bytes: usize,
+}
+
+impl Default for SizeLimitedConfig {
+    fn default() -> Self {
+        SizeLimitedConfig {
+            enabled: true,
+            max_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// `[modules.version]`: XEP-0092.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VersionConfig {
+    /// Answer software version queries.
+    pub enabled: bool,
+    /// Include the operating system in the answer.
+    pub show_os: bool,
+}
+
+impl Default for VersionConfig {
+    fn default() -> Self {
+        VersionConfig {
+            enabled: true,
+            show_os: false,
+        }
+    }
 }
 
 /// `[modules.ping]`: XEP-0199.
