@@ -3,10 +3,17 @@
 //! and its configuration keys. A module that is not enabled registers
 //! nothing and runs no code.
 
+pub mod blocking;
 pub mod disco;
+pub mod last;
 pub mod ping;
 pub mod presence;
+pub mod private;
 pub mod register;
+pub mod roster;
+pub mod time;
+pub mod vcard;
+pub mod version;
 
 use crate::config::Config;
 use starling_core::hooks::{HookRegistry, Hooks};
@@ -15,8 +22,14 @@ use starling_core::hooks::{HookRegistry, Hooks};
 pub fn build_hooks(cfg: &Config) -> Hooks {
     let mut reg = HookRegistry::new();
     let m = &cfg.modules;
+    // Subscriptions, probes and roster-based presence fan-out need the
+    // roster module; without it presence covers own resources and directed
+    // presence only.
     if m.presence.enabled {
-        presence::Presence::register(&mut reg);
+        presence::Presence::register(m.roster.enabled, &mut reg);
+    }
+    if m.roster.enabled {
+        roster::Roster::register(&m.roster, &mut reg);
     }
     if m.ping.enabled {
         ping::Ping::register(&m.ping, &mut reg);
@@ -25,5 +38,23 @@ pub fn build_hooks(cfg: &Config) -> Hooks {
         disco::Disco::register(&m.disco, &mut reg);
     }
     register::Register::register(&m.register, cfg.auth.scram_iterations, &mut reg);
+    if m.blocking.enabled {
+        blocking::Blocking::register(&mut reg);
+    }
+    if m.vcard.enabled {
+        vcard::Vcard::register(&m.vcard, &mut reg);
+    }
+    if m.private.enabled {
+        private::Private::register(&m.private, &mut reg);
+    }
+    if m.last.enabled {
+        last::Last::register(&mut reg);
+    }
+    if m.version.enabled {
+        version::Version::register(&m.version, &mut reg);
+    }
+    if m.time.enabled {
+        time::Time::register(&mut reg);
+    }
     reg.build()
 }

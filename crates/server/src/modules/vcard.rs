@@ -1,0 +1,107 @@
+//! vcard-temp (XEP-0054): profile cards.
+//!
+//! - A user sets their own vCard (`set` with no 'to' or to their own bare
+//!   JID); setting anyone else's gets `<forbidden/>`. Cards larger than
+//!   `max_bytes` of serialized XML get `<not-acceptable/>` with a text
+//!   giving the limit, and change nothing.
+//! - Anyone may fetch a user's vCard from their bare JID; a user without a
+//!   card returns an empty `<vCard/>` (XEP-0054 §3.1); an unknown account
+//!   gets `<service-unavailable/>` (RFC 6121 §8.5.1).
+//!
+//! Hooks: iq handler `{vcard-temp}vCard` (account scope). Storage:
+//! user_data (kind "vcard"), accounts. Config: `[modules.vcard]`.
+
+use crate::config::SizeLimitedConfig;
+use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
+use starling_core::{async_trait, Env};
+use starling_proto::{ErrorType, Stanza, StanzaError, StanzaErrorCondition};
+use starling_xml::Element;
+use std::sync::Arc;
+
+const NAME: &str = "vcard";
+/// XEP-0054 namespace.
+pub const NS_VCARD: &str = "vcard-temp";
+
+/// The vCard module.
+pub struct Vcard {
+    max_bytes: usize,
+}
+
+impl Vcard {
+    /// Registers the module.
+    pub fn register(cfg: &SizeLimitedConfig, reg: &mut HookRegistry) {
+        let m = Arc::new(Vcard {
+            max_bytes: cfg.max_bytes,
+        });
+        reg.iq(NAME, IqScope::Account, "vCard", NS_VCARD, m);
+        reg.disco().feature(IqScope::Server, NS_VCARD);
+    }
+}
+
+fn storage_error(e: starling_core::storage::StorageError) -> IqResponse {
+    tracing::error!(error = %e, "vCard storage failed");
+    IqResponse::Error(
+        StanzaError::new(StanzaErrorCondition::InternalServerError).with_type(ErrorType::Wait),
+    )
+}
+
+#[async_trait]
+impl IqHandler for Vcard {
+    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
+        let Some(from) = iq.from().map(|f| f.to_bare()) else {
+            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
+        };
+        let owner = iq.to().map(|t| t.to_bare()).unwrap_or_else(|| from.clone());
+        let Some(card) = iq.payload() else {
+            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
+        };
+        match iq.type_attr() {
+            Some("get") => {
+                if owner != from {
+                    match env.storage.accounts.exists(&owner).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            return IqResponse::Error(
+                                StanzaErrorCondition::ServiceUnavailable.into(),
+                            )
+                        }
+                        Err(e) => return storage_error(e),
+                    }
+                }
+                match env.storage.user_data.get(&owner, NAME, "").await {
+                    Ok(Some(xml)) => match xml.parse::<Element>() {
+                        Ok(el) => IqResponse::Result(Some(el)),
+                        Err(e) => {
+                            tracing::error!(error = %e, user = %owner, "stored vCard does not parse");
+                            IqResponse::Result(Some(Element::new("vCard", NS_VCARD)))
+                        }
+                    },
+                    Ok(None) => IqResponse::Result(Some(Element::new("vCard", NS_VCARD))),
+                    Err(e) => storage_error(e),
+                }
+            }
+            Some("set") => {
+                if owner != from {
+                    return IqResponse::Error(
+                        StanzaError::new(StanzaErrorCondition::Forbidden)
+                            .with_text("you can only set your own vCard"),
+                    );
+                }
+                let xml = card.to_string_in("");
+                if xml.len() > self.max_bytes {
+                    return IqResponse::Error(
+                        StanzaError::new(StanzaErrorCondition::NotAcceptable).with_text(format!(
+                            "the vCard is larger than {} bytes",
+                            self.max_bytes
+                        )),
+                    );
+                }
+                match env.storage.user_data.set(&owner, NAME, "", &xml).await {
+                    Ok(()) => IqResponse::Result(None),
+                    Err(e) => storage_error(e),
+                }
+            }
+            _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
+        }
+    }
+}

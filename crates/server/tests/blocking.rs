@@ -1,0 +1,267 @@
+//! Blocking Command (XEP-0191) over real sockets.
+
+use starling_core::storage::{RosterItem, Subscription};
+use starling_proto::BareJid;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::time::Duration;
+
+const NS_BLOCKING: &str = "urn:xmpp:blocking";
+const QUIET: Duration = Duration::from_millis(300);
+
+async fn block(c: &mut Client, jids: &[&str]) -> starling_testkit::starling_xml::Element {
+    let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
+    c.iq(
+        &format!("<iq type='set' id='b'><block xmlns='urn:xmpp:blocking'>{items}</block></iq>"),
+        "b",
+    )
+    .await
+}
+
+async fn unblock(c: &mut Client, jids: &[&str]) -> starling_testkit::starling_xml::Element {
+    let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
+    c.iq(
+        &format!("<iq type='set' id='u'><unblock xmlns='urn:xmpp:blocking'>{items}</unblock></iq>"),
+        "u",
+    )
+    .await
+}
+
+async fn blocklist(c: &mut Client) -> Vec<String> {
+    let r = c
+        .iq(
+            "<iq type='get' id='l'><blocklist xmlns='urn:xmpp:blocking'/></iq>",
+            "l",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    r.get_child("blocklist", NS_BLOCKING)
+        .expect("blocklist")
+        .children()
+        .filter_map(|i| i.attr("jid").map(str::to_owned))
+        .collect()
+}
+
+fn body(el: &starling_testkit::starling_xml::Element) -> String {
+    el.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn block_list_get_block_unblock_and_pushes_to_interested_resources() {
+    // XEP-0191 §3.2 (get), §3.3 (block + push), §3.4 (unblock + push).
+    let server = TestServer::start().await;
+    let mut phone = server.login("alice").await;
+    let mut laptop = server.login("alice").await;
+    phone.drain().await;
+    assert!(blocklist(&mut phone).await.is_empty());
+    let r = block(&mut phone, &["bob@localhost", "Spam.Example"]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    // The requesting resource gets the push…
+    let push = phone
+        .recv_until(|e| e.has_child("block", NS_BLOCKING))
+        .await;
+    assert_eq!(push.attr("type"), Some("set"));
+    let pushed: Vec<_> = push
+        .get_child("block", NS_BLOCKING)
+        .unwrap()
+        .children()
+        .filter_map(|i| i.attr("jid"))
+        .collect();
+    assert_eq!(pushed, ["bob@localhost", "spam.example"], "normalised JIDs");
+    // …the one that never asked for the list does not.
+    laptop.expect_silence(QUIET).await;
+    assert_eq!(
+        blocklist(&mut phone).await,
+        ["bob@localhost", "spam.example"]
+    );
+    let r = unblock(&mut phone, &["spam.example"]).await;
+    assert_eq!(r.attr("type"), Some("result"));
+    phone
+        .recv_until(|e| e.has_child("unblock", NS_BLOCKING))
+        .await;
+    assert_eq!(blocklist(&mut phone).await, ["bob@localhost"]);
+    // Unblock everything (§3.5): an empty unblock.
+    unblock(&mut phone, &[]).await;
+    assert!(blocklist(&mut phone).await.is_empty());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn blocked_contact_cannot_reach_user_by_message_presence_or_iq() {
+    // XEP-0191 §3.5: presence dropped, message and iq get service-unavailable.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    block(&mut alice, &["bob@localhost"]).await;
+    alice.drain().await;
+    bob.send(&format!(
+        "<message to='{}' type='chat' id='m'><body>hi</body></message>",
+        alice.jid
+    ))
+    .await;
+    let e = bob.recv().await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("service-unavailable"),
+        "{e}"
+    );
+    bob.send("<message to='alice@localhost' type='chat' id='m2'><body>bare</body></message>")
+        .await;
+    assert_eq!(
+        error_condition(&bob.recv().await).as_deref(),
+        Some("service-unavailable")
+    );
+    let r = bob
+        .iq(
+            &format!(
+                "<iq to='{}' type='get' id='q'><query xmlns='urn:example:q'/></iq>",
+                alice.jid
+            ),
+            "q",
+        )
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    bob.send(&format!("<presence to='{}'/>", alice.jid)).await;
+    bob.expect_silence(QUIET).await; // no error for presence
+    alice.expect_silence(QUIET).await; // and nothing delivered
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_sending_to_blocked_jid_gets_not_acceptable_blocked() {
+    // XEP-0191 §3.6.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    block(&mut alice, &["bob@localhost"]).await;
+    alice.drain().await;
+    alice
+        .send(&format!(
+            "<message to='{}' type='chat' id='x'><body>psst</body></message>",
+            bob.jid
+        ))
+        .await;
+    let e = alice.recv().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-acceptable"));
+    assert!(
+        e.get_child("error", ns::CLIENT)
+            .unwrap()
+            .has_child("blocked", "urn:xmpp:blocking:errors"),
+        "{e}"
+    );
+    bob.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unblock_restores_delivery_and_block_persists_across_sessions() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    block(&mut alice, &["bob@localhost"]).await;
+    drop(alice);
+    let mut alice = server.login("alice").await;
+    assert_eq!(
+        blocklist(&mut alice).await,
+        ["bob@localhost"],
+        "stored, not per session"
+    );
+    unblock(&mut alice, &["bob@localhost"]).await;
+    alice.drain().await;
+    bob.drain().await;
+    bob.send(&format!(
+        "<message to='{}' type='chat'><body>back</body></message>",
+        alice.jid
+    ))
+    .await;
+    assert_eq!(body(&alice.recv_message().await), "back");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn domain_block_never_blocks_own_resources() {
+    // XEP-0016 §2.1 domain matching; XEP-0191 §5: a user's own resources
+    // are never blocked from each other.
+    let server = TestServer::start().await;
+    let mut a1 = server.login("alice").await;
+    let mut a2 = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    block(&mut a1, &["localhost"]).await;
+    a1.drain().await;
+    a2.drain().await;
+    bob.drain().await;
+    bob.send(&format!(
+        "<message to='{}' type='chat' id='d'><body>x</body></message>",
+        a1.jid
+    ))
+    .await;
+    assert_eq!(
+        error_condition(&bob.recv().await).as_deref(),
+        Some("service-unavailable")
+    );
+    a2.send(&format!(
+        "<message to='{}' type='chat'><body>self</body></message>",
+        a1.jid
+    ))
+    .await;
+    assert_eq!(body(&a1.recv_message().await), "self");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn block_and_unblock_send_presence_to_subscribed_contact() {
+    // XEP-0191 §3.3: unavailable presence to the blocked JID if it receives
+    // the user's presence; §3.4: current presence again on unblock.
+    let server = TestServer::start().await;
+    let roster = server.server.env.storage.roster.clone();
+    let alice_jid = BareJid::new("alice@localhost").unwrap();
+    let mut item = RosterItem::new(BareJid::new("bob@localhost").unwrap());
+    item.subscription = Subscription::Both;
+    roster.put_item(&alice_jid, &item).await.unwrap();
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    alice.send("<presence><show>chat</show></presence>").await;
+    alice.drain().await;
+    bob.drain().await;
+    block(&mut alice, &["bob@localhost"]).await;
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(
+        (p.attr("type"), p.attr("from")),
+        (Some("unavailable"), Some(alice.jid.as_str()))
+    );
+    unblock(&mut alice, &["bob@localhost"]).await;
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(p.attr("type"), None, "available again: {p}");
+    assert_eq!(
+        p.get_child("show", ns::CLIENT).map(|s| s.text()).as_deref(),
+        Some("chat")
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_block_requests_rejected_without_change() {
+    // XEP-0191 §3.3: empty block → bad-request; invalid JID → jid-malformed.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = block(&mut alice, &[]).await;
+    assert_eq!(error_condition(&r).as_deref(), Some("bad-request"));
+    let r = block(&mut alice, &["a@b@c"]).await;
+    assert_eq!(error_condition(&r).as_deref(), Some("jid-malformed"));
+    let r = alice
+        .iq(
+            "<iq type='set' id='n'><block xmlns='urn:xmpp:blocking'><item/></block></iq>",
+            "n",
+        )
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("bad-request"));
+    assert!(blocklist(&mut alice).await.is_empty());
+    // Someone else's list is not reachable.
+    let mut bob = server.login("bob").await;
+    let r = bob
+        .iq("<iq to='alice@localhost' type='get' id='o'><blocklist xmlns='urn:xmpp:blocking'/></iq>", "o")
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
+    server.stop().await;
+}
