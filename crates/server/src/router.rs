@@ -13,8 +13,9 @@
 //! ¹ type error/headline/groupchat messages are dropped instead; an error is
 //! never answered with an error (RFC 6120 §8.3.1).
 //!
-//! Subscription presence to a bare JID is the presence module's (a later
-//! issue); here it is dropped. iq results and errors addressed to the server
+//! Subscription presence and probes to a local account are consumed by the
+//! roster and presence modules in the `inbound` chain (RFC 6121 §3, §4.3);
+//! without them they are dropped here. iq results and errors addressed to the server
 //! or to a bare JID are dropped: modules that issue requests consume the
 //! answers in their own hooks.
 

@@ -556,3 +556,93 @@ async def test_cross_library_chat_with_xmpp_client_succeeds():
                     await proc.wait()
 
     await asyncio.wait_for(run(), TEST_TIMEOUT)
+
+
+# --------------------------------------------------------------------------- IM core (RFC 6121)
+
+
+async def wait_until(pred, what: str) -> None:
+    """Polls `pred` until true (roster pushes are processed asynchronously)."""
+    deadline = asyncio.get_running_loop().time() + STEP
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_subscription_handshake_presence_and_chat_succeeds():
+    """RFC 6121 §3.1 handshake both ways between two slixmpp clients, then
+    presence changes (§4.4) and messages flow; unavailable on logout (§4.5)."""
+
+    async def run():
+        alice = bob = None
+        try:
+            alice, bob = await asyncio.gather(
+                online_client(unique_user("alice"), unique_password(), transport=STARTTLS, mechs=set()),
+                online_client(unique_user("bob"), unique_password(), transport=STARTTLS, mechs=set()),
+            )
+            events: dict[str, asyncio.Queue] = {}
+            for c in (alice, bob):
+                # Drive the handshake explicitly: no auto-approval (None; False
+                # would make slixmpp deny every request) and no auto-subscribe.
+                c.roster.auto_authorize = None
+                c.roster.auto_subscribe = False
+                q: asyncio.Queue = asyncio.Queue()
+                events[c.boundjid.bare] = q
+                for ev in ("presence_subscribe", "presence_subscribed", "changed_status",
+                           "presence_unavailable"):
+                    c.add_event_handler(ev, lambda p, ev=ev, q=q: q.put_nowait((ev, p)))
+                await c.get_roster(timeout=STEP)
+            await asyncio.gather(send_initial_presence(alice), send_initial_presence(bob))
+
+            async def expect(c: Client, ev: str, frm: str, pred=lambda p: True):
+                q = events[c.boundjid.bare]
+                while True:
+                    got, p = await asyncio.wait_for(q.get(), STEP)
+                    if got == ev and p["from"].bare == frm and pred(p):
+                        return p
+
+            a, b = alice.boundjid.bare, bob.boundjid.bare
+            alice.send_presence(pto=b, ptype="subscribe")
+            req = await expect(bob, "presence_subscribe", a)
+            assert req["from"].full == a, "subscription requests carry the bare JID (§3.1.2)"
+            await wait_until(lambda: b in alice.client_roster, "roster push of the new item")
+            bob.send_presence(pto=a, ptype="subscribed")
+            await expect(alice, "presence_subscribed", b)
+            await wait_until(lambda: alice.client_roster[b]["subscription"] == "to", "alice 'to'")
+            await wait_until(lambda: bob.client_roster[a]["subscription"] == "from", "bob 'from'")
+            # …and back.
+            bob.send_presence(pto=a, ptype="subscribe")
+            await expect(alice, "presence_subscribe", b)
+            alice.send_presence(pto=b, ptype="subscribed")
+            await expect(bob, "presence_subscribed", a)
+            await wait_until(lambda: alice.client_roster[b]["subscription"] == "both", "alice 'both'")
+            await wait_until(lambda: bob.client_roster[a]["subscription"] == "both", "bob 'both'")
+
+            # Presence changes are seen by the contact (§4.4).
+            bob.send_presence(pshow="away", pstatus="lunch")
+            p = await expect(alice, "changed_status", b, lambda p: p["show"] == "away")
+            assert p["status"] == "lunch" and p["from"] == bob.boundjid
+            alice.send_presence(pshow="dnd")
+            await expect(bob, "changed_status", a, lambda p: p["show"] == "dnd")
+
+            body = f"hi {uuid.uuid4().hex}"
+            alice.send_message(mto=b, mbody=body, mtype="chat")
+            await expect_message(bob, body, alice)
+            bob.send_message(mto=alice.boundjid.full, mbody=body + "!", mtype="chat")
+            await expect_message(alice, body + "!", bob)
+
+            # A second roster get still lists the contact.
+            await alice.get_roster(timeout=STEP)
+            assert b in alice.client_roster
+
+            # Logout → unavailable at the contact (§4.5.2).
+            await bob.close()
+            bob = None
+            await expect(alice, "presence_unavailable", b)
+        finally:
+            for c in (alice, bob):
+                if c is not None:
+                    await c.close()
+
+    await asyncio.wait_for(run(), TEST_TIMEOUT)

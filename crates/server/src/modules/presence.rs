@@ -1,31 +1,77 @@
-//! Presence: availability and priority of the client's own session
-//! (RFC 6121 §4.2 initial presence, §4.5 unavailable presence, §4.7.2.3
-//! priority).
+//! Presence (RFC 6121 §4).
 //!
-//! This module records, in the session table, whether each resource is
-//! available and with which priority, which is what routing to a bare JID
-//! needs (RFC 6121 §8.5.2), and broadcasts the user's presence to all of the
-//! user's own available resources, including the sender for available
-//! presence (RFC 6121 §4.2.2, §4.5.2). Broadcast to subscribers, probes and
-//! subscription handling arrive with the roster module.
+//! - Availability and priority of each resource are recorded in the session
+//!   table (with the last broadcast presence, for probes), which is what
+//!   routing to a bare JID needs (§8.5.2, §4.7.2.3).
+//! - Broadcast presence (no 'to') goes to the user's own available resources
+//!   (the sender gets the echo of available presence, §4.2.2, §4.4.2,
+//!   §4.5.2) and, with the roster module, to every contact with
+//!   subscription from/both (§4.2.2, §4.4.2, §4.5.2). Fan-out reads the
+//!   session's roster cache ([`SessionRoster`], one roster query per
+//!   session) and routes one stanza per contact: no scan of the session
+//!   table.
+//! - Initial presence: the current presence of every contact with
+//!   subscription to/both. All accounts are local, so instead of sending
+//!   probes the server answers them itself (§4.3.1: "does not need to send
+//!   a presence probe if the contact's account resides on the same
+//!   server"): one session-table lookup per contact, the stored presence of
+//!   each available resource (§4.3.2 rule 4) written to the new session
+//!   after the router's `inbound` chain (block lists) accepted it. Offline
+//!   contacts send nothing (§4.3.2 rule 3 is a SHOULD that "can greatly
+//!   increase the number of presence notifications").
+//! - Probes that do arrive (sent by a client, §4.3) are answered per
+//!   §4.3.2 from the session table: `unsubscribed` from the bare JID when
+//!   the prober is not a subscriber, the stored presence of each available
+//!   resource (only mere availability of the one resource for a full-JID
+//!   probe), or unavailable from the bare JID when none is available.
+//!   Probes are never delivered to clients.
+//! - Directed presence (§4.6): available presence sent to an entity that is
+//!   not a subscriber is remembered per session (up to
+//!   [`MAX_DIRECTED`] entries); directed unavailable forgets it, and so
+//!   (SHOULD) does unavailable presence received from it. When the session
+//!   becomes unavailable — unavailable broadcast, stream close or a dropped
+//!   connection — those entities get unavailable presence.
+//! - A session that ends while available has unavailable presence
+//!   broadcast on its behalf to subscribers and own resources (§4.5.2).
 //!
-//! Hooks: `user_send` (presence without 'to'). Storage: none.
-//! Config: `[modules.presence]` enabled.
+//! Hooks: `user_send` (40), `user_receive` (40), `session_closed`,
+//! `inbound` (45, probes; with the roster module). Storage: roster
+//! (probe authorisation). Config: `[modules.presence]` enabled.
 
-use starling_core::hooks::{HookRegistry, UserSendHandler};
-use starling_core::{async_trait, Action, Flow, HookResult, SessionCtx};
-use starling_proto::{ns, Stanza, StanzaKind};
+use super::roster::{presence, SessionRoster};
+use starling_core::hooks::{
+    HookRegistry, InboundHandler, SessionClosedHandler, UserReceiveHandler, UserSendHandler,
+};
+use starling_core::{async_trait, run_chain, Action, Env, Flow, HookResult, SessionCtx};
+use starling_proto::{ns, BareJid, Jid, Stanza, StanzaKind};
+use starling_xml::Element;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 const NAME: &str = "presence";
+/// Most entities one session remembers having sent directed presence to.
+pub const MAX_DIRECTED: usize = 1000;
 
 /// The presence module.
 pub struct Presence;
 
+/// Per-session state: entities that got directed available presence.
+#[derive(Default)]
+struct Directed {
+    targets: HashSet<Jid>,
+}
+
 impl Presence {
-    /// Registers the module.
-    pub fn register(reg: &mut HookRegistry) {
-        reg.user_send(NAME, 40, Arc::new(Presence));
+    /// Registers the module; `roster` says whether the roster module runs
+    /// (subscription-based fan-out and probe answers need it).
+    pub fn register(roster: bool, reg: &mut HookRegistry) {
+        let m = Arc::new(Presence);
+        reg.user_send(NAME, 40, m.clone());
+        reg.user_receive(NAME, 40, m.clone());
+        reg.session_closed(NAME, 40, m.clone());
+        if roster {
+            reg.inbound(NAME, 45, m);
+        }
     }
 }
 
@@ -40,10 +86,116 @@ pub fn priority_of(stanza: &Stanza) -> i8 {
         .unwrap_or(0)
 }
 
+fn subscribers(cx: &SessionCtx<'_>) -> Vec<BareJid> {
+    cx.state
+        .get::<SessionRoster>()
+        .map(|s| s.subscribers().cloned().collect())
+        .unwrap_or_default()
+}
+
+impl Presence {
+    /// Presence with no 'to': availability for broadcast.
+    async fn broadcast(&self, cx: &mut SessionCtx<'_>, stanza: &Stanza, available: bool) {
+        let was_available = cx.info.priority.is_some();
+        cx.push(Action::SetPresence(available.then(|| {
+            (priority_of(stanza), Arc::new(stanza.element().clone()))
+        })));
+        let me = cx.jid().clone();
+        let my_bare = me.to_bare();
+        // Own resources (§4.2.2, §4.4.2, §4.5.2).
+        for other in cx.env.sessions.resources(&my_bare) {
+            if other.jid != me && other.priority.is_some() {
+                let mut copy = stanza.clone();
+                copy.set_to(Some(other.jid.into()));
+                cx.route(copy);
+            }
+        }
+        // Subscribers (§4.2.2, §4.4.2, §4.5.2).
+        let subs = subscribers(cx);
+        if available || was_available {
+            for c in &subs {
+                let mut copy = stanza.clone();
+                copy.set_to(Some(c.clone().into()));
+                cx.route(copy);
+            }
+        }
+        if available {
+            // §4.2.2: "including the resource that generated the presence".
+            let mut echo = stanza.clone();
+            echo.set_to(Some(me.clone().into()));
+            cx.send(echo.into_element());
+            if !was_available {
+                self.current_presence_of_contacts(cx).await;
+            }
+        } else if let Some(d) = cx.state.remove::<Directed>() {
+            // §4.6.3 rule 2: directed presence ends with the session's
+            // availability.
+            for t in d.targets {
+                if was_available && subs.contains(&t.to_bare()) {
+                    continue; // already got the broadcast
+                }
+                let mut copy = stanza.clone();
+                copy.set_to(Some(t));
+                cx.route(copy);
+            }
+        }
+    }
+
+    /// Initial presence: the stored presence of each available resource of
+    /// each contact the user is subscribed to (§4.2.2, §4.3.2 rule 4).
+    async fn current_presence_of_contacts(&self, cx: &mut SessionCtx<'_>) {
+        let contacts: Vec<BareJid> = match cx.state.get::<SessionRoster>() {
+            Some(s) => s.subscriptions().cloned().collect(),
+            None => return,
+        };
+        let env = cx.env;
+        let me: Jid = cx.jid().clone().into();
+        for c in contacts {
+            for e in env.sessions.resources(&c) {
+                let Some(p) = &e.presence else { continue };
+                let s = Stanza::new((**p).clone(), Some(e.jid.into()), Some(me.clone()));
+                let flow = if env.hooks.inbound.is_empty() {
+                    Flow::Continue
+                } else {
+                    run_chain!(env.hooks.inbound, "inbound", |h| h.inbound(env, &s))
+                };
+                if flow == Flow::Continue {
+                    cx.send(s.into_element());
+                }
+            }
+        }
+    }
+
+    /// Presence with a 'to': remember or forget directed presence (§4.6.3).
+    fn directed(&self, cx: &mut SessionCtx<'_>, to: &Jid, available: bool) {
+        let bare = to.to_bare();
+        if bare == cx.jid().to_bare() {
+            return;
+        }
+        if available {
+            let subscribed = cx
+                .state
+                .get::<SessionRoster>()
+                .is_some_and(|s| s.is_subscriber(&bare));
+            // Rule 1: a subscriber during the presence session needs no
+            // tracking; rules 2 and 3: everyone else does.
+            if subscribed && cx.info.priority.is_some() {
+                return;
+            }
+            let d = cx.state.get_or_insert_with(Directed::default);
+            if d.targets.len() < MAX_DIRECTED {
+                d.targets.insert(to.clone());
+            }
+        } else if let Some(d) = cx.state.get_mut::<Directed>() {
+            d.targets.remove(to);
+        }
+    }
+}
+
 #[async_trait]
 impl UserSendHandler for Presence {
     async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
-        if stanza.kind() != StanzaKind::Presence || stanza.to().is_some() {
+        if stanza.kind() != StanzaKind::Presence {
             return Ok(Flow::Continue);
         }
         let available = match stanza.type_attr() {
@@ -51,22 +203,116 @@ impl UserSendHandler for Presence {
             Some("unavailable") => false,
             _ => return Ok(Flow::Continue),
         };
-        cx.push(Action::SetPresence(available.then(|| {
-            (priority_of(stanza), Arc::new(stanza.element().clone()))
-        })));
-        let me = cx.jid().clone();
-        for other in cx.env.sessions.resources(&me.to_bare()) {
-            if other.jid != me && other.priority.is_some() {
-                let mut copy = stanza.clone();
-                copy.set_to(Some(other.jid.into()));
-                cx.route(copy);
+        match stanza.to().cloned() {
+            None => {
+                self.broadcast(cx, stanza, available).await;
+                Ok(Flow::Stop)
+            }
+            Some(to) => {
+                self.directed(cx, &to, available);
+                Ok(Flow::Continue)
             }
         }
-        if available {
-            // §4.2.2: "including the resource that generated the presence".
-            let mut echo = stanza.clone();
-            echo.set_to(Some(me.into()));
-            cx.send(echo.into_element());
+    }
+}
+
+#[async_trait]
+impl UserReceiveHandler for Presence {
+    async fn user_receive(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        // §4.6.1: SHOULD forget an entity that sends unavailable presence.
+        if stanza.kind() == StanzaKind::Presence && stanza.type_attr() == Some("unavailable") {
+            if let (Some(d), Some(from)) = (cx.state.get_mut::<Directed>(), stanza.from()) {
+                d.targets.remove(from);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl SessionClosedHandler for Presence {
+    async fn session_closed(&self, cx: &mut SessionCtx<'_>) -> HookResult {
+        // §4.5.2: gracefully or not, an available resource that goes away
+        // is announced unavailable; §4.6.3: so are directed-presence targets.
+        let me = cx.jid().clone();
+        let unavailable = |to: Jid| presence(Some("unavailable"), me.clone().into(), to);
+        let mut sent: HashSet<BareJid> = HashSet::new();
+        if cx.info.priority.is_some() {
+            for other in cx.env.sessions.resources(&me.to_bare()) {
+                if other.priority.is_some() {
+                    cx.route(unavailable(other.jid.into()));
+                }
+            }
+            for c in subscribers(cx) {
+                cx.route(unavailable(c.clone().into()));
+                sent.insert(c);
+            }
+        }
+        if let Some(d) = cx.state.remove::<Directed>() {
+            for t in d.targets {
+                if !sent.contains(&t.to_bare()) {
+                    cx.route(unavailable(t));
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl InboundHandler for Presence {
+    async fn inbound(&self, env: &Env, stanza: &Stanza) -> HookResult {
+        if stanza.kind() != StanzaKind::Presence || stanza.type_attr() != Some("probe") {
+            return Ok(Flow::Continue);
+        }
+        // §4.3.2: probes are the server's, never delivered.
+        let (Some(from), Some(to)) = (stanza.from().cloned(), stanza.to().cloned()) else {
+            return Ok(Flow::Stop);
+        };
+        let owner = to.to_bare();
+        let prober = from.to_bare();
+        let authorized = owner == prober
+            || match env.storage.roster.get_item(&owner, &prober).await {
+                Ok(item) => item.is_some_and(|i| i.subscription.has_from()),
+                Err(e) => {
+                    tracing::error!(module = NAME, error = %e, "roster lookup for a probe failed");
+                    return Ok(Flow::Stop);
+                }
+            };
+        if !authorized {
+            // Rule 1: unsubscribed from the bare JID (no presence leak).
+            env.route(presence(Some("unsubscribed"), owner.into(), prober.into()))
+                .await;
+            return Ok(Flow::Stop);
+        }
+        let id = stanza.id().map(str::to_owned);
+        match to.try_as_full() {
+            Ok(full) => {
+                // Only that resource, and only the fact that it is available.
+                let available = env.sessions.get(full).is_some_and(|e| e.priority.is_some());
+                let kind = (!available).then_some("unavailable");
+                let mut reply = presence(kind, full.clone().into(), from.clone());
+                if let Some(id) = &id {
+                    reply.element_mut().set_attr("id", id.as_str());
+                }
+                env.route(reply).await;
+            }
+            Err(_) => {
+                let mut any = false;
+                for e in env.sessions.resources(&owner) {
+                    if let Some(p) = &e.presence {
+                        any = true;
+                        let el: Element = (**p).clone();
+                        env.route(Stanza::new(el, Some(e.jid.into()), Some(from.clone())))
+                            .await;
+                    }
+                }
+                if !any {
+                    // Rule 3: unavailable from the bare JID.
+                    env.route(presence(Some("unavailable"), owner.into(), from))
+                        .await;
+                }
+            }
         }
         Ok(Flow::Stop)
     }

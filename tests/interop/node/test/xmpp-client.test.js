@@ -162,3 +162,102 @@ test("register_existing_username_conflict", opts, async () => {
     await stopClient(second);
   }
 });
+
+// --- IM core (RFC 6121) -----------------------------------------------------
+
+const ROSTER = "jabber:iq:roster";
+
+function recordIqs(c) {
+  c.rec.iqs = [];
+  c.xmpp.on("stanza", (st) => {
+    if (st.is("iq")) c.rec.iqs.push(st);
+  });
+}
+
+function pushItem(iq, jid) {
+  if (iq.attrs.type !== "set" || iq.attrs.from) return null;
+  const item = iq.getChild("query", ROSTER)?.getChild("item");
+  return item && item.attrs.jid === jid ? item : null;
+}
+
+async function expectPush(c, jid, pred, what) {
+  return waitFor(c.rec, "iqs", (iq) => {
+    const item = pushItem(iq, jid);
+    return item !== null && pred(item.attrs);
+  }, `${what} at ${c.xmpp.jid}`);
+}
+
+async function expectPresence(c, pred, what) {
+  return waitFor(c.rec, "presences", pred, `${what} at ${c.xmpp.jid}`);
+}
+
+test("subscription_handshake_presence_and_chat_succeeds", opts, async () => {
+  const clients = [];
+  try {
+    const [alice, bob] = await Promise.all(
+      ["alice", "bob"].map((who) =>
+        startClient({
+          username: uniqueUser(who),
+          password: uniquePassword(),
+          transport: STARTTLS,
+          register: true,
+        }),
+      ),
+    );
+    clients.push(alice, bob);
+    for (const c of clients) {
+      recordIqs(c);
+      // RFC 6121 §2.2: request the roster (interested resource), then presence.
+      const q = await c.xmpp.iqCaller.get(xml("query", { xmlns: ROSTER }));
+      assert.equal(q.getChildren("item").length, 0);
+    }
+    await Promise.all(clients.map(sendInitialPresence));
+    const a = alice.xmpp.jid.bare().toString();
+    const b = bob.xmpp.jid.bare().toString();
+
+    // §3.1: alice → bob.
+    await alice.xmpp.send(xml("presence", { to: b, type: "subscribe" }));
+    await expectPush(alice, b, (i) => i.ask === "subscribe" && i.subscription === "none", "ask push");
+    await expectPresence(bob, (p) => p.attrs.type === "subscribe" && p.attrs.from === a, "request");
+    await bob.xmpp.send(xml("presence", { to: a, type: "subscribed" }));
+    await expectPresence(alice, (p) => p.attrs.type === "subscribed" && p.attrs.from === b, "approval");
+    await expectPush(alice, b, (i) => i.subscription === "to", "'to' push");
+    await expectPush(bob, a, (i) => i.subscription === "from", "'from' push");
+    // §3.1.5: bob's current presence reaches alice.
+    await expectPresence(alice, (p) => p.attrs.from === bob.xmpp.jid.toString() && !p.attrs.type,
+      "bob's presence");
+
+    // bob → alice.
+    await bob.xmpp.send(xml("presence", { to: a, type: "subscribe" }));
+    await expectPresence(alice, (p) => p.attrs.type === "subscribe" && p.attrs.from === b, "request");
+    await alice.xmpp.send(xml("presence", { to: b, type: "subscribed" }));
+    await expectPush(alice, b, (i) => i.subscription === "both", "'both' push");
+    await expectPush(bob, a, (i) => i.subscription === "both", "'both' push");
+
+    // §4.4: presence changes.
+    await alice.xmpp.send(xml("presence", {}, xml("show", {}, "away"), xml("status", {}, "brb")));
+    const p = await expectPresence(bob, (p) => p.attrs.from === alice.xmpp.jid.toString()
+      && p.getChildText("show") === "away", "alice away");
+    assert.equal(p.getChildText("status"), "brb");
+    await bob.xmpp.send(xml("presence", {}, xml("show", {}, "xa")));
+    await expectPresence(alice, (p) => p.attrs.from === bob.xmpp.jid.toString()
+      && p.getChildText("show") === "xa", "bob xa");
+
+    await exchange(alice, bob, b, `hi bob ${randomUUID()}`);
+    await exchange(bob, alice, alice.xmpp.jid.toString(), `hi alice ${randomUUID()}`);
+
+    // The roster lists the contact with a mutual subscription.
+    const q = await alice.xmpp.iqCaller.get(xml("query", { xmlns: ROSTER }));
+    const item = q.getChildren("item").find((i) => i.attrs.jid === b);
+    assert.equal(item?.attrs.subscription, "both");
+
+    // §4.5.2: logout → unavailable at the contact.
+    const bobFull = bob.xmpp.jid.toString();
+    await stopClient(bob);
+    clients.pop();
+    await expectPresence(alice, (p) => p.attrs.from === bobFull && p.attrs.type === "unavailable",
+      "bob unavailable");
+  } finally {
+    await Promise.all(clients.map(stopClient));
+  }
+});
