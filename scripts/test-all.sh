@@ -24,4 +24,8 @@ step "interop: slixmpp and @xmpp/client against Starling"
 cargo build -q -p starling-server
 STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
 
+step "load generator smoke run (starling-bench against a short-lived Starling)"
+cargo build -q -p starling-server -p starling-bench
+STARLING_BIN="$target_dir/debug/starling" BENCH_BIN="$target_dir/debug/starling-bench" bench/smoke.sh
+
 step "all test suites passed"

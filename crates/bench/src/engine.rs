@@ -96,13 +96,15 @@ impl Shared {
         }
     }
 
-    /// The ramp step a message sent at `ts_us` belongs to.
+    /// The ramp step a message sent at `ts_us` belongs to (a message sent
+    /// just after the ramp's end counts in the last step).
     fn step_of(&self, ts_us: u64) -> Option<usize> {
         let start = self.start_us.load(Relaxed);
-        if start == 0 || ts_us < start {
+        if start == 0 || ts_us < start || self.steps.is_empty() {
             return None;
         }
-        self.schedule.step_at((ts_us - start) as f64 / 1e6)
+        let t = (ts_us - start) as f64 / 1e6;
+        Some(self.schedule.step_at(t).unwrap_or(self.steps.len() - 1))
     }
 
     fn on_message(&self, el: &Element) {
@@ -711,7 +713,6 @@ async fn o2o_ramp(
             }
         }
         let due = schedule.due(t);
-        let counters = &shared.steps[step];
         while sent < due {
             sent += 1;
             let s = &sessions[rng.below(sessions.len() as u64) as usize];
@@ -719,10 +720,13 @@ async fn o2o_ramp(
             if to == s.user && total_users > 1 {
                 to = first + (to - first + 1) % total_users;
             }
+            // The receiver attributes the message by this timestamp: count
+            // the send in the same step.
+            let ts = now_us();
+            let counters = &shared.steps[shared.step_of(ts).unwrap_or(step)];
             let msg = format!(
-                "<message to='{}@{domain}{resource}' type='chat' id='m{sent}'><body>{} {pad}</body></message>",
+                "<message to='{}@{domain}{resource}' type='chat' id='m{sent}'><body>{ts} {pad}</body></message>",
                 args.conn.user(to),
-                now_us()
             );
             if s.outbox.try_send(msg.into_bytes()).is_ok() {
                 counters.sent.fetch_add(1, Relaxed);

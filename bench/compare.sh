@@ -1,0 +1,367 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of Starling, ejabberd and Prosody on this machine.
+#
+# For each server, one at a time: start it on loopback with the committed
+# configuration from bench/peers/ (own port, own data dir under $RUN_ROOT),
+# create the accounts, run the same starling-bench scenarios, stop it.
+# Then append a dated Markdown section with a ratio table to
+# docs/benchmarks.md (created if missing).
+#
+#   bench/compare.sh                       # everything, defaults below
+#   SERVERS="starling" USERS=2000 bench/compare.sh
+#
+# Environment (defaults in brackets):
+#   SERVERS        servers to run, in order        [starling ejabberd prosody]
+#   USERS          idle sessions (memory, conn rate) [15000]
+#   O2O_USERS      users online in the o2o ramp    [1000]
+#   RATES          o2o ramp (starling-bench --rates) [1000,2000,5000,10000,…,100000]
+#   STEP_SECS      seconds per ramp step           [10]
+#   P99_BOUND_MS   saturation p99 bound            [100]
+#   TLS            plain|starttls|direct           [starttls]
+#   MECH           SASL mechanism (all three servers do SCRAM-SHA-1) [SCRAM-SHA-1]
+#   CONCURRENCY    session setups in flight        [100]
+#   HOURLY_PRICE   instance price per hour for the cost metric [0.0832]
+#                  (an assumed on-demand price of a 2-vCPU VM; pass your own)
+#   STARLING_BIN, BENCH_BIN   binaries [target/release/starling, target/release/starling-bench]
+#   RUN_ROOT       scratch dir for data/logs/results [/tmp/starling-bench-compare]
+#   OUT            Markdown output                 [docs/benchmarks.md]
+#   NO_INSTALL=1   do not apt-get install missing peers
+#
+# Requires root for apt-get and to run the peers as their system users.
+# The open-file limit of this shell is inherited by every server (raise it
+# with ulimit -n before running more than ~19,000 sessions).
+# Every server this script starts is stopped on exit (also on error/^C).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+peers="$root/bench/peers"
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+SERVERS=${SERVERS:-"starling ejabberd prosody"}
+USERS=${USERS:-15000}
+O2O_USERS=${O2O_USERS:-1000}
+RATES=${RATES:-"1000,2000,5000,10000,15000,20000,25000,30000,40000,50000,60000,70000,80000,100000"}
+STEP_SECS=${STEP_SECS:-10}
+P99_BOUND_MS=${P99_BOUND_MS:-100}
+TLS=${TLS:-starttls}
+MECH=${MECH:-SCRAM-SHA-1}
+CONCURRENCY=${CONCURRENCY:-100}
+HOURLY_PRICE=${HOURLY_PRICE:-0.0832}
+STARLING_BIN=${STARLING_BIN:-$target_dir/release/starling}
+BENCH_BIN=${BENCH_BIN:-$target_dir/release/starling-bench}
+RUN_ROOT=${RUN_ROOT:-/tmp/starling-bench-compare}
+OUT=${OUT:-$root/docs/benchmarks.md}
+PASSWORD='pw{n}'
+declare -A PORT=([starling]=15222 [ejabberd]=15322 [prosody]=15422)
+
+for b in "$STARLING_BIN" "$BENCH_BIN"; do
+    [[ -x "$b" ]] || { echo "compare: missing $b; run: cargo build --release -p starling-server -p starling-bench" >&2; exit 1; }
+done
+
+mkdir -p "$RUN_ROOT/results"
+: >"$RUN_ROOT/commands.txt"
+: >"$RUN_ROOT/load.txt"
+log() { echo "[compare $(date +%H:%M:%S)] $*" >&2; }
+# Runs a command and records it (for the "exact commands" section).
+run() {
+    printf '%q ' "$@" >>"$RUN_ROOT/commands.txt"
+    echo >>"$RUN_ROOT/commands.txt"
+    "$@"
+}
+
+# ---------------------------------------------------------------- install
+installed_now=()
+if [[ -z "${NO_INSTALL:-}" ]]; then
+    for pkg in ejabberd prosody; do
+        [[ " $SERVERS " == *" $pkg "* ]] || continue
+        if ! dpkg -s "$pkg" >/dev/null 2>&1; then
+            log "installing $pkg from Debian"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y "$pkg" >"$RUN_ROOT/apt-$pkg.log" 2>&1
+            installed_now+=("$pkg")
+        fi
+    done
+fi
+# Package installation may start the system-wide daemons; they are not ours
+# to benchmark and would compete for CPU: stop them.
+for pkg in "${installed_now[@]}"; do
+    service "$pkg" stop >/dev/null 2>&1 || true
+done
+
+# ---------------------------------------------------------------- servers
+started=""   # the server currently running, for cleanup
+epmd_was_running=0
+pgrep -x epmd >/dev/null 2>&1 && epmd_was_running=1
+
+wait_port() { # port pid-or-empty
+    for _ in $(seq 1 300); do
+        (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.2
+    done
+    echo "compare: nothing listens on $1" >&2
+    return 1
+}
+
+fill() { # template run port -> stdout
+    sed -e "s#@RUN@#$2#g" -e "s#@PORT@#$3#g" "$1"
+}
+
+self_signed() { # dir owner
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+        -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost" \
+        -keyout "$1/key.pem" -out "$1/cert.pem" >/dev/null 2>&1
+    cat "$1/cert.pem" "$1/key.pem" >"$1/combined.pem"
+}
+
+# The peers run as their system users via setpriv, not su/runuser: those go
+# through PAM, which lowers the open-file soft limit to 1024 (ejabberd then
+# refuses connections past ~990 sessions). setpriv keeps this shell's limit.
+ejctl() {
+    local r="$RUN_ROOT/ejabberd"
+    setpriv --reuid=ejabberd --regid=ejabberd --init-groups env HOME=/var/lib/ejabberd \
+        ejabberdctl --config-dir "$r" --config "$r/ejabberd.yml" --ctl-config "$r/ejabberdctl.cfg" \
+        --spool "$r/spool" --logs "$r/logs" "$@"
+}
+
+# Starts server $1 on its existing data (configs and accounts in place).
+launch_server() {
+    local s=$1 p=${PORT[$1]} r="$RUN_ROOT/$1"
+    case $s in
+    starling)
+        "$STARLING_BIN" --config "$r/starling.toml" >>"$r/server.log" 2>&1 &
+        echo $! >"$r/pid"
+        ;;
+    ejabberd)
+        ejctl start
+        ejctl started
+        ;;
+    prosody)
+        setpriv --reuid=prosody --regid=prosody --init-groups prosody -F --config "$r/prosody.cfg.lua" >>"$r/server.log" 2>&1 &
+        ;;
+    esac
+    started=$s
+    wait_port "$p"
+}
+
+# Fresh data dir and config for server $1, accounts created, server running.
+start_server() {
+    local s=$1 p=${PORT[$1]} r="$RUN_ROOT/$1"
+    rm -rf "$r"
+    mkdir -p "$r"
+    case $s in
+    starling)
+        fill "$peers/starling.toml" "$r" "$p" >"$r/starling.toml"
+        log "starling: importing $USERS accounts"
+        run "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
+            --starling-config "$r/starling.toml" --iterations 4096 \
+            --users "$USERS" --password "$PASSWORD" --out "$r/users.txt" >"$r/provision.log" 2>&1
+        launch_server starling
+        ;;
+    ejabberd)
+        fill "$peers/ejabberd.yml" "$r" "$p" >"$r/ejabberd.yml"
+        cp "$peers/ejabberdctl.cfg" "$r/ejabberdctl.cfg"
+        cp /etc/ejabberd/inetrc "$r/inetrc" 2>/dev/null || true
+        self_signed "$r"
+        cp "$r/combined.pem" "$r/ejabberd.pem"
+        mkdir -p "$r/spool" "$r/logs"
+        chown -R ejabberd:ejabberd "$r"
+        launch_server ejabberd
+        log "ejabberd: registering $USERS accounts in-band"
+        run "$BENCH_BIN" provision --method ibr --port "$p" --tls "$TLS" \
+            --users "$USERS" --password "$PASSWORD" --concurrency 50 >"$r/provision.log" 2>&1
+        ;;
+    prosody)
+        fill "$peers/prosody.cfg.lua" "$r" "$p" >"$r/prosody.cfg.lua"
+        self_signed "$r"
+        mkdir -p "$r/data"
+        log "prosody: writing $USERS account files"
+        run "$BENCH_BIN" provision --method prosody-files --prosody-data "$r/data" \
+            --iterations 4096 --users "$USERS" --password "$PASSWORD" >"$r/provision.log" 2>&1
+        chown -R prosody:prosody "$r"
+        launch_server prosody
+        ;;
+    esac
+}
+
+stop_server() {
+    local s=$started r
+    [[ -n "$s" ]] || return 0
+    r="$RUN_ROOT/$s"
+    log "stopping $s"
+    case $s in
+    starling)
+        local pid
+        pid=$(cat "$r/pid")
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        ;;
+    ejabberd)
+        ejctl stop >/dev/null 2>&1 || true
+        ejctl stopped >/dev/null 2>&1 || true
+        if [[ $epmd_was_running == 0 ]]; then epmd -kill >/dev/null 2>&1 || true; fi
+        ;;
+    prosody)
+        local pid
+        pid=$(cat "$r/prosody.pid" 2>/dev/null || true)
+        if [[ -n "$pid" ]]; then
+            kill "$pid" 2>/dev/null || true
+            for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+        ;;
+    esac
+    started=""
+}
+trap stop_server EXIT
+trap 'exit 130' INT TERM
+
+version_of() {
+    case $1 in
+    starling) echo "$("$STARLING_BIN" --version 2>/dev/null | head -1) (git $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo ?), built $(date -u -r "$STARLING_BIN" +%Y-%m-%dT%H:%MZ))" ;;
+    ejabberd) echo "ejabberd $(dpkg-query -W -f='${Version}' ejabberd), Erlang/OTP $(dpkg-query -W -f='${Version}' erlang-base)" ;;
+    prosody) echo "Prosody $(dpkg-query -W -f='${Version}' prosody), $(dpkg-query -W -f='${Package} ${Version}' 'lua5.4' 2>/dev/null || dpkg-query -W -f='${Package} ${Version}' 'lua5.2' 2>/dev/null || echo lua)" ;;
+    esac
+}
+
+# ---------------------------------------------------------------- runs
+common=(--tls "$TLS" --mechanism "$MECH" --password "$PASSWORD" --concurrency "$CONCURRENCY" --quiet)
+for s in $SERVERS; do
+    log "=== $s"
+    start_server "$s"
+    p=${PORT[$s]}
+    label=$(version_of "$s")
+    rm -f "$RUN_ROOT/results/$s-"*.json
+    sleep 2
+    echo "$s idle: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+    log "$s: idle, $USERS sessions"
+    run "$BENCH_BIN" idle --port "$p" --users "$USERS" --settle-secs 10 --label "$label" \
+        "${common[@]}" --json-file "$RUN_ROOT/results/$s-idle.json" \
+        || log "$s: idle run failed (see above)"
+    # A fresh process for the ramp: what the idle run left behind (garbage,
+    # allocator caches, sessions still closing) must not count against it.
+    stop_server
+    launch_server "$s"
+    sleep 3
+    echo "$s o2o: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+    log "$s: o2o ramp, $O2O_USERS users"
+    run "$BENCH_BIN" o2o --port "$p" --users "$O2O_USERS" --rates "$RATES" \
+        --step-secs "$STEP_SECS" --p99-bound-ms "$P99_BOUND_MS" --hourly-price "$HOURLY_PRICE" \
+        --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-o2o.json" \
+        || log "$s: o2o run failed (see above)"
+    stop_server
+done
+
+# ---------------------------------------------------------------- report
+mkdir -p "$(dirname "$OUT")"
+python3 - "$RUN_ROOT" "$OUT" "$SERVERS" <<'PY'
+import json, os, platform, subprocess, sys, datetime
+run_root, out, servers = sys.argv[1], sys.argv[2], sys.argv[3].split()
+
+def load(s, kind):
+    p = os.path.join(run_root, "results", f"{s}-{kind}.json")
+    try:
+        with open(p) as f:
+            lines = [l for l in f if l.strip()]
+        return json.loads(lines[-1]) if lines else None
+    except FileNotFoundError:
+        return None
+
+rows = {}
+labels = {}
+notes = []
+for s in servers:
+    idle, o2o = load(s, "idle"), load(s, "o2o")
+    r = {}
+    if idle:
+        labels[s] = idle["target"]["label"]
+        c = idle["connect"]
+        if idle.get("idle"):
+            r["mem"] = idle["idle"]["kb_per_session"]
+        r["sessions"] = c["established"]
+        r["rate"] = c["sessions_per_s"]
+        r["setup_p99"] = c["setup_latency"]["p99_ms"]
+        if c.get("server_cpu_s") is not None and c["established"]:
+            r["cpu_per_session"] = c["server_cpu_s"] * 1000 / c["established"]
+        if c["failed"]:
+            notes.append(f"{s}: {c['failed']} of {c['attempted']} idle sessions failed {c['failures']} e.g. {c.get('first_error')}")
+    if o2o and o2o.get("o2o"):
+        labels.setdefault(s, o2o["target"]["label"])
+        sat = o2o["o2o"]["saturation"]
+        r["sat"] = sat["delivered_per_s"]
+        r["sat_reached"] = sat["reached"]
+        r["sat_note"] = sat["note"]
+        ok = [st for st in o2o["o2o"]["steps"] if st["ok"]]
+        r["sat_p99"] = ok[-1]["latency"]["p99_ms"] if ok else None
+        if ok and ok[-1].get("server_cpu_pct") is not None:
+            r["sat_cpu"] = ok[-1]["server_cpu_pct"]
+            if ok[-1]["delivered_per_s"]:
+                r["us_per_msg"] = ok[-1]["server_cpu_pct"] / 100 / ok[-1]["delivered_per_s"] * 1e6
+            r["sat_cli_cpu"] = ok[-1].get("client_cpu_pct")
+        if o2o.get("cost"):
+            r["cost"] = o2o["cost"]["cost_per_billion"]
+    rows[s] = r
+
+base = servers[0]
+def cell(s, key, fmt, lower_better=False):
+    v = rows.get(s, {}).get(key)
+    if v is None:
+        return "n/a"
+    text = fmt.format(v)
+    b = rows.get(base, {}).get(key)
+    if s != base and b:
+        text += f" ({v / b:.2f}×)"
+    return text
+
+names = {"starling": "Starling", "ejabberd": "ejabberd", "prosody": "Prosody"}
+meminfo = open("/proc/meminfo").read().split("\n")[0].split()
+ram_gib = int(meminfo[1]) / 1024 / 1024
+cpu = ""
+for l in open("/proc/cpuinfo"):
+    if l.startswith("model name"):
+        cpu = l.split(":", 1)[1].strip(); break
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+o = []
+o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}\n")
+o.append(f"Machine: {os.cpu_count()} CPUs ({cpu}), {ram_gib:.1f} GiB RAM, kernel {platform.release()}; "
+         "client and server on the same machine over loopback. "
+         f"Versions: " + "; ".join(f"{names.get(s, s)}: {labels.get(s, '?')}" for s in servers) + ".\n")
+o.append(f"Ratios in parentheses are relative to {names.get(base, base)} (for memory and latency lower is better, for rates higher is better).\n")
+hdr = "| Metric | " + " | ".join(names.get(s, s) for s in servers) + " |"
+o.append(hdr)
+o.append("|" + "---|" * (len(servers) + 1))
+o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
+o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
+o.append("| Connection rate (sessions/s, STARTTLS + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
+o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
+o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
+o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
+    (cell(s, "sat", "{:,.0f}") + (" (≥: ramp end)" if rows.get(s, {}).get("sat") and not rows[s].get("sat_reached", True) else "")) for s in servers) + " |")
+o.append("| p99 latency at that rate (ms) | " + " | ".join(cell(s, "sat_p99", "{:.1f}") for s in servers) + " |")
+o.append("| Server CPU at that rate (% of one core; load generator in brackets) | " + " | ".join(
+    (f"{rows[s]['sat_cpu']:.0f}% [{rows[s].get('sat_cli_cpu') or 0:.0f}%]" if rows.get(s, {}).get("sat_cpu") is not None else "n/a") for s in servers) + " |")
+o.append("| Server CPU per delivered message at that rate (µs) | " + " | ".join(cell(s, "us_per_msg", "{:.1f}") for s in servers) + " |")
+o.append("| Cost per billion delivered messages | " + " | ".join(cell(s, "cost", "{:.3f}") for s in servers) + " |")
+o.append("")
+for s in servers:
+    if rows.get(s, {}).get("sat_note"):
+        o.append(f"- {names.get(s, s)} o2o: {rows[s]['sat_note']}.")
+for n in notes:
+    o.append(f"- {n}")
+o.append("\nLoad average before each run (other jobs shared this machine):\n")
+o.append("```")
+o.append(open(os.path.join(run_root, "load.txt")).read().rstrip())
+o.append("```")
+o.append("\nExact commands (run by `bench/compare.sh`):\n")
+o.append("```")
+o.append(open(os.path.join(run_root, "commands.txt")).read().rstrip())
+o.append("```")
+o.append(f"\nRaw JSON results: `{run_root}/results/`.\n")
+
+if not os.path.exists(out):
+    with open(out, "w") as f:
+        f.write("# Benchmarks\n\nMeasured with `starling-bench` (crates/bench) and `bench/compare.sh`. "
+                "Each section is one dated run; newest last.\n")
+with open(out, "a") as f:
+    f.write("\n".join(o) + "\n")
+print("\n".join(o))
+PY
+log "appended results to $OUT"

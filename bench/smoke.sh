@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# End-to-end smoke test of starling-bench against a short-lived Starling on
+# loopback: a handful of users, a few seconds of one-to-one chat, and an
+# assertion that (nearly) every message was delivered.
+#
+#   STARLING_BIN=target/debug/starling BENCH_BIN=target/debug/starling-bench bench/smoke.sh
+#
+# Defaults: target/release/… if present, else target/debug/…. Exits non-zero
+# on any failure. Takes about 10 seconds plus account creation.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+pick() { # first existing of release/debug
+    if [[ -x "$target_dir/release/$1" ]]; then echo "$target_dir/release/$1"; else echo "$target_dir/debug/$1"; fi
+}
+STARLING_BIN=${STARLING_BIN:-$(pick starling)}
+BENCH_BIN=${BENCH_BIN:-$(pick starling-bench)}
+USERS=${SMOKE_USERS:-8}
+for b in "$STARLING_BIN" "$BENCH_BIN"; do
+    [[ -x "$b" ]] || { echo "smoke: missing binary $b (build it first)" >&2; exit 1; }
+done
+
+# A free loopback port (the kernel picks it; tiny race window, fine for CI).
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+work=$(mktemp -d "${TMPDIR:-/tmp}/starling-smoke.XXXXXX")
+pid=
+cleanup() {
+    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat > "$work/starling.toml" <<TOML
+[server]
+data_dir = "$work/data"
+shutdown_timeout_secs = 2
+
+[[listen]]
+address = "127.0.0.1:$port"
+tls = "starttls"
+
+[c2s]
+require_tls = false
+max_bytes_per_second = 0
+
+[modules.ping]
+interval_secs = 0
+TOML
+
+"$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
+    --starling-config "$work/starling.toml" --iterations 4096 \
+    --users "$USERS" --password 'pw{n}' --domain localhost >"$work/provision.log" 2>&1 \
+    || { cat "$work/provision.log" >&2; echo "smoke: account import failed" >&2; exit 1; }
+
+"$STARLING_BIN" --config "$work/starling.toml" >"$work/server.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do
+    (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || { cat "$work/server.log" >&2; echo "smoke: server died" >&2; exit 1; }
+    sleep 0.1
+done
+
+# STARTTLS + SCRAM-SHA-256, two short ramp steps; --require-ratio fails the
+# run unless every session is up and >= 99 % of messages arrived.
+"$BENCH_BIN" o2o --port "$port" --users "$USERS" --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 \
+    --rates 20,50 --step-secs 2 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --json --quiet >"$work/result.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: o2o run failed" >&2; exit 1; }
+
+# Plain TCP (require_tls = false) with SCRAM-SHA-1: the connect scenario.
+"$BENCH_BIN" connect --port "$port" --users "$USERS" --password 'pw{n}' \
+    --tls plain --mechanism SCRAM-SHA-1 --require-ratio 1 --quiet >"$work/bench.log" 2>&1 \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: connect run failed" >&2; exit 1; }
+
+python3 - "$work/result.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+steps = r["o2o"]["steps"]
+sent = sum(s["sent"] for s in steps)
+delivered = sum(s["delivered"] for s in steps)
+assert r["connect"]["established"] == r["users"], r["connect"]
+assert sent > 0 and delivered >= 0.99 * sent, (sent, delivered)
+assert all(s["latency"]["count"] == s["delivered"] for s in steps)
+print(f"smoke: OK: {r['connect']['established']} sessions, {delivered}/{sent} messages delivered, "
+      f"p99 {max(s['latency']['p99_ms'] for s in steps):.1f} ms")
+PY
