@@ -34,7 +34,8 @@ pub use extensions::Extensions;
 pub use hooks::{Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, TimerKey};
 pub use metrics::Metrics;
 pub use routing::{
-    CloseReason, Router, SessionEntry, SessionHandle, SessionManager, SessionMsg, SessionSendError,
+    mailbox, CloseReason, Mailbox, Router, SessionEntry, SessionHandle, SessionManager, SessionMsg,
+    SessionSendError,
 };
 
 /// Re-exported so modules do not need direct dependencies for these.

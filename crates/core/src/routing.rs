@@ -8,8 +8,10 @@ use crate::Env;
 use async_trait::async_trait;
 use starling_proto::{BareJid, FullJid, Stanza, StreamError};
 use starling_xml::Element;
-use std::sync::Arc;
-use tokio::sync::mpsc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
 
 /// Routes stanzas to local sessions, local services or remote domains
 /// (RFC 6120 §10, RFC 6121 §8).
@@ -34,9 +36,7 @@ pub enum CloseReason {
 
 /// A message to a session task's mailbox.
 ///
-/// Kept at 16 bytes: tokio's bounded channel allocates its first block of
-/// 32 slots when the channel is created, so every idle session pays
-/// 32 × `size_of::<SessionMsg>()`.
+/// Kept at 16 bytes: it is what every queued delivery costs.
 #[derive(Debug)]
 pub enum SessionMsg {
     /// Deliver this stanza to the client (after the receive hooks).
@@ -59,22 +59,103 @@ pub enum SessionSendError {
 pub struct SessionHandle {
     /// Process-unique session id.
     pub id: u64,
-    tx: mpsc::Sender<SessionMsg>,
+    inner: Arc<MailboxInner>,
+}
+
+/// A bounded, single-consumer queue: a mutex-guarded deque plus a
+/// [`Notify`]. Much smaller than a tokio mpsc channel (which reserves a
+/// cache-padded channel and a 32-slot block up front, about 1 KB) — and
+/// every idle session owns one. The mutex is held only to push or pop.
+struct MailboxInner {
+    queue: Mutex<VecDeque<SessionMsg>>,
+    notify: Notify,
+    capacity: usize,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for MailboxInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("capacity", &self.capacity)
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Creates a session's mailbox holding at most `capacity` messages.
+pub fn mailbox(id: u64, capacity: usize) -> (SessionHandle, Mailbox) {
+    let inner = Arc::new(MailboxInner {
+        queue: Mutex::new(VecDeque::new()),
+        notify: Notify::new(),
+        capacity: capacity.max(1),
+        closed: AtomicBool::new(false),
+    });
+    (
+        SessionHandle {
+            id,
+            inner: inner.clone(),
+        },
+        Mailbox { inner },
+    )
 }
 
 impl SessionHandle {
-    /// A handle to the mailbox `tx`.
-    pub fn new(id: u64, tx: mpsc::Sender<SessionMsg>) -> Self {
-        SessionHandle { id, tx }
-    }
-
     /// Puts a message in the mailbox without waiting: a router never blocks
     /// on a slow recipient. On failure the message is handed back.
     pub fn try_send(&self, msg: SessionMsg) -> Result<(), (SessionSendError, SessionMsg)> {
-        self.tx.try_send(msg).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(m) => (SessionSendError::Full, m),
-            mpsc::error::TrySendError::Closed(m) => (SessionSendError::Gone, m),
-        })
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err((SessionSendError::Gone, msg));
+        }
+        {
+            let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= self.inner.capacity {
+                return Err((SessionSendError::Full, msg));
+            }
+            q.push_back(msg);
+        }
+        // Stores a permit if the session is not waiting right now.
+        self.inner.notify.notify_one();
+        Ok(())
+    }
+}
+
+/// The receiving end, owned by the session task.
+#[derive(Debug)]
+pub struct Mailbox {
+    inner: Arc<MailboxInner>,
+}
+
+impl Mailbox {
+    /// Waits for the next message.
+    pub async fn recv(&self) -> SessionMsg {
+        loop {
+            if let Some(m) = self.try_recv() {
+                return m;
+            }
+            self.inner.notify.notified().await;
+        }
+    }
+
+    /// The next message, if one is queued.
+    pub fn try_recv(&self) -> Option<SessionMsg> {
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let m = q.pop_front();
+        if q.is_empty() && q.capacity() > 16 {
+            // A burst is over: do not keep its buffer while idle.
+            q.shrink_to(0);
+        }
+        m
+    }
+
+    /// Refuses further messages; queued ones can still be taken.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -119,6 +200,35 @@ pub trait SessionManager: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn mailbox_bounded_fifo_and_closed_when_dropped() {
+        let (h, mb) = mailbox(7, 2);
+        let close = || SessionMsg::Close(CloseReason::Replaced);
+        assert!(h.try_send(close()).is_ok());
+        assert!(h.try_send(close()).is_ok());
+        assert!(matches!(
+            h.try_send(close()),
+            Err((SessionSendError::Full, _))
+        ));
+        assert!(matches!(mb.recv().await, SessionMsg::Close(_)));
+        assert!(mb.try_recv().is_some());
+        assert!(mb.try_recv().is_none());
+        // A waiting receiver is woken by a later send.
+        let h2 = h.clone();
+        let t = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            h2.try_send(SessionMsg::Close(CloseReason::Replaced))
+                .unwrap();
+        });
+        assert!(matches!(mb.recv().await, SessionMsg::Close(_)));
+        t.await.unwrap();
+        drop(mb);
+        assert!(matches!(
+            h.try_send(close()),
+            Err((SessionSendError::Gone, _))
+        ));
+    }
 
     #[test]
     fn session_msg_stays_two_words() {

@@ -10,6 +10,10 @@ use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Starling: an XMPP instant-messaging server.
 ///
 /// With no arguments it serves the domain `localhost` with zero

@@ -200,10 +200,11 @@ async fn accept_loop(
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         let done = done.clone();
-        tokio::spawn(async move {
+        let fut = async move {
             session::run(shared, tcp, peer, mode == TlsMode::Direct, shutdown).await;
             drop(permit);
             drop(done);
-        });
+        };
+        tokio::spawn(fut);
     }
 }

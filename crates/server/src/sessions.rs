@@ -46,7 +46,8 @@ impl SessionManager for SessionTable {
     fn register(&self, jid: &FullJid, handle: SessionHandle) -> Option<SessionHandle> {
         let bare = jid.to_bare();
         let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
-        let entries = shard.entry(bare).or_default();
+        // Most accounts have one or two resources: size exactly.
+        let entries = shard.entry(bare).or_insert_with(|| Vec::with_capacity(1));
         let new = SessionEntry {
             jid: jid.clone(),
             priority: None,
@@ -108,11 +109,9 @@ impl SessionManager for SessionTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::mpsc;
-
     fn handle(id: u64) -> SessionHandle {
-        let (tx, _rx) = mpsc::channel(1);
-        SessionHandle::new(id, tx)
+        // The receiver is dropped: these tests never deliver.
+        starling_core::mailbox(id, 1).0
     }
 
     #[test]

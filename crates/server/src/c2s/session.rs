@@ -21,8 +21,8 @@ use super::C2sShared;
 use crate::c2s::sasl::SaslState;
 use starling_core::hooks::FeatureStage;
 use starling_core::{
-    run_chain, Action, CloseReason, Extensions, Flow, SessionCtx, SessionHandle, SessionInfo,
-    SessionMsg, TimerKey,
+    mailbox, run_chain, Action, CloseReason, Extensions, Flow, Mailbox, SessionCtx, SessionHandle,
+    SessionInfo, SessionMsg, TimerKey,
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::sleep_until;
 
 /// How a session ends.
@@ -66,7 +66,7 @@ pub(crate) struct Session {
     /// Our own sender, handed to the session table at bind time. Holding it
     /// also keeps `mailbox.recv()` from ever returning `None`.
     handle: SessionHandle,
-    mailbox: mpsc::Receiver<SessionMsg>,
+    mailbox: Mailbox,
     wbuf: Vec<u8>,
     /// Our stream header for the current stream has been sent.
     header_sent: bool,
@@ -103,7 +103,11 @@ pub(crate) async fn run(
             metrics.connections.dec();
             return;
         };
-        match tokio::time::timeout(shared.negotiation_timeout, tls.direct.accept(tcp)).await {
+        // Boxed: a handshake's state is large and short-lived; idle sessions
+        // should not carry room for it.
+        match tokio::time::timeout(shared.negotiation_timeout, Box::pin(tls.direct.accept(tcp)))
+            .await
+        {
             Ok(Ok(s)) => Transport::Tls(Box::new(s)),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "direct TLS handshake failed");
@@ -127,14 +131,14 @@ pub(crate) async fn run(
         session.info.secure = true;
     }
     let exit = session.run_loop(&mut shutdown).await;
-    session.finish(exit).await;
+    Box::pin(session.finish(exit)).await;
     shared.env.metrics.connections.dec();
 }
 
 impl Session {
     fn new(shared: Arc<C2sShared>, transport: Transport, peer: SocketAddr) -> Session {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, mailbox) = mpsc::channel(shared.mailbox_size);
+        let (handle, mailbox) = mailbox(id, shared.mailbox_size);
         let now = Instant::now();
         let burst = shared
             .max_bytes_per_second
@@ -155,7 +159,7 @@ impl Session {
             shared,
             transport,
             state: Extensions::new(),
-            handle: SessionHandle::new(id, tx),
+            handle,
             mailbox,
             wbuf: Vec::new(),
             header_sent: false,
@@ -192,6 +196,11 @@ impl Session {
         .min()
     }
 
+    /// The session's main loop. The handlers of its branches are boxed: the
+    /// loop's own future lives as long as the session, and an idle session
+    /// should hold only what waiting needs, not room for the deepest
+    /// stanza-processing state (measured: 3.3 KB → about 1 KB per session;
+    /// one short-lived allocation per read or delivery instead).
     async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Exit {
         if *shutdown.borrow() {
             return Exit::Error(StreamError::new(StreamErrorCondition::SystemShutdown));
@@ -206,19 +215,16 @@ impl Session {
                     StreamErrorCondition::SystemShutdown,
                     "the server is shutting down; reconnect in a moment",
                 ))),
-                msg = self.mailbox.recv() => match msg {
-                    Some(msg) => self.on_mailbox(msg).await,
-                    None => Ok(()),
-                },
+                msg = self.mailbox.recv() => Box::pin(self.on_mailbox(msg)).await,
                 read = self.transport.read_chunk(), if reading => match read {
                     Ok(data) if data.is_empty() => Err(Exit::Io),
-                    Ok(data) => self.on_input(&data).await,
+                    Ok(data) => Box::pin(self.on_input(&data)).await,
                     Err(e) => {
                         tracing::debug!(session = self.info.id, error = %e, "read failed");
                         Err(Exit::Io)
                     }
                 },
-                _ = sleep_until(deadline.unwrap_or(far).into()) => self.on_deadline().await,
+                _ = sleep_until(deadline.unwrap_or(far).into()) => Box::pin(self.on_deadline()).await,
             };
             if let Err(exit) = step {
                 return exit;
@@ -226,12 +232,12 @@ impl Session {
             // Coalesce: deliver what else is queued before one flush.
             for _ in 0..64 {
                 match self.mailbox.try_recv() {
-                    Ok(msg) => {
-                        if let Err(exit) = self.on_mailbox(msg).await {
+                    Some(msg) => {
+                        if let Err(exit) = Box::pin(self.on_mailbox(msg)).await {
                             return exit;
                         }
                     }
-                    Err(_) => break,
+                    None => break,
                 }
             }
             if let Err(exit) = self.flush().await {
@@ -332,9 +338,9 @@ impl Session {
                 self.parser = StreamParser::new(self.shared.limits);
                 self.header_sent = false;
             }
-            if input.is_empty() {
-                return Ok(());
-            }
+            // Loop even when `input` is empty: the parser's final `Ok(None)`
+            // is where it releases its scratch buffers and where the
+            // hibernation timer is armed.
         }
     }
 
@@ -473,7 +479,9 @@ impl Session {
 
     async fn on_element(&mut self, el: Element) -> Result<(), Exit> {
         if !self.info.authenticated {
-            return self.on_unauthenticated(el).await;
+            // Negotiation runs once per stream: boxed so the idle session
+            // future does not reserve room for its (large) state.
+            return Box::pin(self.on_unauthenticated(el)).await;
         }
         if el.ns() != ns::CLIENT {
             return Err(Exit::error(
@@ -487,7 +495,7 @@ impl Session {
         }
         if el.name() == "iq" && el.attr("type") == Some("set") {
             if el.has_child("bind", ns::BIND) {
-                return self.on_bind(el).await;
+                return Box::pin(self.on_bind(el)).await;
             }
             if el.has_child("session", ns::SESSION) {
                 // Legacy session establishment (RFC 3921 §3): a no-op today.
@@ -580,7 +588,7 @@ impl Session {
         };
         let remaining = (self.connected_at + self.shared.negotiation_timeout)
             .saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, tls.starttls.accept(tcp)).await {
+        match tokio::time::timeout(remaining, Box::pin(tls.starttls.accept(tcp))).await {
             Ok(Ok(stream)) => {
                 self.bindings = tls.bindings(&stream);
                 self.transport = Transport::Tls(Box::new(stream));
@@ -906,7 +914,7 @@ impl Session {
         // that the session is unregistered: messages reach another resource
         // or offline handling (RFC 6121 §8.5.3.2.1), iq requests are bounced.
         self.mailbox.close();
-        while let Ok(msg) = self.mailbox.try_recv() {
+        while let Some(msg) = self.mailbox.try_recv() {
             if let SessionMsg::Stanza(s) = msg {
                 self.shared.env.route(*s).await;
             }
