@@ -268,6 +268,8 @@ pub struct ModulesSection {
     pub private: SizeLimitedConfig,
     /// `[modules.last]`
     pub last: EnabledConfig,
+    /// `[modules.offline]`
+    pub offline: OfflineConfig,
     /// `[modules.version]`
     pub version: VersionConfig,
     /// `[modules.time]`
@@ -285,6 +287,27 @@ pub struct EnabledConfig {
 impl Default for EnabledConfig {
     fn default() -> Self {
         EnabledConfig { enabled: true }
+    }
+}
+
+/// `[modules.offline]`: offline message storage (XEP-0160).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OfflineConfig {
+    /// Run the module (without it, messages to offline users bounce with
+    /// `<service-unavailable/>`).
+    pub enabled: bool,
+    /// Most messages stored per user; beyond it senders get
+    /// `<service-unavailable/>`.
+    pub max_messages_per_user: u32,
+}
+
+impl Default for OfflineConfig {
+    fn default() -> Self {
+        OfflineConfig {
+            enabled: true,
+            max_messages_per_user: 1000,
+        }
     }
 }
 

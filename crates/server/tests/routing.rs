@@ -151,8 +151,9 @@ async fn headline_to_bare_jid_goes_to_all_non_negative_resources() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_to_user_without_available_resource_gets_service_unavailable() {
-    // RFC 6121 §8.5.2.1.1 (no offline storage module yet) / §8.5.2.2.
-    let server = TestServer::start().await;
+    // RFC 6121 §8.5.2.1.1 without offline storage / §8.5.2.2 (with it:
+    // tests/offline.rs).
+    let server = TestServer::start_with(|c| c.modules.offline.enabled = false).await;
     server.create_user("bob", "pw").await;
     let mut alice = server.login("alice").await;
     alice
@@ -170,8 +171,9 @@ async fn chat_to_user_without_available_resource_gets_service_unavailable() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn negative_priority_only_counts_as_unavailable_for_bare_messages() {
-    // RFC 6121 §8.5.2.1.1: resources with negative priority get no bare-JID messages.
-    let server = TestServer::start().await;
+    // RFC 6121 §8.5.2.1.1: resources with negative priority get no bare-JID
+    // messages (without offline storage: an error; with it, tests/offline.rs).
+    let server = TestServer::start_with(|c| c.modules.offline.enabled = false).await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     bob.send("<presence><priority>-5</priority></presence>")

@@ -6,11 +6,13 @@
 //! [`Storage`].
 
 mod im;
+mod offline;
 
 pub use im::{
     BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
     UserDataStore,
 };
+pub use offline::{OfflineMessage, OfflineStore, OfflineStoreError};
 
 use async_trait::async_trait;
 use starling_proto::sasl::{ScramCredentials, ScramHash};
@@ -94,6 +96,8 @@ pub struct Storage {
     pub user_data: Arc<dyn UserDataStore>,
     /// Last logout times.
     pub last_activity: Arc<dyn LastActivityStore>,
+    /// Offline messages (XEP-0160).
+    pub offline: Arc<dyn OfflineStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
 }
@@ -107,6 +111,7 @@ impl Storage {
         self.blocking.unblock_all(jid).await?;
         self.user_data.remove_user(jid).await?;
         self.last_activity.remove_user(jid).await?;
+        self.offline.remove_user(jid).await?;
         self.accounts.delete(jid).await
     }
 }

@@ -6,6 +6,7 @@
 pub mod blocking;
 pub mod disco;
 pub mod last;
+pub mod offline;
 pub mod ping;
 pub mod presence;
 pub mod private;
@@ -49,6 +50,9 @@ pub fn build_hooks(cfg: &Config) -> Hooks {
     }
     if m.last.enabled {
         last::Last::register(&mut reg);
+    }
+    if m.offline.enabled {
+        offline::Offline::register(&m.offline, &mut reg);
     }
     if m.version.enabled {
         version::Version::register(&m.version, &mut reg);

@@ -4,6 +4,7 @@
 //! writer at a time; readers proceed in parallel under WAL).
 
 mod im;
+mod offline;
 
 use crate::migrate::Migration;
 use crate::OpenError;
@@ -27,6 +28,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         name: "im-core",
         sql: include_str!("0002_im.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "offline",
+        sql: include_str!("0003_offline.sql"),
     },
 ];
 
@@ -147,6 +153,7 @@ impl SqliteStorage {
             blocking: me.clone(),
             user_data: me.clone(),
             last_activity: me.clone(),
+            offline: me.clone(),
             backend: me,
         }
     }

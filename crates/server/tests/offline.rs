@@ -1,0 +1,474 @@
+//! Offline messages (XEP-0160, XEP-0203, XEP-0334; RFC 6121 §8.5.2.1.1)
+//! over real sockets: storage, quota, hints, delivery at the next available
+//! presence, durability across a restart and a SIGKILL, account deletion.
+
+use starling_proto::sasl::Mechanism;
+use starling_proto::BareJid;
+use starling_server::modules::time::xep0082_datetime;
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const QUIET: Duration = Duration::from_millis(300);
+const NS_DELAY: &str = "urn:xmpp:delay";
+
+fn now_stamp() -> String {
+    xep0082_datetime(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+}
+
+fn bare(s: &str) -> BareJid {
+    BareJid::new(s).unwrap()
+}
+
+/// A ping round trip: the router handles a session's stanzas in order, so
+/// when the answer arrives every earlier stanza has been routed (and
+/// stored). Asserts that nothing (no error) arrives before the answer.
+async fn sync(c: &mut Client, id: &str) {
+    c.send(&format!(
+        "<iq type='get' id='{id}' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
+    ))
+    .await;
+    let e = c.recv().await;
+    assert!(
+        e.name() == "iq" && e.attr("id") == Some(id) && e.attr("type") == Some("result"),
+        "expected the ping answer first, got {e}"
+    );
+}
+
+async fn stored(server: &TestServer, user: &str) -> u64 {
+    server
+        .server
+        .env
+        .storage
+        .offline
+        .count(&bare(&format!("{user}@localhost")))
+        .await
+        .unwrap()
+}
+
+/// Waits until `user` has `n` stored messages (deletion after delivery
+/// runs once the session flushed its writes).
+async fn eventually_stored(server: &TestServer, user: &str, n: u64) {
+    for _ in 0..100 {
+        if stored(server, user).await == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stored(server, user).await, n);
+}
+
+fn body(m: &Element) -> String {
+    m.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+/// Checks a XEP-0082 UTC DateTime with milliseconds, as we write it.
+fn assert_datetime(s: &str) {
+    let b = s.as_bytes();
+    assert_eq!(b.len(), 24, "{s}");
+    for (i, c) in b.iter().enumerate() {
+        let ok = match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            23 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        };
+        assert!(ok, "bad XEP-0082 DateTime {s}");
+    }
+    let month: u32 = s[5..7].parse().unwrap();
+    let day: u32 = s[8..10].parse().unwrap();
+    let hour: u32 = s[11..13].parse().unwrap();
+    assert!(
+        (1..=12).contains(&month) && (1..=31).contains(&day) && hour < 24,
+        "{s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_to_offline_user_are_delivered_at_next_login_in_order_with_delay() {
+    // XEP-0160 §4 (storage, delivery on the next available presence),
+    // §3 (normal and chat stored), XEP-0203 §3 (delay from the server).
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    let before = now_stamp();
+    alice
+        .send("<message to='bob@localhost' type='chat' id='m1'><body>one</body></message>")
+        .await;
+    alice
+        .send("<message to='bob@localhost' id='m2'><body>two</body><x xmlns='urn:example:unknown'><y a='1'>deep</y></x></message>")
+        .await;
+    alice
+        .send("<message to='bob@localhost/gone' type='normal' id='m3'><body>three</body></message>")
+        .await;
+    sync(&mut alice, "p1").await; // no error before the answer: stored
+    let after = now_stamp();
+    assert_eq!(stored(&server, "bob").await, 3);
+
+    let mut bob = server.login("bob").await;
+    for (i, text) in ["one", "two", "three"].iter().enumerate() {
+        let m = bob.recv_message().await;
+        assert_eq!(body(&m), *text);
+        assert_eq!(m.attr("id"), Some(format!("m{}", i + 1).as_str()));
+        assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
+        assert_ne!(m.attr("type"), Some("error"));
+        let d = m.get_child("delay", NS_DELAY).expect("XEP-0203 delay");
+        assert_eq!(d.attr("from"), Some("localhost"));
+        let stamp = d.attr("stamp").expect("stamp");
+        assert_datetime(stamp);
+        assert!(
+            before.as_str() <= stamp && stamp <= after.as_str(),
+            "{before} <= {stamp} <= {after}"
+        );
+    }
+    eventually_stored(&server, "bob", 0).await; // delivered messages are deleted
+    alice.expect_silence(QUIET).await;
+    bob.close().await;
+
+    // Nothing is delivered twice.
+    let mut bob = server.login("bob").await;
+    bob.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_payload_survives_storage() {
+    // Invariant 5 through the offline store.
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='bob@localhost' id='u'><body>x</body><x xmlns='urn:example:unknown'><y a='1'>deep</y></x></message>")
+        .await;
+    sync(&mut alice, "p").await;
+    let mut bob = server.login("bob").await;
+    let m = bob.recv_message().await;
+    let x = m
+        .get_child("x", "urn:example:unknown")
+        .expect("payload kept");
+    let y = x
+        .get_child("y", "urn:example:unknown")
+        .expect("nested kept");
+    assert_eq!((y.attr("a"), y.text().as_str()), (Some("1"), "deep"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
+    // XEP-0160 §5 / RFC 6121 §8.5.2.1.1: not stored → error to the sender.
+    let server = TestServer::start_with(|c| c.modules.offline.max_messages_per_user = 2).await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    for i in 1..=2 {
+        alice
+            .send(&format!(
+                "<message to='bob@localhost' type='chat' id='q{i}'><body>{i}</body></message>"
+            ))
+            .await;
+    }
+    sync(&mut alice, "p1").await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='q3'><body>3</body></message>")
+        .await;
+    let e = alice.recv().await;
+    assert_eq!(e.attr("type"), Some("error"));
+    assert_eq!(e.attr("id"), Some("q3"));
+    assert_eq!(e.attr("from"), Some("bob@localhost"));
+    assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
+    let text = e
+        .get_child("error", ns::CLIENT)
+        .and_then(|er| er.get_child("text", ns::STANZAS))
+        .map(|t| t.text())
+        .unwrap_or_default();
+    assert!(text.contains("full"), "{text}");
+    sync(&mut alice, "p2").await; // exactly one error
+    assert_eq!(stored(&server, "bob").await, 2);
+
+    let mut bob = server.login("bob").await;
+    assert_eq!(body(&bob.recv_message().await), "1");
+    assert_eq!(body(&bob.recv_message().await), "2");
+    bob.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hints_chat_states_and_headlines() {
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    // XEP-0334 §4.2 no-store: not stored, so (RFC 6121 §8.5.2.1.1) an error.
+    alice
+        .send("<message to='bob@localhost' type='chat' id='ns'><body>x</body><no-store xmlns='urn:xmpp:hints'/></message>")
+        .await;
+    let e = alice.recv().await;
+    assert_eq!(e.attr("id"), Some("ns"));
+    assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
+    // XEP-0085 §5.5, XEP-0160 §3: standalone chat states are not stored
+    // (and, being transient, not answered with an error).
+    alice
+        .send("<message to='bob@localhost' type='chat' id='cs'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>")
+        .await;
+    // RFC 6121 §8.5.2.1.1, XEP-0160 §3: headlines are not stored.
+    alice
+        .send("<message to='bob@localhost' type='headline' id='h'><body>news</body></message>")
+        .await;
+    sync(&mut alice, "p1").await;
+    assert_eq!(stored(&server, "bob").await, 0);
+    // XEP-0334 §3 (sensitive messages): no-permanent-store still allows
+    // temporary storage for delivery; chat state plus body is stored.
+    alice
+        .send("<message to='bob@localhost' type='chat' id='np'><body>otr</body><no-permanent-store xmlns='urn:xmpp:hints'/></message>")
+        .await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='cb'><body>hey</body><active xmlns='http://jabber.org/protocol/chatstates'/></message>")
+        .await;
+    sync(&mut alice, "p2").await;
+    assert_eq!(stored(&server, "bob").await, 2);
+    let mut bob = server.login("bob").await;
+    assert_eq!(bob.recv_message().await.attr("id"), Some("np"));
+    assert_eq!(bob.recv_message().await.attr("id"), Some("cb"));
+    bob.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn negative_priority_stores_until_non_negative_presence() {
+    // RFC 6121 §8.5.2.1.1: a negative-priority resource gets no bare-JID
+    // messages; XEP-0160 §4: delivery when available presence with a
+    // non-negative priority is sent.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    bob.send("<presence><priority>-1</priority></presence>")
+        .await;
+    bob.drain().await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='n'><body>later</body></message>")
+        .await;
+    sync(&mut alice, "p1").await;
+    assert_eq!(stored(&server, "bob").await, 1);
+    bob.expect_silence(QUIET).await;
+    bob.send("<presence><priority>1</priority></presence>")
+        .await;
+    let m = bob.recv_message().await;
+    assert_eq!(body(&m), "later");
+    assert!(m.has_child("delay", NS_DELAY));
+    eventually_stored(&server, "bob", 0).await;
+    // Another presence update delivers nothing more.
+    bob.send("<presence><priority>2</priority></presence>")
+        .await;
+    bob.send("<iq type='get' id='b2' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+        .await;
+    let e = bob.recv_until(|e| e.name() != "presence").await;
+    assert_eq!(e.attr("id"), Some("b2"), "{e}");
+    assert!(
+        bob.next_event_within(QUIET).await.is_none(),
+        "nothing after the presence echo"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn offline_feature_is_advertised() {
+    // XEP-0160 §6: the msgoffline feature.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq(
+            "<iq type='get' id='d' to='localhost'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>",
+            "d",
+        )
+        .await;
+    let q = r.get_child("query", ns::DISCO_INFO).expect("disco");
+    assert!(q
+        .children()
+        .any(|f| f.name() == "feature" && f.attr("var") == Some("msgoffline")));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn account_deletion_removes_offline_messages() {
+    // XEP-0077 §3.2 in-band removal, and Storage::delete_account.
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw-bob").await;
+    server.create_user("carol", "pw-carol").await;
+    let mut alice = server.login("alice").await;
+    // Bob is connected but not available: messages are stored.
+    let mut bob = Client::connect(server.starttls_addr()).await;
+    bob.negotiate_tls().await;
+    bob.auth(Mechanism::ScramSha256, "bob", "pw-bob")
+        .await
+        .unwrap();
+    bob.bind(None).await;
+    alice
+        .send("<message to='bob@localhost' id='1'><body>a</body></message>")
+        .await;
+    alice
+        .send("<message to='carol@localhost' id='2'><body>b</body></message>")
+        .await;
+    sync(&mut alice, "p1").await;
+    assert_eq!(stored(&server, "bob").await, 1);
+    assert_eq!(stored(&server, "carol").await, 1);
+    let r = bob
+        .iq(
+            "<iq type='set' id='rm'><query xmlns='jabber:iq:register'><remove/></query></iq>",
+            "rm",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert_eq!(stored(&server, "bob").await, 0);
+    assert!(server
+        .server
+        .env
+        .storage
+        .delete_account(&bare("carol@localhost"))
+        .await
+        .unwrap());
+    assert_eq!(stored(&server, "carol").await, 0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stored_messages_survive_a_restart() {
+    let dir = std::env::temp_dir().join(format!(
+        "starling-offline-{}",
+        starling_proto::random_id(10)
+    ));
+    let d = dir.clone();
+    let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='r'><body>persist</body></message>")
+        .await;
+    sync(&mut alice, "p1").await;
+    server.server.shutdown().await; // keeps the data directory
+
+    let d = dir.clone();
+    let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+    let mut bob = server.login("bob").await;
+    let m = bob.recv_message().await;
+    assert_eq!(body(&m), "persist");
+    assert!(m.has_child("delay", NS_DELAY));
+    server.stop().await;
+}
+
+// ---- the real binary, killed with SIGKILL ----
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_config(dir: &Path, port: u16, tls_port: u16) -> PathBuf {
+    let cfg = dir.join("starling.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ndata_dir = {:?}\n\n[[listen]]\naddress = \"127.0.0.1:{port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn add_user(cfg: &Path, jid: &str, password: &str) {
+    let mut add = bin()
+        .arg("--config")
+        .arg(cfg)
+        .args(["user", "add", jid])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    assert!(add.wait().unwrap().success());
+}
+
+async fn start_binary(cfg: &Path, port: u16) -> std::process::Child {
+    let child = bin()
+        .arg("--config")
+        .arg(cfg)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut waited = 0;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    child
+}
+
+async fn connect(port: u16, user: &str, password: &str) -> Client {
+    let mut c = Client::connect(format!("127.0.0.1:{port}").parse().unwrap()).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, user, password)
+        .await
+        .unwrap();
+    c.bind(None).await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stored_message_survives_sigkill() {
+    // The durability rule: a message the sender got no error for
+    // is committed before it counts as accepted.
+    let dir = std::env::temp_dir().join(format!("starling-kill-{}", starling_proto::random_id(10)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_config(&dir, p1, p2);
+    add_user(&cfg, "alice@localhost", "secret-a");
+    add_user(&cfg, "bob@localhost", "secret-b");
+
+    let mut server = start_binary(&cfg, p1).await;
+    let mut alice = connect(p1, "alice", "secret-a").await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='k1'><body>before the crash</body></message>")
+        .await;
+    sync(&mut alice, "p1").await;
+    server.kill().unwrap(); // SIGKILL
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!status.success(), "killed: {status:?}");
+    drop(alice);
+
+    let mut server = start_binary(&cfg, p1).await;
+    let mut bob = connect(p1, "bob", "secret-b").await;
+    bob.send("<presence/>").await;
+    let m = bob.recv_message().await;
+    assert_eq!(body(&m), "before the crash");
+    assert_eq!(m.attr("id"), Some("k1"));
+    assert!(m.has_child("delay", NS_DELAY));
+    server.kill().unwrap();
+    let _ = tokio::task::spawn_blocking(move || server.wait()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
