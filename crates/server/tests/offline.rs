@@ -285,16 +285,8 @@ async fn offline_feature_is_advertised() {
     // XEP-0160 §6: the msgoffline feature.
     let server = TestServer::start().await;
     let mut alice = server.login("alice").await;
-    let r = alice
-        .iq(
-            "<iq type='get' id='d' to='localhost'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>",
-            "d",
-        )
-        .await;
-    let q = r.get_child("query", ns::DISCO_INFO).expect("disco");
-    assert!(q
-        .children()
-        .any(|f| f.name() == "feature" && f.attr("var") == Some("msgoffline")));
+    let vars = alice.disco_features("localhost").await;
+    assert!(vars.iter().any(|v| v == "msgoffline"), "{vars:?}");
     server.stop().await;
 }
 

@@ -4,7 +4,7 @@
 
 use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::BareJid;
-use starling_testkit::{error_condition, ns, TestServer};
+use starling_testkit::{error_condition, TestServer};
 use std::time::Duration;
 
 const VCARD: &str = "vcard-temp";
@@ -296,15 +296,7 @@ async fn disco_advertises_each_enabled_im_module() {
     // XEP-0030: features declared by the modules themselves.
     let server = TestServer::start().await;
     let mut alice = server.login("alice").await;
-    let r = alice
-        .iq("<iq to='localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
-        .await;
-    let vars: Vec<String> = r
-        .get_child("query", ns::DISCO_INFO)
-        .unwrap()
-        .children()
-        .filter_map(|f| f.attr("var").map(str::to_owned))
-        .collect();
+    let vars = alice.disco_features("localhost").await;
     for f in [
         "urn:xmpp:blocking",
         VCARD,
@@ -322,15 +314,7 @@ async fn disco_advertises_each_enabled_im_module() {
     })
     .await;
     let mut bob = server2.login("bob").await;
-    let r = bob
-        .iq("<iq to='localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
-        .await;
-    let vars: Vec<String> = r
-        .get_child("query", ns::DISCO_INFO)
-        .unwrap()
-        .children()
-        .filter_map(|f| f.attr("var").map(str::to_owned))
-        .collect();
+    let vars = bob.disco_features("localhost").await;
     assert!(
         !vars
             .iter()

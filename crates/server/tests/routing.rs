@@ -506,15 +506,7 @@ async fn disco_info_lists_declared_features_only() {
     })
     .await;
     let mut carol = server2.login("carol").await;
-    let r = carol
-        .iq("<iq to='localhost' type='get' id='d'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>", "d")
-        .await;
-    let vars: Vec<String> = r
-        .get_child("query", ns::DISCO_INFO)
-        .unwrap()
-        .children()
-        .filter_map(|f| f.attr("var").map(str::to_owned))
-        .collect();
+    let vars = carol.disco_features("localhost").await;
     assert!(
         !vars.iter().any(|v| v == ns::PING || v == ns::REGISTER),
         "{vars:?}"

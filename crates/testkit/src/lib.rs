@@ -622,6 +622,24 @@ impl Client {
         }
     }
 
+    /// The `var`s of the features in `to`'s disco#info (XEP-0030 §3.1);
+    /// panics if the query is not answered with a result.
+    pub async fn disco_features(&mut self, to: &str) -> Vec<String> {
+        let id = format!("disco-{}", starling_proto::random_id(6));
+        let r = self
+            .iq(
+                &format!("<iq to='{to}' type='get' id='{id}'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+                &id,
+            )
+            .await;
+        r.get_child("query", ns::DISCO_INFO)
+            .unwrap_or_else(|| panic!("no disco#info result: {r}"))
+            .children()
+            .filter(|f| f.name() == "feature")
+            .filter_map(|f| f.attr("var").map(str::to_owned))
+            .collect()
+    }
+
     /// Receives until a `<message/>` arrives (skipping presence broadcasts).
     pub async fn recv_message(&mut self) -> Element {
         self.recv_until(|e| e.name() == "message").await

@@ -416,14 +416,11 @@ impl UserDataStore for SqliteStorage {
     }
 
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
-        let (domain, user) = split(owner);
-        sqlx::query("DELETE FROM user_data WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(())
+        self.exec_for_owner(
+            "DELETE FROM user_data WHERE domain = ? AND username = ?",
+            owner,
+        )
+        .await
     }
 }
 
@@ -458,13 +455,10 @@ impl LastActivityStore for SqliteStorage {
     }
 
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
-        let (domain, user) = split(owner);
-        sqlx::query("DELETE FROM last_activity WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(())
+        self.exec_for_owner(
+            "DELETE FROM last_activity WHERE domain = ? AND username = ?",
+            owner,
+        )
+        .await
     }
 }

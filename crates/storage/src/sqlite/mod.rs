@@ -70,6 +70,23 @@ pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
 }
 
 impl SqliteStorage {
+    /// Runs `sql`, a statement whose only parameters are `domain = ?` and
+    /// `username = ?` in that order, for `owner` (per-user deletions).
+    pub(crate) async fn exec_for_owner(
+        &self,
+        sql: &'static str,
+        owner: &BareJid,
+    ) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(sql)
+            .bind(domain)
+            .bind(user)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
     /// Opens (creating if needed) the database at `path` and migrates it.
     pub async fn open(path: &Path, pool_size: u32) -> Result<Self, OpenError> {
         let target = format!("sqlite:{}", path.display());

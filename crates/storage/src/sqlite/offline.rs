@@ -113,13 +113,10 @@ impl OfflineStore for SqliteStorage {
     }
 
     async fn remove_user(&self, owner: &BareJid) -> Result<(), StorageError> {
-        let (domain, user) = split(owner);
-        sqlx::query("DELETE FROM offline_messages WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(())
+        self.exec_for_owner(
+            "DELETE FROM offline_messages WHERE domain = ? AND username = ?",
+            owner,
+        )
+        .await
     }
 }
