@@ -270,6 +270,8 @@ pub struct ModulesSection {
     pub last: EnabledConfig,
     /// `[modules.offline]`
     pub offline: OfflineConfig,
+    /// `[modules.carbons]`
+    pub carbons: EnabledConfig,
     /// `[modules.version]`
     pub version: VersionConfig,
     /// `[modules.time]`

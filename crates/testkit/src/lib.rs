@@ -2,13 +2,16 @@
 //! scripted XMPP client that speaks over a real socket, so integration tests
 //! read as conversations:
 //!
-//! ```ignore
+//! ```no_run
+//! # use starling_testkit::TestServer;
+//! # async fn scenario() {
 //! let server = TestServer::start().await;
 //! let mut alice = server.login("alice").await;
 //! let mut bob = server.login("bob").await;
 //! alice.send(&format!("<message to='{}' type='chat'><body>hi</body></message>", bob.jid)).await;
 //! let msg = bob.recv().await;
 //! assert_eq!(msg.get_child("body", "jabber:client").unwrap().text(), "hi");
+//! # }
 //! ```
 //!
 //! The client panics with a readable message on anything unexpected; every

@@ -4,6 +4,7 @@
 //! nothing and runs no code.
 
 pub mod blocking;
+pub mod carbons;
 pub mod disco;
 pub mod last;
 pub mod offline;
@@ -53,6 +54,9 @@ pub fn build_hooks(cfg: &Config) -> Hooks {
     }
     if m.offline.enabled {
         offline::Offline::register(&m.offline, &mut reg);
+    }
+    if m.carbons.enabled {
+        carbons::Carbons::register(&mut reg);
     }
     if m.version.enabled {
         version::Version::register(&m.version, &mut reg);
