@@ -200,11 +200,10 @@ async fn accept_loop(
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         let done = done.clone();
-        let fut = async move {
+        tokio::spawn(async move {
             session::run(shared, tcp, peer, mode == TlsMode::Direct, shutdown).await;
             drop(permit);
             drop(done);
-        };
-        tokio::spawn(fut);
+        });
     }
 }

@@ -2,9 +2,9 @@
 //! real process that shuts down gracefully on SIGTERM.
 
 use starling_proto::sasl::Mechanism;
-use starling_testkit::Client;
+use starling_testkit::{free_port, write_binary_config, Client};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -16,27 +16,6 @@ fn temp_dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("starling-cli-{}", starling_proto::random_id(10)));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn write_config(dir: &Path, starttls_port: u16, tls_port: u16) -> PathBuf {
-    let cfg = dir.join("starling.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[server]\ndata_dir = {:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
-            dir.join("data")
-        ),
-    )
-    .unwrap();
-    cfg
 }
 
 #[test]
@@ -54,7 +33,7 @@ fn check_config_reports_bad_key_with_line() {
     assert!(err.contains("max_stanza_size"), "{err}");
     assert!(err.contains("line 5"), "{err}");
 
-    let good = write_config(&dir, 1, 2);
+    let good = write_binary_config(&dir, 1, 2);
     let out = bin().arg("check-config").arg(&good).output().unwrap();
     assert!(
         out.status.success(),
@@ -78,7 +57,7 @@ fn help_explains_zero_config_start() {
 #[test]
 fn user_add_list_passwd_del_import() {
     let dir = temp_dir();
-    let cfg = write_config(&dir, 1, 2);
+    let cfg = write_binary_config(&dir, 1, 2);
     let run = |args: &[&str], stdin: &str| {
         let mut child = bin()
             .arg("--config")
@@ -140,7 +119,7 @@ fn user_add_list_passwd_del_import() {
 async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
     let dir = temp_dir();
     let (p1, p2) = (free_port(), free_port());
-    let cfg = write_config(&dir, p1, p2);
+    let cfg = write_binary_config(&dir, p1, p2);
     let mut add = bin()
         .arg("--config")
         .arg(&cfg)

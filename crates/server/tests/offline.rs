@@ -6,9 +6,9 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::modules::time::xep0082_datetime;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -363,27 +363,6 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_starling"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn write_config(dir: &Path, port: u16, tls_port: u16) -> PathBuf {
-    let cfg = dir.join("starling.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[server]\ndata_dir = {:?}\n\n[[listen]]\naddress = \"127.0.0.1:{port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
-            dir.join("data")
-        ),
-    )
-    .unwrap();
-    cfg
-}
-
 fn add_user(cfg: &Path, jid: &str, password: &str) {
     let mut add = bin()
         .arg("--config")
@@ -435,7 +414,7 @@ async fn stored_message_survives_sigkill() {
     let dir = std::env::temp_dir().join(format!("starling-kill-{}", starling_proto::random_id(10)));
     std::fs::create_dir_all(&dir).unwrap();
     let (p1, p2) = (free_port(), free_port());
-    let cfg = write_config(&dir, p1, p2);
+    let cfg = write_binary_config(&dir, p1, p2);
     add_user(&cfg, "alice@localhost", "secret-a");
     add_user(&cfg, "bob@localhost", "secret-b");
 

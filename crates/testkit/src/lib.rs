@@ -665,6 +665,30 @@ impl Client {
     }
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago (for tests that
+/// start the real binary with a configuration file).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral loopback port")
+        .port()
+}
+
+/// Writes `dir/starling.toml` for the real binary: data under `dir/data`,
+/// STARTTLS and direct-TLS listeners on the given loopback ports.
+pub fn write_binary_config(dir: &std::path::Path, starttls_port: u16, tls_port: u16) -> PathBuf {
+    let cfg = dir.join("starling.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ndata_dir = {:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
+            dir.join("data")
+        ),
+    )
+    .expect("write the test configuration");
+    cfg
+}
+
 /// The defined condition of a stanza error element.
 pub fn error_condition(stanza: &Element) -> Option<String> {
     stanza
