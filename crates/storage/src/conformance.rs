@@ -6,7 +6,9 @@
 //! functions.
 
 use starling_core::storage::{
-    OfflineStoreError, RosterChange, RosterItem, Storage, StorageError, Subscription,
+    ArchiveId, ArchivePrefs, ArchiveQuery, ArchiveRecord, InboxQuery, InboxTotals, InboxUpdate,
+    OfflineStoreError, PrefsDefault, RosterChange, RosterItem, Storage, StorageError, Subscription,
+    UnreadChange, WithFilter, FLAG_BODY,
 };
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
@@ -359,4 +361,449 @@ where
     roster(&make().await).await;
     user_data(&make().await).await;
     offline(&make().await).await;
+    archive(&make().await).await;
+    inbox(&make().await).await;
+}
+
+fn rec(
+    owner: &BareJid,
+    micros: i64,
+    with: &str,
+    outgoing: bool,
+    origin: Option<&str>,
+) -> ArchiveRecord {
+    let with_bare = with.split('/').next().unwrap().to_owned();
+    ArchiveRecord {
+        owner: owner.clone(),
+        id: ArchiveId::from_parts(micros, 1),
+        with_bare,
+        remote: with.to_owned(),
+        outgoing,
+        origin_id: origin.map(str::to_owned),
+        flags: FLAG_BODY,
+        stanza: format!("<message id='{micros}'><body>'; DROP TABLE archive; --</body></message>"),
+    }
+}
+
+fn ids(page: &starling_core::storage::ArchivePage) -> Vec<i64> {
+    page.messages.iter().map(|m| m.id.micros()).collect()
+}
+
+/// Message archive (XEP-0313): batched appends (idempotent), paging in
+/// both directions with completeness, `with` (bare and full), id bounds,
+/// id lists, counts, bounds, retraction lookup and tombstones, unread
+/// counting, retention and per-user purge, preferences, isolation and
+/// account deletion.
+pub async fn archive(s: &Storage) {
+    let a = s.archive.as_ref();
+    let alice = jid("alice@example.org");
+    let alice2 = jid("alice@example.net");
+    assert!(a.bounds(&alice).await.unwrap().is_none());
+    let page = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(page.messages.is_empty() && page.complete);
+
+    // 1..=10 with bob (odd outgoing), 11..=15 with carol/phone, one
+    // message of another owner.
+    let mut recs = Vec::new();
+    for t in 1..=10 {
+        recs.push(rec(
+            &alice,
+            t,
+            "bob@example.org/desk",
+            t % 2 == 1,
+            Some(&format!("o{t}")),
+        ));
+    }
+    for t in 11..=15 {
+        let r = if t % 2 == 0 {
+            "carol@example.org/phone"
+        } else {
+            "carol@example.org/pc"
+        };
+        recs.push(rec(&alice, t, r, false, None));
+    }
+    // Ids are unique across the deployment: another node's id at t=5.
+    let mut foreign = rec(&alice2, 5, "bob@example.org", false, Some("o5"));
+    foreign.id = ArchiveId::from_parts(5, 2);
+    recs.push(foreign);
+    a.append(&recs).await.unwrap();
+    // A retried batch does not duplicate.
+    a.append(&recs[..3]).await.unwrap();
+    let all = ArchiveQuery {
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(a.count(&alice, &all).await.unwrap(), 15);
+    let (first, last) = a.bounds(&alice).await.unwrap().unwrap();
+    assert_eq!((first.micros(), last.micros()), (1, 15));
+
+    // Forward paging from the start.
+    let p1 = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                limit: 4,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&p1), vec![1, 2, 3, 4]);
+    assert!(!p1.complete);
+    assert!(
+        p1.messages[0].stanza.contains("DROP TABLE"),
+        "stored verbatim"
+    );
+    assert_eq!(p1.messages[0].with_bare, "bob@example.org");
+    assert!(p1.messages[0].outgoing && !p1.messages[1].outgoing);
+    let p2 = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                limit: 20,
+                after: Some(p1.messages[3].id),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&p2), (5..=15).collect::<Vec<_>>());
+    assert!(p2.complete);
+    // Backward paging from the end (RSM <before/>).
+    let last_page = ArchiveQuery {
+        limit: 3,
+        from_end: true,
+        ..Default::default()
+    };
+    let b1 = a.query(&alice, &last_page).await.unwrap();
+    assert_eq!(ids(&b1), vec![13, 14, 15], "chronological within the page");
+    assert!(!b1.complete);
+    let b2 = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                before: Some(b1.messages[0].id),
+                limit: 20,
+                from_end: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&b2), (1..=12).collect::<Vec<_>>());
+    assert!(b2.complete);
+    // with: bare matches every resource, full only that one.
+    let with_bob = ArchiveQuery {
+        with: Some(WithFilter::Bare("bob@example.org".into())),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(&a.query(&alice, &with_bob).await.unwrap()),
+        (1..=10).collect::<Vec<_>>()
+    );
+    let with_phone = ArchiveQuery {
+        with: Some(WithFilter::Full {
+            bare: "carol@example.org".into(),
+            full: "carol@example.org/phone".into(),
+        }),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(&a.query(&alice, &with_phone).await.unwrap()),
+        vec![12, 14]
+    );
+    assert_eq!(a.count(&alice, &with_phone).await.unwrap(), 2);
+    // Time range as id bounds (inclusive start/end).
+    let range = ArchiveQuery {
+        after: Some(ArchiveId(ArchiveId::lower_bound(3).0 - 1)),
+        before: Some(ArchiveId(ArchiveId::upper_bound(6).0 + 1)),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(&a.query(&alice, &range).await.unwrap()),
+        vec![3, 4, 5, 6]
+    );
+    // Explicit ids, including one of another owner (not returned).
+    let other = recs.last().unwrap().id;
+    let pick = ArchiveQuery {
+        ids: vec![recs[1].id, recs[7].id, other],
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(ids(&a.query(&alice, &pick).await.unwrap()), vec![2, 8]);
+    let found = a.existing(&alice, &[recs[1].id, other]).await.unwrap();
+    assert_eq!(found, vec![recs[1].id]);
+    // Retraction lookup: by origin id, direction and partner only.
+    let m3 = a
+        .find_by_origin(&alice, "bob@example.org", "o3", true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m3.id, recs[2].id);
+    assert!(a
+        .find_by_origin(&alice, "bob@example.org", "o3", false)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(a
+        .find_by_origin(&alice, "carol@example.org", "o3", true)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(a
+        .replace(&alice, m3.id, "<message><retracted/></message>")
+        .await
+        .unwrap());
+    assert!(
+        !a.replace(&alice2, m3.id, "<x/>").await.unwrap(),
+        "other owner's id"
+    );
+    let t = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                ids: vec![m3.id],
+                limit: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(t.messages[0].stanza, "<message><retracted/></message>");
+    assert_eq!(
+        t.messages[0].flags & FLAG_BODY,
+        0,
+        "a tombstone is no instant message"
+    );
+    // Unread counting: received body messages from bob after id 2 are 4, 6, 8, 10.
+    assert_eq!(
+        a.count_unread_after(&alice, "bob@example.org", recs[1].id)
+            .await
+            .unwrap(),
+        4
+    );
+    // Preferences.
+    assert_eq!(a.prefs(&alice).await.unwrap(), None);
+    let prefs = ArchivePrefs {
+        default: PrefsDefault::Roster,
+        always: vec!["x@example.org".into(), "y@example.org".into()],
+        never: vec!["'; DROP TABLE archive_prefs; --@e.org".into()],
+    };
+    a.set_prefs(&alice, &prefs).await.unwrap();
+    assert_eq!(a.prefs(&alice).await.unwrap(), Some(prefs.clone()));
+    let never = ArchivePrefs {
+        default: PrefsDefault::Never,
+        always: vec![],
+        never: vec![],
+    };
+    a.set_prefs(&alice, &never).await.unwrap();
+    assert_eq!(a.prefs(&alice).await.unwrap(), Some(never));
+    // Retention by domain: example.org messages before 5 go, example.net's stay.
+    assert_eq!(
+        a.purge_domain_before("example.org", ArchiveId::lower_bound(5))
+            .await
+            .unwrap(),
+        4
+    );
+    assert_eq!(a.bounds(&alice).await.unwrap().unwrap().0.micros(), 5);
+    assert_eq!(a.count(&alice2, &all).await.unwrap(), 1);
+    // Per-user purge: before a point, then everything.
+    assert_eq!(
+        a.purge_user(&alice, Some(ArchiveId::lower_bound(10)))
+            .await
+            .unwrap(),
+        5
+    );
+    assert_eq!(a.purge_user(&alice, None).await.unwrap(), 6);
+    assert_eq!(a.count(&alice, &all).await.unwrap(), 0);
+    // Account deletion removes archive and prefs.
+    s.accounts.create(&alice2, &creds("pw")).await.unwrap();
+    a.set_prefs(&alice2, &prefs).await.unwrap();
+    assert!(s.delete_account(&alice2).await.unwrap());
+    assert_eq!(a.count(&alice2, &all).await.unwrap(), 0);
+    assert_eq!(a.prefs(&alice2).await.unwrap(), None);
+}
+
+fn upd(owner: &BareJid, remote: &str, last: Option<i64>, unread: UnreadChange) -> InboxUpdate {
+    InboxUpdate {
+        owner: owner.clone(),
+        remote: remote.to_owned(),
+        last: last.map(|t| (ArchiveId::from_parts(t, 0), format!("<message id='{t}'/>"))),
+        unread,
+    }
+}
+
+/// Inbox (XEP-0430): upserts in order, unread arithmetic, updates without
+/// a message touching only existing rows, newest-first listing with paging
+/// and unread-only, totals, tombstones for the last message, removal,
+/// isolation and account deletion.
+pub async fn inbox(s: &Storage) {
+    let i = s.inbox.as_ref();
+    let alice = jid("alice@example.org");
+    let bob = jid("bob@example.org");
+    assert_eq!(i.totals(&alice).await.unwrap(), InboxTotals::default());
+    i.apply(&[
+        upd(&alice, "bob@example.org", Some(1), UnreadChange::Add(1)),
+        upd(&alice, "carol@example.org", Some(2), UnreadChange::Add(1)),
+        upd(&alice, "bob@example.org", Some(3), UnreadChange::Add(1)),
+        upd(&alice, "dave@example.org", Some(4), UnreadChange::Set(0)),
+        // No message and no row: nothing is created.
+        upd(&alice, "eve@example.org", None, UnreadChange::Set(0)),
+        upd(&bob, "alice@example.org", Some(3), UnreadChange::Set(0)),
+        upd(
+            &alice,
+            "'; DROP TABLE inbox; --",
+            Some(0),
+            UnreadChange::Add(2),
+        ),
+    ])
+    .await
+    .unwrap();
+    let all = InboxQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    let l = i.list(&alice, &all).await.unwrap();
+    let names: Vec<&str> = l.iter().map(|e| e.remote.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "dave@example.org",
+            "bob@example.org",
+            "carol@example.org",
+            "'; DROP TABLE inbox; --"
+        ]
+    );
+    assert_eq!(l[1].unread, 2);
+    assert_eq!(l[1].last_stanza, "<message id='3'/>");
+    assert_eq!(l[1].last_id, ArchiveId::from_parts(3, 0));
+    assert_eq!(
+        i.totals(&alice).await.unwrap(),
+        InboxTotals {
+            conversations: 4,
+            unread_conversations: 3,
+            unread_messages: 5
+        }
+    );
+    // Paging: newest first, `before` the last id of a page.
+    let p1 = i
+        .list(
+            &alice,
+            &InboxQuery {
+                limit: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(p1.len(), 2);
+    let p2 = i
+        .list(
+            &alice,
+            &InboxQuery {
+                limit: 2,
+                before: Some(p1[1].last_id),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        p2.iter().map(|e| e.remote.as_str()).collect::<Vec<_>>(),
+        ["carol@example.org", "'; DROP TABLE inbox; --"]
+    );
+    let back = i
+        .list(
+            &alice,
+            &InboxQuery {
+                limit: 1,
+                after: Some(p2[0].last_id),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        back[0].remote, "bob@example.org",
+        "the page just newer than carol"
+    );
+    let unread = i
+        .list(
+            &alice,
+            &InboxQuery {
+                limit: 10,
+                unread_only: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(unread.len(), 3);
+    // Reset without a message; an older message does not replace a newer one.
+    i.apply(&[
+        upd(&alice, "bob@example.org", None, UnreadChange::Set(0)),
+        upd(&alice, "carol@example.org", Some(1), UnreadChange::Keep),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(
+        i.get(&alice, "bob@example.org")
+            .await
+            .unwrap()
+            .unwrap()
+            .unread,
+        0
+    );
+    let carol = i.get(&alice, "carol@example.org").await.unwrap().unwrap();
+    assert_eq!(
+        (carol.last_id, carol.unread),
+        (ArchiveId::from_parts(2, 0), 1)
+    );
+    // Tombstone replaces only the current last message.
+    assert!(!i
+        .replace_last(
+            &alice,
+            "bob@example.org",
+            ArchiveId::from_parts(1, 0),
+            "<t/>"
+        )
+        .await
+        .unwrap());
+    assert!(i
+        .replace_last(
+            &alice,
+            "bob@example.org",
+            ArchiveId::from_parts(3, 0),
+            "<t/>"
+        )
+        .await
+        .unwrap());
+    assert_eq!(
+        i.get(&alice, "bob@example.org")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_stanza,
+        "<t/>"
+    );
+    // Removal and isolation.
+    assert!(i.remove(&alice, "dave@example.org").await.unwrap());
+    assert!(!i.remove(&alice, "dave@example.org").await.unwrap());
+    assert_eq!(i.totals(&bob).await.unwrap().conversations, 1);
+    s.accounts.create(&alice, &creds("pw")).await.unwrap();
+    assert!(s.delete_account(&alice).await.unwrap());
+    assert_eq!(i.totals(&alice).await.unwrap().conversations, 0);
+    assert_eq!(i.totals(&bob).await.unwrap().conversations, 1);
 }

@@ -5,9 +5,15 @@
 //! (roster, offline, archive, inbox…) add a trait here and a field to
 //! [`Storage`].
 
+mod archive;
 mod im;
 mod offline;
 
+pub use archive::{
+    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
+    ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
+    UnreadChange, WithFilter, FLAG_BODY,
+};
 pub use im::{
     BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
     UserDataStore,
@@ -98,6 +104,10 @@ pub struct Storage {
     pub last_activity: Arc<dyn LastActivityStore>,
     /// Offline messages (XEP-0160).
     pub offline: Arc<dyn OfflineStore>,
+    /// Message archives (XEP-0313).
+    pub archive: Arc<dyn ArchiveStore>,
+    /// Inboxes (XEP-0430).
+    pub inbox: Arc<dyn InboxStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
 }
@@ -112,6 +122,8 @@ impl Storage {
         self.user_data.remove_user(jid).await?;
         self.last_activity.remove_user(jid).await?;
         self.offline.remove_user(jid).await?;
+        self.archive.remove_user(jid).await?;
+        self.inbox.remove_user(jid).await?;
         self.accounts.delete(jid).await
     }
 }

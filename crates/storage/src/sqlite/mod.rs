@@ -3,6 +3,7 @@
 //! transactions), foreign keys on, a small connection pool (SQLite admits one
 //! writer at a time; readers proceed in parallel under WAL).
 
+mod archive;
 mod im;
 mod offline;
 
@@ -33,6 +34,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 3,
         name: "offline",
         sql: include_str!("0003_offline.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "archive-inbox",
+        sql: include_str!("0004_archive.sql"),
     },
 ];
 
@@ -171,6 +177,8 @@ impl SqliteStorage {
             user_data: me.clone(),
             last_activity: me.clone(),
             offline: me.clone(),
+            archive: me.clone(),
+            inbox: me.clone(),
             backend: me,
         }
     }

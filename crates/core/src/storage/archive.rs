@@ -1,0 +1,387 @@
+//! Message archive (XEP-0313) and inbox (XEP-0430) storage.
+//!
+//! Archive ids are 63-bit integers that grow with time: the archiving
+//! node's clock in microseconds shifted left by 8 bits, plus the node id
+//! (see [`ArchiveId`]). They are unique across a deployment whose nodes have
+//! distinct node ids, and a time range maps to an id range, so the backends
+//! need no timestamp column or index: `(owner, id)` serves both.
+
+use super::StorageResult;
+use async_trait::async_trait;
+use starling_proto::BareJid;
+
+/// A time-ordered archive id (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ArchiveId(pub i64);
+
+const ID_ALPHABET: &[u8; 32] = b"0123456789abcdefghijklmnopqrstuv";
+/// Length of an encoded id: 63 bits in base 32.
+const ID_LEN: usize = 13;
+
+impl ArchiveId {
+    /// The id for microsecond `micros` on node `node`.
+    pub fn from_parts(micros: i64, node: u8) -> ArchiveId {
+        ArchiveId((micros << 8) | i64::from(node))
+    }
+
+    /// The smallest id at or after `micros`.
+    pub fn lower_bound(micros: i64) -> ArchiveId {
+        ArchiveId(micros.max(0).saturating_mul(256))
+    }
+
+    /// The largest id at or before `micros`.
+    pub fn upper_bound(micros: i64) -> ArchiveId {
+        ArchiveId(micros.max(0).saturating_mul(256).saturating_add(255))
+    }
+
+    /// When the message was archived, in microseconds since the Unix epoch.
+    pub fn micros(self) -> i64 {
+        self.0 >> 8
+    }
+
+    /// The id as clients see it: 13 base-32 digits, zero-padded, so that
+    /// string order equals time order.
+    pub fn encode(self) -> String {
+        let mut v = self.0 as u64;
+        let mut out = [b'0'; ID_LEN];
+        for slot in out.iter_mut().rev() {
+            *slot = ID_ALPHABET[(v & 31) as usize];
+            v >>= 5;
+        }
+        String::from_utf8(out.to_vec()).expect("ascii")
+    }
+
+    /// Parses [`ArchiveId::encode`]'s output; anything else is `None`.
+    pub fn decode(s: &str) -> Option<ArchiveId> {
+        if s.len() != ID_LEN {
+            return None;
+        }
+        let mut v: u64 = 0;
+        for b in s.bytes() {
+            let d = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'v' => b - b'a' + 10,
+                _ => return None,
+            };
+            v = v.checked_mul(32)? | u64::from(d);
+        }
+        i64::try_from(v).ok().map(ArchiveId)
+    }
+}
+
+/// Bit in [`ArchiveRecord::flags`]: an instant message (it has a body);
+/// counted as unread by the inbox.
+pub const FLAG_BODY: i32 = 1;
+
+/// One archived message, as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchiveRecord {
+    /// Whose archive.
+    pub owner: BareJid,
+    /// Its id (unique across the deployment).
+    pub id: ArchiveId,
+    /// The other party's bare JID.
+    pub with_bare: String,
+    /// The other party's JID as it appeared in the stanza (may be full).
+    pub remote: String,
+    /// Sent by the owner (true) or received (false).
+    pub outgoing: bool,
+    /// The sender-chosen id (XEP-0359 origin-id, else the `id` attribute),
+    /// used to find the message for retractions (XEP-0424).
+    pub origin_id: Option<String>,
+    /// [`FLAG_BODY`] and future bits.
+    pub flags: i32,
+    /// The serialized message.
+    pub stanza: String,
+}
+
+/// A stored message, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchivedMessage {
+    /// Its id.
+    pub id: ArchiveId,
+    /// The other party's bare JID.
+    pub with_bare: String,
+    /// Sent by the owner.
+    pub outgoing: bool,
+    /// See [`ArchiveRecord::flags`].
+    pub flags: i32,
+    /// The serialized message (or its tombstone).
+    pub stanza: String,
+}
+
+/// Which conversation partner a query is limited to (XEP-0313 §4.1.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WithFilter {
+    /// A bare JID: any of its resources.
+    Bare(String),
+    /// A full JID: exactly that address.
+    Full {
+        /// Its bare part.
+        bare: String,
+        /// The full JID.
+        full: String,
+    },
+}
+
+/// An archive query. Bounds are exclusive ids; the time range is turned
+/// into ids by the caller with [`ArchiveId::lower_bound`]/[`ArchiveId::upper_bound`]
+/// (inclusive bounds are expressed as exclusive ones ±1).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveQuery {
+    /// Conversation partner.
+    pub with: Option<WithFilter>,
+    /// Only ids greater than this.
+    pub after: Option<ArchiveId>,
+    /// Only ids smaller than this.
+    pub before: Option<ArchiveId>,
+    /// Only these ids (empty: no restriction).
+    pub ids: Vec<ArchiveId>,
+    /// At most this many messages.
+    pub limit: u32,
+    /// Take the *last* `limit` matching messages (RSM `<before/>`); otherwise
+    /// the first.
+    pub from_end: bool,
+}
+
+/// A page of results.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArchivePage {
+    /// Matching messages in chronological order.
+    pub messages: Vec<ArchivedMessage>,
+    /// No further matching message exists in the paging direction.
+    pub complete: bool,
+}
+
+/// The default of an archiving preference (XEP-0441 §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefsDefault {
+    /// Archive everything.
+    Always,
+    /// Archive nothing.
+    Never,
+    /// Archive messages with roster contacts.
+    Roster,
+}
+
+impl PrefsDefault {
+    /// The protocol value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefsDefault::Always => "always",
+            PrefsDefault::Never => "never",
+            PrefsDefault::Roster => "roster",
+        }
+    }
+
+    /// Parses the protocol value.
+    pub fn parse(s: &str) -> Option<PrefsDefault> {
+        match s {
+            "always" => Some(PrefsDefault::Always),
+            "never" => Some(PrefsDefault::Never),
+            "roster" => Some(PrefsDefault::Roster),
+            _ => None,
+        }
+    }
+}
+
+/// A user's archiving preferences.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchivePrefs {
+    /// What to do with JIDs in neither list.
+    pub default: PrefsDefault,
+    /// JIDs always archived.
+    pub always: Vec<String>,
+    /// JIDs never archived (wins over `always`).
+    pub never: Vec<String>,
+}
+
+/// Per-user message archives.
+#[async_trait]
+pub trait ArchiveStore: Send + Sync + 'static {
+    /// Appends records (any owners) in one transaction. Ids are unique; a
+    /// record whose id already exists is ignored, so a retried batch does
+    /// not duplicate messages.
+    async fn append(&self, records: &[ArchiveRecord]) -> StorageResult<()>;
+    /// Runs a query on `owner`'s archive.
+    async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage>;
+    /// Number of messages matching `q`, ignoring its limit and direction.
+    async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64>;
+    /// Which of `ids` exist in `owner`'s archive.
+    async fn existing(&self, owner: &BareJid, ids: &[ArchiveId]) -> StorageResult<Vec<ArchiveId>>;
+    /// The oldest and newest ids of `owner`'s archive.
+    async fn bounds(&self, owner: &BareJid) -> StorageResult<Option<(ArchiveId, ArchiveId)>>;
+    /// The newest message of `owner` with `with_bare` whose origin id is
+    /// `origin_id` and direction `outgoing`.
+    async fn find_by_origin(
+        &self,
+        owner: &BareJid,
+        with_bare: &str,
+        origin_id: &str,
+        outgoing: bool,
+    ) -> StorageResult<Option<ArchivedMessage>>;
+    /// Replaces a message's stanza (retraction tombstones). Returns false if
+    /// no such message.
+    async fn replace(&self, owner: &BareJid, id: ArchiveId, stanza: &str) -> StorageResult<bool>;
+    /// Number of received instant messages ([`FLAG_BODY`]) from `with_bare`
+    /// with ids greater than `after` (inbox unread counts).
+    async fn count_unread_after(
+        &self,
+        owner: &BareJid,
+        with_bare: &str,
+        after: ArchiveId,
+    ) -> StorageResult<u64>;
+    /// Deletes messages of `domain`'s accounts older than `before`
+    /// (retention). Returns how many were deleted.
+    async fn purge_domain_before(&self, domain: &str, before: ArchiveId) -> StorageResult<u64>;
+    /// Deletes `owner`'s messages older than `before` (all if `None`).
+    async fn purge_user(&self, owner: &BareJid, before: Option<ArchiveId>) -> StorageResult<u64>;
+    /// The user's preferences, if set.
+    async fn prefs(&self, owner: &BareJid) -> StorageResult<Option<ArchivePrefs>>;
+    /// Stores the user's preferences.
+    async fn set_prefs(&self, owner: &BareJid, prefs: &ArchivePrefs) -> StorageResult<()>;
+    /// Deletes everything of `owner` (account deletion).
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
+}
+
+/// How an inbox update changes the unread count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnreadChange {
+    /// Leave it.
+    Keep,
+    /// Add this many.
+    Add(u32),
+    /// Set it to this value.
+    Set(u32),
+}
+
+impl UnreadChange {
+    /// The effect of `self` followed by `next`.
+    pub fn then(self, next: UnreadChange) -> UnreadChange {
+        match (self, next) {
+            (s, UnreadChange::Keep) => s,
+            (_, UnreadChange::Set(n)) => UnreadChange::Set(n),
+            (UnreadChange::Keep, a) => a,
+            (UnreadChange::Add(a), UnreadChange::Add(b)) => UnreadChange::Add(a.saturating_add(b)),
+            (UnreadChange::Set(a), UnreadChange::Add(b)) => UnreadChange::Set(a.saturating_add(b)),
+        }
+    }
+}
+
+/// One change to a conversation of an inbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboxUpdate {
+    /// Whose inbox.
+    pub owner: BareJid,
+    /// The conversation partner's bare JID.
+    pub remote: String,
+    /// A new last message: its archive id and serialized stanza.
+    pub last: Option<(ArchiveId, String)>,
+    /// The unread count change.
+    pub unread: UnreadChange,
+}
+
+/// One conversation of an inbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboxEntry {
+    /// The conversation partner's bare JID.
+    pub remote: String,
+    /// Archive id of the last message.
+    pub last_id: ArchiveId,
+    /// The last message, serialized.
+    pub last_stanza: String,
+    /// Unread messages.
+    pub unread: u32,
+}
+
+/// Totals of an inbox (XEP-0430 `<fin/>`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboxTotals {
+    /// Conversations.
+    pub conversations: u64,
+    /// Conversations with at least one unread message.
+    pub unread_conversations: u64,
+    /// Unread messages over all conversations.
+    pub unread_messages: u64,
+}
+
+/// An inbox listing request: newest conversation first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InboxQuery {
+    /// Only conversations whose last id is smaller (the next page).
+    pub before: Option<ArchiveId>,
+    /// Only conversations whose last id is greater (the previous page).
+    pub after: Option<ArchiveId>,
+    /// Only conversations with unread messages.
+    pub unread_only: bool,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// Per-user conversation lists.
+#[async_trait]
+pub trait InboxStore: Send + Sync + 'static {
+    /// Applies updates in order, in one transaction. An update with no
+    /// `last` for a conversation that does not exist creates nothing.
+    async fn apply(&self, updates: &[InboxUpdate]) -> StorageResult<()>;
+    /// Lists conversations, newest last message first.
+    async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>>;
+    /// One conversation.
+    async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>>;
+    /// Totals over the whole inbox.
+    async fn totals(&self, owner: &BareJid) -> StorageResult<InboxTotals>;
+    /// Replaces the stored last message if its id is `id` (retractions).
+    async fn replace_last(
+        &self,
+        owner: &BareJid,
+        remote: &str,
+        id: ArchiveId,
+        stanza: &str,
+    ) -> StorageResult<bool>;
+    /// Deletes one conversation. Returns false if it did not exist.
+    async fn remove(&self, owner: &BareJid, remote: &str) -> StorageResult<bool>;
+    /// Deletes `owner`'s inbox (account deletion).
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_encode_in_time_order_and_round_trip() {
+        let a = ArchiveId::from_parts(1_700_000_000_000_000, 0);
+        let b = ArchiveId::from_parts(1_700_000_000_000_001, 0);
+        let c = ArchiveId::from_parts(1_700_000_000_000_001, 7);
+        assert!(a.encode() < b.encode() && b.encode() < c.encode());
+        for id in [a, b, c, ArchiveId(0), ArchiveId(i64::MAX)] {
+            assert_eq!(ArchiveId::decode(&id.encode()), Some(id));
+        }
+        assert_eq!(c.micros(), 1_700_000_000_000_001);
+        assert!(ArchiveId::lower_bound(5) <= ArchiveId::from_parts(5, 0));
+        assert!(ArchiveId::upper_bound(5) >= ArchiveId::from_parts(5, 255));
+    }
+
+    #[test]
+    fn bogus_ids_do_not_decode() {
+        for s in [
+            "",
+            "x",
+            "0000000000000z",
+            "zzzzzzzzzzzzz",
+            "'; drop table",
+            "vvvvvvvvvvvvv",
+        ] {
+            assert_eq!(ArchiveId::decode(s), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn unread_changes_compose() {
+        use UnreadChange::*;
+        assert_eq!(Add(1).then(Add(2)), Add(3));
+        assert_eq!(Add(1).then(Set(0)).then(Add(2)), Set(2));
+        assert_eq!(Keep.then(Add(1)), Add(1));
+        assert_eq!(Set(4).then(Keep), Set(4));
+    }
+}

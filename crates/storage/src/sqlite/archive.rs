@@ -1,0 +1,479 @@
+//! [`ArchiveStore`] and [`InboxStore`] on SQLite. Batches are written as
+//! multi-row statements inside one transaction (the write-behind queue in
+//! the server hands them over). Every statement text is fixed or assembled
+//! from fixed fragments; all values are bound.
+
+use super::{backend, split, SqliteStorage};
+use async_trait::async_trait;
+use sqlx::{QueryBuilder, Row, Sqlite};
+use starling_core::storage::{
+    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
+    ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
+    StorageResult, UnreadChange, WithFilter, FLAG_BODY,
+};
+use starling_proto::BareJid;
+
+/// Rows per INSERT statement (9 parameters each, far below SQLite's limit).
+const ROWS_PER_INSERT: usize = 200;
+
+fn message(r: &sqlx::sqlite::SqliteRow) -> ArchivedMessage {
+    ArchivedMessage {
+        id: ArchiveId(r.get(0)),
+        with_bare: r.get(1),
+        outgoing: r.get::<i64, _>(2) != 0,
+        flags: r.get::<i64, _>(3) as i32,
+        stanza: r.get(4),
+    }
+}
+
+/// Appends `AND …` conditions of `q` (not limit/direction).
+fn push_filters(b: &mut QueryBuilder<Sqlite>, owner: &BareJid, q: &ArchiveQuery) {
+    let (domain, user) = split(owner);
+    b.push(" WHERE domain = ").push_bind(domain);
+    b.push(" AND username = ").push_bind(user);
+    match &q.with {
+        None => {}
+        Some(WithFilter::Bare(bare)) => {
+            b.push(" AND with_bare = ").push_bind(bare.as_str());
+        }
+        Some(WithFilter::Full { bare, full }) => {
+            b.push(" AND with_bare = ").push_bind(bare.as_str());
+            b.push(" AND remote = ").push_bind(full.as_str());
+        }
+    }
+    if let Some(a) = q.after {
+        b.push(" AND id > ").push_bind(a.0);
+    }
+    if let Some(bf) = q.before {
+        b.push(" AND id < ").push_bind(bf.0);
+    }
+    if !q.ids.is_empty() {
+        b.push(" AND id IN (");
+        let mut sep = b.separated(", ");
+        for id in &q.ids {
+            sep.push_bind(id.0);
+        }
+        b.push(")");
+    }
+}
+
+#[async_trait]
+impl ArchiveStore for SqliteStorage {
+    async fn append(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        for chunk in records.chunks(ROWS_PER_INSERT) {
+            let mut b = QueryBuilder::<Sqlite>::new(
+                "INSERT OR IGNORE INTO archive
+                 (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza) ",
+            );
+            b.push_values(chunk, |mut row, r| {
+                let (domain, user) = split(&r.owner);
+                row.push_bind(r.id.0)
+                    .push_bind(domain)
+                    .push_bind(user)
+                    .push_bind(r.with_bare.as_str())
+                    .push_bind(r.remote.as_str())
+                    .push_bind(i64::from(r.outgoing))
+                    .push_bind(r.origin_id.as_deref())
+                    .push_bind(i64::from(r.flags))
+                    .push_bind(r.stanza.as_str());
+            });
+            b.build().execute(&mut *tx).await.map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {
+        let mut b = QueryBuilder::<Sqlite>::new(
+            "SELECT id, with_bare, outgoing, flags, stanza FROM archive",
+        );
+        push_filters(&mut b, owner, q);
+        b.push(if q.from_end {
+            " ORDER BY id DESC LIMIT "
+        } else {
+            " ORDER BY id ASC LIMIT "
+        });
+        b.push_bind(i64::from(q.limit) + 1);
+        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let complete = rows.len() <= q.limit as usize;
+        let mut messages: Vec<ArchivedMessage> =
+            rows.iter().take(q.limit as usize).map(message).collect();
+        if q.from_end {
+            messages.reverse();
+        }
+        Ok(ArchivePage { messages, complete })
+    }
+
+    async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64> {
+        let mut b = QueryBuilder::<Sqlite>::new("SELECT COUNT(*) FROM archive");
+        push_filters(&mut b, owner, q);
+        let n: i64 = b
+            .build()
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    async fn existing(&self, owner: &BareJid, ids: &[ArchiveId]) -> StorageResult<Vec<ArchiveId>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (domain, user) = split(owner);
+        let mut b = QueryBuilder::<Sqlite>::new("SELECT id FROM archive WHERE domain = ");
+        b.push_bind(domain).push(" AND username = ").push_bind(user);
+        b.push(" AND id IN (");
+        let mut sep = b.separated(", ");
+        for id in ids {
+            sep.push_bind(id.0);
+        }
+        b.push(")");
+        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        Ok(rows.iter().map(|r| ArchiveId(r.get(0))).collect())
+    }
+
+    async fn bounds(&self, owner: &BareJid) -> StorageResult<Option<(ArchiveId, ArchiveId)>> {
+        let (domain, user) = split(owner);
+        // Two index probes rather than MIN/MAX over a filtered set.
+        let first = sqlx::query(
+            "SELECT id FROM archive WHERE domain = ? AND username = ? ORDER BY id ASC LIMIT 1",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        let Some(first) = first else { return Ok(None) };
+        let last: i64 = sqlx::query(
+            "SELECT id FROM archive WHERE domain = ? AND username = ? ORDER BY id DESC LIMIT 1",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?
+        .get(0);
+        Ok(Some((ArchiveId(first.get(0)), ArchiveId(last))))
+    }
+
+    async fn find_by_origin(
+        &self,
+        owner: &BareJid,
+        with_bare: &str,
+        origin_id: &str,
+        outgoing: bool,
+    ) -> StorageResult<Option<ArchivedMessage>> {
+        let (domain, user) = split(owner);
+        let row = sqlx::query(
+            "SELECT id, with_bare, outgoing, flags, stanza FROM archive
+             WHERE domain = ? AND username = ? AND with_bare = ? AND origin_id = ?
+               AND outgoing = ?
+             ORDER BY id DESC LIMIT 1",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(with_bare)
+        .bind(origin_id)
+        .bind(i64::from(outgoing))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.as_ref().map(message))
+    }
+
+    async fn replace(&self, owner: &BareJid, id: ArchiveId, stanza: &str) -> StorageResult<bool> {
+        let (domain, user) = split(owner);
+        let n = sqlx::query(
+            "UPDATE archive SET stanza = ?, flags = flags & ~? WHERE id = ? AND domain = ? AND username = ?",
+        )
+        .bind(stanza)
+        .bind(i64::from(FLAG_BODY))
+        .bind(id.0)
+        .bind(domain)
+        .bind(user)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn count_unread_after(
+        &self,
+        owner: &BareJid,
+        with_bare: &str,
+        after: ArchiveId,
+    ) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        let n: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM archive
+             WHERE domain = ? AND username = ? AND with_bare = ? AND id > ?
+               AND outgoing = 0 AND (flags & ?) != 0",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(with_bare)
+        .bind(after.0)
+        .bind(i64::from(FLAG_BODY))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?
+        .get(0);
+        Ok(n as u64)
+    }
+
+    async fn purge_domain_before(&self, domain: &str, before: ArchiveId) -> StorageResult<u64> {
+        let n = sqlx::query("DELETE FROM archive WHERE id < ? AND domain = ?")
+            .bind(before.0)
+            .bind(domain)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        Ok(n)
+    }
+
+    async fn purge_user(&self, owner: &BareJid, before: Option<ArchiveId>) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        let n = sqlx::query("DELETE FROM archive WHERE domain = ? AND username = ? AND id < ?")
+            .bind(domain)
+            .bind(user)
+            .bind(before.map_or(i64::MAX, |b| b.0))
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        Ok(n)
+    }
+
+    async fn prefs(&self, owner: &BareJid) -> StorageResult<Option<ArchivePrefs>> {
+        let (domain, user) = split(owner);
+        let row = sqlx::query(
+            "SELECT def, always, never FROM archive_prefs WHERE domain = ? AND username = ?",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.map(|r| {
+            let list = |s: String| -> Vec<String> {
+                s.split('\n')
+                    .filter(|x| !x.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            };
+            ArchivePrefs {
+                default: PrefsDefault::parse(r.get::<&str, _>(0)).unwrap_or(PrefsDefault::Always),
+                always: list(r.get(1)),
+                never: list(r.get(2)),
+            }
+        }))
+    }
+
+    async fn set_prefs(&self, owner: &BareJid, prefs: &ArchivePrefs) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(
+            "INSERT INTO archive_prefs (domain, username, def, always, never) VALUES (?, ?, ?, ?, ?)
+             ON CONFLICT (domain, username) DO UPDATE
+             SET def = excluded.def, always = excluded.always, never = excluded.never",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(prefs.default.as_str())
+        .bind(prefs.always.join("\n"))
+        .bind(prefs.never.join("\n"))
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
+        self.exec_for_owner(
+            "DELETE FROM archive WHERE domain = ? AND username = ?",
+            owner,
+        )
+        .await?;
+        self.exec_for_owner(
+            "DELETE FROM archive_prefs WHERE domain = ? AND username = ?",
+            owner,
+        )
+        .await
+    }
+}
+
+fn entry(r: &sqlx::sqlite::SqliteRow) -> InboxEntry {
+    InboxEntry {
+        remote: r.get(0),
+        last_id: ArchiveId(r.get(1)),
+        last_stanza: r.get(2),
+        unread: r.get::<i64, _>(3).clamp(0, i64::from(u32::MAX)) as u32,
+    }
+}
+
+#[async_trait]
+impl InboxStore for SqliteStorage {
+    async fn apply(&self, updates: &[InboxUpdate]) -> StorageResult<()> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        for u in updates {
+            let (domain, user) = split(&u.owner);
+            let (set, value) = match u.unread {
+                UnreadChange::Keep => (0i64, 0i64),
+                UnreadChange::Add(n) => (0, i64::from(n)),
+                UnreadChange::Set(n) => (1, i64::from(n)),
+            };
+            match &u.last {
+                Some((id, stanza)) => {
+                    sqlx::query(
+                        "INSERT INTO inbox (domain, username, remote, last_id, last_stanza, unread)
+                         VALUES (?, ?, ?, ?, ?, ?)
+                         ON CONFLICT (domain, username, remote) DO UPDATE SET
+                           last_id = MAX(last_id, excluded.last_id),
+                           last_stanza = CASE WHEN excluded.last_id >= last_id
+                                              THEN excluded.last_stanza ELSE last_stanza END,
+                           unread = CASE WHEN ? = 1 THEN excluded.unread
+                                         ELSE unread + excluded.unread END",
+                    )
+                    .bind(domain)
+                    .bind(user)
+                    .bind(u.remote.as_str())
+                    .bind(id.0)
+                    .bind(stanza.as_str())
+                    .bind(value)
+                    .bind(set)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                }
+                None => {
+                    sqlx::query(
+                        "UPDATE inbox SET unread = CASE WHEN ? = 1 THEN ? ELSE unread + ? END
+                         WHERE domain = ? AND username = ? AND remote = ?",
+                    )
+                    .bind(set)
+                    .bind(value)
+                    .bind(value)
+                    .bind(domain)
+                    .bind(user)
+                    .bind(u.remote.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                }
+            }
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
+        let (domain, user) = split(owner);
+        let mut b = QueryBuilder::<Sqlite>::new(
+            "SELECT remote, last_id, last_stanza, unread FROM inbox WHERE domain = ",
+        );
+        b.push_bind(domain).push(" AND username = ").push_bind(user);
+        if let Some(before) = q.before {
+            b.push(" AND last_id < ").push_bind(before.0);
+        }
+        if let Some(after) = q.after {
+            b.push(" AND last_id > ").push_bind(after.0);
+        }
+        if q.unread_only {
+            b.push(" AND unread > 0");
+        }
+        // `after` pages towards newer conversations: take the oldest of
+        // those, then present newest first like every page.
+        b.push(if q.after.is_some() && q.before.is_none() {
+            " ORDER BY last_id ASC LIMIT "
+        } else {
+            " ORDER BY last_id DESC LIMIT "
+        });
+        b.push_bind(i64::from(q.limit));
+        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let mut out: Vec<InboxEntry> = rows.iter().map(entry).collect();
+        out.sort_by(|a, b| b.last_id.cmp(&a.last_id));
+        Ok(out)
+    }
+
+    async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>> {
+        let (domain, user) = split(owner);
+        let row = sqlx::query(
+            "SELECT remote, last_id, last_stanza, unread FROM inbox
+             WHERE domain = ? AND username = ? AND remote = ?",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(remote)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.as_ref().map(entry))
+    }
+
+    async fn totals(&self, owner: &BareJid) -> StorageResult<InboxTotals> {
+        let (domain, user) = split(owner);
+        let r = sqlx::query(
+            "SELECT COUNT(*), COALESCE(SUM(unread > 0), 0), COALESCE(SUM(unread), 0) FROM inbox
+             WHERE domain = ? AND username = ?",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(InboxTotals {
+            conversations: r.get::<i64, _>(0) as u64,
+            unread_conversations: r.get::<i64, _>(1) as u64,
+            unread_messages: r.get::<i64, _>(2) as u64,
+        })
+    }
+
+    async fn replace_last(
+        &self,
+        owner: &BareJid,
+        remote: &str,
+        id: ArchiveId,
+        stanza: &str,
+    ) -> StorageResult<bool> {
+        let (domain, user) = split(owner);
+        let n = sqlx::query(
+            "UPDATE inbox SET last_stanza = ?
+             WHERE domain = ? AND username = ? AND remote = ? AND last_id = ?",
+        )
+        .bind(stanza)
+        .bind(domain)
+        .bind(user)
+        .bind(remote)
+        .bind(id.0)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn remove(&self, owner: &BareJid, remote: &str) -> StorageResult<bool> {
+        let (domain, user) = split(owner);
+        let n = sqlx::query("DELETE FROM inbox WHERE domain = ? AND username = ? AND remote = ?")
+            .bind(domain)
+            .bind(user)
+            .bind(remote)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
+        self.exec_for_owner("DELETE FROM inbox WHERE domain = ? AND username = ?", owner)
+            .await
+    }
+}
