@@ -235,11 +235,20 @@ pub trait OfflineMessageHandler: Send + Sync + 'static {
 /// router before it applies its delivery rules (RFC 6121 §8.5). A handler
 /// that answers or drops it returns [`Flow::Stop`]. Used for rules that must
 /// hold whatever resource is online, e.g. block lists (XEP-0191) and
-/// subscription handling (RFC 6121 §3).
+/// subscription handling (RFC 6121 §3). A handler may change the stanza
+/// before delivery (for example the archive adds a XEP-0359 stanza id).
 #[async_trait]
 pub trait InboundHandler: Send + Sync + 'static {
     /// Handles one stanza; `to` is a local account.
-    async fn inbound(&self, env: &Env, stanza: &Stanza) -> HookResult;
+    async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult;
+}
+
+/// The server is shutting down: every session has closed and storage is
+/// still open. Modules with background writers flush them here.
+#[async_trait]
+pub trait ShutdownHandler: Send + Sync + 'static {
+    /// Runs once, before storage is closed.
+    async fn shutdown(&self, env: &Env);
 }
 
 /// Who an iq is addressed to, from the server's point of view.
@@ -369,6 +378,8 @@ pub struct Hooks {
     pub inbound: Chain<dyn InboundHandler>,
     /// [`StreamFeatureProvider`]s.
     pub stream_features: Vec<Arc<dyn StreamFeatureProvider>>,
+    /// [`ShutdownHandler`]s.
+    pub shutdown: Chain<dyn ShutdownHandler>,
     timers: HashMap<&'static str, Arc<dyn TimerHandler>>,
     /// namespace → (scope, element name, module, handler); looked up by
     /// `&str` so routing an iq allocates nothing.
@@ -452,6 +463,11 @@ impl HookRegistry {
     /// Registers an [`InboundHandler`].
     pub fn inbound(&mut self, module: &'static str, priority: i32, h: Arc<dyn InboundHandler>) {
         self.hooks.inbound.add(priority, module, h);
+    }
+
+    /// Registers a [`ShutdownHandler`].
+    pub fn shutdown(&mut self, module: &'static str, priority: i32, h: Arc<dyn ShutdownHandler>) {
+        self.hooks.shutdown.add(priority, module, h);
     }
 
     /// Registers a [`StreamFeatureProvider`].

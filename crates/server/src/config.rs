@@ -68,6 +68,10 @@ pub struct ServerSection {
     /// Upper bound on simultaneous client connections (beyond it, new
     /// connections wait in the kernel's accept queue).
     pub max_connections: usize,
+    /// This node's number (0-255), part of every archive id it assigns;
+    /// give each node of a cluster its own so ids stay unique across the
+    /// deployment.
+    pub node_id: u8,
 }
 
 impl Default for ServerSection {
@@ -77,6 +81,7 @@ impl Default for ServerSection {
             data_dir: PathBuf::from("./data"),
             shutdown_timeout_secs: 10,
             max_connections: 100_000,
+            node_id: 0,
         }
     }
 }
@@ -272,6 +277,10 @@ pub struct ModulesSection {
     pub offline: OfflineConfig,
     /// `[modules.carbons]`
     pub carbons: EnabledConfig,
+    /// `[modules.mam]`
+    pub mam: MamConfig,
+    /// `[modules.inbox]`
+    pub inbox: InboxConfig,
     /// `[modules.version]`
     pub version: VersionConfig,
     /// `[modules.time]`
@@ -309,6 +318,70 @@ impl Default for OfflineConfig {
         OfflineConfig {
             enabled: true,
             max_messages_per_user: 1000,
+        }
+    }
+}
+
+/// `[modules.mam]`: message archive (XEP-0313, XEP-0359, XEP-0441,
+/// XEP-0424 tombstones).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MamConfig {
+    /// Run the module.
+    pub enabled: bool,
+    /// Archiving default for users who set no preference: "always",
+    /// "roster" or "never".
+    pub default_mode: String,
+    /// Page size when a query gives no RSM `<max/>`.
+    pub default_page_size: u32,
+    /// Largest page a query may ask for.
+    pub max_page_size: u32,
+    /// Days messages are kept (0: forever).
+    pub retention_days: u32,
+    /// Per-domain retention overriding `retention_days`.
+    pub domain_retention_days: std::collections::BTreeMap<String, u32>,
+    /// Write-behind queue: records waiting at most before senders wait.
+    pub queue_capacity: usize,
+    /// Write-behind queue: records per database transaction at most.
+    pub batch_size: usize,
+    /// Write-behind queue: milliseconds a small batch waits for more.
+    pub batch_delay_ms: u64,
+}
+
+impl Default for MamConfig {
+    fn default() -> Self {
+        MamConfig {
+            enabled: true,
+            default_mode: "always".into(),
+            default_page_size: 50,
+            max_page_size: 250,
+            retention_days: 0,
+            domain_retention_days: Default::default(),
+            queue_capacity: 20_000,
+            batch_size: 500,
+            batch_delay_ms: 5,
+        }
+    }
+}
+
+/// `[modules.inbox]`: conversation list with unread counts (XEP-0430).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InboxConfig {
+    /// Run the module (needs `[modules.mam]`).
+    pub enabled: bool,
+    /// Conversations per query when it gives no RSM `<max/>`.
+    pub default_page_size: u32,
+    /// Largest page a query may ask for.
+    pub max_page_size: u32,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        InboxConfig {
+            enabled: true,
+            default_page_size: 50,
+            max_page_size: 250,
         }
     }
 }
@@ -537,6 +610,49 @@ impl Config {
                     ))
                 }
             }
+        }
+        let mam = &self.modules.mam;
+        if starling_core::storage::PrefsDefault::parse(&mam.default_mode).is_none() {
+            return Err(invalid(
+                "modules.mam.default_mode",
+                format!(
+                    "{:?} is not one of \"always\", \"roster\", \"never\"",
+                    mam.default_mode
+                ),
+            ));
+        }
+        if mam.default_page_size == 0 || mam.default_page_size > mam.max_page_size {
+            return Err(invalid(
+                "modules.mam.default_page_size",
+                "must be at least 1 and at most max_page_size".into(),
+            ));
+        }
+        if mam.queue_capacity == 0 || mam.batch_size == 0 {
+            return Err(invalid(
+                "modules.mam.queue_capacity",
+                "queue_capacity and batch_size must be at least 1".into(),
+            ));
+        }
+        for d in mam.domain_retention_days.keys() {
+            if !self.server.domains.iter().any(|x| x == d) {
+                return Err(invalid(
+                    "modules.mam.domain_retention_days",
+                    format!("{d:?} is not one of server.domains"),
+                ));
+            }
+        }
+        let inbox = &self.modules.inbox;
+        if inbox.enabled && !mam.enabled {
+            return Err(invalid(
+                "modules.inbox.enabled",
+                "the inbox needs the archive: enable [modules.mam] or set [modules.inbox] enabled = false".into(),
+            ));
+        }
+        if inbox.default_page_size == 0 || inbox.default_page_size > inbox.max_page_size {
+            return Err(invalid(
+                "modules.inbox.default_page_size",
+                "must be at least 1 and at most max_page_size".into(),
+            ));
         }
         if self.listen.is_empty() {
             return Err(invalid(

@@ -20,6 +20,7 @@ pub mod router;
 pub mod server;
 pub mod sessions;
 pub mod tls;
+pub mod write_behind;
 
 pub use config::Config;
 pub use server::{start, RunningServer};

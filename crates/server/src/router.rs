@@ -214,7 +214,7 @@ impl LocalRouter {
 
 #[async_trait]
 impl Router for LocalRouter {
-    async fn route(&self, env: &Env, stanza: Stanza) {
+    async fn route(&self, env: &Env, mut stanza: Stanza) {
         // RFC 6120 §10.3: no 'to' means the sender's own account.
         let to: Jid = match stanza.to().or(stanza.from()) {
             Some(j) => j.clone(),
@@ -247,7 +247,8 @@ impl Router for LocalRouter {
         }
         // Account-wide rules (block lists, subscriptions) before delivery.
         if !env.hooks.inbound.is_empty() {
-            let flow = run_chain!(env.hooks.inbound, "inbound", |h| h.inbound(env, &stanza));
+            let flow = run_chain!(env.hooks.inbound, "inbound", |h| h
+                .inbound(env, &mut stanza));
             if flow == Flow::Stop {
                 return;
             }

@@ -56,6 +56,10 @@ impl RunningServer {
         {
             tracing::warn!("some sessions did not close in time");
         }
+        for (module, h) in self.env.hooks.shutdown.iter() {
+            tracing::info!(module, "flushing module state");
+            h.shutdown(&self.env).await;
+        }
         self.env.storage.backend.close().await;
         tracing::info!("shutdown complete");
     }
@@ -105,12 +109,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     )
     .context("setting up TLS")?;
     tracing::info!(certificate = %tls.source, "TLS ready");
+    let hooks = crate::modules::build_hooks(&cfg, &storage);
     let env = Arc::new(Env {
         router: Arc::new(LocalRouter::new()),
         sessions: Arc::new(SessionTable::new()),
         storage,
         hosts: Hosts::new(domains.clone()),
-        hooks: crate::modules::build_hooks(&cfg),
+        hooks,
         metrics: Metrics::new(),
     });
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));

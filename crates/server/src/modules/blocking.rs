@@ -305,7 +305,7 @@ impl IqHandler for Blocking {
 
 #[async_trait]
 impl InboundHandler for Blocking {
-    async fn inbound(&self, env: &Env, stanza: &Stanza) -> HookResult {
+    async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult {
         let (Some(to), Some(from)) = (stanza.to(), stanza.from()) else {
             return Ok(Flow::Continue);
         };

@@ -6,7 +6,9 @@
 pub mod blocking;
 pub mod carbons;
 pub mod disco;
+pub mod inbox;
 pub mod last;
+pub mod mam;
 pub mod offline;
 pub mod ping;
 pub mod presence;
@@ -19,9 +21,12 @@ pub mod version;
 
 use crate::config::Config;
 use starling_core::hooks::{HookRegistry, Hooks};
+use starling_core::storage::Storage;
 
-/// Registers every enabled module and freezes the hooks.
-pub fn build_hooks(cfg: &Config) -> Hooks {
+/// Registers every enabled module and freezes the hooks. Modules with
+/// background writers (archive, inbox) start them here, so this runs inside
+/// the Tokio runtime.
+pub fn build_hooks(cfg: &Config, storage: &Storage) -> Hooks {
     let mut reg = HookRegistry::new();
     let m = &cfg.modules;
     // Subscriptions, probes and roster-based presence fan-out need the
@@ -57,6 +62,18 @@ pub fn build_hooks(cfg: &Config) -> Hooks {
     }
     if m.carbons.enabled {
         carbons::Carbons::register(&mut reg);
+    }
+    if m.mam.enabled {
+        let mam = mam::Mam::register(
+            &m.mam,
+            &cfg.server.domains,
+            cfg.server.node_id,
+            storage,
+            &mut reg,
+        );
+        if m.inbox.enabled {
+            inbox::Inbox::register(&m.inbox, storage, mam, &mut reg);
+        }
     }
     if m.version.enabled {
         version::Version::register(&m.version, &mut reg);

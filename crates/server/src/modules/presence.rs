@@ -153,11 +153,11 @@ impl Presence {
         for c in contacts {
             for e in env.sessions.resources(&c) {
                 let Some(p) = &e.presence else { continue };
-                let s = Stanza::new((**p).clone(), Some(e.jid.into()), Some(me.clone()));
+                let mut s = Stanza::new((**p).clone(), Some(e.jid.into()), Some(me.clone()));
                 let flow = if env.hooks.inbound.is_empty() {
                     Flow::Continue
                 } else {
-                    run_chain!(env.hooks.inbound, "inbound", |h| h.inbound(env, &s))
+                    run_chain!(env.hooks.inbound, "inbound", |h| h.inbound(env, &mut s))
                 };
                 if flow == Flow::Continue {
                     cx.send(s.into_element());
@@ -261,7 +261,7 @@ impl SessionClosedHandler for Presence {
 
 #[async_trait]
 impl InboundHandler for Presence {
-    async fn inbound(&self, env: &Env, stanza: &Stanza) -> HookResult {
+    async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult {
         if stanza.kind() != StanzaKind::Presence || stanza.type_attr() != Some("probe") {
             return Ok(Flow::Continue);
         }

@@ -951,7 +951,7 @@ impl UserReceiveHandler for Roster {
 
 #[async_trait]
 impl InboundHandler for Roster {
-    async fn inbound(&self, env: &Env, stanza: &Stanza) -> HookResult {
+    async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult {
         let Some(kind) = SubType::of(stanza) else {
             return Ok(Flow::Continue);
         };

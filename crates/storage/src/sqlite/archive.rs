@@ -398,7 +398,7 @@ impl InboxStore for SqliteStorage {
         b.push_bind(i64::from(q.limit));
         let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
         let mut out: Vec<InboxEntry> = rows.iter().map(entry).collect();
-        out.sort_by(|a, b| b.last_id.cmp(&a.last_id));
+        out.sort_by_key(|e| std::cmp::Reverse(e.last_id));
         Ok(out)
     }
 

@@ -1,0 +1,481 @@
+//! Inbox (XEP-0430 `urn:xmpp:inbox:1`): the conversation list with the
+//! last message and an unread count per conversation, kept up to date as
+//! messages are archived, modelled on MongooseIM's `mod_inbox`.
+//!
+//! - Every archived instant message updates the conversation of both
+//!   parties: the last message (with its archive id) and the unread count —
+//!   +1 for the recipient, reset to 0 for the sender (who has obviously
+//!   read the conversation, as in MongooseIM). Corrections (XEP-0308)
+//!   replace the last message without counting as unread. Receipts
+//!   (XEP-0184) change nothing (XEP-0430 §4).
+//! - A `displayed` or `acknowledged` chat marker (XEP-0333) the user sends
+//!   marks the referenced message and everything before it as read: the
+//!   count becomes the number of received instant messages after it in the
+//!   archive (0 when it is the newest; 0 as well when the message is not in
+//!   the archive). Markers reach the user's other devices as sent carbons,
+//!   so every device converges.
+//! - Explicit reset, MongooseIM-compatible: `<reset
+//!   xmlns='erlang-solutions.com:xmpp:inbox:0#conversation' jid='…'/>` in
+//!   an iq set sets a conversation's count to 0.
+//! - A retraction (XEP-0424) that hits the last message replaces it with
+//!   the tombstone in the inbox too.
+//! - Query (XEP-0430 §3): iq get `<inbox unread-only='…' messages='…'>` with
+//!   optional RSM (`max`, `after`/`before` an entry's id, newest first).
+//!   One `<message>` per conversation with `<entry jid unread id/>` and,
+//!   unless `messages='false'`, the last message as a MAM `<result/>`; then
+//!   the iq result with `<fin total unread all-unread>` and RSM
+//!   first/last/count.
+//! - Updates go through a write-behind queue that merges the updates of a
+//!   batch per conversation; queries flush it first.
+//!
+//! Hooks: called by the archive (`mam`), `user_send` (46) for own-inbox
+//! queries, `shutdown`; iq handlers `{urn:xmpp:inbox:1}inbox`,
+//! `{…#conversation}reset` (account scope). Storage: `InboxStore`.
+//! Config: `[modules.inbox]` (needs `[modules.mam]`).
+
+use crate::config::InboxConfig;
+use crate::modules::mam::{result_message, Kind, Mam, NS_MARKERS, NS_RSM};
+use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use starling_core::hooks::{
+    HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
+};
+use starling_core::storage::{
+    ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
+};
+use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
+use starling_proto::{
+    BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
+use starling_xml::Element;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+const NAME: &str = "inbox";
+/// XEP-0430 namespace.
+pub const NS_INBOX: &str = "urn:xmpp:inbox:1";
+/// MongooseIM's conversation-properties namespace (reset).
+pub const NS_CONVERSATION: &str = "erlang-solutions.com:xmpp:inbox:0#conversation";
+
+/// The inbox module.
+pub struct Inbox {
+    store: Arc<dyn InboxStore>,
+    queue: WriteBehind<InboxUpdate>,
+    mam: Arc<Mam>,
+    default_page: u32,
+    max_page: u32,
+}
+
+struct Sink(Arc<dyn InboxStore>);
+
+/// Merges the updates of one batch per conversation, keeping the order in
+/// which conversations first appear.
+fn coalesce(batch: &[InboxUpdate]) -> Vec<InboxUpdate> {
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut out: Vec<InboxUpdate> = Vec::with_capacity(batch.len());
+    for u in batch {
+        match index.get(&(u.owner.as_str(), u.remote.as_str())) {
+            Some(&i) => {
+                let m = &mut out[i];
+                if let Some(last) = &u.last {
+                    if m.last.as_ref().is_none_or(|(id, _)| *id <= last.0) {
+                        m.last = Some(last.clone());
+                    }
+                }
+                m.unread = m.unread.then(u.unread);
+            }
+            None => {
+                index.insert((u.owner.as_str(), u.remote.as_str()), out.len());
+                out.push(u.clone());
+            }
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl BatchSink<InboxUpdate> for Sink {
+    async fn write(&self, batch: &[InboxUpdate]) -> StorageResult<()> {
+        self.0.apply(&coalesce(batch)).await
+    }
+}
+
+impl Inbox {
+    /// Registers the module and attaches it to the archive.
+    pub fn register(cfg: &InboxConfig, storage: &Storage, mam: Arc<Mam>, reg: &mut HookRegistry) {
+        let store = storage.inbox.clone();
+        let queue = WriteBehind::spawn(
+            "inbox",
+            Arc::new(Sink(store.clone())),
+            WriteBehindConfig {
+                capacity: 20_000,
+                max_batch: 500,
+                max_delay: Duration::from_millis(5),
+            },
+        );
+        let m = Arc::new(Inbox {
+            store,
+            queue,
+            mam: mam.clone(),
+            default_page: cfg.default_page_size,
+            max_page: cfg.max_page_size,
+        });
+        mam.attach_inbox(m.clone());
+        reg.user_send(NAME, 46, m.clone());
+        // After the archive's shutdown (90): sessions are gone by then, so
+        // nothing pushes updates any more.
+        reg.shutdown(NAME, 95, m.clone());
+        reg.iq(NAME, IqScope::Account, "inbox", NS_INBOX, m.clone());
+        reg.iq(NAME, IqScope::Account, "reset", NS_CONVERSATION, m.clone());
+        reg.disco()
+            .feature(IqScope::Account, NS_INBOX)
+            .feature(IqScope::Account, NS_CONVERSATION);
+    }
+
+    /// The owner sent an archived message `id` to `peer`.
+    pub async fn outgoing(
+        &self,
+        owner: &BareJid,
+        peer: &BareJid,
+        id: ArchiveId,
+        xml: String,
+        kind: Kind,
+        el: &Element,
+    ) {
+        match kind {
+            Kind::Instant | Kind::Correction => {
+                self.push(owner, peer, Some((id, xml)), UnreadChange::Set(0))
+                    .await;
+            }
+            Kind::Other => {
+                let marker = el
+                    .children()
+                    .find(|c| {
+                        c.ns() == NS_MARKERS && matches!(c.name(), "displayed" | "acknowledged")
+                    })
+                    .and_then(|c| c.attr("id"));
+                if let Some(marked) = marker {
+                    let n = self.unread_after(owner, peer, marked).await;
+                    self.push(owner, peer, None, UnreadChange::Set(n)).await;
+                }
+            }
+            Kind::Skip => {}
+        }
+    }
+
+    /// The owner received an archived message `id` from `peer`.
+    pub async fn incoming(
+        &self,
+        owner: &BareJid,
+        peer: &BareJid,
+        id: ArchiveId,
+        xml: String,
+        kind: Kind,
+        _el: &Element,
+    ) {
+        match kind {
+            Kind::Instant => {
+                self.push(owner, peer, Some((id, xml)), UnreadChange::Add(1))
+                    .await
+            }
+            Kind::Correction => {
+                self.push(owner, peer, Some((id, xml)), UnreadChange::Keep)
+                    .await
+            }
+            Kind::Other | Kind::Skip => {}
+        }
+    }
+
+    /// A retraction replaced archived message `id`: so does the inbox if it
+    /// is the conversation's last message.
+    pub async fn tombstone(&self, owner: &BareJid, peer: &str, id: ArchiveId, xml: &str) {
+        self.queue.flush().await;
+        if let Err(e) = self.store.replace_last(owner, peer, id, xml).await {
+            tracing::error!(module = NAME, user = %owner, error = %e, "inbox tombstone failed");
+        }
+    }
+
+    async fn push(
+        &self,
+        owner: &BareJid,
+        peer: &BareJid,
+        last: Option<(ArchiveId, String)>,
+        unread: UnreadChange,
+    ) {
+        self.queue
+            .push(InboxUpdate {
+                owner: owner.clone(),
+                remote: peer.as_str().to_owned(),
+                last,
+                unread,
+            })
+            .await;
+    }
+
+    /// Received instant messages from `peer` after the one with origin id
+    /// `marked` (XEP-0430 §4: a marker reads everything before it).
+    async fn unread_after(&self, owner: &BareJid, peer: &BareJid, marked: &str) -> u32 {
+        self.mam.flush().await;
+        let store = self.mam.store();
+        let r = async {
+            match store
+                .find_by_origin(owner, peer.as_str(), marked, false)
+                .await?
+            {
+                Some(m) => store.count_unread_after(owner, peer.as_str(), m.id).await,
+                None => Ok(0),
+            }
+        }
+        .await;
+        match r {
+            Ok(n) => u32::try_from(n).unwrap_or(u32::MAX),
+            Err(e) => {
+                tracing::error!(module = NAME, user = %owner, error = %e, "counting unread messages failed; resetting to 0");
+                0
+            }
+        }
+    }
+
+    async fn run_query(
+        &self,
+        owner: &BareJid,
+        requester: &FullJid,
+        iq: &Stanza,
+    ) -> Result<(Vec<Element>, Element), StanzaError> {
+        let p = iq.payload().expect("checked by caller");
+        let flag = |name: &str, default: bool| -> Result<bool, StanzaError> {
+            match p.attr(name) {
+                None => Ok(default),
+                Some("true" | "1") => Ok(true),
+                Some("false" | "0") => Ok(false),
+                Some(_) => Err(StanzaError::new(StanzaErrorCondition::BadRequest)
+                    .with_text(format!("'{name}' must be true or false"))),
+            }
+        };
+        let unread_only = flag("unread-only", false)?;
+        let messages = flag("messages", true)?;
+        let bad = |t: &str| StanzaError::new(StanzaErrorCondition::BadRequest).with_text(t);
+        let not_found = || {
+            StanzaError::new(StanzaErrorCondition::ItemNotFound)
+                .with_text("no conversation with this id in the inbox")
+        };
+        let mut q = InboxQuery {
+            unread_only,
+            limit: self.default_page,
+            ..Default::default()
+        };
+        if let Some(set) = p.get_child("set", NS_RSM) {
+            for c in set.children() {
+                match c.name() {
+                    "max" => {
+                        let m: u32 = c
+                            .text()
+                            .trim()
+                            .parse()
+                            .map_err(|_| bad("<max/> must be a number"))?;
+                        q.limit = m.min(self.max_page);
+                    }
+                    // Pages run newest first: the next page is older.
+                    "after" => {
+                        q.before = Some(ArchiveId::decode(c.text().trim()).ok_or_else(not_found)?)
+                    }
+                    "before" => {
+                        let t = c.text();
+                        if !t.trim().is_empty() {
+                            q.after = Some(ArchiveId::decode(t.trim()).ok_or_else(not_found)?);
+                        }
+                    }
+                    "index" => {
+                        return Err(
+                            StanzaError::new(StanzaErrorCondition::FeatureNotImplemented)
+                                .with_text("RSM <index/> is not supported"),
+                        )
+                    }
+                    _ => return Err(bad("unexpected element in <set/>")),
+                }
+            }
+        }
+        self.queue.flush().await;
+        let backend = |e: starling_core::storage::StorageError| {
+            tracing::error!(module = NAME, user = %owner, error = %e, "inbox query failed");
+            StanzaError::new(StanzaErrorCondition::InternalServerError)
+        };
+        let entries = if q.limit == 0 {
+            Vec::new()
+        } else {
+            self.store.list(owner, &q).await.map_err(backend)?
+        };
+        let totals = self.store.totals(owner).await.map_err(backend)?;
+        let queryid = iq.id();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let mut msg = Element::builder("message", starling_proto::ns::CLIENT)
+                .attr("from", owner.as_str())
+                .attr("to", requester.as_str())
+                .append(
+                    Element::builder("entry", NS_INBOX)
+                        .attr("jid", e.remote.as_str())
+                        .attr("unread", e.unread.to_string())
+                        .attr("id", e.last_id.encode())
+                        .build(),
+                )
+                .build();
+            if messages {
+                if let Ok(stored) = e.last_stanza.parse::<Element>() {
+                    let r = result_message(owner, requester, queryid, e.last_id, stored);
+                    let result = r.children().next().cloned();
+                    if let Some(result) = result {
+                        msg.append_child(result);
+                    }
+                }
+            }
+            out.push(msg);
+        }
+        let mut set = Element::new("set", NS_RSM);
+        if let (Some(f), Some(l)) = (entries.first(), entries.last()) {
+            set.append_child(
+                Element::builder("first", NS_RSM)
+                    .text(f.last_id.encode())
+                    .build(),
+            );
+            set.append_child(
+                Element::builder("last", NS_RSM)
+                    .text(l.last_id.encode())
+                    .build(),
+            );
+        }
+        set.append_child(
+            Element::builder("count", NS_RSM)
+                .text(totals.conversations.to_string())
+                .build(),
+        );
+        let fin = Element::builder("fin", NS_INBOX)
+            .attr("total", totals.conversations.to_string())
+            .attr("unread", totals.unread_conversations.to_string())
+            .attr("all-unread", totals.unread_messages.to_string())
+            .append(set)
+            .build();
+        let mut reply = iq.iq_result(Some(fin));
+        reply.set_from(Some(owner.clone().into()));
+        reply.set_to(Some(requester.clone().into()));
+        Ok((out, reply.into_element()))
+    }
+
+    async fn reset(&self, owner: &BareJid, iq: &Stanza) -> IqResponse {
+        let p = iq.payload().expect("routed by payload");
+        let Some(jid) = p.attr("jid").and_then(|j| j.parse::<Jid>().ok()) else {
+            return IqResponse::Error(
+                StanzaError::new(StanzaErrorCondition::BadRequest)
+                    .with_text("reset needs a valid 'jid' attribute"),
+            );
+        };
+        self.push(owner, &jid.to_bare(), None, UnreadChange::Set(0))
+            .await;
+        self.queue.flush().await;
+        IqResponse::Result(None)
+    }
+}
+
+#[async_trait]
+impl UserSendHandler for Inbox {
+    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        if stanza.kind() != StanzaKind::Iq || stanza.type_attr() != Some("get") {
+            return Ok(Flow::Continue);
+        }
+        if !stanza.payload().is_some_and(|p| p.is("inbox", NS_INBOX)) {
+            return Ok(Flow::Continue);
+        }
+        let me = cx.jid().clone();
+        let owner = me.to_bare();
+        if !stanza
+            .to()
+            .is_none_or(|t| t.to_bare() == owner && t.resource().is_none())
+        {
+            return Ok(Flow::Continue); // someone else's: the iq handler refuses it
+        }
+        match self.run_query(&owner, &me, stanza).await {
+            Ok((entries, fin)) => {
+                for e in entries {
+                    cx.send(e);
+                }
+                cx.send(fin);
+            }
+            Err(e) => cx.reply_error(stanza, e),
+        }
+        Ok(Flow::Stop)
+    }
+}
+
+#[async_trait]
+impl IqHandler for Inbox {
+    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
+        let Some(from) = iq.from().and_then(|f| f.try_as_full().ok()).cloned() else {
+            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
+        };
+        let owner = from.to_bare();
+        if iq.to().is_some_and(|t| t.to_bare() != owner) {
+            return IqResponse::Error(
+                StanzaError::new(StanzaErrorCondition::Forbidden)
+                    .with_text("only the owner of an inbox can use it"),
+            );
+        }
+        let p = iq.payload().expect("routed by payload");
+        match (p.name(), iq.type_attr()) {
+            ("inbox", Some("get")) => match self.run_query(&owner, &from, iq).await {
+                Ok((entries, fin)) => {
+                    for e in entries.into_iter().chain(std::iter::once(fin)) {
+                        if let Ok(s) = Stanza::from_element(e) {
+                            env.route(s).await;
+                        }
+                    }
+                    IqResponse::Handled
+                }
+                Err(e) => IqResponse::Error(e),
+            },
+            ("reset", Some("set")) => self.reset(&owner, iq).await,
+            _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl ShutdownHandler for Inbox {
+    async fn shutdown(&self, _env: &Env) {
+        self.queue.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(owner: &str, remote: &str, last: Option<i64>, unread: UnreadChange) -> InboxUpdate {
+        InboxUpdate {
+            owner: BareJid::new(owner).unwrap(),
+            remote: remote.into(),
+            last: last.map(|t| (ArchiveId(t), format!("<m{t}/>"))),
+            unread,
+        }
+    }
+
+    #[test]
+    fn batches_merge_per_conversation_in_order() {
+        use UnreadChange::*;
+        let merged = coalesce(&[
+            u("a@x", "b@x", Some(1), Add(1)),
+            u("a@x", "c@x", Some(2), Add(1)),
+            u("a@x", "b@x", Some(3), Add(1)),
+            u("b@x", "a@x", Some(3), Set(0)),
+            u("a@x", "b@x", None, Set(0)),
+            u("a@x", "b@x", Some(4), Add(1)),
+        ]);
+        assert_eq!(
+            merged,
+            vec![
+                u("a@x", "b@x", Some(4), Set(1)),
+                u("a@x", "c@x", Some(2), Add(1)),
+                u("b@x", "a@x", Some(3), Set(0)),
+            ]
+        );
+    }
+}

@@ -1,0 +1,1109 @@
+//! Message Archive Management (XEP-0313 `urn:xmpp:mam:2` and `#extended`),
+//! with Result Set Management (XEP-0059), stanza ids (XEP-0359), archiving
+//! preferences (XEP-0441) and retraction tombstones (XEP-0424).
+//!
+//! What is archived (XEP-0313 §5.1.1): messages of type `chat` or `normal`
+//! that carry a body, a `<store/>` hint, a XEP-0424 retraction, a XEP-0184
+//! receipt, a XEP-0333 marker or an OMEMO payload — so that every device
+//! that catches up from the archive converges on the same conversation.
+//! Not archived: chat-state-only messages, `no-store` / `no-permanent-store`
+//! hints (XEP-0334), errors, headlines, groupchat, carbons and MAM results.
+//!
+//! - Outgoing copies are archived when the user sends (`user_send`, after
+//!   blocking), incoming ones when the router accepts a message for a local
+//!   account (`inbound`, after blocking), each with its own id. The incoming
+//!   copy gets `<stanza-id by='user@domain' id='…'/>` before delivery;
+//!   stanza ids claiming to be by the recipient are removed first (XEP-0359
+//!   §5, anti-spoofing). Messages to oneself are archived once, as incoming.
+//! - Ids: [`ArchiveId`] — the node's clock in µs << 8 | node id, strictly
+//!   increasing per node (a clock step backwards never repeats an id),
+//!   unique across a deployment whose nodes have distinct `server.node_id`.
+//!   Clients see them as 13 base-32 digits whose string order is time
+//!   order. They are time-ordered rather than unpredictable (XEP-0313 §3.1
+//!   asks for unpredictable ids): only the owner can query an archive, so
+//!   guessing an id reveals nothing.
+//! - Writes go through a write-behind queue ([`crate::write_behind`]);
+//!   queries flush it first, so a client always finds what it just sent.
+//! - Queries (§4): form fields `with` (bare or full), `start`, `end`,
+//!   `before-id`, `after-id`, `ids`; RSM `max`, `after`, `before` (empty:
+//!   last page), `<flip-page/>`; `<fin complete='true'>` when the page
+//!   reaches the end in the paging direction; RSM `max=0` returns the
+//!   count. Unknown ids → `item-not-found`; unknown fields or RSM `index`
+//!   → `feature-not-implemented`; malformed forms or dates → `bad-request`;
+//!   someone else's archive → `forbidden`. Query form (get), metadata
+//!   (§6, `#extended`) and preferences (XEP-0441: default always/roster/
+//!   never plus always/never lists) are answered.
+//! - Retraction (XEP-0424): when the author retracts, the original in the
+//!   author's archive and in the recipient's is replaced by a tombstone
+//!   `<retracted id='(retraction id)' stamp='…'/>` keeping the original's
+//!   attributes (§5, feature `#tombstone`); the retraction itself is
+//!   archived. A retraction is matched only against messages from the same
+//!   bare JID (§6). Retracting a message someone else wrote is refused with
+//!   `<forbidden/>`.
+//! - Retention: `retention_days` / `domain_retention_days` purge older
+//!   messages hourly; `starling archive purge` removes one user's archive.
+//!
+//! Hooks: `user_send` (45), `inbound` (20), `shutdown`; iq handlers
+//! `{urn:xmpp:mam:2}query|prefs|metadata` (account scope).
+//! Storage: `ArchiveStore`, roster (for the `roster` default).
+//! Config: `[modules.mam]`, `server.node_id`.
+
+use crate::config::MamConfig;
+use crate::modules::inbox::Inbox;
+use crate::modules::time::{parse_xep0082, xep0082_datetime};
+use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use starling_core::hooks::{
+    HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
+};
+use starling_core::storage::{
+    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore, PrefsDefault,
+    Storage, StorageResult, WithFilter, FLAG_BODY,
+};
+use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
+use starling_proto::{
+    ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
+use starling_xml::Element;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const NAME: &str = "mam";
+/// XEP-0313 namespace.
+pub const NS_MAM: &str = "urn:xmpp:mam:2";
+const NS_MAM_EXTENDED: &str = "urn:xmpp:mam:2#extended";
+/// XEP-0059 namespace.
+pub const NS_RSM: &str = "http://jabber.org/protocol/rsm";
+/// XEP-0359 namespace.
+pub const NS_SID: &str = "urn:xmpp:sid:0";
+/// XEP-0424 namespace.
+pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
+const NS_RETRACT_TOMBSTONE: &str = "urn:xmpp:message-retract:1#tombstone";
+/// XEP-0297 namespace.
+pub const NS_FORWARD: &str = "urn:xmpp:forward:0";
+/// XEP-0203 namespace.
+pub const NS_DELAY: &str = "urn:xmpp:delay";
+const NS_HINTS: &str = "urn:xmpp:hints";
+const NS_RECEIPTS: &str = "urn:xmpp:receipts";
+/// XEP-0333 namespace.
+pub const NS_MARKERS: &str = "urn:xmpp:chat-markers:0";
+const NS_CARBONS: &str = "urn:xmpp:carbons:2";
+const NS_OMEMO: &str = "eu.siacs.conversations.axolotl";
+const NS_OMEMO2: &str = "urn:xmpp:omemo:2";
+/// XEP-0308 namespace.
+pub const NS_CORRECT: &str = "urn:xmpp:message-correct:0";
+const NS_XDATA_VALIDATE: &str = "http://jabber.org/protocol/xdata-validate";
+const PREFS_CACHE_MAX: usize = 100_000;
+
+/// The archive module; shared with the inbox module.
+pub struct Mam {
+    node: u8,
+    last: AtomicI64,
+    store: Arc<dyn ArchiveStore>,
+    queue: WriteBehind<ArchiveRecord>,
+    default_mode: PrefsDefault,
+    default_page: u32,
+    max_page: u32,
+    prefs_cache: Mutex<HashMap<String, Arc<ArchivePrefs>>>,
+    inbox: Mutex<Option<Arc<Inbox>>>,
+    retention: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+struct Sink(Arc<dyn ArchiveStore>);
+
+#[async_trait]
+impl BatchSink<ArchiveRecord> for Sink {
+    async fn write(&self, batch: &[ArchiveRecord]) -> StorageResult<()> {
+        self.0.append(batch).await
+    }
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+fn stamp(id: ArchiveId) -> String {
+    xep0082_datetime((id.micros() / 1000).max(0) as u128)
+}
+
+fn err(c: StanzaErrorCondition, text: &str) -> StanzaError {
+    StanzaError::new(c).with_text(text)
+}
+
+/// How a message counts for the archive and the inbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Not archived.
+    Skip,
+    /// An instant message (has a body).
+    Instant,
+    /// A correction (XEP-0308) carrying the new body.
+    Correction,
+    /// Archived, but not a message a user reads (receipts, markers,
+    /// retractions, bodiless encrypted payloads).
+    Other,
+}
+
+/// Classifies `el` (XEP-0313 §5.1.1, XEP-0334).
+pub fn classify(el: &Element) -> Kind {
+    let t = el.attr("type").unwrap_or("normal");
+    if !matches!(t, "chat" | "normal") {
+        return Kind::Skip;
+    }
+    if el.has_child("no-store", NS_HINTS)
+        || el.has_child("no-permanent-store", NS_HINTS)
+        || el.has_child("received", NS_CARBONS)
+        || el.has_child("sent", NS_CARBONS)
+        || el.has_child("result", NS_MAM)
+    {
+        return Kind::Skip;
+    }
+    if el.has_child("retract", NS_RETRACT) {
+        return Kind::Other;
+    }
+    if el.has_child("body", ns::CLIENT) {
+        return if el.has_child("replace", NS_CORRECT) {
+            Kind::Correction
+        } else {
+            Kind::Instant
+        };
+    }
+    let other = el.children().any(|c| {
+        c.is("store", NS_HINTS)
+            || c.ns() == NS_MARKERS
+            || c.is("received", NS_RECEIPTS)
+            || c.ns() == NS_OMEMO
+            || c.ns() == NS_OMEMO2
+    });
+    if other {
+        Kind::Other
+    } else {
+        Kind::Skip
+    }
+}
+
+/// The sender-chosen id of a message: XEP-0359 origin-id, else `id`.
+fn origin_id(el: &Element) -> Option<String> {
+    el.get_child("origin-id", NS_SID)
+        .and_then(|o| o.attr("id"))
+        .or_else(|| el.attr("id"))
+        .map(str::to_owned)
+}
+
+impl Mam {
+    /// Registers the module and starts its writer (and the retention task
+    /// if configured). Returns it for the inbox module.
+    pub fn register(
+        cfg: &MamConfig,
+        domains: &[String],
+        node: u8,
+        storage: &Storage,
+        reg: &mut HookRegistry,
+    ) -> Arc<Mam> {
+        let store = storage.archive.clone();
+        let queue = WriteBehind::spawn(
+            "archive",
+            Arc::new(Sink(store.clone())),
+            WriteBehindConfig {
+                capacity: cfg.queue_capacity,
+                max_batch: cfg.batch_size,
+                max_delay: Duration::from_millis(cfg.batch_delay_ms),
+            },
+        );
+        let m = Arc::new(Mam {
+            node,
+            last: AtomicI64::new(0),
+            store: store.clone(),
+            queue,
+            default_mode: PrefsDefault::parse(&cfg.default_mode).unwrap_or(PrefsDefault::Always),
+            default_page: cfg.default_page_size,
+            max_page: cfg.max_page_size,
+            prefs_cache: Mutex::new(HashMap::new()),
+            inbox: Mutex::new(None),
+            retention: Mutex::new(None),
+        });
+        // Each configured domain: its own retention, else the global one.
+        let retention: Vec<(String, u32)> = domains
+            .iter()
+            .map(|d| {
+                let days = cfg
+                    .domain_retention_days
+                    .get(d)
+                    .copied()
+                    .unwrap_or(cfg.retention_days);
+                (d.clone(), days)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if !retention.is_empty() {
+            *m.retention.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(tokio::spawn(retention_task(store, retention)));
+        }
+        reg.user_send(NAME, 45, m.clone());
+        reg.inbound(NAME, 20, m.clone());
+        reg.shutdown(NAME, 90, m.clone());
+        for name in ["query", "prefs", "metadata"] {
+            reg.iq(NAME, IqScope::Account, name, NS_MAM, m.clone());
+        }
+        reg.disco()
+            .feature(IqScope::Account, NS_MAM)
+            .feature(IqScope::Account, NS_MAM_EXTENDED)
+            .feature(IqScope::Account, NS_SID)
+            .feature(IqScope::Account, NS_RETRACT)
+            .feature(IqScope::Account, NS_RETRACT_TOMBSTONE);
+        m
+    }
+
+    /// Lets the inbox follow what is archived.
+    pub fn attach_inbox(&self, inbox: Arc<Inbox>) {
+        *self.inbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(inbox);
+    }
+
+    fn inbox(&self) -> Option<Arc<Inbox>> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The archive store (for the inbox's unread counts).
+    pub fn store(&self) -> &Arc<dyn ArchiveStore> {
+        &self.store
+    }
+
+    /// A new id: strictly greater than every id this node gave before.
+    pub fn next_id(&self) -> ArchiveId {
+        let candidate = ArchiveId::from_parts(now_micros(), self.node).0;
+        let mut prev = self.last.load(Ordering::Relaxed);
+        loop {
+            let next = if candidate > prev {
+                candidate
+            } else {
+                prev + 256
+            };
+            match self
+                .last
+                .compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return ArchiveId(next),
+                Err(p) => prev = p,
+            }
+        }
+    }
+
+    /// Waits until every record queued so far is written.
+    pub async fn flush(&self) {
+        self.queue.flush().await;
+    }
+
+    async fn prefs(&self, env: &Env, owner: &BareJid) -> Arc<ArchivePrefs> {
+        let key = owner.as_str();
+        if let Some(p) = self
+            .prefs_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+        {
+            return p.clone();
+        }
+        let p = match env.storage.archive.prefs(owner).await {
+            Ok(Some(p)) => p,
+            Ok(None) => self.default_prefs(),
+            Err(e) => {
+                tracing::error!(module = NAME, user = %owner, error = %e, "loading archive preferences failed; using the default");
+                self.default_prefs()
+            }
+        };
+        let p = Arc::new(p);
+        let mut cache = self.prefs_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= PREFS_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key.to_owned(), p.clone());
+        p
+    }
+
+    fn default_prefs(&self) -> ArchivePrefs {
+        ArchivePrefs {
+            default: self.default_mode,
+            always: Vec::new(),
+            never: Vec::new(),
+        }
+    }
+
+    /// XEP-0441 §4: does `owner` archive messages with `remote`?
+    async fn wants(&self, env: &Env, owner: &BareJid, remote: &Jid) -> bool {
+        let p = self.prefs(env, owner).await;
+        let bare = remote.to_bare();
+        let listed = |l: &[String]| l.iter().any(|j| j == bare.as_str() || j == remote.as_str());
+        if listed(&p.never) {
+            return false;
+        }
+        if listed(&p.always) {
+            return true;
+        }
+        match p.default {
+            PrefsDefault::Always => true,
+            PrefsDefault::Never => false,
+            PrefsDefault::Roster => {
+                bare == *owner
+                    || matches!(env.storage.roster.get_item(owner, &bare).await, Ok(Some(_)))
+            }
+        }
+    }
+
+    async fn archive(&self, record: ArchiveRecord) {
+        self.queue.push(record).await;
+    }
+
+    /// XEP-0424: replaces the message `origin` that `author` sent to
+    /// (`outgoing`) or received from (`!outgoing`) `peer` in `owner`'s
+    /// archive with a tombstone. Returns whether one was found.
+    async fn tombstone(
+        &self,
+        owner: &BareJid,
+        peer: &BareJid,
+        origin: &str,
+        outgoing: bool,
+        retraction_id: &str,
+    ) -> StorageResult<bool> {
+        self.flush().await;
+        let Some(m) = self
+            .store
+            .find_by_origin(owner, peer.as_str(), origin, outgoing)
+            .await?
+        else {
+            return Ok(false);
+        };
+        let Ok(original) = m.stanza.parse::<Element>() else {
+            return Ok(false);
+        };
+        let mut t = Element::new("message", ns::CLIENT);
+        for (k, v) in original.attrs() {
+            t.set_attr(k, v);
+        }
+        t.append_child(
+            Element::builder("retracted", NS_RETRACT)
+                .attr("id", retraction_id)
+                .attr("stamp", xep0082_datetime((now_micros() / 1000) as u128))
+                .build(),
+        );
+        let xml = t.to_string_in("");
+        self.store.replace(owner, m.id, &xml).await?;
+        if let Some(inbox) = self.inbox() {
+            inbox.tombstone(owner, peer.as_str(), m.id, &xml).await;
+        }
+        Ok(true)
+    }
+
+    /// Builds the results of a query for `owner`: the result messages and
+    /// the final iq, or an error.
+    async fn run_query(
+        &self,
+        owner: &BareJid,
+        requester: &FullJid,
+        iq: &Stanza,
+    ) -> Result<(Vec<Element>, Element), StanzaError> {
+        let q = iq.payload().expect("checked by caller");
+        let mut query = ArchiveQuery::default();
+        let mut after: Option<ArchiveId> = None;
+        let mut before: Option<ArchiveId> = None;
+        let mut ids_to_check: Vec<ArchiveId> = Vec::new();
+        let tighten_after = |a: &mut Option<ArchiveId>, v: ArchiveId| {
+            *a = Some(a.map_or(v, |x| x.max(v)));
+        };
+        let tighten_before = |b: &mut Option<ArchiveId>, v: ArchiveId| {
+            *b = Some(b.map_or(v, |x| x.min(v)));
+        };
+        let decode = |s: &str| {
+            ArchiveId::decode(s.trim()).ok_or_else(|| {
+                err(
+                    StanzaErrorCondition::ItemNotFound,
+                    "no message with this id in the archive",
+                )
+            })
+        };
+        if let Some(x) = q.get_child("x", ns::DATA_FORMS) {
+            if !matches!(x.attr("type"), Some("submit") | None) {
+                return Err(err(
+                    StanzaErrorCondition::BadRequest,
+                    "the form must be of type submit",
+                ));
+            }
+            for f in x.children().filter(|c| c.is("field", ns::DATA_FORMS)) {
+                let var = f.attr("var").unwrap_or("");
+                let values: Vec<String> = f
+                    .children()
+                    .filter(|c| c.is("value", ns::DATA_FORMS))
+                    .map(|v| v.text())
+                    .collect();
+                let single = || -> Result<Option<&str>, StanzaError> {
+                    match values.len() {
+                        0 => Ok(None),
+                        1 => Ok(Some(values[0].trim())),
+                        _ => Err(err(
+                            StanzaErrorCondition::BadRequest,
+                            "field takes one value",
+                        )),
+                    }
+                };
+                match var {
+                    "FORM_TYPE" => {
+                        if single()? != Some(NS_MAM) {
+                            return Err(err(
+                                StanzaErrorCondition::BadRequest,
+                                "FORM_TYPE must be urn:xmpp:mam:2",
+                            ));
+                        }
+                    }
+                    "with" => {
+                        if let Some(v) = single()?.filter(|v| !v.is_empty()) {
+                            let j: Jid = v.parse().map_err(|_| {
+                                err(
+                                    StanzaErrorCondition::JidMalformed,
+                                    "'with' is not a valid JID",
+                                )
+                            })?;
+                            let bare = j.to_bare().as_str().to_owned();
+                            query.with = Some(match j.resource() {
+                                None => WithFilter::Bare(bare),
+                                Some(_) => WithFilter::Full {
+                                    bare,
+                                    full: j.to_string(),
+                                },
+                            });
+                        }
+                    }
+                    "start" | "end" => {
+                        if let Some(v) = single()?.filter(|v| !v.is_empty()) {
+                            let micros = parse_xep0082(v).ok_or_else(|| {
+                                err(
+                                    StanzaErrorCondition::BadRequest,
+                                    "dates must be XEP-0082 DateTimes like 2024-01-31T12:00:00Z",
+                                )
+                            })?;
+                            if var == "start" {
+                                tighten_after(
+                                    &mut after,
+                                    ArchiveId(ArchiveId::lower_bound(micros).0 - 1),
+                                );
+                            } else {
+                                tighten_before(
+                                    &mut before,
+                                    ArchiveId(ArchiveId::upper_bound(micros).0.saturating_add(1)),
+                                );
+                            }
+                        }
+                    }
+                    "after-id" | "before-id" => {
+                        if let Some(v) = single()?.filter(|v| !v.is_empty()) {
+                            let id = decode(v)?;
+                            ids_to_check.push(id);
+                            if var == "after-id" {
+                                tighten_after(&mut after, id);
+                            } else {
+                                tighten_before(&mut before, id);
+                            }
+                        }
+                    }
+                    "ids" => {
+                        for v in &values {
+                            let id = decode(v)?;
+                            ids_to_check.push(id);
+                            query.ids.push(id);
+                        }
+                        if query.ids.is_empty() {
+                            return Err(err(
+                                StanzaErrorCondition::BadRequest,
+                                "'ids' needs at least one value",
+                            ));
+                        }
+                    }
+                    other => {
+                        return Err(err(
+                            StanzaErrorCondition::FeatureNotImplemented,
+                            &format!("unknown query field {other:?}"),
+                        ))
+                    }
+                }
+            }
+        }
+        let mut max: Option<u32> = None;
+        if let Some(set) = q.get_child("set", NS_RSM) {
+            for c in set.children() {
+                match (c.ns(), c.name()) {
+                    (NS_RSM, "max") => {
+                        max = Some(c.text().trim().parse().map_err(|_| {
+                            err(StanzaErrorCondition::BadRequest, "<max/> must be a number")
+                        })?);
+                    }
+                    (NS_RSM, "after") => {
+                        let id = decode(&c.text())?;
+                        ids_to_check.push(id);
+                        tighten_after(&mut after, id);
+                    }
+                    (NS_RSM, "before") => {
+                        query.from_end = true;
+                        let t = c.text();
+                        if !t.trim().is_empty() {
+                            let id = decode(&t)?;
+                            ids_to_check.push(id);
+                            tighten_before(&mut before, id);
+                        }
+                    }
+                    (NS_RSM, "index") => {
+                        return Err(err(
+                            StanzaErrorCondition::FeatureNotImplemented,
+                            "RSM <index/> is not supported; page with <after/> and <before/>",
+                        ))
+                    }
+                    _ => {
+                        return Err(err(
+                            StanzaErrorCondition::BadRequest,
+                            "unexpected element in <set/>",
+                        ))
+                    }
+                }
+            }
+        }
+        let flip = q.has_child("flip-page", NS_MAM);
+        query.after = after;
+        query.before = before;
+        query.limit = max.map_or(self.default_page, |m| m.min(self.max_page));
+
+        self.flush().await;
+        let backend = |e: starling_core::storage::StorageError| {
+            tracing::error!(module = NAME, user = %owner, error = %e, "archive query failed");
+            StanzaError::new(StanzaErrorCondition::InternalServerError)
+        };
+        if !ids_to_check.is_empty() {
+            ids_to_check.sort();
+            ids_to_check.dedup();
+            let found = self
+                .store
+                .existing(owner, &ids_to_check)
+                .await
+                .map_err(backend)?;
+            if found.len() != ids_to_check.len() {
+                return Err(err(
+                    StanzaErrorCondition::ItemNotFound,
+                    "no message with this id in the archive",
+                ));
+            }
+        }
+        let queryid = q.attr("queryid");
+        let mut set = Element::new("set", NS_RSM);
+        let mut fin = Element::new("fin", NS_MAM);
+        let mut results = Vec::new();
+        if max == Some(0) {
+            let n = self.store.count(owner, &query).await.map_err(backend)?;
+            set.append_child(
+                Element::builder("count", NS_RSM)
+                    .text(n.to_string())
+                    .build(),
+            );
+            fin.set_attr("complete", if n == 0 { "true" } else { "false" });
+        } else {
+            let ArchivePage { messages, complete } =
+                self.store.query(owner, &query).await.map_err(backend)?;
+            if let (Some(first), Some(last)) = (messages.first(), messages.last()) {
+                set.append_child(
+                    Element::builder("first", NS_RSM)
+                        .text(first.id.encode())
+                        .build(),
+                );
+                set.append_child(
+                    Element::builder("last", NS_RSM)
+                        .text(last.id.encode())
+                        .build(),
+                );
+            }
+            if complete {
+                fin.set_attr("complete", "true");
+            }
+            for m in &messages {
+                let Ok(stored) = m.stanza.parse::<Element>() else {
+                    tracing::error!(module = NAME, user = %owner, id = m.id.0, "archived stanza does not parse; skipped");
+                    continue;
+                };
+                results.push(result_message(owner, requester, queryid, m.id, stored));
+            }
+            if flip {
+                results.reverse();
+            }
+        }
+        fin.append_child(set);
+        let mut reply = iq.iq_result(Some(fin));
+        reply.set_from(Some(owner.clone().into()));
+        reply.set_to(Some(requester.clone().into()));
+        Ok((results, reply.into_element()))
+    }
+
+    fn query_form() -> Element {
+        let field = |var: &str, ty: &str| {
+            Element::builder("field", ns::DATA_FORMS)
+                .attr("var", var)
+                .attr("type", ty)
+                .build()
+        };
+        let mut form = Element::builder("x", ns::DATA_FORMS)
+            .attr("type", "form")
+            .build();
+        form.append_child(
+            Element::builder("field", ns::DATA_FORMS)
+                .attr("var", "FORM_TYPE")
+                .attr("type", "hidden")
+                .append(
+                    Element::builder("value", ns::DATA_FORMS)
+                        .text(NS_MAM)
+                        .build(),
+                )
+                .build(),
+        );
+        form.append_child(field("with", "jid-single"));
+        form.append_child(field("start", "text-single"));
+        form.append_child(field("end", "text-single"));
+        form.append_child(field("before-id", "text-single"));
+        form.append_child(field("after-id", "text-single"));
+        let mut ids = field("ids", "list-multi");
+        ids.append_child(
+            Element::builder("validate", NS_XDATA_VALIDATE)
+                .attr("datatype", "xs:string")
+                .append(Element::new("open", NS_XDATA_VALIDATE))
+                .build(),
+        );
+        form.append_child(ids);
+        Element::builder("query", NS_MAM).append(form).build()
+    }
+
+    async fn metadata(&self, owner: &BareJid) -> Result<Element, StanzaError> {
+        self.flush().await;
+        let mut md = Element::new("metadata", NS_MAM);
+        match self.store.bounds(owner).await {
+            Ok(Some((first, last))) => {
+                for (name, id) in [("start", first), ("end", last)] {
+                    md.append_child(
+                        Element::builder(name, NS_MAM)
+                            .attr("id", id.encode())
+                            .attr("timestamp", stamp(id))
+                            .build(),
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(module = NAME, user = %owner, error = %e, "archive metadata failed");
+                return Err(StanzaErrorCondition::InternalServerError.into());
+            }
+        }
+        Ok(md)
+    }
+
+    async fn prefs_iq(&self, env: &Env, owner: &BareJid, iq: &Stanza) -> IqResponse {
+        let p = iq.payload().expect("routed by payload");
+        if iq.type_attr() == Some("set") {
+            let Some(default) = p.attr("default").and_then(PrefsDefault::parse) else {
+                return IqResponse::Error(err(
+                    StanzaErrorCondition::BadRequest,
+                    "default must be always, roster or never",
+                ));
+            };
+            let list = |name: &str| -> Result<Vec<String>, StanzaError> {
+                let mut out = Vec::new();
+                if let Some(l) = p.get_child(name, NS_MAM) {
+                    for j in l.children().filter(|c| c.is("jid", NS_MAM)) {
+                        let jid: Jid = j.text().trim().parse().map_err(|_| {
+                            err(
+                                StanzaErrorCondition::JidMalformed,
+                                "invalid JID in preferences",
+                            )
+                        })?;
+                        out.push(jid.to_string());
+                    }
+                }
+                Ok(out)
+            };
+            let prefs = match (list("always"), list("never")) {
+                (Ok(always), Ok(never)) => ArchivePrefs {
+                    default,
+                    always,
+                    never,
+                },
+                (Err(e), _) | (_, Err(e)) => return IqResponse::Error(e),
+            };
+            if let Err(e) = env.storage.archive.set_prefs(owner, &prefs).await {
+                tracing::error!(module = NAME, user = %owner, error = %e, "saving archive preferences failed");
+                return IqResponse::Error(StanzaErrorCondition::InternalServerError.into());
+            }
+            self.prefs_cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(owner.as_str().to_owned(), Arc::new(prefs));
+        }
+        let prefs = self.prefs(env, owner).await;
+        let list = |name: &str, jids: &[String]| {
+            let mut l = Element::new(name, NS_MAM);
+            for j in jids {
+                l.append_child(Element::builder("jid", NS_MAM).text(j.clone()).build());
+            }
+            l
+        };
+        IqResponse::Result(Some(
+            Element::builder("prefs", NS_MAM)
+                .attr("default", prefs.default.as_str())
+                .append(list("always", &prefs.always))
+                .append(list("never", &prefs.never))
+                .build(),
+        ))
+    }
+}
+
+/// `<message><result queryid id><forwarded><delay/>(stored)</forwarded></result></message>`.
+pub fn result_message(
+    owner: &BareJid,
+    to: &FullJid,
+    queryid: Option<&str>,
+    id: ArchiveId,
+    stored: Element,
+) -> Element {
+    let mut result = Element::builder("result", NS_MAM).attr("id", id.encode());
+    if let Some(q) = queryid {
+        result = result.attr("queryid", q);
+    }
+    let forwarded = Element::builder("forwarded", NS_FORWARD)
+        .append(
+            Element::builder("delay", NS_DELAY)
+                .attr("stamp", stamp(id))
+                .build(),
+        )
+        .append(stored)
+        .build();
+    Element::builder("message", ns::CLIENT)
+        .attr("from", owner.as_str())
+        .attr("to", to.as_str())
+        .append(result.append(forwarded).build())
+        .build()
+}
+
+async fn retention_task(store: Arc<dyn ArchiveStore>, rules: Vec<(String, u32)>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        for (domain, days) in &rules {
+            purge_domain(store.as_ref(), domain, *days).await;
+        }
+    }
+}
+
+/// Deletes `domain`'s messages older than `days` days.
+pub async fn purge_domain(store: &dyn ArchiveStore, domain: &str, days: u32) {
+    let cutoff = now_micros() - i64::from(days) * 86_400 * 1_000_000;
+    match store
+        .purge_domain_before(domain, ArchiveId::lower_bound(cutoff))
+        .await
+    {
+        Ok(n) => tracing::info!(
+            module = NAME,
+            domain,
+            days,
+            deleted = n,
+            "archive retention purge"
+        ),
+        Err(e) => {
+            tracing::error!(module = NAME, domain, error = %e, "archive retention purge failed")
+        }
+    }
+}
+
+#[async_trait]
+impl UserSendHandler for Mam {
+    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        let me = cx.jid().clone();
+        let owner = me.to_bare();
+        if stanza.kind() == StanzaKind::Iq {
+            // Own-archive queries are answered here, straight to this
+            // session, so large pages never pass through a mailbox.
+            let is_query = stanza.type_attr() == Some("set")
+                && stanza.payload().is_some_and(|p| p.is("query", NS_MAM));
+            let own = stanza
+                .to()
+                .is_none_or(|t| t.to_bare() == owner && t.resource().is_none());
+            if !(is_query && own) {
+                return Ok(Flow::Continue);
+            }
+            match self.run_query(&owner, &me, stanza).await {
+                Ok((results, fin)) => {
+                    for r in results {
+                        cx.send(r);
+                    }
+                    cx.send(fin);
+                }
+                Err(e) => cx.reply_error(stanza, e),
+            }
+            return Ok(Flow::Stop);
+        }
+        if stanza.kind() != StanzaKind::Message {
+            return Ok(Flow::Continue);
+        }
+        let Some(to) = stanza.to().cloned() else {
+            return Ok(Flow::Continue);
+        };
+        if to.node().is_none() {
+            return Ok(Flow::Continue); // to a server: nothing to archive
+        }
+        let peer = to.to_bare();
+        let kind = classify(stanza.element());
+        if kind == Kind::Skip {
+            return Ok(Flow::Continue);
+        }
+        if let Some(r) = stanza.element().get_child("retract", NS_RETRACT) {
+            let target = r.attr("id").unwrap_or("").to_owned();
+            let retraction_id = stanza.id().unwrap_or("").to_owned();
+            if !target.is_empty() {
+                let mine = self
+                    .tombstone(&owner, &peer, &target, true, &retraction_id)
+                    .await?;
+                if !mine {
+                    let theirs = self
+                        .store
+                        .find_by_origin(&owner, peer.as_str(), &target, false)
+                        .await?;
+                    if theirs.is_some() {
+                        cx.reply_error(
+                            stanza,
+                            err(
+                                StanzaErrorCondition::Forbidden,
+                                "only the author of a message can retract it (XEP-0424 §6)",
+                            ),
+                        );
+                        return Ok(Flow::Stop);
+                    }
+                }
+            }
+        }
+        if peer == owner {
+            return Ok(Flow::Continue); // archived once, as incoming
+        }
+        if !self.wants(cx.env, &owner, &to).await {
+            return Ok(Flow::Continue);
+        }
+        let id = self.next_id();
+        let xml = stanza.element().to_string_in("");
+        self.archive(ArchiveRecord {
+            owner: owner.clone(),
+            id,
+            with_bare: peer.as_str().to_owned(),
+            remote: to.to_string(),
+            outgoing: true,
+            origin_id: origin_id(stanza.element()),
+            flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
+            stanza: xml.clone(),
+        })
+        .await;
+        if let Some(inbox) = self.inbox() {
+            inbox
+                .outgoing(&owner, &peer, id, xml, kind, stanza.element())
+                .await;
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl InboundHandler for Mam {
+    async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult {
+        if stanza.kind() != StanzaKind::Message {
+            return Ok(Flow::Continue);
+        }
+        let Some(to) = stanza.to() else {
+            return Ok(Flow::Continue);
+        };
+        let owner = to.to_bare();
+        // XEP-0359 §5: nobody else may claim to be the archive of the recipient.
+        let spoofed = stanza
+            .element()
+            .children()
+            .any(|c| c.is("stanza-id", NS_SID) && c.attr("by") == Some(owner.as_str()));
+        if spoofed {
+            let el = stanza.element_mut();
+            el.nodes_mut().retain(|n| {
+                n.as_element().is_none_or(|c| {
+                    !(c.is("stanza-id", NS_SID) && c.attr("by") == Some(owner.as_str()))
+                })
+            });
+        }
+        let kind = classify(stanza.element());
+        if kind == Kind::Skip {
+            return Ok(Flow::Continue);
+        }
+        let Some(from) = stanza.from().cloned() else {
+            return Ok(Flow::Continue);
+        };
+        let peer = from.to_bare();
+        // Only archive for accounts that exist (the router bounces the rest).
+        if env.sessions.resources(&owner).is_empty() && !env.storage.accounts.exists(&owner).await?
+        {
+            return Ok(Flow::Continue);
+        }
+        if let Some(r) = stanza.element().get_child("retract", NS_RETRACT) {
+            let target = r.attr("id").unwrap_or("").to_owned();
+            let retraction_id = stanza.id().unwrap_or("").to_owned();
+            if !target.is_empty() && peer != owner {
+                self.tombstone(&owner, &peer, &target, false, &retraction_id)
+                    .await?;
+            }
+        }
+        if !self.wants(env, &owner, &from).await {
+            return Ok(Flow::Continue);
+        }
+        let id = self.next_id();
+        stanza.element_mut().append_child(
+            Element::builder("stanza-id", NS_SID)
+                .attr("by", owner.as_str())
+                .attr("id", id.encode())
+                .build(),
+        );
+        let xml = stanza.element().to_string_in("");
+        self.archive(ArchiveRecord {
+            owner: owner.clone(),
+            id,
+            with_bare: peer.as_str().to_owned(),
+            remote: from.to_string(),
+            outgoing: false,
+            origin_id: origin_id(stanza.element()),
+            flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
+            stanza: xml.clone(),
+        })
+        .await;
+        if let Some(inbox) = self.inbox() {
+            inbox
+                .incoming(&owner, &peer, id, xml, kind, stanza.element())
+                .await;
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl IqHandler for Mam {
+    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
+        let Some(from) = iq.from().and_then(|f| f.try_as_full().ok()).cloned() else {
+            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
+        };
+        let owner = from.to_bare();
+        let target = iq.to().map_or_else(|| owner.clone(), |t| t.to_bare());
+        if target != owner {
+            return IqResponse::Error(err(
+                StanzaErrorCondition::Forbidden,
+                "only the owner of an archive can use it",
+            ));
+        }
+        let p = iq.payload().expect("routed by payload");
+        match (p.name(), iq.type_attr()) {
+            ("query", Some("get")) => IqResponse::Result(Some(Self::query_form())),
+            ("query", Some("set")) => match self.run_query(&owner, &from, iq).await {
+                // Reached when a query is routed rather than sent by the
+                // owner's own session (the user_send hook answers those).
+                Ok((results, fin)) => {
+                    for r in results {
+                        if let Ok(s) = Stanza::from_element(r) {
+                            env.route(s).await;
+                        }
+                    }
+                    if let Ok(s) = Stanza::from_element(fin) {
+                        env.route(s).await;
+                    }
+                    IqResponse::Handled
+                }
+                Err(e) => IqResponse::Error(e),
+            },
+            ("metadata", Some("get")) => match self.metadata(&owner).await {
+                Ok(md) => IqResponse::Result(Some(md)),
+                Err(e) => IqResponse::Error(e),
+            },
+            ("prefs", Some("get" | "set")) => self.prefs_iq(env, &owner, iq).await,
+            _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl ShutdownHandler for Mam {
+    async fn shutdown(&self, _env: &Env) {
+        if let Some(t) = self
+            .retention
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            t.abort();
+        }
+        self.queue.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn el(xml: &str) -> Element {
+        xml.parse().unwrap()
+    }
+
+    #[test]
+    fn what_is_archived() {
+        let c = |x: &str| classify(&el(x));
+        assert_eq!(
+            c("<message xmlns='jabber:client' type='chat'><body>hi</body></message>"),
+            Kind::Instant
+        );
+        assert_eq!(
+            c("<message xmlns='jabber:client'><body>hi</body></message>"),
+            Kind::Instant
+        );
+        assert_eq!(
+            c("<message xmlns='jabber:client' type='chat'><body>fixed</body><replace xmlns='urn:xmpp:message-correct:0' id='a'/></message>"),
+            Kind::Correction
+        );
+        assert_eq!(c("<message xmlns='jabber:client' type='chat'><received xmlns='urn:xmpp:receipts' id='a'/></message>"), Kind::Other);
+        assert_eq!(c("<message xmlns='jabber:client' type='chat'><displayed xmlns='urn:xmpp:chat-markers:0' id='a'/></message>"), Kind::Other);
+        assert_eq!(
+            c("<message xmlns='jabber:client' type='chat'><retract xmlns='urn:xmpp:message-retract:1' id='a'/><body>fallback</body></message>"),
+            Kind::Other
+        );
+        assert_eq!(c("<message xmlns='jabber:client' type='chat'><store xmlns='urn:xmpp:hints'/></message>"), Kind::Other);
+        // XEP-0334 and the rest.
+        assert_eq!(c("<message xmlns='jabber:client' type='chat'><body>x</body><no-store xmlns='urn:xmpp:hints'/></message>"), Kind::Skip);
+        assert_eq!(c("<message xmlns='jabber:client' type='chat'><body>x</body><no-permanent-store xmlns='urn:xmpp:hints'/></message>"), Kind::Skip);
+        assert_eq!(c("<message xmlns='jabber:client' type='chat'><active xmlns='http://jabber.org/protocol/chatstates'/></message>"), Kind::Skip);
+        assert_eq!(
+            c("<message xmlns='jabber:client' type='headline'><body>x</body></message>"),
+            Kind::Skip
+        );
+        assert_eq!(
+            c("<message xmlns='jabber:client' type='groupchat'><body>x</body></message>"),
+            Kind::Skip
+        );
+        assert_eq!(
+            c("<message xmlns='jabber:client' type='error'><body>x</body></message>"),
+            Kind::Skip
+        );
+        assert_eq!(
+            c("<message xmlns='jabber:client'><received xmlns='urn:xmpp:carbons:2'/></message>"),
+            Kind::Skip
+        );
+    }
+
+    #[test]
+    fn origin_id_prefers_xep0359() {
+        assert_eq!(
+            origin_id(&el("<message xmlns='jabber:client' id='a'><origin-id xmlns='urn:xmpp:sid:0' id='b'/></message>")),
+            Some("b".into())
+        );
+        assert_eq!(
+            origin_id(&el("<message xmlns='jabber:client' id='a'/>")),
+            Some("a".into())
+        );
+    }
+}

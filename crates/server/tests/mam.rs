@@ -1,0 +1,663 @@
+//! Message Archive Management over real sockets: XEP-0313 (`urn:xmpp:mam:2`
+//! and `#extended`), XEP-0059 paging, XEP-0359 stanza ids, XEP-0441
+//! preferences, XEP-0334 hints, XEP-0424 retraction tombstones, XEP-0308
+//! corrections, XEP-0184 receipts and XEP-0333 markers in the archive, and
+//! the errors each XEP prescribes for bad queries.
+
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::time::Duration;
+
+const MAM: &str = "urn:xmpp:mam:2";
+const RSM: &str = "http://jabber.org/protocol/rsm";
+const SID: &str = "urn:xmpp:sid:0";
+const FWD: &str = "urn:xmpp:forward:0";
+const RETRACT: &str = "urn:xmpp:message-retract:1";
+
+fn bare_of(c: &Client) -> String {
+    c.jid.split('/').next().unwrap().to_owned()
+}
+
+/// The result of a MAM query: the forwarded messages (with their archive
+/// ids) and the final iq.
+struct Page {
+    items: Vec<(String, Element)>,
+    fin: Element,
+}
+
+impl Page {
+    fn bodies(&self) -> Vec<String> {
+        self.items
+            .iter()
+            .map(|(_, m)| {
+                m.get_child("body", ns::CLIENT)
+                    .map(|b| b.text())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+    fn ids(&self) -> Vec<String> {
+        self.items.iter().map(|(id, _)| id.clone()).collect()
+    }
+    fn complete(&self) -> bool {
+        self.fin
+            .get_child("fin", MAM)
+            .and_then(|f| f.attr("complete"))
+            == Some("true")
+    }
+    fn rsm(&self, name: &str) -> Option<String> {
+        self.fin
+            .get_child("fin", MAM)?
+            .get_child("set", RSM)?
+            .get_child(name, RSM)
+            .map(|e| e.text())
+    }
+}
+
+fn form(fields: &[(&str, &str)]) -> String {
+    let mut x = format!(
+        "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>{MAM}</value></field>"
+    );
+    for (var, value) in fields {
+        x.push_str(&format!(
+            "<field var='{var}'><value>{value}</value></field>"
+        ));
+    }
+    x.push_str("</x>");
+    x
+}
+
+fn rsm(inner: &str) -> String {
+    format!("<set xmlns='{RSM}'>{inner}</set>")
+}
+
+/// Sends a query with `inner` (form / RSM / flip-page) and collects the
+/// results; the returned iq may be an error.
+async fn query(c: &mut Client, qid: &str, inner: &str) -> Page {
+    let id = format!("iq-{qid}");
+    c.send(&format!(
+        "<iq type='set' id='{id}'><query xmlns='{MAM}' queryid='{qid}'>{inner}</query></iq>"
+    ))
+    .await;
+    let mut items = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
+            return Page { items, fin: el };
+        }
+        if let Some(r) = el.get_child("result", MAM) {
+            assert_eq!(r.attr("queryid"), Some(qid), "{el}");
+            assert_eq!(
+                el.attr("from"),
+                Some(bare_of(c).as_str()),
+                "results come from the archive: {el}"
+            );
+            let fwd = r.get_child("forwarded", FWD).expect("forwarded");
+            assert!(
+                fwd.get_child("delay", "urn:xmpp:delay")
+                    .and_then(|d| d.attr("stamp"))
+                    .is_some(),
+                "XEP-0313 §4.2: a delay stamp: {el}"
+            );
+            let m = fwd
+                .get_child("message", ns::CLIENT)
+                .expect("forwarded message")
+                .clone();
+            items.push((r.attr("id").unwrap().to_owned(), m));
+        }
+    }
+}
+
+async fn ok_query(c: &mut Client, qid: &str, inner: &str) -> Page {
+    let p = query(c, qid, inner).await;
+    assert_eq!(p.fin.attr("type"), Some("result"), "{}", p.fin);
+    p
+}
+
+async fn err_query(c: &mut Client, qid: &str, inner: &str) -> String {
+    let p = query(c, qid, inner).await;
+    assert_eq!(p.fin.attr("type"), Some("error"), "{}", p.fin);
+    assert!(p.items.is_empty());
+    error_condition(&p.fin).unwrap()
+}
+
+async fn chat(from: &mut Client, to: &str, id: &str, body: &str) {
+    from.send(&format!(
+        "<message to='{to}' type='chat' id='{id}'><body>{body}</body></message>"
+    ))
+    .await;
+}
+
+/// Alice sends `n` messages to bob, who receives each; returns bob's copies.
+async fn converse(alice: &mut Client, bob: &mut Client, n: usize) -> Vec<Element> {
+    let mut got = Vec::new();
+    for i in 0..n {
+        chat(alice, &bare_of(bob), &format!("m{i}"), &format!("msg {i}")).await;
+        got.push(bob.recv_message().await);
+    }
+    got
+}
+
+#[tokio::test]
+async fn archived_both_ways_with_stanza_ids_and_paging() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    // XEP-0313 §6 / XEP-0359 §4: features on the account.
+    let features = alice.disco_features(&bare_of(&alice)).await;
+    for f in [
+        MAM,
+        "urn:xmpp:mam:2#extended",
+        SID,
+        RETRACT,
+        "urn:xmpp:message-retract:1#tombstone",
+    ] {
+        assert!(features.iter().any(|x| x == f), "{f} in {features:?}");
+    }
+    let got = converse(&mut alice, &mut bob, 12).await;
+    // §3.1: the delivered copy carries bob's archive id.
+    let sid = got[0]
+        .get_child("stanza-id", SID)
+        .expect("stanza-id on delivery");
+    assert_eq!(sid.attr("by"), Some(bare_of(&bob).as_str()));
+    let first_id = sid.attr("id").unwrap().to_owned();
+    // Bob's archive holds all 12 in order, ids equal to the stanza ids.
+    let all = ok_query(&mut bob, "all", "").await;
+    assert_eq!(
+        all.bodies(),
+        (0..12).map(|i| format!("msg {i}")).collect::<Vec<_>>()
+    );
+    assert_eq!(all.items[0].0, first_id);
+    assert!(all.complete());
+    let mut sorted = all.ids();
+    sorted.sort();
+    assert_eq!(sorted, all.ids(), "ids are time-ordered strings");
+    // Alice's archive has her outgoing copies (without a stanza-id by bob).
+    let a = ok_query(&mut alice, "a", "").await;
+    assert_eq!(a.items.len(), 12);
+    assert_eq!(a.items[3].1.attr("to"), Some(bare_of(&bob).as_str()));
+    assert!(
+        a.ids().iter().all(|id| !all.ids().contains(id)),
+        "ids are unique across archives"
+    );
+
+    // RSM forward paging (§4.3.2 and XEP-0059 §2.2).
+    let p1 = ok_query(&mut bob, "p1", &rsm("<max>5</max>")).await;
+    assert_eq!(p1.items.len(), 5);
+    assert!(!p1.complete());
+    assert_eq!(p1.rsm("first").as_deref(), Some(all.items[0].0.as_str()));
+    assert_eq!(p1.rsm("last").as_deref(), Some(all.items[4].0.as_str()));
+    let p2 = ok_query(
+        &mut bob,
+        "p2",
+        &rsm(&format!(
+            "<max>5</max><after>{}</after>",
+            p1.rsm("last").unwrap()
+        )),
+    )
+    .await;
+    assert_eq!(p2.bodies()[0], "msg 5");
+    let p3 = ok_query(
+        &mut bob,
+        "p3",
+        &rsm(&format!(
+            "<max>5</max><after>{}</after>",
+            p2.rsm("last").unwrap()
+        )),
+    )
+    .await;
+    assert_eq!(p3.bodies(), ["msg 10", "msg 11"]);
+    assert!(p3.complete());
+    // The last page (§4.3.3: empty <before/>), then backwards.
+    let l1 = ok_query(&mut bob, "l1", &rsm("<max>5</max><before/>")).await;
+    assert_eq!(
+        l1.bodies(),
+        (7..12).map(|i| format!("msg {i}")).collect::<Vec<_>>(),
+        "chronological within the page"
+    );
+    assert!(!l1.complete());
+    let l2 = ok_query(
+        &mut bob,
+        "l2",
+        &rsm(&format!(
+            "<max>10</max><before>{}</before>",
+            l1.rsm("first").unwrap()
+        )),
+    )
+    .await;
+    assert_eq!(l2.items.len(), 7);
+    assert!(l2.complete(), "reached the start while paging backwards");
+    // Flip-page (§4.3.4): same page, reversed.
+    let f = ok_query(
+        &mut bob,
+        "f",
+        &format!("{}<flip-page/>", rsm("<max>5</max><before/>")),
+    )
+    .await;
+    let mut rev = l1.bodies();
+    rev.reverse();
+    assert_eq!(f.bodies(), rev);
+    // Extended: after-id / before-id / ids (§4.1.3, §4.1.4).
+    let between = ok_query(
+        &mut bob,
+        "b",
+        &form(&[
+            ("after-id", &all.items[2].0),
+            ("before-id", &all.items[6].0),
+        ]),
+    )
+    .await;
+    assert_eq!(between.bodies(), ["msg 3", "msg 4", "msg 5"]);
+    let picked = ok_query(&mut bob, "ids", &form(&[("ids", &all.items[9].0)])).await;
+    assert_eq!(picked.bodies(), ["msg 9"]);
+    // RSM max=0: the count only.
+    let count = ok_query(&mut bob, "c", &rsm("<max>0</max>")).await;
+    assert!(count.items.is_empty());
+    assert_eq!(count.rsm("count").as_deref(), Some("12"));
+    // Metadata (§6).
+    let md = bob
+        .iq(
+            &format!("<iq type='get' id='md'><metadata xmlns='{MAM}'/></iq>"),
+            "md",
+        )
+        .await;
+    let md = md.get_child("metadata", MAM).expect("metadata");
+    assert_eq!(
+        md.get_child("start", MAM).and_then(|s| s.attr("id")),
+        Some(all.items[0].0.as_str())
+    );
+    assert_eq!(
+        md.get_child("end", MAM).and_then(|s| s.attr("id")),
+        Some(all.items[11].0.as_str())
+    );
+    assert!(md
+        .get_child("end", MAM)
+        .and_then(|s| s.attr("timestamp"))
+        .is_some());
+    // The query form (§4.1.5) lists every field, ids with an open validate.
+    let fr = bob
+        .iq(
+            &format!("<iq type='get' id='form'><query xmlns='{MAM}'/></iq>"),
+            "form",
+        )
+        .await;
+    let x = fr
+        .get_child("query", MAM)
+        .and_then(|q| q.get_child("x", "jabber:x:data"))
+        .expect("form");
+    let vars: Vec<&str> = x.children().filter_map(|f| f.attr("var")).collect();
+    assert_eq!(
+        vars,
+        [
+            "FORM_TYPE",
+            "with",
+            "start",
+            "end",
+            "before-id",
+            "after-id",
+            "ids"
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn with_and_time_filters() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    converse(&mut alice, &mut bob, 2).await;
+    let mid = Duration::from_millis(30);
+    tokio::time::sleep(mid).await;
+    let t = starling_server::modules::time::xep0082_datetime(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    );
+    tokio::time::sleep(mid).await;
+    chat(&mut carol, &bare_of(&bob), "c1", "from carol").await;
+    bob.recv_message().await;
+    chat(&mut alice, &bare_of(&bob), "late", "late alice").await;
+    bob.recv_message().await;
+    // §4.1.1: with a bare JID matches every resource of it.
+    let w = ok_query(&mut bob, "w", &form(&[("with", &bare_of(&alice))])).await;
+    assert_eq!(w.bodies(), ["msg 0", "msg 1", "late alice"]);
+    // With a full JID, only that resource.
+    let wf = ok_query(&mut bob, "wf", &form(&[("with", &carol.jid)])).await;
+    assert_eq!(wf.bodies(), ["from carol"]);
+    let wf2 = ok_query(
+        &mut bob,
+        "wf2",
+        &form(&[("with", &format!("{}/other", bare_of(&carol)))]),
+    )
+    .await;
+    assert!(wf2.items.is_empty());
+    // §4.1.2: start and end, inclusive.
+    let after = ok_query(&mut bob, "s", &form(&[("start", &t)])).await;
+    assert_eq!(after.bodies(), ["from carol", "late alice"]);
+    let before = ok_query(&mut bob, "e", &form(&[("end", &t)])).await;
+    assert_eq!(before.bodies(), ["msg 0", "msg 1"]);
+    let both = ok_query(
+        &mut bob,
+        "se",
+        &form(&[("start", &t), ("with", &bare_of(&alice))]),
+    )
+    .await;
+    assert_eq!(both.bodies(), ["late alice"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn what_is_not_archived_and_preferences() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let b = bare_of(&bob);
+    // XEP-0334: no-store and no-permanent-store; chat states alone.
+    alice.send(&format!("<message to='{b}' type='chat'><body>secret</body><no-store xmlns='urn:xmpp:hints'/></message>")).await;
+    alice.send(&format!("<message to='{b}' type='chat'><body>secret2</body><no-permanent-store xmlns='urn:xmpp:hints'/></message>")).await;
+    alice.send(&format!("<message to='{b}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>")).await;
+    alice
+        .send(&format!(
+            "<message to='{b}' type='headline'><body>news</body></message>"
+        ))
+        .await;
+    for _ in 0..4 {
+        let m = bob.recv_message().await;
+        assert!(
+            m.get_child("stanza-id", SID).is_none(),
+            "not archived, so no stanza-id: {m}"
+        );
+    }
+    // Receipts, markers and corrections are archived (XEP-0313 §5.1.1 and
+    // the convergence rule).
+    chat(&mut alice, &bare_of(&bob), "orig", "helo").await;
+    bob.recv_message().await;
+    alice.send(&format!("<message to='{b}' type='chat' id='fix'><body>hello</body><replace xmlns='urn:xmpp:message-correct:0' id='orig'/></message>")).await;
+    bob.recv_message().await;
+    bob.send(&format!(
+        "<message to='{}' type='chat'><received xmlns='urn:xmpp:receipts' id='orig'/></message>",
+        bare_of(&alice)
+    ))
+    .await;
+    bob.send(&format!("<message to='{}' type='chat'><displayed xmlns='urn:xmpp:chat-markers:0' id='fix'/></message>", bare_of(&alice))).await;
+    alice.recv_message().await;
+    alice.recv_message().await;
+    let p = ok_query(&mut bob, "all", "").await;
+    assert_eq!(p.items.len(), 4, "{:?}", p.bodies());
+    assert_eq!(p.bodies()[..2], ["helo".to_owned(), "hello".to_owned()]);
+    assert!(p.items[1]
+        .1
+        .get_child("replace", "urn:xmpp:message-correct:0")
+        .is_some());
+    assert!(p.items[2]
+        .1
+        .get_child("received", "urn:xmpp:receipts")
+        .is_some());
+    assert!(p.items[3]
+        .1
+        .get_child("displayed", "urn:xmpp:chat-markers:0")
+        .is_some());
+
+    // XEP-0441 preferences: default never with an always-list.
+    let pr = bob
+        .iq(
+            &format!("<iq type='get' id='pg'><prefs xmlns='{MAM}'/></iq>"),
+            "pg",
+        )
+        .await;
+    assert_eq!(
+        pr.get_child("prefs", MAM).and_then(|p| p.attr("default")),
+        Some("always")
+    );
+    let mut carol = server.login("carol").await;
+    let set = bob
+        .iq(
+            &format!("<iq type='set' id='ps'><prefs xmlns='{MAM}' default='never'><always><jid>{}</jid></always><never/></prefs></iq>", bare_of(&carol)),
+            "ps",
+        )
+        .await;
+    assert_eq!(set.attr("type"), Some("result"), "{set}");
+    let echoed = set.get_child("prefs", MAM).unwrap();
+    assert_eq!(echoed.attr("default"), Some("never"));
+    assert_eq!(
+        echoed.get_child("always", MAM).unwrap().children().count(),
+        1
+    );
+    chat(&mut alice, &bare_of(&bob), "n1", "not kept").await;
+    let m = bob.recv_message().await;
+    assert!(m.get_child("stanza-id", SID).is_none());
+    chat(&mut carol, &bare_of(&bob), "k1", "kept").await;
+    let m = bob.recv_message().await;
+    assert!(m.get_child("stanza-id", SID).is_some());
+    let p = ok_query(&mut bob, "after-prefs", &rsm("<max>2</max><before/>")).await;
+    assert_eq!(p.bodies().last().map(String::as_str), Some("kept"));
+    assert!(!p.bodies().contains(&"not kept".to_owned()));
+    // Roster mode: carol is not in bob's roster, so nothing is kept.
+    bob.iq(
+        &format!("<iq type='set' id='pr'><prefs xmlns='{MAM}' default='roster'/></iq>"),
+        "pr",
+    )
+    .await;
+    chat(&mut carol, &bare_of(&bob), "k2", "stranger").await;
+    let m = bob.recv_message().await;
+    assert!(
+        m.get_child("stanza-id", SID).is_none(),
+        "roster mode, not a contact: {m}"
+    );
+    // Bad preference values.
+    let bad = bob
+        .iq(
+            &format!("<iq type='set' id='pb'><prefs xmlns='{MAM}' default='sometimes'/></iq>"),
+            "pb",
+        )
+        .await;
+    assert_eq!(error_condition(&bad).as_deref(), Some("bad-request"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn retraction_leaves_tombstones_and_only_the_author_may_retract() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let b = bare_of(&bob);
+    alice.send(&format!("<message to='{b}' type='chat' id='oops'><body>wrong chat</body><origin-id xmlns='{SID}' id='oops-origin'/></message>")).await;
+    bob.recv_message().await;
+    chat(&mut alice, &bare_of(&bob), "keep", "fine").await;
+    bob.recv_message().await;
+    // XEP-0424 §3: retract by origin id.
+    alice.send(&format!("<message to='{b}' type='chat' id='r1'><retract xmlns='{RETRACT}' id='oops-origin'/><fallback xmlns='urn:xmpp:fallback:0' for='{RETRACT}'/><body>/me retracted a message</body><store xmlns='urn:xmpp:hints'/></message>")).await;
+    let r = bob.recv_message().await;
+    assert_eq!(
+        r.get_child("retract", RETRACT).and_then(|x| x.attr("id")),
+        Some("oops-origin")
+    );
+    for c in [&mut alice, &mut bob] {
+        let p = ok_query(c, "h", "").await;
+        assert_eq!(p.items.len(), 3, "original, second message, retraction");
+        let t = &p.items[0].1;
+        let retracted = t
+            .get_child("retracted", RETRACT)
+            .unwrap_or_else(|| panic!("tombstone: {t}"));
+        assert_eq!(retracted.attr("id"), Some("r1"));
+        assert!(retracted.attr("stamp").is_some());
+        assert!(
+            t.get_child("body", ns::CLIENT).is_none(),
+            "the body is gone: {t}"
+        );
+        assert_eq!(t.attr("id"), Some("oops"), "attributes kept");
+        assert_eq!(p.bodies()[1], "fine");
+        assert!(
+            p.items[2].1.get_child("retract", RETRACT).is_some(),
+            "§4: the retraction is archived"
+        );
+    }
+    // Bob tries to retract alice's message: forbidden, not delivered, and
+    // nothing changes in either archive.
+    bob.send(&format!(
+        "<message to='{}' type='chat' id='r2'><retract xmlns='{RETRACT}' id='keep'/></message>",
+        bare_of(&alice)
+    ))
+    .await;
+    let e = bob.recv_message().await;
+    assert_eq!(e.attr("type"), Some("error"));
+    assert_eq!(error_condition(&e).as_deref(), Some("forbidden"));
+    alice.expect_silence(Duration::from_millis(300)).await;
+    let p = ok_query(&mut alice, "h2", "").await;
+    assert_eq!(p.bodies()[1], "fine");
+    // A forged retraction from carol cannot touch alice's message in bob's
+    // archive: only messages from the same bare JID are matched (§6).
+    let mut carol = server.login("carol").await;
+    carol.send(&format!("<message to='{b}' type='chat' id='r3'><retract xmlns='{RETRACT}' id='keep'/><body>x</body></message>")).await;
+    bob.recv_message().await;
+    let p = ok_query(&mut bob, "h3", &form(&[("with", &bare_of(&alice))])).await;
+    assert_eq!(p.bodies()[1], "fine");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_queries_get_their_errors() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    converse(&mut alice, &mut bob, 2).await;
+    // XEP-0313 §4.3.5 / §4.1.3: unknown ids → item-not-found.
+    for (q, inner) in [
+        ("bogus-after", rsm("<after>not-an-id</after>")),
+        (
+            "bogus-before",
+            rsm("<before>'; DROP TABLE archive; --</before>"),
+        ),
+        ("valid-but-absent", rsm("<after>0000000000000</after>")),
+        ("bogus-after-id", form(&[("after-id", "zzz")])),
+        ("bogus-ids", form(&[("ids", "00000000000001")])),
+    ] {
+        assert_eq!(
+            err_query(&mut bob, q, &inner).await,
+            "item-not-found",
+            "{q}"
+        );
+    }
+    // §4.1.5: unknown fields → feature-not-implemented.
+    assert_eq!(
+        err_query(&mut bob, "f", &form(&[("{urn:x}mood", "lonely")])).await,
+        "feature-not-implemented"
+    );
+    assert_eq!(
+        err_query(&mut bob, "g", &form(&[("include-groupchat", "true")])).await,
+        "feature-not-implemented"
+    );
+    // Malformed forms and values → bad-request (jid-malformed for JIDs).
+    assert_eq!(
+        err_query(&mut bob, "d", &form(&[("start", "yesterday")])).await,
+        "bad-request"
+    );
+    assert_eq!(
+        err_query(&mut bob, "m", &rsm("<max>lots</max>")).await,
+        "bad-request"
+    );
+    assert_eq!(
+        err_query(&mut bob, "w", &form(&[("with", "@@")])).await,
+        "jid-malformed"
+    );
+    let wrong_type = "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>urn:xmpp:mam:1</value></field></x>";
+    assert_eq!(err_query(&mut bob, "t", wrong_type).await, "bad-request");
+    assert_eq!(
+        err_query(&mut bob, "i", &rsm("<index>3</index>")).await,
+        "feature-not-implemented"
+    );
+    // §8: someone else's archive → forbidden.
+    let p = bob
+        .iq(
+            &format!(
+                "<iq type='set' id='x' to='{}'><query xmlns='{MAM}'/></iq>",
+                bare_of(&alice)
+            ),
+            "x",
+        )
+        .await;
+    assert_eq!(error_condition(&p).as_deref(), Some("forbidden"), "{p}");
+    let p = bob
+        .iq(
+            &format!(
+                "<iq type='get' id='y' to='{}'><prefs xmlns='{MAM}'/></iq>",
+                bare_of(&alice)
+            ),
+            "y",
+        )
+        .await;
+    assert_eq!(error_condition(&p).as_deref(), Some("forbidden"), "{p}");
+    // The session survives all of it.
+    let ok = ok_query(&mut bob, "ok", "").await;
+    assert_eq!(ok.items.len(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn spoofed_stanza_ids_are_removed_and_offline_messages_are_archived() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let b = bare_of(&bob);
+    // XEP-0359 §5: a stanza-id claiming to be by the recipient is dropped.
+    alice.send(&format!("<message to='{b}' type='chat'><body>x</body><stanza-id xmlns='{SID}' by='{b}' id='forged'/><stanza-id xmlns='{SID}' by='elsewhere.example' id='kept'/></message>")).await;
+    let m = bob.recv_message().await;
+    let ids: Vec<(Option<&str>, Option<&str>)> = m
+        .children()
+        .filter(|c| c.is("stanza-id", SID))
+        .map(|c| (c.attr("by"), c.attr("id")))
+        .collect();
+    assert_eq!(ids.len(), 2, "{m}");
+    assert!(ids.contains(&(Some("elsewhere.example"), Some("kept"))));
+    assert!(!ids.iter().any(|(_, id)| *id == Some("forged")));
+    bob.close().await;
+    // Offline: archived with its stanza id, delivered at the next login.
+    chat(&mut alice, &b, "off", "while away").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut bob = server.login("bob").await;
+    let m = bob.recv_message().await;
+    assert_eq!(
+        m.get_child("body", ns::CLIENT).map(|b| b.text()).as_deref(),
+        Some("while away")
+    );
+    let sid = m
+        .get_child("stanza-id", SID)
+        .expect("stanza id on the offline copy")
+        .attr("id")
+        .unwrap()
+        .to_owned();
+    let p = ok_query(&mut bob, "q", &rsm("<max>1</max><before/>")).await;
+    assert_eq!(p.ids(), [sid]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn queued_archive_writes_survive_a_graceful_shutdown() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    converse(&mut alice, &mut bob, 20).await;
+    // Shut down at once: the last messages are still queued, and the
+    // database file is reopened afterwards to look.
+    server.server.shutdown().await;
+    let db = starling_storage::open(&starling_storage::BackendConfig::Sqlite {
+        path: server.dir.join("starling.db"),
+        pool_size: 1,
+    })
+    .await
+    .unwrap();
+    let bob_jid = starling_proto::BareJid::new("bob@localhost").unwrap();
+    let n = db
+        .archive
+        .count(&bob_jid, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        n, 20,
+        "the write-behind queue was flushed before storage closed"
+    );
+    let _ = std::fs::remove_dir_all(&server.dir);
+}
