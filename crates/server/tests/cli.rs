@@ -115,6 +115,93 @@ fn user_add_list_passwd_del_import() {
     assert!(!ok && err.contains("does not exist"), "{err}");
 }
 
+/// `starling archive purge|retention`: one user's archive (all, or before a
+/// date) and the configured retention, on a database seeded directly.
+#[tokio::test(flavor = "multi_thread")]
+async fn archive_purge_and_retention_commands() {
+    use starling_core::storage::{ArchiveId, ArchiveQuery, ArchiveRecord, FLAG_BODY};
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("\n[modules.mam]\nretention_days = 30\n");
+    std::fs::write(&cfg, text).unwrap();
+    let db_cfg = starling_storage::BackendConfig::Sqlite {
+        path: dir.join("data").join("starling.db"),
+        pool_size: 1,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let day = 86_400_000_000i64;
+    let alice = starling_proto::BareJid::new("alice@localhost").unwrap();
+    let bob = starling_proto::BareJid::new("bob@localhost").unwrap();
+    let storage = starling_storage::open(&db_cfg).await.unwrap();
+    let mut recs = Vec::new();
+    for (n, (owner, age_days)) in [
+        (&alice, 40),
+        (&alice, 10),
+        (&alice, 0),
+        (&bob, 40),
+        (&bob, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        recs.push(ArchiveRecord {
+            owner: owner.clone(),
+            id: ArchiveId::from_parts(now - age_days * day + n as i64, 0),
+            with_bare: "carol@localhost".into(),
+            remote: "carol@localhost/r".into(),
+            outgoing: false,
+            origin_id: None,
+            flags: FLAG_BODY,
+            stanza: "<message xmlns='jabber:client'><body>x</body></message>".into(),
+        });
+    }
+    storage.archive.append(&recs).await.unwrap();
+    storage.backend.close().await;
+    let run = |args: &[&str]| {
+        let out = bin().arg("--config").arg(&cfg).args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = run(&["archive", "retention"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("localhost: deleted 2 message(s) older than 30 day(s)"),
+        "{out}"
+    );
+    let before = starling_server::modules::time::xep0082_datetime(((now - 5 * day) / 1000) as u128);
+    let (ok, out, err) = run(&["archive", "purge", "alice@localhost", "--before", &before]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("deleted 1 archived message(s) of alice@localhost"),
+        "{out}"
+    );
+    let (ok, _, err) = run(&[
+        "archive",
+        "purge",
+        "alice@localhost",
+        "--before",
+        "last week",
+    ]);
+    assert!(!ok && err.contains("XEP-0082"), "{err}");
+    let (ok, out, err) = run(&["archive", "purge", "bob@localhost"]);
+    assert!(ok && out.contains("deleted 1 archived"), "{out}{err}");
+    let storage = starling_storage::open(&db_cfg).await.unwrap();
+    let all = ArchiveQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(storage.archive.count(&alice, &all).await.unwrap(), 1);
+    assert_eq!(storage.archive.count(&bob, &all).await.unwrap(), 0);
+    storage.backend.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
     let dir = temp_dir();

@@ -791,18 +791,18 @@ async fn retention_task(store: Arc<dyn ArchiveStore>, rules: Vec<(String, u32)>)
     loop {
         tick.tick().await;
         for (domain, days) in &rules {
-            purge_domain(store.as_ref(), domain, *days).await;
+            let _ = purge_domain(store.as_ref(), domain, *days).await;
         }
     }
 }
 
-/// Deletes `domain`'s messages older than `days` days.
-pub async fn purge_domain(store: &dyn ArchiveStore, domain: &str, days: u32) {
+/// Deletes `domain`'s messages older than `days` days; returns how many.
+pub async fn purge_domain(store: &dyn ArchiveStore, domain: &str, days: u32) -> StorageResult<u64> {
     let cutoff = now_micros() - i64::from(days) * 86_400 * 1_000_000;
-    match store
+    let r = store
         .purge_domain_before(domain, ArchiveId::lower_bound(cutoff))
-        .await
-    {
+        .await;
+    match &r {
         Ok(n) => tracing::info!(
             module = NAME,
             domain,
@@ -814,6 +814,7 @@ pub async fn purge_domain(store: &dyn ArchiveStore, domain: &str, days: u32) {
             tracing::error!(module = NAME, domain, error = %e, "archive retention purge failed")
         }
     }
+    r
 }
 
 #[async_trait]
