@@ -176,8 +176,10 @@ async fn write_batch<T: Send + Sync + 'static>(
     }
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=RETRIES {
+        let started = std::time::Instant::now();
         match sink.write(batch).await {
             Ok(()) => {
+                tracing::trace!(queue = name, rows = batch.len(), micros = started.elapsed().as_micros() as u64, "write-behind batch written");
                 stats
                     .written
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);

@@ -140,7 +140,11 @@ async fn main() {
     if a.measure == 0 {
         return;
     }
-    let (first, last) = store.bounds(&owner).await.unwrap().expect("archive not empty");
+    let (first, last) = store
+        .bounds(&owner)
+        .await
+        .unwrap()
+        .expect("archive not empty");
     let total = store.count(&owner, &ArchiveQuery::default()).await.unwrap();
     println!("archive of {owner}: {total} messages");
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -160,8 +164,16 @@ async fn main() {
         for _ in 0..a.measure {
             let contact = format!("contact{}@localhost", rng.next() % a.contacts);
             let q = match kind {
-                0 => ArchiveQuery { limit: 50, from_end: true, ..Default::default() },
-                1 => ArchiveQuery { limit: 50, after: Some(random_id(&mut rng)), ..Default::default() },
+                0 => ArchiveQuery {
+                    limit: 50,
+                    from_end: true,
+                    ..Default::default()
+                },
+                1 => ArchiveQuery {
+                    limit: 50,
+                    after: Some(random_id(&mut rng)),
+                    ..Default::default()
+                },
                 2 => ArchiveQuery {
                     limit: 50,
                     from_end: true,
@@ -179,7 +191,10 @@ async fn main() {
             let t = Instant::now();
             let page = store.query(&owner, &q).await.unwrap();
             lat.push(t.elapsed());
-            assert!(!page.messages.is_empty() || kind == 1, "{label}: empty page");
+            assert!(
+                !page.messages.is_empty() || kind == 1,
+                "{label}: empty page"
+            );
         }
         println!(
             "{label:<40} p50 {:>6.2} ms  p90 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms",

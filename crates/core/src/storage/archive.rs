@@ -281,6 +281,35 @@ pub struct InboxUpdate {
     pub unread: UnreadChange,
 }
 
+/// Merges updates per conversation, keeping the order in which
+/// conversations first appear: the newest `last` wins and unread changes
+/// compose in order. Applying the result is equivalent to applying
+/// `updates` one by one, and each conversation appears once, so backends
+/// can group the result into multi-row statements.
+pub fn coalesce_inbox_updates(updates: &[InboxUpdate]) -> Vec<InboxUpdate> {
+    let mut index: std::collections::HashMap<(&str, &str), usize> =
+        std::collections::HashMap::new();
+    let mut out: Vec<InboxUpdate> = Vec::with_capacity(updates.len());
+    for u in updates {
+        match index.get(&(u.owner.as_str(), u.remote.as_str())) {
+            Some(&i) => {
+                let m = &mut out[i];
+                if let Some(last) = &u.last {
+                    if m.last.as_ref().is_none_or(|(id, _)| *id <= last.0) {
+                        m.last = Some(last.clone());
+                    }
+                }
+                m.unread = m.unread.then(u.unread);
+            }
+            None => {
+                index.insert((u.owner.as_str(), u.remote.as_str()), out.len());
+                out.push(u.clone());
+            }
+        }
+    }
+    out
+}
+
 /// One conversation of an inbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InboxEntry {
@@ -374,6 +403,36 @@ mod tests {
         ] {
             assert_eq!(ArchiveId::decode(s), None, "{s}");
         }
+    }
+
+    fn u(owner: &str, remote: &str, last: Option<i64>, unread: UnreadChange) -> InboxUpdate {
+        InboxUpdate {
+            owner: BareJid::new(owner).unwrap(),
+            remote: remote.into(),
+            last: last.map(|t| (ArchiveId(t), format!("<m{t}/>"))),
+            unread,
+        }
+    }
+
+    #[test]
+    fn inbox_updates_merge_per_conversation_in_order() {
+        use UnreadChange::*;
+        let merged = coalesce_inbox_updates(&[
+            u("a@x", "b@x", Some(1), Add(1)),
+            u("a@x", "c@x", Some(2), Add(1)),
+            u("a@x", "b@x", Some(3), Add(1)),
+            u("b@x", "a@x", Some(3), Set(0)),
+            u("a@x", "b@x", None, Set(0)),
+            u("a@x", "b@x", Some(4), Add(1)),
+        ]);
+        assert_eq!(
+            merged,
+            vec![
+                u("a@x", "b@x", Some(4), Set(1)),
+                u("a@x", "c@x", Some(2), Add(1)),
+                u("b@x", "a@x", Some(3), Set(0)),
+            ]
+        );
     }
 
     #[test]

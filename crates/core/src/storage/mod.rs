@@ -9,6 +9,7 @@ mod archive;
 mod im;
 mod offline;
 
+pub use archive::coalesce_inbox_updates;
 pub use archive::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,

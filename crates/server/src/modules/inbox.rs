@@ -25,8 +25,9 @@
 //!   unless `messages='false'`, the last message as a MAM `<result/>`; then
 //!   the iq result with `<fin total unread all-unread>` and RSM
 //!   first/last/count.
-//! - Updates go through a write-behind queue that merges the updates of a
-//!   batch per conversation; queries flush it first.
+//! - Updates go through a write-behind queue; backends merge a batch's
+//!   updates per conversation into multi-row statements; queries flush the
+//!   queue first.
 //!
 //! Hooks: called by the archive (`mam`), `user_send` (46) for own-inbox
 //! queries, `shutdown`; iq handlers `{urn:xmpp:inbox:1}inbox`,
@@ -47,7 +48,6 @@ use starling_proto::{
     BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
 use starling_xml::Element;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,35 +68,11 @@ pub struct Inbox {
 
 struct Sink(Arc<dyn InboxStore>);
 
-/// Merges the updates of one batch per conversation, keeping the order in
-/// which conversations first appear.
-fn coalesce(batch: &[InboxUpdate]) -> Vec<InboxUpdate> {
-    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut out: Vec<InboxUpdate> = Vec::with_capacity(batch.len());
-    for u in batch {
-        match index.get(&(u.owner.as_str(), u.remote.as_str())) {
-            Some(&i) => {
-                let m = &mut out[i];
-                if let Some(last) = &u.last {
-                    if m.last.as_ref().is_none_or(|(id, _)| *id <= last.0) {
-                        m.last = Some(last.clone());
-                    }
-                }
-                m.unread = m.unread.then(u.unread);
-            }
-            None => {
-                index.insert((u.owner.as_str(), u.remote.as_str()), out.len());
-                out.push(u.clone());
-            }
-        }
-    }
-    out
-}
-
 #[async_trait]
 impl BatchSink<InboxUpdate> for Sink {
     async fn write(&self, batch: &[InboxUpdate]) -> StorageResult<()> {
-        self.0.apply(&coalesce(batch)).await
+        // Backends merge per conversation (coalesce_inbox_updates).
+        self.0.apply(batch).await
     }
 }
 
@@ -442,40 +418,5 @@ impl IqHandler for Inbox {
 impl ShutdownHandler for Inbox {
     async fn shutdown(&self, _env: &Env) {
         self.queue.close().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn u(owner: &str, remote: &str, last: Option<i64>, unread: UnreadChange) -> InboxUpdate {
-        InboxUpdate {
-            owner: BareJid::new(owner).unwrap(),
-            remote: remote.into(),
-            last: last.map(|t| (ArchiveId(t), format!("<m{t}/>"))),
-            unread,
-        }
-    }
-
-    #[test]
-    fn batches_merge_per_conversation_in_order() {
-        use UnreadChange::*;
-        let merged = coalesce(&[
-            u("a@x", "b@x", Some(1), Add(1)),
-            u("a@x", "c@x", Some(2), Add(1)),
-            u("a@x", "b@x", Some(3), Add(1)),
-            u("b@x", "a@x", Some(3), Set(0)),
-            u("a@x", "b@x", None, Set(0)),
-            u("a@x", "b@x", Some(4), Add(1)),
-        ]);
-        assert_eq!(
-            merged,
-            vec![
-                u("a@x", "b@x", Some(4), Set(1)),
-                u("a@x", "c@x", Some(2), Add(1)),
-                u("b@x", "a@x", Some(3), Set(0)),
-            ]
-        );
     }
 }

@@ -7,9 +7,9 @@ use super::{backend, split, SqliteStorage};
 use async_trait::async_trait;
 use sqlx::{QueryBuilder, Row, Sqlite};
 use starling_core::storage::{
-    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
-    ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
-    StorageResult, UnreadChange, WithFilter, FLAG_BODY,
+    coalesce_inbox_updates, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord,
+    ArchiveStore, ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate,
+    PrefsDefault, StorageResult, UnreadChange, WithFilter, FLAG_BODY,
 };
 use starling_proto::BareJid;
 
@@ -322,53 +322,69 @@ impl InboxStore for SqliteStorage {
         if updates.is_empty() {
             return Ok(());
         }
+        // One row per conversation, so the groups below can run in any
+        // order: new last messages that add to the count, new last
+        // messages that set it, and count-only changes.
+        let merged = coalesce_inbox_updates(updates);
+        let (with_last, count_only): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) =
+            merged.iter().partition(|u| u.last.is_some());
+        let (setting, adding): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) = with_last
+            .into_iter()
+            .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
         let mut tx = self.pool.begin().await.map_err(backend)?;
-        for u in updates {
+        for (group, unread_sql) in [
+            (&adding, "unread + excluded.unread"),
+            (&setting, "excluded.unread"),
+        ] {
+            for chunk in group.chunks(ROWS_PER_INSERT) {
+                let mut b = QueryBuilder::<Sqlite>::new(
+                    "INSERT INTO inbox (domain, username, remote, last_id, last_stanza, unread) ",
+                );
+                b.push_values(chunk, |mut row, u| {
+                    let (domain, user) = split(&u.owner);
+                    let (id, stanza) = u.last.as_ref().expect("partitioned on last");
+                    let n = match u.unread {
+                        UnreadChange::Keep => 0,
+                        UnreadChange::Add(n) | UnreadChange::Set(n) => i64::from(n),
+                    };
+                    row.push_bind(domain)
+                        .push_bind(user)
+                        .push_bind(u.remote.as_str())
+                        .push_bind(id.0)
+                        .push_bind(stanza.as_str())
+                        .push_bind(n);
+                });
+                b.push(
+                    " ON CONFLICT (domain, username, remote) DO UPDATE SET
+                       last_id = MAX(last_id, excluded.last_id),
+                       last_stanza = CASE WHEN excluded.last_id >= last_id
+                                          THEN excluded.last_stanza ELSE last_stanza END,
+                       unread = ",
+                );
+                b.push(unread_sql);
+                b.build().execute(&mut *tx).await.map_err(backend)?;
+            }
+        }
+        for u in count_only {
             let (domain, user) = split(&u.owner);
             let (set, value) = match u.unread {
-                UnreadChange::Keep => (0i64, 0i64),
-                UnreadChange::Add(n) => (0, i64::from(n)),
+                UnreadChange::Keep => continue,
+                UnreadChange::Add(n) => (0i64, i64::from(n)),
                 UnreadChange::Set(n) => (1, i64::from(n)),
             };
-            match &u.last {
-                Some((id, stanza)) => {
-                    sqlx::query(
-                        "INSERT INTO inbox (domain, username, remote, last_id, last_stanza, unread)
-                         VALUES (?, ?, ?, ?, ?, ?)
-                         ON CONFLICT (domain, username, remote) DO UPDATE SET
-                           last_id = MAX(last_id, excluded.last_id),
-                           last_stanza = CASE WHEN excluded.last_id >= last_id
-                                              THEN excluded.last_stanza ELSE last_stanza END,
-                           unread = CASE WHEN ? = 1 THEN excluded.unread
-                                         ELSE unread + excluded.unread END",
-                    )
-                    .bind(domain)
-                    .bind(user)
-                    .bind(u.remote.as_str())
-                    .bind(id.0)
-                    .bind(stanza.as_str())
-                    .bind(value)
-                    .bind(set)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-                }
-                None => {
-                    sqlx::query(
-                        "UPDATE inbox SET unread = CASE WHEN ? = 1 THEN ? ELSE unread + ? END
-                         WHERE domain = ? AND username = ? AND remote = ?",
-                    )
-                    .bind(set)
-                    .bind(value)
-                    .bind(value)
-                    .bind(domain)
-                    .bind(user)
-                    .bind(u.remote.as_str())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-                }
-            }
+            sqlx::query(
+                "UPDATE inbox SET unread = CASE WHEN ? = 1 THEN ? ELSE unread + ? END
+                 WHERE domain = ? AND username = ? AND remote = ?",
+            )
+            .bind(set)
+            .bind(value)
+            .bind(value)
+            .bind(domain)
+            .bind(user)
+            .bind(u.remote.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
         }
         tx.commit().await.map_err(backend)
     }

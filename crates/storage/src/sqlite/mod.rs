@@ -108,7 +108,17 @@ impl SqliteStorage {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            // SQLite's default page cache is 2 MiB per connection: archive
+            // and inbox writes then read index pages back from the OS with
+            // a pread and a copy each. 32 MiB per connection, reads through
+            // mmap, and checkpoints every ~16 MiB of WAL instead of 4 MiB
+            // (fewer fsyncs) keep the batch writer CPU-bound rather than
+            // syscall-bound.
+            .pragma("cache_size", "-32768")
+            .pragma("mmap_size", "1073741824")
+            .pragma("wal_autocheckpoint", "4000")
+            .pragma("temp_store", "memory");
         let pool = SqlitePoolOptions::new()
             .max_connections(pool_size.max(1))
             .connect_with(opts)
