@@ -321,8 +321,12 @@ for s in $SERVERS; do
         --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-o2o.json" \
         || log "$s: o2o run failed (see above)"
     if [[ -n "$ARCHIVE" ]]; then
-        # Same server, archives as the ramp left them; partners are the two
-        # accounts after the measured users.
+        # Archives as the ramp left them, in a fresh server process: a
+        # server past saturation may still be working through its backlog
+        # (Prosody: tens of seconds). Partners are the two accounts after
+        # the measured users.
+        stop_server
+        launch_server "$s"
         sleep 3
         echo "$s archive: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
         log "$s: archive queries, $ARCHIVE_USERS users, fill $ARCHIVE_FILL"
@@ -385,7 +389,9 @@ for s in servers:
         if o2o.get("cost"):
             r["cost"] = o2o["cost"]["cost_per_billion"]
     arch = load(s, "archive")
-    if arch and arch.get("archive"):
+    if arch and arch.get("archive") and not arch["archive"]["users"]:
+        notes.append(f"{s}: archive scenario: no session established ({arch['connect'].get('first_error')})")
+    elif arch and arch.get("archive"):
         labels.setdefault(s, arch["target"]["label"])
         a = arch["archive"]
         if a.get("fill"):
