@@ -86,7 +86,8 @@ pub struct FillResult {
 pub struct WarmupResult {
     /// Distinct message ids collected over all users.
     pub ids: u64,
-    /// Users whose archive looked empty (no `by-id` queries for them).
+    /// Users without ids: empty archive or failed warm-up (no `by-id`
+    /// queries for them).
     pub users_without_ids: u64,
     /// Warm-up queries that failed.
     pub errors: u64,
@@ -558,7 +559,7 @@ fn archive_table(s: &mut String, a: &ArchiveResult) {
     let w = &a.warmup;
     let _ = writeln!(
         s,
-        "  warm-up    {} message ids collected in {:.1} s; {} user(s) with an empty archive; {} failed queries",
+        "  warm-up    {} message ids collected in {:.1} s; {} user(s) without ids (empty archive or failed warm-up); {} failed queries",
         w.ids, w.duration_s, w.users_without_ids, w.errors
     );
     if let Some(e) = &w.first_error {
@@ -817,5 +818,58 @@ mod tests {
         // And it round-trips (workers send exactly this to the coordinator).
         let back: RunResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn archive_section_round_trips_and_is_tabulated() {
+        let r = RunResult {
+            scenario: "archive".into(),
+            archive: Some(ArchiveResult {
+                page_size: 50,
+                duration_s: 10.0,
+                users: 2,
+                fill: Some(FillResult {
+                    per_user: 100,
+                    partners: 2,
+                    sent: 200,
+                    delivered: 150,
+                    duration_s: 2.0,
+                    delivered_per_s: 75.0,
+                    complete: false,
+                }),
+                kinds: vec![QueryKindResult {
+                    kind: "by-id".into(),
+                    queries: 12,
+                    ok: 10,
+                    errors: [("timeout".to_string(), 2)].into(),
+                    first_error: Some("timeout: no <fin/> in time".into()),
+                    results: 500,
+                    queries_per_s: 1.0,
+                    latency: lat(&[4_000; 10]),
+                    ..QueryKindResult::default()
+                }],
+                queries_per_s: 1.0,
+                ..ArchiveResult::default()
+            }),
+            ..RunResult::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["archive"]["kinds"][0]["latency"]["count"], 10);
+        assert_eq!(v["archive"]["fill"]["complete"], false);
+        let back: RunResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(r.archive.as_ref().unwrap().kinds[0].failed(), 2);
+        let t = r.table();
+        assert!(t.contains("150 of 200 messages delivered"), "{t}");
+        assert!(t.contains("INCOMPLETE"), "{t}");
+        assert!(t.contains("by-id errors: timeout=2"), "{t}");
+        let row = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("by-id "))
+            .unwrap();
+        assert!(row.contains("     4.0"), "p50 4 ms in {row}");
+        // Other scenarios do not carry the section.
+        let o = serde_json::to_value(RunResult::default()).unwrap();
+        assert!(o.get("archive").is_none());
     }
 }
