@@ -9,6 +9,14 @@
 #
 #   bench/compare.sh                       # everything, defaults below
 #   SERVERS="starling" USERS=2000 bench/compare.sh
+#   ARCHIVE=1 SERVERS="ejabberd prosody" bench/compare.sh   # archives on
+#
+# ARCHIVE=1: every server runs with its message archive (XEP-0313) on,
+# from bench/peers/*-archive.* (ejabberd mod_mam on SQLite, Prosody mod_mam
+# on SQLite, Starling [modules.mam] + [modules.inbox]); the idle run is
+# skipped; the o2o ramp runs on a fresh server, then the `archive` scenario
+# (ARCHIVE_USERS users, --fill ARCHIVE_FILL, ARCHIVE_SECS of queries) on
+# the same server. Results are appended as an "archive on" section.
 #
 # Environment (defaults in brackets):
 #   SERVERS        servers to run, in order        [starling ejabberd prosody]
@@ -26,6 +34,13 @@
 #   RUN_ROOT       scratch dir for data/logs/results [/tmp/starling-bench-compare]
 #   OUT            Markdown output                 [docs/benchmarks.md]
 #   NO_INSTALL=1   do not apt-get install missing peers
+#   ARCHIVE=1      archive-on mode (above); then also:
+#     ARCHIVE_USERS  users running MAM queries     [10]
+#     ARCHIVE_FILL   messages per user before the queries [1000]
+#     ARCHIVE_SECS   seconds of queries            [30]
+#     PAGE_SIZE      RSM page size                 [50]
+#   In ARCHIVE mode USERS defaults to O2O_USERS + 2 (the accounts needed)
+#   and RATES starts lower (50 msg/s): archiving servers saturate early.
 #
 # Requires root for apt-get and to run the peers as their system users.
 # The open-file limit of this shell is inherited by every server (raise it
@@ -37,9 +52,21 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 peers="$root/bench/peers"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 SERVERS=${SERVERS:-"starling ejabberd prosody"}
-USERS=${USERS:-15000}
+ARCHIVE=${ARCHIVE:-}
 O2O_USERS=${O2O_USERS:-1000}
-RATES=${RATES:-"1000,2000,5000,10000,15000,20000,25000,30000,40000,50000,60000,70000,80000,100000"}
+if [[ -n "$ARCHIVE" ]]; then
+    sfx=-archive   # peer config variant: bench/peers/<server>-archive.*
+    USERS=${USERS:-$((O2O_USERS + 2))}
+    RATES=${RATES:-"50,100,200,500,1000,2000,5000,10000,15000,20000,30000,40000,60000,80000,100000"}
+else
+    sfx=
+    USERS=${USERS:-15000}
+    RATES=${RATES:-"1000,2000,5000,10000,15000,20000,25000,30000,40000,50000,60000,70000,80000,100000"}
+fi
+ARCHIVE_USERS=${ARCHIVE_USERS:-10}
+ARCHIVE_FILL=${ARCHIVE_FILL:-1000}
+ARCHIVE_SECS=${ARCHIVE_SECS:-30}
+PAGE_SIZE=${PAGE_SIZE:-50}
 STEP_SECS=${STEP_SECS:-10}
 P99_BOUND_MS=${P99_BOUND_MS:-100}
 TLS=${TLS:-starttls}
@@ -71,13 +98,20 @@ run() {
 # ---------------------------------------------------------------- install
 installed_now=()
 if [[ -z "${NO_INSTALL:-}" ]]; then
-    for pkg in ejabberd prosody; do
-        [[ " $SERVERS " == *" $pkg "* ]] || continue
+    # The archive mode's SQLite drivers: Erlang's for ejabberd, LuaDBI's
+    # for Prosody.
+    declare -A extra=([ejabberd]=erlang-p1-sqlite3 [prosody]=lua-dbi-sqlite3)
+    for s in ejabberd prosody; do
+        [[ " $SERVERS " == *" $s "* ]] || continue
+        pkgs=$s
+        [[ -n "$ARCHIVE" ]] && pkgs="$s ${extra[$s]}"
+      for pkg in $pkgs; do
         if ! dpkg -s "$pkg" >/dev/null 2>&1; then
             log "installing $pkg from Debian"
             DEBIAN_FRONTEND=noninteractive apt-get install -y "$pkg" >"$RUN_ROOT/apt-$pkg.log" 2>&1
             installed_now+=("$pkg")
         fi
+      done
     done
 fi
 # Package installation may start the system-wide daemons; they are not ours
@@ -141,6 +175,23 @@ launch_server() {
     wait_port "$p"
 }
 
+# Whether this Starling build accepts bench/peers/starling$sfx.toml; if not,
+# says which key it does not know (e.g. [modules.mam] before the archive
+# work is merged) instead of failing later with a bare error.
+starling_config_ok() {
+    local r="$RUN_ROOT/starling" key
+    mkdir -p "$r"
+    fill "$peers/starling$sfx.toml" "$r" "${PORT[starling]}" >"$r/check.toml"
+    "$STARLING_BIN" check-config "$r/check.toml" >"$r/check.log" 2>&1 && return 0
+    key=$(grep -o 'unknown field `[^`]*`' "$r/check.log" | head -1 || true)
+    echo "compare: $STARLING_BIN rejects bench/peers/starling$sfx.toml${key:+: $key}" >&2
+    if [[ -n "$ARCHIVE" ]]; then
+        echo "compare: this build has no [modules.mam]/[modules.inbox]; build one with the archive work" >&2
+    fi
+    sed 's/^/  /' "$r/check.log" >&2
+    return 1
+}
+
 # Fresh data dir and config for server $1, accounts created, server running.
 start_server() {
     local s=$1 p=${PORT[$1]} r="$RUN_ROOT/$1"
@@ -148,7 +199,7 @@ start_server() {
     mkdir -p "$r"
     case $s in
     starling)
-        fill "$peers/starling.toml" "$r" "$p" >"$r/starling.toml"
+        fill "$peers/starling$sfx.toml" "$r" "$p" >"$r/starling.toml"
         log "starling: importing $USERS accounts"
         run "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
             --starling-config "$r/starling.toml" --iterations 4096 \
@@ -156,7 +207,16 @@ start_server() {
         launch_server starling
         ;;
     ejabberd)
-        fill "$peers/ejabberd.yml" "$r" "$p" >"$r/ejabberd.yml"
+        fill "$peers/ejabberd$sfx.yml" "$r" "$p" >"$r/ejabberd.yml"
+        if [[ -n "$ARCHIVE" ]]; then
+            # ejabberd would create the SQLite file itself (rollback
+            # journal, several fsyncs per archived message: ~40 msg/s here).
+            # Created in WAL mode instead (persistent in the file), as
+            # Starling's store runs; ejabberd's connection keeps SQLite's
+            # default synchronous=FULL (one fsync per commit).
+            sqlite3 "$r/ejabberd.db" </usr/share/ejabberd/sql/lite.sql
+            sqlite3 "$r/ejabberd.db" "PRAGMA journal_mode=WAL;" >/dev/null
+        fi
         cp "$peers/ejabberdctl.cfg" "$r/ejabberdctl.cfg"
         cp /etc/ejabberd/inetrc "$r/inetrc" 2>/dev/null || true
         self_signed "$r"
@@ -169,9 +229,14 @@ start_server() {
             --users "$USERS" --password "$PASSWORD" --concurrency 50 >"$r/provision.log" 2>&1
         ;;
     prosody)
-        fill "$peers/prosody.cfg.lua" "$r" "$p" >"$r/prosody.cfg.lua"
+        fill "$peers/prosody$sfx.cfg.lua" "$r" "$p" >"$r/prosody.cfg.lua"
         self_signed "$r"
         mkdir -p "$r/data"
+        if [[ -n "$ARCHIVE" ]]; then
+            # As for ejabberd: the archive database in WAL mode (Prosody
+            # creates its tables in it; synchronous stays at SQLite's FULL).
+            sqlite3 "$r/data/archive.sqlite" "PRAGMA journal_mode=WAL;" >/dev/null
+        fi
         log "prosody: writing $USERS account files"
         run "$BENCH_BIN" provision --method prosody-files --prosody-data "$r/data" \
             --iterations 4096 --users "$USERS" --password "$PASSWORD" >"$r/provision.log" 2>&1
@@ -224,37 +289,62 @@ version_of() {
 
 # ---------------------------------------------------------------- runs
 common=(--tls "$TLS" --mechanism "$MECH" --password "$PASSWORD" --concurrency "$CONCURRENCY" --quiet)
+ran=""
 for s in $SERVERS; do
-    log "=== $s"
+    log "=== $s${ARCHIVE:+ (archive on)}"
+    if [[ $s == starling ]] && ! starling_config_ok; then
+        log "starling: skipped (configuration rejected, see above)"
+        continue
+    fi
     start_server "$s"
+    ran="$ran $s"
     p=${PORT[$s]}
     label=$(version_of "$s")
     rm -f "$RUN_ROOT/results/$s-"*.json
-    sleep 2
-    echo "$s idle: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
-    log "$s: idle, $USERS sessions"
-    run "$BENCH_BIN" idle --port "$p" --users "$USERS" --settle-secs 10 --label "$label" \
-        "${common[@]}" --json-file "$RUN_ROOT/results/$s-idle.json" \
-        || log "$s: idle run failed (see above)"
-    # A fresh process for the ramp: what the idle run left behind (garbage,
-    # allocator caches, sessions still closing) must not count against it.
-    stop_server
-    launch_server "$s"
+    if [[ -z "$ARCHIVE" ]]; then
+        sleep 2
+        echo "$s idle: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+        log "$s: idle, $USERS sessions"
+        run "$BENCH_BIN" idle --port "$p" --users "$USERS" --settle-secs 10 --label "$label" \
+            "${common[@]}" --json-file "$RUN_ROOT/results/$s-idle.json" \
+            || log "$s: idle run failed (see above)"
+        # A fresh process for the ramp: what the idle run left behind (garbage,
+        # allocator caches, sessions still closing) must not count against it.
+        stop_server
+        launch_server "$s"
+    fi
     sleep 3
-    echo "$s o2o: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
-    log "$s: o2o ramp, $O2O_USERS users"
+    echo "$s o2o$sfx: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+    log "$s: o2o ramp, $O2O_USERS users${ARCHIVE:+, archive on}"
     run "$BENCH_BIN" o2o --port "$p" --users "$O2O_USERS" --rates "$RATES" \
         --step-secs "$STEP_SECS" --p99-bound-ms "$P99_BOUND_MS" --hourly-price "$HOURLY_PRICE" \
         --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-o2o.json" \
         || log "$s: o2o run failed (see above)"
+    if [[ -n "$ARCHIVE" ]]; then
+        # Archives as the ramp left them, in a fresh server process: a
+        # server past saturation may still be working through its backlog
+        # (Prosody: tens of seconds). Partners are the two accounts after
+        # the measured users.
+        stop_server
+        launch_server "$s"
+        sleep 3
+        echo "$s archive: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+        log "$s: archive queries, $ARCHIVE_USERS users, fill $ARCHIVE_FILL"
+        run "$BENCH_BIN" archive --port "$p" --users "$ARCHIVE_USERS" --partners 2 \
+            --fill "$ARCHIVE_FILL" --duration-secs "$ARCHIVE_SECS" --page-size "$PAGE_SIZE" \
+            --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-archive.json" \
+            || log "$s: archive run failed (see above)"
+    fi
     stop_server
 done
+[[ -n "$ran" ]] || { echo "compare: no server could be benchmarked" >&2; exit 1; }
+SERVERS=${ran# }
 
 # ---------------------------------------------------------------- report
 mkdir -p "$(dirname "$OUT")"
-python3 - "$RUN_ROOT" "$OUT" "$SERVERS" <<'PY'
+python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" <<'PY'
 import json, os, platform, subprocess, sys, datetime
-run_root, out, servers = sys.argv[1], sys.argv[2], sys.argv[3].split()
+run_root, out, servers, archive = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4] != ""
 
 def load(s, kind):
     p = os.path.join(run_root, "results", f"{s}-{kind}.json")
@@ -298,6 +388,29 @@ for s in servers:
             r["sat_cli_cpu"] = ok[-1].get("client_cpu_pct")
         if o2o.get("cost"):
             r["cost"] = o2o["cost"]["cost_per_billion"]
+    arch = load(s, "archive")
+    if arch and arch.get("archive") and not arch["archive"]["users"]:
+        notes.append(f"{s}: archive scenario: no session established ({arch['connect'].get('first_error')})")
+    elif arch and arch.get("archive"):
+        labels.setdefault(s, arch["target"]["label"])
+        a = arch["archive"]
+        if a.get("fill"):
+            r["fill_rate"] = a["fill"]["delivered_per_s"]
+            if not a["fill"]["complete"]:
+                notes.append(f"{s}: archive fill incomplete: {a['fill']['delivered']} of {a['fill']['per_user'] * a['users']} delivered")
+        r["q_total"] = a["queries_per_s"]
+        for k in a["kinds"]:
+            r[f"q_{k['kind']}_p50"] = k["latency"]["p50_ms"] if k["ok"] else None
+            r[f"q_{k['kind']}_p99"] = k["latency"]["p99_ms"] if k["ok"] else None
+            r[f"q_{k['kind']}_qps"] = k["queries_per_s"]
+            failed = sum(k["errors"].values())
+            if failed:
+                notes.append(f"{s}: {failed} of {k['queries']} `{k['kind']}` queries failed {k['errors']} e.g. {k.get('first_error')}")
+            if k["capped"]:
+                notes.append(f"{s}: {k['capped']} `{k['kind']}` pages were capped below the page size by the server")
+        if a["warmup"]["errors"]:
+            notes.append(f"{s}: {a['warmup']['errors']} warm-up queries failed, e.g. {a['warmup'].get('first_error')}")
+        r["archive_users"], r["archive_page"], r["archive_fill"] = a["users"], a["page_size"], (a.get("fill") or {}).get("per_user", 0)
     rows[s] = r
 
 base = servers[0]
@@ -320,7 +433,7 @@ for l in open("/proc/cpuinfo"):
         cpu = l.split(":", 1)[1].strip(); break
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 o = []
-o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}\n")
+o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}\n")
 o.append(f"Machine: {os.cpu_count()} CPUs ({cpu}), {ram_gib:.1f} GiB RAM, kernel {platform.release()}; "
          "client and server on the same machine over loopback. "
          f"Versions: " + "; ".join(f"{names.get(s, s)}: {labels.get(s, '?')}" for s in servers) + ".\n")
@@ -328,11 +441,12 @@ o.append(f"Ratios in parentheses are relative to {names.get(base, base)} (for me
 hdr = "| Metric | " + " | ".join(names.get(s, s) for s in servers) + " |"
 o.append(hdr)
 o.append("|" + "---|" * (len(servers) + 1))
-o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
-o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
-o.append("| Connection rate (sessions/s, STARTTLS + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
-o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
-o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
+if not archive:
+    o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
+    o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
+    o.append("| Connection rate (sessions/s, STARTTLS + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
+    o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
+    o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
 o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
     (cell(s, "sat", "{:,.0f}") + (" (≥: ramp end)" if rows.get(s, {}).get("sat") and not rows[s].get("sat_reached", True) else "")) for s in servers) + " |")
 o.append("| p99 latency at that rate (ms) | " + " | ".join(cell(s, "sat_p99", "{:.1f}") for s in servers) + " |")
@@ -340,6 +454,15 @@ o.append("| Server CPU at that rate (% of one core; load generator in brackets) 
     (f"{rows[s]['sat_cpu']:.0f}% [{rows[s].get('sat_cli_cpu') or 0:.0f}%]" if rows.get(s, {}).get("sat_cpu") is not None else "n/a") for s in servers) + " |")
 o.append("| Server CPU per delivered message at that rate (µs) | " + " | ".join(cell(s, "us_per_msg", "{:.1f}") for s in servers) + " |")
 o.append("| Cost per billion delivered messages | " + " | ".join(cell(s, "cost", "{:.3f}") for s in servers) + " |")
+if archive:
+    any_row = next((rows[s] for s in servers if rows.get(s, {}).get("archive_users")), {})
+    o.append("| Archive fill (delivered msg/s, " + f"{any_row.get('archive_fill', 0)} per user) | " + " | ".join(cell(s, "fill_rate", "{:,.0f}") for s in servers) + " |")
+    for kind in ("latest", "by-id", "with"):
+        if not any(f"q_{kind}_qps" in rows.get(s, {}) for s in servers):
+            continue
+        o.append(f"| MAM `{kind}` page p50 / p99 (ms) | " + " | ".join(
+            (f"{rows[s][f'q_{kind}_p50']:.1f} / {rows[s][f'q_{kind}_p99']:.1f}" if rows.get(s, {}).get(f"q_{kind}_p99") is not None else "n/a") for s in servers) + " |")
+    o.append(f"| MAM queries/s ({any_row.get('archive_users', '?')} users, closed loop, page {any_row.get('archive_page', '?')}) | " + " | ".join(cell(s, "q_total", "{:,.0f}") for s in servers) + " |")
 o.append("")
 for s in servers:
     if rows.get(s, {}).get("sat_note"):

@@ -27,8 +27,12 @@ pub enum Command {
     MucLight(ScenarioArgs),
     /// MUC rooms (not supported by Starling yet).
     Muc(ScenarioArgs),
-    /// Archive query latency (not supported by Starling yet).
-    Archive(ScenarioArgs),
+    /// Message Archive Management (XEP-0313) query latency: each user runs
+    /// `latest`, `by-id` and/or `with` page queries in a closed loop (or at
+    /// `--rate`) for `--duration-secs`; optionally fills the archives first
+    /// (`--fill`). Works against any server with `urn:xmpp:mam:2`.
+    #[command(mut_arg("users", |a| a.default_value("10")))]
+    Archive(ArchiveArgs),
     /// Create N accounts.
     Provision(ProvisionArgs),
 }
@@ -158,6 +162,100 @@ pub struct ScenarioArgs {
     pub worker_count: u64,
 }
 
+/// The kinds of archive queries the `archive` scenario runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum QueryKind {
+    /// The latest page: `<set><max>PAGE</max><before/></set>`.
+    Latest,
+    /// A page next to a message id picked at random from ids collected in
+    /// the warm-up (`<after>ID</after>` or `<before>ID</before>`, half each).
+    ById,
+    /// The latest page of the conversation with one partner (`with` field).
+    With,
+}
+
+impl QueryKind {
+    /// The CLI and report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            QueryKind::Latest => "latest",
+            QueryKind::ById => "by-id",
+            QueryKind::With => "with",
+        }
+    }
+}
+
+/// Options of the `archive` scenario.
+///
+/// Measured users are `--first-user` … `--first-user + --users - 1`;
+/// partner accounts (`--partners`, numbered from `--partner-first`, by
+/// default right after the measured users) send the fill messages and are
+/// the contacts of `with` queries, so provision users + partners accounts.
+#[derive(Args, Debug, Clone)]
+pub struct ArchiveArgs {
+    /// Connection and output options (as for the other scenarios).
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Query kinds to run, comma-separated; each query picks one at random.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "latest,by-id,with"
+    )]
+    pub queries: Vec<QueryKind>,
+    /// Results per page (RSM `<max>`). A server may enforce a lower maximum
+    /// (Prosody: 50 by default); such pages are counted as `capped`.
+    #[arg(long, default_value_t = 50)]
+    pub page_size: u32,
+    /// Seconds of measurement (after fill and warm-up).
+    #[arg(long, default_value_t = 30.0)]
+    pub duration_secs: f64,
+    /// Total target rate in queries/s over all users (each user sends at
+    /// rate/users on a fixed schedule, latency counted from the scheduled
+    /// time). 0: closed loop, each user sends its next query as soon as the
+    /// previous one finished.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Before measuring, send this many chat messages to each measured user
+    /// from the partner accounts and wait until all are delivered (the
+    /// server archives them). 0: measure the archive as it is.
+    #[arg(long, default_value_t = 0)]
+    pub fill: u64,
+    /// Number of partner accounts (fill senders, `with` contacts).
+    #[arg(long, default_value_t = 2)]
+    pub partners: u64,
+    /// Number of the first partner account (default: first-user + users).
+    #[arg(long)]
+    pub partner_first: Option<u64>,
+    /// Total fill rate, messages/s.
+    #[arg(long, default_value_t = 2000.0)]
+    pub fill_rate: f64,
+    /// Give up waiting for fill deliveries after this many seconds without
+    /// progress.
+    #[arg(long, default_value_t = 30.0)]
+    pub fill_timeout_secs: f64,
+    /// Warm-up (for `by-id`): time-range probes per user. Each picks a
+    /// random instant between the user's oldest and newest archived
+    /// message and asks for the first message from then on
+    /// (`start` form field, `<max>1</max>`), so ids spread over the
+    /// archive without assuming any server id format.
+    #[arg(long, default_value_t = 20)]
+    pub probes: u32,
+    /// A query that has not completed (fin iq) after this many seconds
+    /// counts as a `timeout` error.
+    #[arg(long, default_value_t = 10.0)]
+    pub query_timeout_secs: f64,
+}
+
+impl ArchiveArgs {
+    /// Number of the first partner account.
+    pub fn partner_first(&self) -> u64 {
+        self.partner_first
+            .unwrap_or(self.scenario.conn.first_user + self.scenario.conn.users)
+    }
+}
+
 /// How to create accounts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProvisionMethod {
@@ -262,5 +360,40 @@ mod tests {
         assert_eq!(a.conn.mechanism, Mech::ScramSha1);
         assert_eq!(a.conn.source_list(60_000).len(), 3);
         assert!(a.conn.source_list(1000).is_empty());
+    }
+
+    #[test]
+    fn archive_defaults_and_query_list() {
+        let cli = Cli::parse_from(["starling-bench", "archive"]);
+        let Command::Archive(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.scenario.conn.users, 10, "archive defaults to 10 users");
+        assert_eq!(
+            a.queries,
+            vec![QueryKind::Latest, QueryKind::ById, QueryKind::With]
+        );
+        assert_eq!(a.partner_first(), 11);
+        let cli = Cli::parse_from([
+            "starling-bench",
+            "archive",
+            "--users",
+            "4",
+            "--queries",
+            "with,latest",
+            "--page-size",
+            "20",
+        ]);
+        let Command::Archive(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.queries, vec![QueryKind::With, QueryKind::Latest]);
+        assert_eq!(a.page_size, 20);
+        assert_eq!(a.partner_first(), 5);
+        // The other scenarios keep their default.
+        let Command::O2o(o) = Cli::parse_from(["starling-bench", "o2o"]).command else {
+            panic!()
+        };
+        assert_eq!(o.conn.users, 100);
     }
 }

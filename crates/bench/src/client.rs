@@ -667,7 +667,8 @@ pub enum Registered {
     Exists,
 }
 
-fn xml_escape(s: &str) -> String {
+/// Escapes text for XML character data and single-quoted attributes.
+pub(crate) fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

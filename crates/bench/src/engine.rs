@@ -30,6 +30,8 @@ pub enum Scenario {
     Idle,
     /// One-to-one chat ramp.
     O2o,
+    /// Archive queries (run by [`crate::archive`], not by [`run`]).
+    Archive,
 }
 
 impl Scenario {
@@ -39,6 +41,7 @@ impl Scenario {
             Scenario::Connect => "connect",
             Scenario::Idle => "idle",
             Scenario::O2o => "o2o",
+            Scenario::Archive => "archive",
         }
     }
 }
@@ -81,7 +84,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn new(schedule: RateSchedule) -> Shared {
+    pub(crate) fn new(schedule: RateSchedule) -> Shared {
         let steps = (0..schedule.steps().len())
             .map(|_| StepCounters::default())
             .collect();
@@ -167,7 +170,7 @@ struct Session {
     outbox: mpsc::Sender<Vec<u8>>,
 }
 
-fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
+pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
     Ok(Arc::new(Target {
         addr: std::net::SocketAddr::new(args.conn.host, args.conn.port),
         domain: args.conn.domain.clone(),
@@ -218,6 +221,10 @@ pub fn skeleton(sc: Scenario, args: &ScenarioArgs, workers: u32) -> RunResult {
 /// Runs a scenario: in this process, or split over worker processes.
 pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.conn.users > 0, "--users must be at least 1");
+    anyhow::ensure!(
+        sc != Scenario::Archive,
+        "the archive scenario runs in archive::run"
+    );
     let result = if args.worker_index.is_none() && args.conn.users > args.max_per_process {
         workers::coordinate(sc, &args).await?
     } else {
@@ -237,7 +244,7 @@ pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
     output(&result, &args)
 }
 
-fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<()> {
+pub(crate) fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<()> {
     let json = serde_json::to_string(result)?;
     if args.json {
         eprint!("{}", result.table());
@@ -272,6 +279,22 @@ fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<()> {
                 "only {delivered}/{sent} messages delivered"
             );
         }
+        if let Some(a) = &result.archive {
+            let sent: u64 = a.kinds.iter().map(|k| k.queries).sum();
+            let ok: u64 = a.kinds.iter().map(|k| k.ok).sum();
+            anyhow::ensure!(
+                sent > 0 && ok as f64 >= args.require_ratio * sent as f64,
+                "only {ok}/{sent} archive queries succeeded"
+            );
+            if let Some(f) = &a.fill {
+                anyhow::ensure!(
+                    f.delivered as f64 >= args.require_ratio * (f.per_user * a.users) as f64,
+                    "only {} fill messages of {} delivered",
+                    f.delivered,
+                    f.per_user * a.users
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -286,7 +309,7 @@ fn local_range(args: &ScenarioArgs) -> (u64, u64) {
     (lo, hi.max(lo))
 }
 
-fn progress_bar(args: &ScenarioArgs, len: u64) -> ProgressBar {
+pub(crate) fn progress_bar(args: &ScenarioArgs, len: u64) -> ProgressBar {
     if args.quiet || args.worker_index.is_some() {
         return ProgressBar::hidden();
     }
@@ -377,6 +400,7 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb, server_pid).await);
             result.compute_cost(args.hourly_price);
         }
+        Scenario::Archive => anyhow::bail!("the archive scenario runs in archive::run"),
     }
 
     pb.set_message("closing sessions");
@@ -411,14 +435,18 @@ fn delta(before: Option<f64>, after: Option<f64>) -> Option<f64> {
     Some(after? - before?)
 }
 
-async fn hold(secs: f64) {
+pub(crate) async fn hold(secs: f64) {
     if secs > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     }
 }
 
 /// Progress: an indicatif bar locally; `P …` lines on stdout in a worker.
-fn spawn_reporter(args: &ScenarioArgs, shared: Arc<Shared>, pb: ProgressBar) -> JoinHandle<()> {
+pub(crate) fn spawn_reporter(
+    args: &ScenarioArgs,
+    shared: Arc<Shared>,
+    pb: ProgressBar,
+) -> JoinHandle<()> {
     let worker = args.worker_index.is_some();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -460,11 +488,46 @@ async fn connect_phase(
     shared: &Arc<Shared>,
     stop: &watch::Receiver<bool>,
 ) -> (Vec<Session>, Vec<JoinHandle<()>>, ConnectResult) {
+    let mut sessions = Vec::with_capacity((hi - lo) as usize);
+    let mut tasks = Vec::with_capacity(2 * (hi - lo) as usize);
+    let connect = storm(args, target, lo, hi, presence, shared, |n, conn| {
+        let (tx, rx) = mpsc::channel(256);
+        let (rd, wr) = tokio::io::split(conn.io);
+        tasks.push(tokio::spawn(reader(
+            rd,
+            conn.inbound,
+            tx.clone(),
+            shared.clone(),
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(writer(wr, rx, stop.clone())));
+        sessions.push(Session {
+            user: n,
+            outbox: tx,
+        });
+    })
+    .await;
+    (sessions, tasks, connect)
+}
+
+/// Establishes sessions for users `lo..hi` with at most `--concurrency`
+/// setups in flight and hands each one to `on_up` as soon as it is bound
+/// (so it can be served while the storm goes on). Counts successes and
+/// failures in `shared` (for the progress bar) and returns the storm's
+/// result.
+pub(crate) async fn storm(
+    args: &ScenarioArgs,
+    target: &Arc<Target>,
+    lo: u64,
+    hi: u64,
+    presence: bool,
+    shared: &Shared,
+    mut on_up: impl FnMut(u64, client::Conn),
+) -> ConnectResult {
     let started = now_ms();
     let mut set = JoinSet::new();
     let mut next = lo;
-    let mut sessions = Vec::with_capacity((hi - lo) as usize);
-    let mut tasks = Vec::with_capacity(2 * (hi - lo) as usize);
+    let mut established = 0u64;
     let mut hist = Latency::new();
     let mut failures: BTreeMap<String, u64> = BTreeMap::new();
     let mut first_error = None;
@@ -498,20 +561,8 @@ async fn connect_phase(
             Ok((n, took, Ok(conn))) => {
                 hist.record_us(took.as_micros() as u64);
                 shared.established.fetch_add(1, Relaxed);
-                let (tx, rx) = mpsc::channel(256);
-                let (rd, wr) = tokio::io::split(conn.io);
-                tasks.push(tokio::spawn(reader(
-                    rd,
-                    conn.inbound,
-                    tx.clone(),
-                    shared.clone(),
-                    stop.clone(),
-                )));
-                tasks.push(tokio::spawn(writer(wr, rx, stop.clone())));
-                sessions.push(Session {
-                    user: n,
-                    outbox: tx,
-                });
+                established += 1;
+                on_up(n, conn);
             }
             Ok((_, _, Err(e))) => {
                 shared.failed.fetch_add(1, Relaxed);
@@ -531,8 +582,8 @@ async fn connect_phase(
     }
     let mut c = ConnectResult {
         attempted: hi - lo,
-        established: sessions.len() as u64,
-        failed: (hi - lo) - sessions.len() as u64,
+        established,
+        failed: (hi - lo) - established,
         failures,
         first_error,
         started_unix_ms: started,
@@ -541,7 +592,7 @@ async fn connect_phase(
         ..ConnectResult::default()
     };
     c.finalize();
-    (sessions, tasks, c)
+    c
 }
 
 /// Reads and parses server traffic; records benchmark messages; answers
@@ -589,25 +640,36 @@ async fn reader(
 fn handle_element(el: &Element, outbox: &mpsc::Sender<Vec<u8>>, shared: &Shared) {
     match el.name() {
         "message" => shared.on_message(el),
-        "iq" if matches!(el.attr("type"), Some("get") | Some("set")) => {
-            let id = el.attr("id").unwrap_or("");
-            let to = el
-                .attr("from")
-                .map(|f| format!(" to='{f}'"))
-                .unwrap_or_default();
-            let is_ping = el.children().any(|c| c.name() == "ping");
-            let reply = if is_ping {
-                format!("<iq type='result' id='{id}'{to}/>")
-            } else {
-                format!(
-                    "<iq type='error' id='{id}'{to}><error type='cancel'>\
-                     <service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></iq>"
-                )
-            };
-            let _ = outbox.try_send(reply.into_bytes());
+        "iq" => {
+            if let Some(reply) = iq_reply(el) {
+                let _ = outbox.try_send(reply.into_bytes());
+            }
         }
         _ => {}
     }
+}
+
+/// The answer to a server-initiated iq (`get`/`set`): a result for a ping
+/// (so the server keeps the session), `service-unavailable` otherwise.
+/// `None` for results and errors.
+pub(crate) fn iq_reply(el: &Element) -> Option<String> {
+    if el.name() != "iq" || !matches!(el.attr("type"), Some("get") | Some("set")) {
+        return None;
+    }
+    let id = el.attr("id").unwrap_or("");
+    let to = el
+        .attr("from")
+        .map(|f| format!(" to='{f}'"))
+        .unwrap_or_default();
+    let is_ping = el.children().any(|c| c.name() == "ping");
+    Some(if is_ping {
+        format!("<iq type='result' id='{id}'{to}/>")
+    } else {
+        format!(
+            "<iq type='error' id='{id}'{to}><error type='cancel'>\
+             <service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></iq>"
+        )
+    })
 }
 
 /// Drains the outbox into the socket, coalescing queued stanzas into one

@@ -6,6 +6,8 @@
 //! - [`cli`]: command-line options.
 //! - [`client`]: the lean XMPP client (TCP/STARTTLS/direct TLS, PLAIN/SCRAM,
 //!   bind, in-band registration), failures classified by cause.
+//! - [`archive`]: scenario `archive`: XEP-0313 MAM query latency (latest
+//!   page, page by id, filtered by contact), archive fill, page checks.
 //! - [`engine`]: scenarios `connect`, `idle`, `o2o`: connection storm with
 //!   bounded concurrency, per-connection reader/writer tasks, the rate
 //!   scheduler, latency recording.
@@ -17,6 +19,7 @@
 //!   ejabberdctl/prosodyctl, Prosody's account files).
 //! - [`procmem`]: server RSS and PID from `/proc`.
 
+pub mod archive;
 pub mod cli;
 pub mod client;
 pub mod engine;
@@ -44,7 +47,7 @@ pub fn main_entry() -> anyhow::Result<()> {
                 not_supported("muc-light", "MUC Light (XEP-less group chat, muc_light)")
             }
             cli::Command::Muc(_) => not_supported("muc", "multi-user chat (XEP-0045)"),
-            cli::Command::Archive(_) => not_supported("archive", "message archive (XEP-0313 MAM)"),
+            cli::Command::Archive(a) => archive::run(a).await,
             cli::Command::Provision(p) => provision::run(p).await,
         }
     })

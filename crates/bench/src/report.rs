@@ -35,6 +35,101 @@ pub struct RunResult {
     /// and messages were delivered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostResult>,
+    /// `archive` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveResult>,
+}
+
+/// The `archive` scenario (XEP-0313 queries).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ArchiveResult {
+    /// Requested results per page.
+    pub page_size: u32,
+    /// Length of the measurement, s.
+    pub duration_s: f64,
+    /// Target total queries/s (0 = closed loop).
+    pub target_rate: f64,
+    /// Users that ran queries.
+    pub users: u64,
+    /// Archive fill before measuring (absent with `--fill 0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fill: Option<FillResult>,
+    /// Id collection for `by-id`.
+    pub warmup: WarmupResult,
+    /// One entry per query kind, in `--queries` order.
+    pub kinds: Vec<QueryKindResult>,
+    /// Successful queries per second over all kinds.
+    pub queries_per_s: f64,
+}
+
+/// Filling the archives with chat messages from partner accounts.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FillResult {
+    /// Messages per measured user.
+    pub per_user: u64,
+    /// Partner accounts that sent them.
+    pub partners: u64,
+    /// Messages sent.
+    pub sent: u64,
+    /// Messages the measured users received.
+    pub delivered: u64,
+    /// From the first send to the last delivery, s.
+    pub duration_s: f64,
+    /// delivered / duration.
+    pub delivered_per_s: f64,
+    /// Whether every message arrived before the no-progress timeout.
+    pub complete: bool,
+}
+
+/// Warm-up: oldest/newest bounds and time-range probes per user.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WarmupResult {
+    /// Distinct message ids collected over all users.
+    pub ids: u64,
+    /// Users without ids: empty archive or failed warm-up (no `by-id`
+    /// queries for them).
+    pub users_without_ids: u64,
+    /// Warm-up queries that failed.
+    pub errors: u64,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Length of the warm-up, s.
+    pub duration_s: f64,
+}
+
+/// Results of one query kind.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct QueryKindResult {
+    /// `latest`, `by-id` or `with`.
+    pub kind: String,
+    /// Queries sent.
+    pub queries: u64,
+    /// Queries answered with a well-formed page.
+    pub ok: u64,
+    /// Failed queries by cause (`error` stanza, `timeout`, `count`,
+    /// `closed`, `malformed`, `send`).
+    pub errors: BTreeMap<String, u64>,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Result messages received in good pages.
+    pub results: u64,
+    /// Good pages shorter than the page size without `complete='true'`
+    /// (the server enforces a smaller maximum).
+    pub capped: u64,
+    /// Good queries per second.
+    pub queries_per_s: f64,
+    /// Send of the iq (or its scheduled time at `--rate`) to the `<fin/>`
+    /// result, over good queries.
+    pub latency: LatencySummary,
+}
+
+impl QueryKindResult {
+    /// Failed queries.
+    pub fn failed(&self) -> u64 {
+        self.errors.values().sum()
+    }
 }
 
 /// The server and how the tool talked to it.
@@ -433,6 +528,9 @@ impl RunResult {
                 o.saturation.delivered_per_s, o.saturation.note
             );
         }
+        if let Some(a) = &self.archive {
+            archive_table(&mut s, a);
+        }
         if let Some(c) = &self.cost {
             let _ = writeln!(
                 s,
@@ -442,6 +540,83 @@ impl RunResult {
         }
         s
     }
+}
+
+fn archive_table(s: &mut String, a: &ArchiveResult) {
+    if let Some(f) = &a.fill {
+        let _ = writeln!(
+            s,
+            "  fill       {} of {} messages delivered ({} per user from {} partners) in {:.1} s  =>  {:.0} msg/s{}",
+            f.delivered,
+            f.sent,
+            f.per_user,
+            f.partners,
+            f.duration_s,
+            f.delivered_per_s,
+            if f.complete { "" } else { "  INCOMPLETE" }
+        );
+    }
+    let w = &a.warmup;
+    let _ = writeln!(
+        s,
+        "  warm-up    {} message ids collected in {:.1} s; {} user(s) without ids (empty archive or failed warm-up); {} failed queries",
+        w.ids, w.duration_s, w.users_without_ids, w.errors
+    );
+    if let Some(e) = &w.first_error {
+        let _ = writeln!(s, "  e.g.       {e}");
+    }
+    let _ = writeln!(
+        s,
+        "  {} users, page size {}, {:.0} s, {}",
+        a.users,
+        a.page_size,
+        a.duration_s,
+        if a.target_rate > 0.0 {
+            format!("target {} queries/s", a.target_rate)
+        } else {
+            "closed loop".to_string()
+        }
+    );
+    let _ = writeln!(
+        s,
+        "  {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7}",
+        "query",
+        "queries",
+        "errors",
+        "q/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "results",
+        "capped"
+    );
+    for k in &a.kinds {
+        let _ = writeln!(
+            s,
+            "  {:>8} {:>9} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>7}",
+            k.kind,
+            k.queries,
+            k.failed(),
+            k.queries_per_s,
+            k.latency.p50_ms,
+            k.latency.p90_ms,
+            k.latency.p99_ms,
+            k.latency.max_ms,
+            k.results,
+            k.capped
+        );
+    }
+    for k in &a.kinds {
+        if !k.errors.is_empty() {
+            let f: Vec<String> = k.errors.iter().map(|(c, n)| format!("{c}={n}")).collect();
+            let _ = writeln!(s, "  {} errors: {}", k.kind, f.join(" "));
+            if let Some(e) = &k.first_error {
+                let _ = writeln!(s, "  e.g.       {e}");
+            }
+        }
+    }
+    let _ = writeln!(s, "  total      {:.1} good queries/s", a.queries_per_s);
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -643,5 +818,58 @@ mod tests {
         // And it round-trips (workers send exactly this to the coordinator).
         let back: RunResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn archive_section_round_trips_and_is_tabulated() {
+        let r = RunResult {
+            scenario: "archive".into(),
+            archive: Some(ArchiveResult {
+                page_size: 50,
+                duration_s: 10.0,
+                users: 2,
+                fill: Some(FillResult {
+                    per_user: 100,
+                    partners: 2,
+                    sent: 200,
+                    delivered: 150,
+                    duration_s: 2.0,
+                    delivered_per_s: 75.0,
+                    complete: false,
+                }),
+                kinds: vec![QueryKindResult {
+                    kind: "by-id".into(),
+                    queries: 12,
+                    ok: 10,
+                    errors: [("timeout".to_string(), 2)].into(),
+                    first_error: Some("timeout: no <fin/> in time".into()),
+                    results: 500,
+                    queries_per_s: 1.0,
+                    latency: lat(&[4_000; 10]),
+                    ..QueryKindResult::default()
+                }],
+                queries_per_s: 1.0,
+                ..ArchiveResult::default()
+            }),
+            ..RunResult::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["archive"]["kinds"][0]["latency"]["count"], 10);
+        assert_eq!(v["archive"]["fill"]["complete"], false);
+        let back: RunResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(r.archive.as_ref().unwrap().kinds[0].failed(), 2);
+        let t = r.table();
+        assert!(t.contains("150 of 200 messages delivered"), "{t}");
+        assert!(t.contains("INCOMPLETE"), "{t}");
+        assert!(t.contains("by-id errors: timeout=2"), "{t}");
+        let row = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("by-id "))
+            .unwrap();
+        assert!(row.contains("     4.0"), "p50 4 ms in {row}");
+        // Other scenarios do not carry the section.
+        let o = serde_json::to_value(RunResult::default()).unwrap();
+        assert!(o.get("archive").is_none());
     }
 }
