@@ -77,6 +77,7 @@ fsync = off
 full_page_writes = off
 synchronous_commit = off
 log_min_messages = warning
+log_checkpoints = off
 EOF
     # Only loopback TCP, no password (trust): a test cluster.
     cat >"$data/pg_hba.conf" <<EOF
