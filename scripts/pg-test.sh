@@ -79,6 +79,13 @@ synchronous_commit = off
 log_min_messages = warning
 log_checkpoints = off
 EOF
+    # TLS with a throw-away self-signed certificate, so tests can check
+    # sslmode=require (plain connections keep working).
+    if command -v openssl >/dev/null 2>&1; then
+      as_pg openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=127.0.0.1 \
+        -keyout "$data/server.key" -out "$data/server.crt" >/dev/null 2>&1
+      echo "ssl = on" >>"$data/postgresql.conf"
+    fi
     # Only loopback TCP, no password (trust): a test cluster.
     cat >"$data/pg_hba.conf" <<EOF
 local all all trust

@@ -181,3 +181,35 @@ async fn postgres_missing_database_explains_how_to_create_it() {
     assert!(err.contains("does not exist"), "{err}");
     assert!(err.contains("createdb"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_over_tls_with_sslmode_require() {
+    let Some(admin_url) = admin_url() else { return };
+    let pool = sqlx::PgPool::connect(&admin_url).await.unwrap();
+    let ssl: String = sqlx::query("SHOW ssl")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get(0);
+    pool.close().await;
+    if ssl != "on" {
+        eprintln!("SKIPPED: the server at STARLING_TEST_PG_URL has ssl = off");
+        return;
+    }
+    with_fresh_db(&admin_url, |url| async move {
+        let tls_url = format!("{url}?sslmode=require");
+        let s = open(&config(&tls_url, 1)).await.expect("open over TLS");
+        let jid = starling_proto::BareJid::new("tls@example.org").unwrap();
+        s.accounts.create(&jid, &[]).await.unwrap();
+        s.backend.close().await;
+        let pool = sqlx::PgPool::connect(&tls_url).await.unwrap();
+        let on_tls: bool = sqlx::query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert!(on_tls, "sslmode=require gives a TLS connection");
+        pool.close().await;
+    })
+    .await;
+}
