@@ -1,9 +1,9 @@
 //! The conformance suite every backend must pass (DESIGN.md invariant 6).
 //!
 //! Each function takes a fresh, empty [`Storage`] and panics on the first
-//! deviation. Backends call them from their own tests (see
-//! `tests/conformance_sqlite.rs`); a PostgreSQL backend runs the very same
-//! functions.
+//! deviation. Backends call them from their own tests
+//! (`tests/conformance_sqlite.rs`, `tests/conformance_postgres.rs`), through
+//! [`run_all`]: a new concern adds its function there.
 
 use starling_core::storage::{
     OfflineStoreError, RosterChange, RosterItem, Storage, StorageError, Subscription,

@@ -91,11 +91,6 @@ async fn postgres_conformance_all_pass() {
     })
     .await;
     let names = created.lock().unwrap().clone();
-    assert_eq!(
-        names.len(),
-        5,
-        "one fresh database per conformance function"
-    );
     for name in names {
         admin::drop_database(&admin_url, &name).await.unwrap();
     }
