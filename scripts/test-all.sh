@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Everything CI runs, in one command: formatting, lints, the Rust test suite
-# (unit, conformance, scenario tests over real sockets), the third-party
-# client interop suites (slixmpp, @xmpp/client) against a real Starling, and
-# the load generator's smoke run. Needs Rust, Python 3 and Node.js; Python and
-# Node packages are installed on first use (tests/interop/run.sh).
+# (unit, conformance, scenario tests over real sockets), the storage
+# conformance suite and the storage-touching scenario tests again on
+# PostgreSQL, the third-party client interop suites (slixmpp, @xmpp/client)
+# against a real Starling, and the load generator's smoke run. Needs Rust,
+# Python 3, Node.js and the PostgreSQL server binaries; Python and Node
+# packages are installed on first use (tests/interop/run.sh).
+#
+# PostgreSQL: a throw-away cluster from scripts/pg-test.sh (started here and
+# stopped on exit, unless it was already running), or the server of an
+# administrator URL given in STARLING_TEST_PG_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,8 +21,24 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test (workspace)"
+if [ -z "${STARLING_TEST_PG_URL:-}" ]; then
+  step "PostgreSQL test cluster (scripts/pg-test.sh)"
+  if ! scripts/pg-test.sh status 2>/dev/null; then
+    trap 'scripts/pg-test.sh stop' EXIT
+  fi
+  STARLING_TEST_PG_URL=$(scripts/pg-test.sh start | tail -n 1)
+fi
+# PostgreSQL tests fail instead of skipping when the server is missing.
+export STARLING_TEST_PG_URL STARLING_REQUIRE_PG=1
+
+step "cargo test (workspace; scenario tests on SQLite)"
 cargo test --workspace
+
+step "PostgreSQL: storage conformance and storage-touching scenario tests"
+cargo test -p starling-storage --test conformance_postgres
+STARLING_TEST_BACKEND=postgres cargo test -p starling-server \
+  --test offline --test roster --test blocking --test profile --test register \
+  --test carbons --test presence --test cli --test mam --test inbox
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 

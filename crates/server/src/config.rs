@@ -233,10 +233,13 @@ impl Default for AuthSection {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSection {
-    /// `sqlite` (more backends arrive with later releases).
+    /// `sqlite` (embedded, the default) or `postgres`.
     pub backend: String,
     /// SQLite database file; relative paths are under `data_dir`.
     pub path: PathBuf,
+    /// PostgreSQL URL, `postgres://user[:password]@host[:port]/database`;
+    /// when unset, the `STARLING_DATABASE_URL` environment variable.
+    pub url: Option<String>,
     /// Database connections in the pool.
     pub pool_size: u32,
 }
@@ -246,10 +249,15 @@ impl Default for StorageSection {
         StorageSection {
             backend: "sqlite".into(),
             path: PathBuf::from("starling.db"),
+            url: None,
             pool_size: 4,
         }
     }
 }
+
+/// Environment variable holding the PostgreSQL URL when `[storage] url` is
+/// unset (keeps a password out of the configuration file).
+pub const DATABASE_URL_ENV: &str = "STARLING_DATABASE_URL";
 
 /// `[modules]`: one table per module.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -711,16 +719,69 @@ impl Config {
                 "must be at least 4096 (RFC 7677 §4)".into(),
             ));
         }
-        if self.storage.backend != "sqlite" {
-            return Err(invalid(
-                "storage.backend",
-                format!(
-                    "unknown backend {:?}; this build supports \"sqlite\"",
-                    self.storage.backend
-                ),
-            ));
+        match self.storage.backend.as_str() {
+            "sqlite" => {}
+            "postgres" => match self.database_url() {
+                None => {
+                    return Err(invalid(
+                        "storage.url",
+                        format!("backend = \"postgres\" needs url = \"postgres://USER@HOST/DATABASE\" (or the {DATABASE_URL_ENV} environment variable)"),
+                    ))
+                }
+                Some(url) => {
+                    if let Err(e) = starling_storage::postgres::connect_options(&url) {
+                        return Err(invalid("storage.url", e.to_string()));
+                    }
+                }
+            },
+            other => {
+                return Err(invalid(
+                    "storage.backend",
+                    format!("unknown backend {other:?}; use \"sqlite\" or \"postgres\""),
+                ))
+            }
         }
         Ok(())
+    }
+
+    /// The PostgreSQL URL: `[storage] url`, else the
+    /// [`DATABASE_URL_ENV`] environment variable; `None` if neither is set.
+    pub fn database_url(&self) -> Option<String> {
+        self.database_url_with(|k| std::env::var(k).ok())
+    }
+
+    fn database_url_with(&self, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+        self.storage
+            .url
+            .clone()
+            .or_else(|| env(DATABASE_URL_ENV))
+            .filter(|u| !u.trim().is_empty())
+    }
+
+    /// What `starling_storage::open` needs for the configured backend.
+    pub fn backend_config(&self) -> starling_storage::BackendConfig {
+        let pool_size = self.storage.pool_size;
+        match self.storage.backend.as_str() {
+            "postgres" => starling_storage::BackendConfig::Postgres {
+                url: self.database_url().unwrap_or_default(),
+                pool_size,
+            },
+            _ => starling_storage::BackendConfig::Sqlite {
+                path: self.database_path(),
+                pool_size,
+            },
+        }
+    }
+
+    /// The database for messages: the SQLite file, or the PostgreSQL URL
+    /// without its password.
+    pub fn storage_description(&self) -> String {
+        match self.backend_config() {
+            starling_storage::BackendConfig::Sqlite { path, .. } => path.display().to_string(),
+            starling_storage::BackendConfig::Postgres { url, .. } => {
+                starling_storage::postgres::redacted_url(&url)
+            }
+        }
     }
 
     /// The database path, resolved against `data_dir`.
@@ -761,6 +822,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("server.domains"), "{err}");
+    }
+
+    #[test]
+    fn config_storage_backend_and_url_checked() {
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        let err = parse("[storage]\nbackend = \"mysql\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("storage.backend") && err.contains("postgres"),
+            "{err}"
+        );
+        let err = parse("[storage]\nbackend = \"postgres\"\nurl = \"mysql://a@b/c\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("storage.url"), "{err}");
+        let c = parse(
+            "[storage]\nbackend = \"postgres\"\nurl = \"postgres://starling:pw@db:6543/xmpp\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.storage_description(), "postgres://starling@db:6543/xmpp");
+        assert!(matches!(
+            c.backend_config(),
+            starling_storage::BackendConfig::Postgres { pool_size: 4, .. }
+        ));
+    }
+
+    #[test]
+    fn config_postgres_url_from_environment_when_unset() {
+        let mut c = Config::default();
+        c.storage.backend = "postgres".into();
+        let env = |k: &str| (k == DATABASE_URL_ENV).then(|| "postgres://e@h/d".to_owned());
+        assert_eq!(
+            c.database_url_with(env).as_deref(),
+            Some("postgres://e@h/d")
+        );
+        assert_eq!(c.database_url_with(|_| None), None);
+        c.storage.url = Some("postgres://f@h/d".into());
+        assert_eq!(
+            c.database_url_with(env).as_deref(),
+            Some("postgres://f@h/d"),
+            "the file wins"
+        );
     }
 
     #[test]

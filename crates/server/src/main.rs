@@ -149,7 +149,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             file.display(),
             cfg.server.domains.len(),
             cfg.listen.len(),
-            cfg.database_path().display()
+            cfg.storage_description()
         );
         return Ok(());
     }
@@ -191,13 +191,9 @@ async fn wait_for_signal() {
 }
 
 async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
-    Ok(
-        starling_storage::open(&starling_storage::BackendConfig::Sqlite {
-            path: cfg.database_path(),
-            pool_size: 2,
-        })
-        .await?,
-    )
+    let mut cfg = cfg.clone();
+    cfg.storage.pool_size = 2;
+    Ok(starling_storage::open(&cfg.backend_config()).await?)
 }
 
 fn parse_account(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {

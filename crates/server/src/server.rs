@@ -9,7 +9,6 @@ use crate::sessions::SessionTable;
 use crate::tls::TlsContext;
 use anyhow::Context;
 use starling_core::{Env, Hosts, Metrics};
-use starling_storage::BackendConfig;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,12 +94,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
             cfg.server.data_dir.display()
         )
     })?;
-    let storage = starling_storage::open(&BackendConfig::Sqlite {
-        path: cfg.database_path(),
-        pool_size: cfg.storage.pool_size,
-    })
-    .await
-    .context("opening storage")?;
+    let storage = starling_storage::open(&cfg.backend_config())
+        .await
+        .context("opening storage")?;
     let tls = TlsContext::load_or_generate(
         cfg.tls.certificate.as_deref(),
         cfg.tls.private_key.as_deref(),

@@ -179,7 +179,12 @@ async fn write_batch<T: Send + Sync + 'static>(
         let started = std::time::Instant::now();
         match sink.write(batch).await {
             Ok(()) => {
-                tracing::trace!(queue = name, rows = batch.len(), micros = started.elapsed().as_micros() as u64, "write-behind batch written");
+                tracing::trace!(
+                    queue = name,
+                    rows = batch.len(),
+                    micros = started.elapsed().as_micros() as u64,
+                    "write-behind batch written"
+                );
                 stats
                     .written
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);

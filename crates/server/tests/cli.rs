@@ -125,10 +125,11 @@ async fn archive_purge_and_retention_commands() {
     let mut text = std::fs::read_to_string(&cfg).unwrap();
     text.push_str("\n[modules.mam]\nretention_days = 30\n");
     std::fs::write(&cfg, text).unwrap();
-    let db_cfg = starling_storage::BackendConfig::Sqlite {
-        path: dir.join("data").join("starling.db"),
-        pool_size: 1,
-    };
+    // Whichever backend the configuration names (SQLite, or PostgreSQL
+    // when the suite runs with STARLING_TEST_BACKEND=postgres).
+    let db_cfg = starling_server::Config::load(&cfg)
+        .unwrap()
+        .backend_config();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -640,15 +640,20 @@ async fn queued_archive_writes_survive_a_graceful_shutdown() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     converse(&mut alice, &mut bob, 20).await;
-    // Shut down at once: the last messages are still queued, and the
-    // database file is reopened afterwards to look.
+    // Shut down at once: the last messages are still queued; then open the
+    // database again (whichever backend the tests run on) and look.
+    let backend = match &server.database {
+        Some(db) => starling_storage::BackendConfig::Postgres {
+            url: db.url.clone(),
+            pool_size: 1,
+        },
+        None => starling_storage::BackendConfig::Sqlite {
+            path: server.dir.join("starling.db"),
+            pool_size: 1,
+        },
+    };
     server.server.shutdown().await;
-    let db = starling_storage::open(&starling_storage::BackendConfig::Sqlite {
-        path: server.dir.join("starling.db"),
-        pool_size: 1,
-    })
-    .await
-    .unwrap();
+    let db = starling_storage::open(&backend).await.unwrap();
     let bob_jid = starling_proto::BareJid::new("bob@localhost").unwrap();
     let n = db
         .archive
@@ -659,5 +664,9 @@ async fn queued_archive_writes_survive_a_graceful_shutdown() {
         n, 20,
         "the write-behind queue was flushed before storage closed"
     );
+    db.backend.close().await;
+    if let Some(d) = server.database {
+        d.drop_database().await;
+    }
     let _ = std::fs::remove_dir_all(&server.dir);
 }

@@ -2,14 +2,16 @@
 //!
 //! - [`sqlite`]: embedded SQLite (the zero-configuration default), WAL mode,
 //!   versioned migrations applied at start-up.
-//! - A PostgreSQL backend will sit beside it, implementing the same traits and
-//!   passing the same [`conformance`] suite.
+//! - [`postgres`]: PostgreSQL, for deployments of one or many nodes sharing
+//!   a database; same traits, same semantics, same migrations (by version and
+//!   name) and the same [`conformance`] suite.
 //!
 //! Architecture invariant: SQL appears only in this crate, always with bound
 //! parameters, never with values formatted into the statement text.
 
 pub mod conformance;
 mod migrate;
+pub mod postgres;
 pub mod sqlite;
 
 use starling_core::storage::Storage;
@@ -24,6 +26,14 @@ pub enum BackendConfig {
         /// Size of the connection pool.
         pool_size: u32,
     },
+    /// A PostgreSQL database (it must exist; tables are created by the
+    /// migrations).
+    Postgres {
+        /// `postgres://user[:password]@host[:port]/database[?sslmode=…]`.
+        url: String,
+        /// Size of the connection pool (per node).
+        pool_size: u32,
+    },
 }
 
 /// Opening a backend failed.
@@ -36,6 +46,20 @@ pub enum OpenError {
         target: String,
         /// The driver's error.
         source: sqlx::Error,
+    },
+    /// The storage settings are unusable (e.g. a malformed URL); the message
+    /// says what to write instead.
+    #[error("{0}")]
+    Config(String),
+    /// PostgreSQL could not be reached, refused us, or cannot be set up.
+    #[error("cannot use PostgreSQL at {target}: {source}. {hint}")]
+    Postgres {
+        /// The server and database, without password.
+        target: String,
+        /// The driver's error.
+        source: sqlx::Error,
+        /// What the operator should check.
+        hint: &'static str,
     },
     /// A schema migration failed.
     #[error("schema migration {version} ({name}) failed: {source}")]
@@ -62,6 +86,10 @@ pub async fn open(config: &BackendConfig) -> Result<Storage, OpenError> {
     match config {
         BackendConfig::Sqlite { path, pool_size } => {
             let db = sqlite::SqliteStorage::open(path, *pool_size).await?;
+            Ok(db.into_storage())
+        }
+        BackendConfig::Postgres { url, pool_size } => {
+            let db = postgres::PostgresStorage::open(url, *pool_size).await?;
             Ok(db.into_storage())
         }
     }

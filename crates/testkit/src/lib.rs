@@ -58,6 +58,9 @@ pub struct TestServer {
     pub server: RunningServer,
     /// Its data directory (removed on [`TestServer::stop`]).
     pub dir: PathBuf,
+    /// Its PostgreSQL database, when tests run on PostgreSQL (dropped on
+    /// [`TestServer::stop`]).
+    pub database: Option<TestDatabase>,
 }
 
 /// A configuration for tests: loopback, ephemeral ports, temp data dir,
@@ -93,8 +96,21 @@ impl TestServer {
         let mut cfg = test_config();
         f(&mut cfg);
         let dir = cfg.server.data_dir.clone();
+        let database = match (test_pg_admin_url(), cfg.storage.backend.as_str()) {
+            (Some(admin), "sqlite") => {
+                let db = TestDatabase::for_data_dir(&admin, &dir).await;
+                cfg.storage.backend = "postgres".into();
+                cfg.storage.url = Some(db.url.clone());
+                Some(db)
+            }
+            _ => None,
+        };
         let server = starling_server::start(cfg).await.expect("server starts");
-        TestServer { server, dir }
+        TestServer {
+            server,
+            dir,
+            database,
+        }
     }
 
     /// The STARTTLS listener.
@@ -151,10 +167,103 @@ impl TestServer {
         c
     }
 
-    /// Graceful shutdown, then removes the data directory.
+    /// Graceful shutdown, then removes the data directory (and the
+    /// PostgreSQL database).
     pub async fn stop(self) {
         self.server.shutdown().await;
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(db) = self.database {
+            db.drop_database().await;
+        }
+    }
+}
+
+/// The PostgreSQL administrator URL when tests run on PostgreSQL:
+/// `STARLING_TEST_BACKEND=postgres` with `STARLING_TEST_PG_URL` set
+/// (`scripts/pg-test.sh start` prints one). `None` for SQLite (unset or
+/// `sqlite`).
+pub fn test_pg_admin_url() -> Option<String> {
+    match std::env::var("STARLING_TEST_BACKEND").as_deref() {
+        Err(_) | Ok("") | Ok("sqlite") => None,
+        Ok("postgres") => match std::env::var("STARLING_TEST_PG_URL") {
+            Ok(url) if !url.trim().is_empty() => Some(url),
+            _ => panic!(
+                "STARLING_TEST_BACKEND=postgres needs STARLING_TEST_PG_URL (scripts/pg-test.sh start)"
+            ),
+        },
+        Ok(other) => panic!("STARLING_TEST_BACKEND={other:?}: use sqlite or postgres"),
+    }
+}
+
+/// A PostgreSQL database of one test server, named after its data
+/// directory, so that a server restarted on the same directory finds its
+/// data again. It is labelled with that directory: databases whose
+/// directory is gone (a test that stopped without [`TestServer::stop`], a
+/// killed binary) are dropped by the next test run.
+pub struct TestDatabase {
+    admin_url: String,
+    name: String,
+    /// The database's URL.
+    pub url: String,
+}
+
+const TEST_DB_PREFIX: &str = "starling_test_dir_";
+
+impl TestDatabase {
+    /// Creates (or finds) the database for `data_dir`; creates `data_dir`.
+    pub async fn for_data_dir(admin_url: &str, data_dir: &std::path::Path) -> TestDatabase {
+        use starling_storage::postgres::admin;
+        // The directory exists before its database: the sweep below never
+        // takes a database being set up for a directory not yet created.
+        std::fs::create_dir_all(data_dir).expect("create the test data directory");
+        let label = data_dir.display().to_string();
+        // FNV-1a: a stable name for the same directory in every process.
+        let hash = label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let name = format!("{TEST_DB_PREFIX}{hash:016x}");
+        static SWEPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SWEPT.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            sweep_orphaned_databases(admin_url, &name).await;
+        }
+        let url = admin::create_database(admin_url, &name)
+            .await
+            .unwrap_or_else(|e| panic!("creating test database {name}: {e}"));
+        admin::set_label(&url, &label)
+            .await
+            .unwrap_or_else(|e| panic!("labelling test database {name}: {e}"));
+        TestDatabase {
+            admin_url: admin_url.to_owned(),
+            name,
+            url,
+        }
+    }
+
+    /// Drops the database (a failure is reported, not fatal).
+    pub async fn drop_database(self) {
+        if let Err(e) =
+            starling_storage::postgres::admin::drop_database(&self.admin_url, &self.name).await
+        {
+            eprintln!("warning: test database {} not dropped: {e}", self.name);
+        }
+    }
+}
+
+/// Drops test databases whose labelled data directory no longer exists.
+async fn sweep_orphaned_databases(admin_url: &str, keep: &str) {
+    use starling_storage::postgres::admin;
+    let Ok(names) = admin::databases_with_prefix(admin_url, TEST_DB_PREFIX).await else {
+        return;
+    };
+    for name in names.into_iter().filter(|n| n != keep) {
+        let Ok(url) = admin::with_database(admin_url, &name) else {
+            continue;
+        };
+        if let Ok(Some(dir)) = admin::label(&url).await {
+            if !std::path::Path::new(&dir).exists() {
+                let _ = admin::drop_database(admin_url, &name).await;
+            }
+        }
     }
 }
 
@@ -675,17 +784,32 @@ pub fn free_port() -> u16 {
 }
 
 /// Writes `dir/starling.toml` for the real binary: data under `dir/data`,
-/// STARTTLS and direct-TLS listeners on the given loopback ports.
+/// STARTTLS and direct-TLS listeners on the given loopback ports. When tests
+/// run on PostgreSQL ([`test_pg_admin_url`]), storage is a database of its
+/// own named after `dir/data` (dropped by a later run once `dir` is gone).
 pub fn write_binary_config(dir: &std::path::Path, starttls_port: u16, tls_port: u16) -> PathBuf {
     let cfg = dir.join("starling.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[server]\ndata_dir = {:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
-            dir.join("data")
-        ),
-    )
-    .expect("write the test configuration");
+    let data = dir.join("data");
+    let mut text = format!(
+        "[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
+    );
+    if let Some(admin) = test_pg_admin_url() {
+        // Callers may be inside a runtime or not: set up on a thread of its own.
+        let url = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(TestDatabase::for_data_dir(&admin, &data))
+                .url
+        })
+        .join()
+        .expect("create the test database");
+        text.push_str(&format!(
+            "\n[storage]\nbackend = \"postgres\"\nurl = {url:?}\n"
+        ));
+    }
+    std::fs::write(&cfg, text).expect("write the test configuration");
     cfg
 }
 

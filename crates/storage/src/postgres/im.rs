@@ -1,0 +1,482 @@
+//! PostgreSQL implementation of the instant-messaging storage traits.
+//!
+//! Roster writes of one owner are serialized by that owner's
+//! `roster_versions` row: every writer locks it first (upsert or
+//! `FOR UPDATE`), so versions are gap-free in commit order and lock order is
+//! the same everywhere (version row, then item rows).
+
+use super::{backend, now_secs, split, PostgresStorage};
+use async_trait::async_trait;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+use starling_core::storage::{
+    BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, StorageResult,
+    Subscription, UserDataStore,
+};
+use starling_proto::BareJid;
+
+/// The item of a row; `None` for the all-NULL side of an outer join (and
+/// for a contact that is no longer a valid JID).
+fn item_from_row(r: &PgRow) -> Option<RosterItem> {
+    let jid = BareJid::new(r.get::<Option<&str>, _>("contact")?).ok()?;
+    Some(RosterItem {
+        jid,
+        name: r.get("name"),
+        subscription: Subscription::parse(r.get::<&str, _>("subscription"))?,
+        ask: r.get("ask"),
+        pending_in: r.get("pending_in"),
+        approved: r.get("approved"),
+        groups: r.get("groups"),
+    })
+}
+
+/// Increments `owner`'s roster version (creating it at 1) and returns it;
+/// the row stays locked until the transaction ends.
+async fn bump_version(tx: &mut PgConnection, domain: &str, user: &str) -> Result<u64, sqlx::Error> {
+    let v: i64 = sqlx::query(
+        "INSERT INTO roster_versions AS v (domain, username, version) VALUES ($1, $2, 1)
+         ON CONFLICT (domain, username) DO UPDATE SET version = v.version + 1
+         RETURNING version",
+    )
+    .bind(domain)
+    .bind(user)
+    .fetch_one(&mut *tx)
+    .await?
+    .get(0);
+    Ok(v as u64)
+}
+
+#[async_trait]
+impl RosterStore for PostgresStorage {
+    async fn get_roster(&self, owner: &BareJid) -> StorageResult<(u64, Vec<RosterItem>)> {
+        let (domain, user) = split(owner);
+        // One statement, hence one snapshot, for the items and the version
+        // describing them; an empty roster still yields its version row.
+        let rows = sqlx::query(
+            "SELECT v.version AS current, i.contact, i.name, i.subscription, i.ask,
+                    i.pending_in, i.approved, i.groups
+             FROM (SELECT COALESCE((SELECT version FROM roster_versions
+                                    WHERE domain = $1 AND username = $2), 0) AS version) v
+             LEFT JOIN roster_items i
+               ON i.domain = $1 AND i.username = $2 AND NOT i.removed
+             ORDER BY i.contact",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        let version = rows
+            .first()
+            .map(|r| r.get::<i64, _>("current"))
+            .unwrap_or(0);
+        Ok((
+            version as u64,
+            rows.iter().filter_map(item_from_row).collect(),
+        ))
+    }
+
+    async fn get_item(
+        &self,
+        owner: &BareJid,
+        contact: &BareJid,
+    ) -> StorageResult<Option<RosterItem>> {
+        let (domain, user) = split(owner);
+        let row = sqlx::query(
+            "SELECT contact, name, subscription, ask, pending_in, approved, groups
+             FROM roster_items
+             WHERE domain = $1 AND username = $2 AND contact = $3 AND NOT removed",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(contact.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.as_ref().and_then(item_from_row))
+    }
+
+    async fn put_item(&self, owner: &BareJid, item: &RosterItem) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let version = bump_version(&mut tx, domain, user).await.map_err(backend)?;
+        sqlx::query(
+            "INSERT INTO roster_items
+             (domain, username, contact, name, subscription, ask, pending_in, approved, groups, version, removed)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE)
+             ON CONFLICT (domain, username, contact) DO UPDATE SET
+               name = excluded.name, subscription = excluded.subscription, ask = excluded.ask,
+               pending_in = excluded.pending_in, approved = excluded.approved,
+               groups = excluded.groups, version = excluded.version, removed = FALSE",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(item.jid.as_str())
+        .bind(item.name.as_deref())
+        .bind(item.subscription.as_str())
+        .bind(item.ask)
+        .bind(item.pending_in)
+        .bind(item.approved)
+        .bind(&item.groups)
+        .bind(version as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(version)
+    }
+
+    async fn remove_item(&self, owner: &BareJid, contact: &BareJid) -> StorageResult<Option<u64>> {
+        let (domain, user) = split(owner);
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Lock order: the version row, then the item (as put_item does).
+        let locked = sqlx::query(
+            "SELECT 1 FROM roster_versions WHERE domain = $1 AND username = $2 FOR UPDATE",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?
+        .is_some();
+        if !locked {
+            return Ok(None); // no roster at all
+        }
+        let exists = sqlx::query(
+            "SELECT 1 FROM roster_items
+             WHERE domain = $1 AND username = $2 AND contact = $3 AND NOT removed",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(contact.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?
+        .is_some();
+        if !exists {
+            return Ok(None);
+        }
+        let version = bump_version(&mut tx, domain, user).await.map_err(backend)?;
+        // Keep a tombstone so versioned clients learn about the removal.
+        sqlx::query(
+            "UPDATE roster_items SET removed = TRUE, version = $1, subscription = 'none',
+             ask = FALSE, pending_in = FALSE, approved = FALSE, groups = '{}', name = NULL
+             WHERE domain = $2 AND username = $3 AND contact = $4",
+        )
+        .bind(version as i64)
+        .bind(domain)
+        .bind(user)
+        .bind(contact.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(Some(version))
+    }
+
+    async fn changes_since(
+        &self,
+        owner: &BareJid,
+        version: u64,
+    ) -> StorageResult<Option<(u64, Vec<RosterChange>)>> {
+        let (domain, user) = split(owner);
+        // Current version and changes from one snapshot (see get_roster).
+        let rows = sqlx::query(
+            "SELECT v.version AS current, i.contact, i.name, i.subscription, i.ask,
+                    i.pending_in, i.approved, i.groups, i.removed
+             FROM (SELECT COALESCE((SELECT version FROM roster_versions
+                                    WHERE domain = $1 AND username = $2), 0) AS version) v
+             LEFT JOIN roster_items i
+               ON i.domain = $1 AND i.username = $2 AND i.version > $3
+             ORDER BY i.version",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(version as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        let current = rows
+            .first()
+            .map(|r| r.get::<i64, _>("current"))
+            .unwrap_or(0) as u64;
+        if version > current {
+            return Ok(None);
+        }
+        let changes = rows
+            .iter()
+            .filter_map(|r| {
+                if r.get::<Option<bool>, _>("removed")? {
+                    BareJid::new(r.get::<Option<&str>, _>("contact")?)
+                        .ok()
+                        .map(RosterChange::Removed)
+                } else {
+                    item_from_row(r).map(RosterChange::Updated)
+                }
+            })
+            .collect();
+        Ok(Some((current, changes)))
+    }
+
+    async fn count(&self, owner: &BareJid) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        let n: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM roster_items WHERE domain = $1 AND username = $2 AND NOT removed",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?
+        .get(0);
+        Ok(n as u64)
+    }
+
+    async fn pending_requests(&self, owner: &BareJid) -> StorageResult<Vec<(BareJid, String)>> {
+        let (domain, user) = split(owner);
+        let rows = sqlx::query(
+            "SELECT contact, stanza FROM subscription_requests
+             WHERE domain = $1 AND username = $2 ORDER BY created_at, contact",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let jid = BareJid::new(r.get::<&str, _>(0)).ok()?;
+                Some((jid, r.get::<String, _>(1)))
+            })
+            .collect())
+    }
+
+    async fn put_pending_request(
+        &self,
+        owner: &BareJid,
+        from: &BareJid,
+        stanza: &str,
+    ) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(
+            "INSERT INTO subscription_requests (domain, username, contact, stanza, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (domain, username, contact) DO UPDATE SET stanza = excluded.stanza",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(from.as_str())
+        .bind(stanza)
+        .bind(now_secs())
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn remove_pending_request(&self, owner: &BareJid, from: &BareJid) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(
+            "DELETE FROM subscription_requests WHERE domain = $1 AND username = $2 AND contact = $3",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(from.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // The version row first: the lock order of every roster writer.
+        for sql in [
+            "DELETE FROM roster_versions WHERE domain = $1 AND username = $2",
+            "DELETE FROM roster_items WHERE domain = $1 AND username = $2",
+            "DELETE FROM subscription_requests WHERE domain = $1 AND username = $2",
+        ] {
+            sqlx::query(sql)
+                .bind(domain)
+                .bind(user)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+}
+
+#[async_trait]
+impl BlockingStore for PostgresStorage {
+    async fn blocklist(&self, owner: &BareJid) -> StorageResult<Vec<String>> {
+        let (domain, user) = split(owner);
+        let rows = sqlx::query(
+            "SELECT jid FROM blocklist WHERE domain = $1 AND username = $2 ORDER BY jid",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn block(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
+        let (domain, user) = split(owner);
+        // One statement; WITH ORDINALITY keeps the caller's order, and
+        // repeats within `jids` are inserted (and reported) once.
+        let rows = sqlx::query(
+            "WITH added AS (
+                 INSERT INTO blocklist (domain, username, jid)
+                 SELECT $1, $2, j FROM unnest($3::text[]) AS t(j)
+                 ON CONFLICT DO NOTHING
+                 RETURNING jid)
+             SELECT t.j FROM unnest($3::text[]) WITH ORDINALITY AS t(j, n)
+             JOIN added a ON a.jid = t.j
+             GROUP BY t.j ORDER BY MIN(t.n)",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(jids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn unblock(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
+        let (domain, user) = split(owner);
+        let rows = sqlx::query(
+            "WITH gone AS (
+                 DELETE FROM blocklist
+                 WHERE domain = $1 AND username = $2 AND jid = ANY($3::text[])
+                 RETURNING jid)
+             SELECT t.j FROM unnest($3::text[]) WITH ORDINALITY AS t(j, n)
+             JOIN gone g ON g.jid = t.j
+             GROUP BY t.j ORDER BY MIN(t.n)",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(jids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn unblock_all(&self, owner: &BareJid) -> StorageResult<Vec<String>> {
+        let (domain, user) = split(owner);
+        let rows = sqlx::query(
+            "WITH gone AS (
+                 DELETE FROM blocklist WHERE domain = $1 AND username = $2 RETURNING jid)
+             SELECT jid FROM gone ORDER BY jid",
+        )
+        .bind(domain)
+        .bind(user)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+}
+
+#[async_trait]
+impl UserDataStore for PostgresStorage {
+    async fn get(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<Option<String>> {
+        let (domain, user) = split(owner);
+        let row = sqlx::query(
+            "SELECT value FROM user_data
+             WHERE domain = $1 AND username = $2 AND kind = $3 AND key = $4",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(kind)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn set(&self, owner: &BareJid, kind: &str, key: &str, value: &str) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(
+            "INSERT INTO user_data (domain, username, kind, key, value) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (domain, username, kind, key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(kind)
+        .bind(key)
+        .bind(value)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn delete(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(
+            "DELETE FROM user_data WHERE domain = $1 AND username = $2 AND kind = $3 AND key = $4",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(kind)
+        .bind(key)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
+        self.exec_for_owner(
+            "DELETE FROM user_data WHERE domain = $1 AND username = $2",
+            owner,
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl LastActivityStore for PostgresStorage {
+    async fn get(&self, owner: &BareJid) -> StorageResult<Option<(u64, String)>> {
+        let (domain, user) = split(owner);
+        let row =
+            sqlx::query("SELECT at, status FROM last_activity WHERE domain = $1 AND username = $2")
+                .bind(domain)
+                .bind(user)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+        Ok(row.map(|r| (r.get::<i64, _>(0) as u64, r.get(1))))
+    }
+
+    async fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(
+            "INSERT INTO last_activity (domain, username, at, status) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (domain, username) DO UPDATE SET at = excluded.at, status = excluded.status",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(at_unix_secs as i64)
+        .bind(status)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
+        self.exec_for_owner(
+            "DELETE FROM last_activity WHERE domain = $1 AND username = $2",
+            owner,
+        )
+        .await
+    }
+}

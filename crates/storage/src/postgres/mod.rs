@@ -1,0 +1,610 @@
+//! The PostgreSQL backend: a connection pool to one database, shared by
+//! every node of a deployment. Same traits and same semantics as
+//! [`crate::sqlite`]; concurrency that SQLite gets from its single writer
+//! is made explicit here (row locks and per-owner advisory locks, see
+//! [`PostgresStorage::lock_owner`]).
+//!
+//! Migrations (`000N_*.sql` in this directory) carry the same versions and
+//! names as SQLite's, so `starling_schema` means the same thing on both.
+//! They are applied at start-up in one transaction under an advisory lock,
+//! so nodes starting together neither race nor see a half-migrated schema.
+
+pub mod admin;
+mod archive;
+mod im;
+mod offline;
+
+use crate::migrate::Migration;
+use crate::OpenError;
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool, Row};
+use starling_core::storage::{AccountStore, Storage, StorageBackend, StorageError, StorageResult};
+use starling_proto::sasl::{ScramCredentials, ScramHash};
+use starling_proto::BareJid;
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "accounts",
+        sql: include_str!("0001_accounts.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "im-core",
+        sql: include_str!("0002_im.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "offline",
+        sql: include_str!("0003_offline.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "archive-inbox",
+        sql: include_str!("0004_archive.sql"),
+    },
+];
+
+/// Advisory lock (one-`bigint` key space) held by the migration runner:
+/// the ASCII bytes of "STARLING".
+const MIGRATION_LOCK: i64 = 0x5354_4152_4c49_4e47;
+
+/// Classes of per-owner advisory locks (two-`int4` key space, which never
+/// overlaps the one-`bigint` space of [`MIGRATION_LOCK`]). One class per
+/// concern that needs "check, then write" atomicity for an owner.
+#[derive(Clone, Copy, Debug)]
+#[repr(i32)]
+pub(crate) enum OwnerLock {
+    /// Offline queue: quota check and insert.
+    Offline = 1,
+}
+
+/// How long opening the first connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The PostgreSQL backend.
+#[derive(Clone)]
+pub struct PostgresStorage {
+    pub(crate) pool: PgPool,
+    target: String,
+}
+
+pub(crate) fn backend(e: sqlx::Error) -> StorageError {
+    StorageError::Backend(e.to_string())
+}
+
+pub(crate) fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn hash_name(h: ScramHash) -> &'static str {
+    match h {
+        ScramHash::Sha1 => "sha1",
+        ScramHash::Sha256 => "sha256",
+        ScramHash::Sha512 => "sha512",
+    }
+}
+
+/// The owner key of every table: (domain, username).
+pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
+    (
+        jid.domain().as_str(),
+        jid.node().map(|n| n.as_str()).unwrap_or(""),
+    )
+}
+
+/// `url` parsed into connection options. PostgreSQL's own environment
+/// variables (`PGPASSWORD`, `PGSSLMODE`…) and `~/.pgpass` fill what the URL
+/// leaves out.
+pub fn connect_options(url: &str) -> Result<PgConnectOptions, OpenError> {
+    if url.trim().is_empty() {
+        return Err(OpenError::Config(
+            "no PostgreSQL URL: set [storage] url (or the STARLING_DATABASE_URL environment variable), e.g. postgres://starling@127.0.0.1/starling".into(),
+        ));
+    }
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(OpenError::Config(format!(
+            "{} is not a PostgreSQL URL: write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]",
+            redacted_url(url)
+        )));
+    }
+    PgConnectOptions::from_str(url).map_err(|e| {
+        OpenError::Config(format!(
+            "{} is not a valid PostgreSQL URL ({e}): write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]",
+            redacted_url(url)
+        ))
+    })
+}
+
+/// `url` without its password, for logs and error messages.
+pub fn redacted_url(url: &str) -> String {
+    match PgConnectOptions::from_str(url) {
+        Ok(o) => describe(&o),
+        // Keep only the scheme and host part after the last '@'.
+        Err(_) => match (url.split_once("://"), url.rsplit_once('@')) {
+            (Some((scheme, _)), Some((_, host))) => format!("{scheme}://…@{host}"),
+            _ => url.split('?').next().unwrap_or("").to_owned(),
+        },
+    }
+}
+
+fn describe(o: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap_or(o.get_username())
+    )
+}
+
+/// What an operator should check after `e` while connecting or setting up.
+fn hint(e: &sqlx::Error) -> &'static str {
+    match e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "Is the PostgreSQL server running and listening on that host and port (listen_addresses and port in postgresql.conf)?"
+        }
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => {
+            "Check the host name, the port and any firewall between this node and the database server."
+        }
+        sqlx::Error::Tls(_) => {
+            "TLS failed: check sslmode (disable, prefer, require, verify-ca, verify-full) and sslrootcert in the URL."
+        }
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("3D000") => {
+                "The database does not exist: create it owned by the Starling user, e.g. `createdb -O starling starling` as the postgres user."
+            }
+            Some("28P01") | Some("28000") => {
+                "Authentication failed: check the user name and password (in the URL, PGPASSWORD or ~/.pgpass) and pg_hba.conf on the server."
+            }
+            Some("42501") => {
+                "Permission denied: the Starling user must own the database (`ALTER DATABASE … OWNER TO …`) or have CREATE on schema public."
+            }
+            Some("53300") => "The server has no free connection slots: lower [storage] pool_size or raise max_connections.",
+            _ => "Check that the server is running, the database exists and the user may connect.",
+        },
+        _ => "Check that the server is running, the database exists and the user may connect.",
+    }
+}
+
+impl PostgresStorage {
+    /// Connects to the database at `url` with a pool of `pool_size`
+    /// connections and applies pending migrations.
+    pub async fn open(url: &str, pool_size: u32) -> Result<Self, OpenError> {
+        let opts = connect_options(url)?;
+        let target = describe(&opts);
+        let fail = |source: sqlx::Error| OpenError::Postgres {
+            target: target.clone(),
+            hint: hint(&source),
+            source,
+        };
+        // One direct connection first: the pool would retry a refused
+        // connection until its timeout and then report only the timeout.
+        let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&opts))
+            .await
+            .map_err(|_| fail(sqlx::Error::PoolTimedOut))?
+            .map_err(fail)?;
+        let db = PostgresStorage {
+            pool: PgPoolOptions::new()
+                .max_connections(pool_size.max(1))
+                .acquire_timeout(CONNECT_TIMEOUT)
+                .connect_lazy_with(opts),
+            target: target.clone(),
+        };
+        db.migrate(first).await?;
+        Ok(db)
+    }
+
+    /// Applies pending migrations on `conn`, in one transaction holding
+    /// [`MIGRATION_LOCK`]: concurrent starters wait, then find nothing to do.
+    async fn migrate(&self, mut conn: PgConnection) -> Result<(), OpenError> {
+        let fail = |source: sqlx::Error| OpenError::Postgres {
+            target: self.target.clone(),
+            hint: hint(&source),
+            source,
+        };
+        let mut tx = conn.begin().await.map_err(fail)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS starling_schema (
+                version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+        let current: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) FROM starling_schema")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(fail)?
+            .get(0);
+        let supported = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
+        if current > supported {
+            return Err(OpenError::TooNew {
+                found: current,
+                supported,
+            });
+        }
+        for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+            let err = |source| OpenError::Migration {
+                version: m.version,
+                name: m.name,
+                source,
+            };
+            sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(err)?;
+            sqlx::query(
+                "INSERT INTO starling_schema (version, name, applied_at) VALUES ($1, $2, $3)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(now_secs())
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+            tracing::info!(version = m.version, name = m.name, db = %self.target, "applied schema migration");
+        }
+        tx.commit().await.map_err(fail)?;
+        let _ = conn.close().await;
+        Ok(())
+    }
+
+    /// Wraps the backend into the [`Storage`] handles.
+    pub fn into_storage(self) -> Storage {
+        let me = Arc::new(self);
+        Storage {
+            accounts: me.clone(),
+            roster: me.clone(),
+            blocking: me.clone(),
+            user_data: me.clone(),
+            last_activity: me.clone(),
+            offline: me.clone(),
+            archive: me.clone(),
+            inbox: me.clone(),
+            backend: me,
+        }
+    }
+
+    /// Runs `sql`, a statement whose only parameters are `domain = $1` and
+    /// `username = $2`, for `owner` (per-user deletions).
+    pub(crate) async fn exec_for_owner(
+        &self,
+        sql: &'static str,
+        owner: &BareJid,
+    ) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(sql)
+            .bind(domain)
+            .bind(user)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// Takes `owner`'s advisory lock of `class` until the end of the
+    /// transaction `tx`. Writers of the same owner and class queue here;
+    /// other owners are not affected (a hash collision only costs some
+    /// waiting). Use it where a write depends on a read, such as a quota.
+    pub(crate) async fn lock_owner(
+        tx: &mut PgConnection,
+        class: OwnerLock,
+        owner: &BareJid,
+    ) -> Result<(), sqlx::Error> {
+        let (domain, user) = split(owner);
+        // '@' cannot occur in a localpart or a domain: the key is unambiguous.
+        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2 || '@' || $3))")
+            .bind(class as i32)
+            .bind(user)
+            .bind(domain)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl AccountStore for PostgresStorage {
+    async fn create(&self, jid: &BareJid, credentials: &[ScramCredentials]) -> StorageResult<()> {
+        let (domain, user) = split(jid);
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let inserted = sqlx::query(
+            "INSERT INTO accounts (domain, username, created_at) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(now_secs())
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        if inserted == 0 {
+            return Err(StorageError::Conflict);
+        }
+        insert_credentials(&mut tx, &[(jid, credentials)])
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn create_many(
+        &self,
+        accounts: &[(BareJid, Vec<ScramCredentials>)],
+    ) -> StorageResult<u64> {
+        if accounts.is_empty() {
+            return Ok(0);
+        }
+        let (domains, users): (Vec<&str>, Vec<&str>) =
+            accounts.iter().map(|(j, _)| split(j)).unzip();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // One statement for the whole batch; existing accounts (and repeats
+        // within the batch) are skipped by ON CONFLICT.
+        let created: HashSet<(String, String)> = sqlx::query(
+            "INSERT INTO accounts (domain, username, created_at)
+             SELECT d, u, $3 FROM unnest($1::text[], $2::text[]) AS t(d, u)
+             ON CONFLICT DO NOTHING
+             RETURNING domain, username",
+        )
+        .bind(&domains)
+        .bind(&users)
+        .bind(now_secs())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(backend)?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+        // Credentials of the first occurrence of each created account.
+        let mut seen = HashSet::new();
+        let batch: Vec<(&BareJid, &[ScramCredentials])> = accounts
+            .iter()
+            .filter(|(j, _)| {
+                let (d, u) = split(j);
+                created.contains(&(d.to_owned(), u.to_owned())) && seen.insert(j.clone())
+            })
+            .map(|(j, c)| (j, c.as_slice()))
+            .collect();
+        insert_credentials(&mut tx, &batch).await.map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(created.len() as u64)
+    }
+
+    async fn exists(&self, jid: &BareJid) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let row = sqlx::query("SELECT 1 FROM accounts WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(row.is_some())
+    }
+
+    async fn credentials(
+        &self,
+        jid: &BareJid,
+        hash: ScramHash,
+    ) -> StorageResult<Option<ScramCredentials>> {
+        let (domain, user) = split(jid);
+        let row = sqlx::query(
+            "SELECT salt, iterations, stored_key, server_key FROM account_credentials
+             WHERE domain = $1 AND username = $2 AND hash = $3",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(hash_name(hash))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.map(|r| ScramCredentials {
+            hash,
+            salt: r.get(0),
+            iterations: r.get::<i64, _>(1) as u32,
+            stored_key: r.get(2),
+            server_key: r.get(3),
+        }))
+    }
+
+    async fn set_credentials(
+        &self,
+        jid: &BareJid,
+        credentials: &[ScramCredentials],
+    ) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Lock the account row: a concurrent delete waits, or wins first.
+        let exists =
+            sqlx::query("SELECT 1 FROM accounts WHERE domain = $1 AND username = $2 FOR UPDATE")
+                .bind(domain)
+                .bind(user)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?
+                .is_some();
+        if !exists {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM account_credentials WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        insert_credentials(&mut tx, &[(jid, credentials)])
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(true)
+    }
+
+    async fn delete(&self, jid: &BareJid) -> StorageResult<bool> {
+        // Credentials go with the account (ON DELETE CASCADE).
+        let (domain, user) = split(jid);
+        let n = sqlx::query("DELETE FROM accounts WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn list(
+        &self,
+        domain: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StorageResult<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT username FROM accounts WHERE domain = $1 AND username > $2
+             ORDER BY username LIMIT $3",
+        )
+        .bind(domain)
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn count(&self, domain: &str) -> StorageResult<u64> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM accounts WHERE domain = $1")
+            .bind(domain)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?
+            .get(0);
+        Ok(n as u64)
+    }
+}
+
+/// Inserts the credentials of several accounts in one statement: the
+/// batched-write pattern of this backend (one array parameter per column,
+/// `unnest` turns them back into rows).
+async fn insert_credentials(
+    tx: &mut PgConnection,
+    accounts: &[(&BareJid, &[ScramCredentials])],
+) -> Result<(), sqlx::Error> {
+    let mut domains = Vec::new();
+    let mut users = Vec::new();
+    let mut hashes = Vec::new();
+    let mut salts = Vec::new();
+    let mut iterations = Vec::new();
+    let mut stored = Vec::new();
+    let mut server = Vec::new();
+    for (jid, creds) in accounts {
+        let (domain, user) = split(jid);
+        for c in creds.iter() {
+            domains.push(domain);
+            users.push(user);
+            hashes.push(hash_name(c.hash));
+            salts.push(c.salt.as_slice());
+            iterations.push(i64::from(c.iterations));
+            stored.push(c.stored_key.as_slice());
+            server.push(c.server_key.as_slice());
+        }
+    }
+    if domains.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO account_credentials
+         (domain, username, hash, salt, iterations, stored_key, server_key)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[],
+                              $5::bigint[], $6::bytea[], $7::bytea[])",
+    )
+    .bind(&domains)
+    .bind(&users)
+    .bind(&hashes)
+    .bind(&salts)
+    .bind(&iterations)
+    .bind(&stored)
+    .bind(&server)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl StorageBackend for PostgresStorage {
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    fn describe(&self) -> String {
+        self.target.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_match_sqlite_versions_and_names() {
+        let pg: Vec<_> = MIGRATIONS.iter().map(|m| (m.version, m.name)).collect();
+        let lite: Vec<_> = crate::sqlite::MIGRATIONS
+            .iter()
+            .map(|m| (m.version, m.name))
+            .collect();
+        assert_eq!(
+            pg, lite,
+            "starling_schema must mean the same on both backends"
+        );
+    }
+
+    #[test]
+    fn urls_are_shown_without_password() {
+        let shown =
+            redacted_url("postgres://starling:hunter2@db.example:6543/xmpp?sslmode=require");
+        assert_eq!(shown, "postgres://starling@db.example:6543/xmpp");
+        assert!(!redacted_url("postgres://u:hunter2@[bad").contains("hunter2"));
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_with_the_expected_form() {
+        for url in ["", "mysql://x@y/z", "postgres://u:hunter2@h:notaport/db"] {
+            match connect_options(url) {
+                Err(OpenError::Config(msg)) => {
+                    assert!(msg.contains("postgres://"), "{msg}");
+                    assert!(!msg.contains("hunter2"), "{msg}");
+                }
+                Err(other) => panic!("{url}: unexpected {other}"),
+                Ok(_) => panic!("{url}: accepted"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_connection_explains_what_to_check() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let url = format!("postgres://starling:hunter2@127.0.0.1:{port}/starling");
+        let err = PostgresStorage::open(&url, 1)
+            .await
+            .err()
+            .expect("nothing listens there")
+            .to_string();
+        assert!(
+            err.contains(&format!("starling@127.0.0.1:{port}/starling")),
+            "{err}"
+        );
+        assert!(err.contains("running"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}
