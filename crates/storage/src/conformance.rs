@@ -712,19 +712,44 @@ fn upd(owner: &BareJid, remote: &str, last: Option<i64>, unread: UnreadChange) -
     InboxUpdate {
         owner: owner.clone(),
         remote: remote.to_owned(),
-        last: last.map(|t| (ArchiveId::from_parts(t, 0), format!("<message id='{t}'/>"))),
+        last: last.map(|t| ArchiveId::from_parts(t, 0)),
         unread,
+    }
+}
+
+/// An archived message of `owner` with `remote` at time `t` (node 0).
+fn archived(owner: &BareJid, remote: &str, t: i64) -> ArchiveRecord {
+    ArchiveRecord {
+        owner: owner.clone(),
+        id: ArchiveId::from_parts(t, 0),
+        with_bare: remote.to_owned(),
+        remote: remote.to_owned(),
+        outgoing: false,
+        origin_id: None,
+        flags: FLAG_BODY,
+        stanza: format!("<message id='{t}'/>"),
     }
 }
 
 /// Inbox (XEP-0430): upserts in order, unread arithmetic, updates without
 /// a message touching only existing rows, newest-first listing with paging
-/// and unread-only, totals, tombstones for the last message, removal,
-/// isolation and account deletion.
+/// and unread-only, the last message joined from the owner's archive (so a
+/// tombstone shows; a purged message is `None`), totals, removal, isolation
+/// and account deletion.
 pub async fn inbox(s: &Storage) {
     let i = s.inbox.as_ref();
     let alice = jid("alice@example.org");
     let bob = jid("bob@example.org");
+    // Alice's archive holds the messages the updates point at (bob's
+    // archive does not: the join is per owner).
+    s.archive
+        .append(&[
+            archived(&alice, "bob@example.org", 1),
+            archived(&alice, "carol@example.org", 2),
+            archived(&alice, "bob@example.org", 3),
+        ])
+        .await
+        .unwrap();
     assert_eq!(i.totals(&alice).await.unwrap(), InboxTotals::default());
     i.apply(&[
         upd(&alice, "bob@example.org", Some(1), UnreadChange::Add(1)),
@@ -759,7 +784,11 @@ pub async fn inbox(s: &Storage) {
         ]
     );
     assert_eq!(l[1].unread, 2);
-    assert_eq!(l[1].last_stanza, "<message id='3'/>");
+    assert_eq!(l[1].last_stanza.as_deref(), Some("<message id='3'/>"));
+    assert_eq!(
+        l[0].last_stanza, None,
+        "dave's message is not in the archive"
+    );
     assert_eq!(l[1].last_id, ArchiveId::from_parts(3, 0));
     assert_eq!(
         i.totals(&alice).await.unwrap(),
@@ -843,23 +872,10 @@ pub async fn inbox(s: &Storage) {
         (carol.last_id, carol.unread),
         (ArchiveId::from_parts(2, 0), 1)
     );
-    // Tombstone replaces only the current last message.
-    assert!(!i
-        .replace_last(
-            &alice,
-            "bob@example.org",
-            ArchiveId::from_parts(1, 0),
-            "<t/>"
-        )
-        .await
-        .unwrap());
-    assert!(i
-        .replace_last(
-            &alice,
-            "bob@example.org",
-            ArchiveId::from_parts(3, 0),
-            "<t/>"
-        )
+    // A retraction's tombstone in the archive is what the inbox shows.
+    assert!(s
+        .archive
+        .replace(&alice, ArchiveId::from_parts(3, 0), "<t/>")
         .await
         .unwrap());
     assert_eq!(
@@ -867,8 +883,18 @@ pub async fn inbox(s: &Storage) {
             .await
             .unwrap()
             .unwrap()
+            .last_stanza
+            .as_deref(),
+        Some("<t/>")
+    );
+    assert_eq!(
+        i.get(&bob, "alice@example.org")
+            .await
+            .unwrap()
+            .unwrap()
             .last_stanza,
-        "<t/>"
+        None,
+        "never another owner's archive row"
     );
     // Removal and isolation.
     assert!(i.remove(&alice, "dave@example.org").await.unwrap());

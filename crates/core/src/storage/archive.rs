@@ -275,8 +275,8 @@ pub struct InboxUpdate {
     pub owner: BareJid,
     /// The conversation partner's bare JID.
     pub remote: String,
-    /// A new last message: its archive id and serialized stanza.
-    pub last: Option<(ArchiveId, String)>,
+    /// A new last message: its id in the owner's archive.
+    pub last: Option<ArchiveId>,
     /// The unread count change.
     pub unread: UnreadChange,
 }
@@ -294,9 +294,9 @@ pub fn coalesce_inbox_updates(updates: &[InboxUpdate]) -> Vec<InboxUpdate> {
         match index.get(&(u.owner.as_str(), u.remote.as_str())) {
             Some(&i) => {
                 let m = &mut out[i];
-                if let Some(last) = &u.last {
-                    if m.last.as_ref().is_none_or(|(id, _)| *id <= last.0) {
-                        m.last = Some(last.clone());
+                if let Some(last) = u.last {
+                    if m.last.is_none_or(|id| id <= last) {
+                        m.last = Some(last);
                     }
                 }
                 m.unread = m.unread.then(u.unread);
@@ -317,8 +317,9 @@ pub struct InboxEntry {
     pub remote: String,
     /// Archive id of the last message.
     pub last_id: ArchiveId,
-    /// The last message, serialized.
-    pub last_stanza: String,
+    /// The last message as the owner's archive holds it now (a tombstone
+    /// after a retraction); `None` if it left the archive (retention).
+    pub last_stanza: Option<String>,
     /// Unread messages.
     pub unread: u32,
 }
@@ -347,7 +348,10 @@ pub struct InboxQuery {
     pub limit: u32,
 }
 
-/// Per-user conversation lists.
+/// Per-user conversation lists. A conversation keeps the archive id of its
+/// last message, not a copy: listings join the owner's archive, so rows
+/// stay small (cheap to update at every message) and a retraction's
+/// tombstone shows without touching the inbox.
 #[async_trait]
 pub trait InboxStore: Send + Sync + 'static {
     /// Applies updates in order, in one transaction. An update with no
@@ -359,14 +363,6 @@ pub trait InboxStore: Send + Sync + 'static {
     async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>>;
     /// Totals over the whole inbox.
     async fn totals(&self, owner: &BareJid) -> StorageResult<InboxTotals>;
-    /// Replaces the stored last message if its id is `id` (retractions).
-    async fn replace_last(
-        &self,
-        owner: &BareJid,
-        remote: &str,
-        id: ArchiveId,
-        stanza: &str,
-    ) -> StorageResult<bool>;
     /// Deletes one conversation. Returns false if it did not exist.
     async fn remove(&self, owner: &BareJid, remote: &str) -> StorageResult<bool>;
     /// Deletes `owner`'s inbox (account deletion).
@@ -409,7 +405,7 @@ mod tests {
         InboxUpdate {
             owner: BareJid::new(owner).unwrap(),
             remote: remote.into(),
-            last: last.map(|t| (ArchiveId(t), format!("<m{t}/>"))),
+            last: last.map(ArchiveId),
             unread,
         }
     }

@@ -17,8 +17,10 @@
 //! - Explicit reset, MongooseIM-compatible: `<reset
 //!   xmlns='erlang-solutions.com:xmpp:inbox:0#conversation' jid='…'/>` in
 //!   an iq set sets a conversation's count to 0.
-//! - A retraction (XEP-0424) that hits the last message replaces it with
-//!   the tombstone in the inbox too.
+//! - Conversations store the archive id of their last message, and the
+//!   listing joins the archive: rows stay small (each message updates two
+//!   of them), and a retraction (XEP-0424) of the last message shows its
+//!   tombstone in the inbox too.
 //! - Query (XEP-0430 §3): iq get `<inbox unread-only='…' messages='…'>` with
 //!   optional RSM (`max`, `after`/`before` an entry's id, newest first).
 //!   One `<message>` per conversation with `<entry jid unread id/>` and,
@@ -49,7 +51,6 @@ use starling_proto::{
 };
 use starling_xml::Element;
 use std::sync::Arc;
-use std::time::Duration;
 
 const NAME: &str = "inbox";
 /// XEP-0430 namespace.
@@ -78,17 +79,16 @@ impl BatchSink<InboxUpdate> for Sink {
 
 impl Inbox {
     /// Registers the module and attaches it to the archive.
-    pub fn register(cfg: &InboxConfig, storage: &Storage, mam: Arc<Mam>, reg: &mut HookRegistry) {
+    /// Its write-behind queue is sized like the archive's (`queue`).
+    pub fn register(
+        cfg: &InboxConfig,
+        queue: WriteBehindConfig,
+        storage: &Storage,
+        mam: Arc<Mam>,
+        reg: &mut HookRegistry,
+    ) {
         let store = storage.inbox.clone();
-        let queue = WriteBehind::spawn(
-            "inbox",
-            Arc::new(Sink(store.clone())),
-            WriteBehindConfig {
-                capacity: 20_000,
-                max_batch: 500,
-                max_delay: Duration::from_millis(5),
-            },
-        );
+        let queue = WriteBehind::spawn("inbox", Arc::new(Sink(store.clone())), queue);
         let m = Arc::new(Inbox {
             store,
             queue,
@@ -114,14 +114,12 @@ impl Inbox {
         owner: &BareJid,
         peer: &BareJid,
         id: ArchiveId,
-        xml: String,
         kind: Kind,
         el: &Element,
     ) {
         match kind {
             Kind::Instant | Kind::Correction => {
-                self.push(owner, peer, Some((id, xml)), UnreadChange::Set(0))
-                    .await;
+                self.push(owner, peer, Some(id), UnreadChange::Set(0)).await;
             }
             Kind::Other => {
                 let marker = el
@@ -145,29 +143,13 @@ impl Inbox {
         owner: &BareJid,
         peer: &BareJid,
         id: ArchiveId,
-        xml: String,
         kind: Kind,
         _el: &Element,
     ) {
         match kind {
-            Kind::Instant => {
-                self.push(owner, peer, Some((id, xml)), UnreadChange::Add(1))
-                    .await
-            }
-            Kind::Correction => {
-                self.push(owner, peer, Some((id, xml)), UnreadChange::Keep)
-                    .await
-            }
+            Kind::Instant => self.push(owner, peer, Some(id), UnreadChange::Add(1)).await,
+            Kind::Correction => self.push(owner, peer, Some(id), UnreadChange::Keep).await,
             Kind::Other | Kind::Skip => {}
-        }
-    }
-
-    /// A retraction replaced archived message `id`: so does the inbox if it
-    /// is the conversation's last message.
-    pub async fn tombstone(&self, owner: &BareJid, peer: &str, id: ArchiveId, xml: &str) {
-        self.queue.flush().await;
-        if let Err(e) = self.store.replace_last(owner, peer, id, xml).await {
-            tracing::error!(module = NAME, user = %owner, error = %e, "inbox tombstone failed");
         }
     }
 
@@ -175,7 +157,7 @@ impl Inbox {
         &self,
         owner: &BareJid,
         peer: &BareJid,
-        last: Option<(ArchiveId, String)>,
+        last: Option<ArchiveId>,
         unread: UnreadChange,
     ) {
         self.queue
@@ -271,6 +253,8 @@ impl Inbox {
                 }
             }
         }
+        // The listing joins the archive: both queues are written first.
+        self.mam.flush().await;
         self.queue.flush().await;
         let backend = |e: starling_core::storage::StorageError| {
             tracing::error!(module = NAME, user = %owner, error = %e, "inbox query failed");
@@ -297,7 +281,7 @@ impl Inbox {
                 )
                 .build();
             if messages {
-                if let Ok(stored) = e.last_stanza.parse::<Element>() {
+                if let Some(Ok(stored)) = e.last_stanza.as_deref().map(str::parse::<Element>) {
                     let r = result_message(owner, requester, queryid, e.last_id, stored);
                     let result = r.children().next().cloned();
                     if let Some(result) = result {

@@ -119,6 +119,15 @@ impl BatchSink<ArchiveRecord> for Sink {
     }
 }
 
+/// The write-behind sizing of `[modules.mam]` (also used by the inbox).
+pub fn queue_config(cfg: &MamConfig) -> WriteBehindConfig {
+    WriteBehindConfig {
+        capacity: cfg.queue_capacity,
+        max_batch: cfg.batch_size,
+        max_delay: Duration::from_millis(cfg.batch_delay_ms),
+    }
+}
+
 fn now_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -205,15 +214,7 @@ impl Mam {
         reg: &mut HookRegistry,
     ) -> Arc<Mam> {
         let store = storage.archive.clone();
-        let queue = WriteBehind::spawn(
-            "archive",
-            Arc::new(Sink(store.clone())),
-            WriteBehindConfig {
-                capacity: cfg.queue_capacity,
-                max_batch: cfg.batch_size,
-                max_delay: Duration::from_millis(cfg.batch_delay_ms),
-            },
-        );
+        let queue = WriteBehind::spawn("archive", Arc::new(Sink(store.clone())), queue_config(cfg));
         let m = Arc::new(Mam {
             node,
             last: AtomicI64::new(0),
@@ -391,9 +392,6 @@ impl Mam {
         );
         let xml = t.to_string_in("");
         self.store.replace(owner, m.id, &xml).await?;
-        if let Some(inbox) = self.inbox() {
-            inbox.tombstone(owner, peer.as_str(), m.id, &xml).await;
-        }
         Ok(true)
     }
 
@@ -899,12 +897,12 @@ impl UserSendHandler for Mam {
             outgoing: true,
             origin_id: origin_id(stanza.element()),
             flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
-            stanza: xml.clone(),
+            stanza: xml,
         })
         .await;
         if let Some(inbox) = self.inbox() {
             inbox
-                .outgoing(&owner, &peer, id, xml, kind, stanza.element())
+                .outgoing(&owner, &peer, id, kind, stanza.element())
                 .await;
         }
         Ok(Flow::Continue)
@@ -974,12 +972,12 @@ impl InboundHandler for Mam {
             outgoing: false,
             origin_id: origin_id(stanza.element()),
             flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
-            stanza: xml.clone(),
+            stanza: xml,
         })
         .await;
         if let Some(inbox) = self.inbox() {
             inbox
-                .incoming(&owner, &peer, id, xml, kind, stanza.element())
+                .incoming(&owner, &peer, id, kind, stanza.element())
                 .await;
         }
         Ok(Flow::Continue)

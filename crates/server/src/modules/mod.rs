@@ -72,7 +72,7 @@ pub fn build_hooks(cfg: &Config, storage: &Storage) -> Hooks {
             &mut reg,
         );
         if m.inbox.enabled {
-            inbox::Inbox::register(&m.inbox, storage, mam, &mut reg);
+            inbox::Inbox::register(&m.inbox, mam::queue_config(&m.mam), storage, mam, &mut reg);
         }
     }
     if m.version.enabled {

@@ -28,13 +28,13 @@ CREATE TABLE archive_prefs (
     PRIMARY KEY (domain, username)
 );
 
--- Inbox (XEP-0430): one row per conversation.
+-- Inbox (XEP-0430): one small row per conversation (updated at every
+-- message); the last message is joined from the archive.
 CREATE TABLE inbox (
     domain      TEXT COLLATE "C" NOT NULL,
     username    TEXT COLLATE "C" NOT NULL,
     remote      TEXT COLLATE "C" NOT NULL,
     last_id     BIGINT  NOT NULL,
-    last_stanza TEXT    NOT NULL,
     unread      INTEGER NOT NULL,
     PRIMARY KEY (domain, username, remote)
 );

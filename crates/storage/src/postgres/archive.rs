@@ -355,29 +355,22 @@ impl InboxStore for PostgresStorage {
             if group.is_empty() {
                 continue;
             }
-            let (mut domains, mut users, mut remotes, mut ids, mut stanzas, mut counts) = (
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            );
+            let (mut domains, mut users, mut remotes, mut ids, mut counts) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for u in group.iter() {
                 let (domain, user) = split(&u.owner);
-                let (id, stanza) = u.last.as_ref().expect("partitioned on last");
+                let id = u.last.expect("partitioned on last");
                 domains.push(domain);
                 users.push(user);
                 remotes.push(u.remote.as_str());
                 ids.push(id.0);
-                stanzas.push(stanza.as_str());
                 counts.push(match u.unread {
                     UnreadChange::Keep => 0i32,
                     UnreadChange::Add(n) | UnreadChange::Set(n) => n.min(i32::MAX as u32) as i32,
                 });
             }
             let mut b = QueryBuilder::<Postgres>::new(
-                "INSERT INTO inbox AS i (domain, username, remote, last_id, last_stanza, unread)
+                "INSERT INTO inbox AS i (domain, username, remote, last_id, unread)
                  SELECT * FROM unnest(",
             );
             b.push_bind(&domains)
@@ -388,15 +381,11 @@ impl InboxStore for PostgresStorage {
                 .push("::text[], ")
                 .push_bind(&ids)
                 .push("::bigint[], ")
-                .push_bind(&stanzas)
-                .push("::text[], ")
                 .push_bind(&counts)
                 .push(
                     "::int[])
                  ON CONFLICT (domain, username, remote) DO UPDATE SET
                    last_id = GREATEST(i.last_id, excluded.last_id),
-                   last_stanza = CASE WHEN excluded.last_id >= i.last_id
-                                      THEN excluded.last_stanza ELSE i.last_stanza END,
                    unread = ",
                 )
                 .push(sql);
@@ -428,24 +417,28 @@ impl InboxStore for PostgresStorage {
     async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
         let (domain, user) = split(owner);
         let mut b = QueryBuilder::<Postgres>::new(
-            "SELECT remote, last_id, last_stanza, unread FROM inbox WHERE domain = ",
+            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+             WHERE i.domain = ",
         );
-        b.push_bind(domain).push(" AND username = ").push_bind(user);
+        b.push_bind(domain)
+            .push(" AND i.username = ")
+            .push_bind(user);
         if let Some(before) = q.before {
-            b.push(" AND last_id < ").push_bind(before.0);
+            b.push(" AND i.last_id < ").push_bind(before.0);
         }
         if let Some(after) = q.after {
-            b.push(" AND last_id > ").push_bind(after.0);
+            b.push(" AND i.last_id > ").push_bind(after.0);
         }
         if q.unread_only {
-            b.push(" AND unread > 0");
+            b.push(" AND i.unread > 0");
         }
         // `after` pages towards newer conversations: take the oldest of
         // those, then present newest first like every page.
         b.push(if q.after.is_some() && q.before.is_none() {
-            " ORDER BY last_id ASC LIMIT "
+            " ORDER BY i.last_id ASC LIMIT "
         } else {
-            " ORDER BY last_id DESC LIMIT "
+            " ORDER BY i.last_id DESC LIMIT "
         });
         b.push_bind(i64::from(q.limit));
         let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
@@ -457,8 +450,9 @@ impl InboxStore for PostgresStorage {
     async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>> {
         let (domain, user) = split(owner);
         let row = sqlx::query(
-            "SELECT remote, last_id, last_stanza, unread FROM inbox
-             WHERE domain = $1 AND username = $2 AND remote = $3",
+            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+             WHERE i.domain = $1 AND i.username = $2 AND i.remote = $3",
         )
         .bind(domain)
         .bind(user)
@@ -485,30 +479,6 @@ impl InboxStore for PostgresStorage {
             unread_conversations: r.get::<i64, _>(1) as u64,
             unread_messages: r.get::<i64, _>(2) as u64,
         })
-    }
-
-    async fn replace_last(
-        &self,
-        owner: &BareJid,
-        remote: &str,
-        id: ArchiveId,
-        stanza: &str,
-    ) -> StorageResult<bool> {
-        let (domain, user) = split(owner);
-        let n = sqlx::query(
-            "UPDATE inbox SET last_stanza = $1
-             WHERE domain = $2 AND username = $3 AND remote = $4 AND last_id = $5",
-        )
-        .bind(stanza)
-        .bind(domain)
-        .bind(user)
-        .bind(remote)
-        .bind(id.0)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?
-        .rows_affected();
-        Ok(n > 0)
     }
 
     async fn remove(&self, owner: &BareJid, remote: &str) -> StorageResult<bool> {

@@ -32,14 +32,14 @@ CREATE TABLE archive_prefs (
     PRIMARY KEY (domain, username)
 );
 
--- Inbox (XEP-0430): one row per conversation.
+-- Inbox (XEP-0430): one small row per conversation, clustered by owner
+-- (updated at every message); the last message is joined from the archive.
 CREATE TABLE inbox (
     domain      TEXT    NOT NULL,
     username    TEXT    NOT NULL,
     remote      TEXT    NOT NULL,
     last_id     INTEGER NOT NULL,
-    last_stanza TEXT    NOT NULL,
     unread      INTEGER NOT NULL,
     PRIMARY KEY (domain, username, remote)
-);
+) WITHOUT ROWID;
 CREATE INDEX inbox_by_last ON inbox (domain, username, last_id);

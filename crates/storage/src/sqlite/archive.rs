@@ -338,11 +338,11 @@ impl InboxStore for SqliteStorage {
         ] {
             for chunk in group.chunks(ROWS_PER_INSERT) {
                 let mut b = QueryBuilder::<Sqlite>::new(
-                    "INSERT INTO inbox (domain, username, remote, last_id, last_stanza, unread) ",
+                    "INSERT INTO inbox (domain, username, remote, last_id, unread) ",
                 );
                 b.push_values(chunk, |mut row, u| {
                     let (domain, user) = split(&u.owner);
-                    let (id, stanza) = u.last.as_ref().expect("partitioned on last");
+                    let id = u.last.expect("partitioned on last");
                     let n = match u.unread {
                         UnreadChange::Keep => 0,
                         UnreadChange::Add(n) | UnreadChange::Set(n) => i64::from(n),
@@ -351,14 +351,11 @@ impl InboxStore for SqliteStorage {
                         .push_bind(user)
                         .push_bind(u.remote.as_str())
                         .push_bind(id.0)
-                        .push_bind(stanza.as_str())
                         .push_bind(n);
                 });
                 b.push(
                     " ON CONFLICT (domain, username, remote) DO UPDATE SET
                        last_id = MAX(last_id, excluded.last_id),
-                       last_stanza = CASE WHEN excluded.last_id >= last_id
-                                          THEN excluded.last_stanza ELSE last_stanza END,
                        unread = ",
                 );
                 b.push(unread_sql);
@@ -392,24 +389,28 @@ impl InboxStore for SqliteStorage {
     async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
         let (domain, user) = split(owner);
         let mut b = QueryBuilder::<Sqlite>::new(
-            "SELECT remote, last_id, last_stanza, unread FROM inbox WHERE domain = ",
+            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+             WHERE i.domain = ",
         );
-        b.push_bind(domain).push(" AND username = ").push_bind(user);
+        b.push_bind(domain)
+            .push(" AND i.username = ")
+            .push_bind(user);
         if let Some(before) = q.before {
-            b.push(" AND last_id < ").push_bind(before.0);
+            b.push(" AND i.last_id < ").push_bind(before.0);
         }
         if let Some(after) = q.after {
-            b.push(" AND last_id > ").push_bind(after.0);
+            b.push(" AND i.last_id > ").push_bind(after.0);
         }
         if q.unread_only {
-            b.push(" AND unread > 0");
+            b.push(" AND i.unread > 0");
         }
         // `after` pages towards newer conversations: take the oldest of
         // those, then present newest first like every page.
         b.push(if q.after.is_some() && q.before.is_none() {
-            " ORDER BY last_id ASC LIMIT "
+            " ORDER BY i.last_id ASC LIMIT "
         } else {
-            " ORDER BY last_id DESC LIMIT "
+            " ORDER BY i.last_id DESC LIMIT "
         });
         b.push_bind(i64::from(q.limit));
         let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
@@ -421,8 +422,9 @@ impl InboxStore for SqliteStorage {
     async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>> {
         let (domain, user) = split(owner);
         let row = sqlx::query(
-            "SELECT remote, last_id, last_stanza, unread FROM inbox
-             WHERE domain = ? AND username = ? AND remote = ?",
+            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+             WHERE i.domain = ? AND i.username = ? AND i.remote = ?",
         )
         .bind(domain)
         .bind(user)
@@ -449,30 +451,6 @@ impl InboxStore for SqliteStorage {
             unread_conversations: r.get::<i64, _>(1) as u64,
             unread_messages: r.get::<i64, _>(2) as u64,
         })
-    }
-
-    async fn replace_last(
-        &self,
-        owner: &BareJid,
-        remote: &str,
-        id: ArchiveId,
-        stanza: &str,
-    ) -> StorageResult<bool> {
-        let (domain, user) = split(owner);
-        let n = sqlx::query(
-            "UPDATE inbox SET last_stanza = ?
-             WHERE domain = ? AND username = ? AND remote = ? AND last_id = ?",
-        )
-        .bind(stanza)
-        .bind(domain)
-        .bind(user)
-        .bind(remote)
-        .bind(id.0)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?
-        .rows_affected();
-        Ok(n > 0)
     }
 
     async fn remove(&self, owner: &BareJid, remote: &str) -> StorageResult<bool> {

@@ -117,7 +117,7 @@ impl SqliteStorage {
             // syscall-bound.
             .pragma("cache_size", "-32768")
             .pragma("mmap_size", "1073741824")
-            .pragma("wal_autocheckpoint", "4000")
+            .pragma("wal_autocheckpoint", "16000")
             .pragma("temp_store", "memory");
         let pool = SqlitePoolOptions::new()
             .max_connections(pool_size.max(1))
