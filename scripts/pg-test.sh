@@ -8,7 +8,10 @@
 #
 # Environment: STARLING_PG_DIR (default /tmp/starling-pg-test), STARLING_PG_PORT
 # (default 55432), STARLING_PG_BIN (default: the newest
-# /usr/lib/postgresql/*/bin, else the directory of pg_ctl on PATH).
+# /usr/lib/postgresql/*/bin, else the directory of pg_ctl on PATH),
+# STARLING_PG_DURABLE=1 (benchmarks: keep fsync, full_page_writes and
+# synchronous_commit on, as a real deployment would, with 1 GB of
+# shared_buffers; applies when the cluster is created).
 #
 # Authentication is `trust` for 127.0.0.1 only and the server listens on
 # 127.0.0.1 only: never point this at a data directory you care about.
@@ -72,13 +75,22 @@ listen_addresses = '127.0.0.1'
 port = $port
 unix_socket_directories = '$dir'
 max_connections = 300
+log_min_messages = warning
+log_checkpoints = off
+EOF
+    if [ "${STARLING_PG_DURABLE:-0}" = 1 ]; then
+      cat >>"$data/postgresql.conf" <<EOF
+shared_buffers = 1GB
+max_wal_size = 4GB
+EOF
+    else
+      cat >>"$data/postgresql.conf" <<EOF
 shared_buffers = 128MB
 fsync = off
 full_page_writes = off
 synchronous_commit = off
-log_min_messages = warning
-log_checkpoints = off
 EOF
+    fi
     # TLS with a throw-away self-signed certificate, so tests can check
     # sslmode=require (plain connections keep working).
     if command -v openssl >/dev/null 2>&1; then

@@ -2,11 +2,12 @@
 //! inbox).
 //!
 //! Producers [`WriteBehind::push`] items into a bounded queue; one writer
-//! task per queue takes whatever is waiting (up to `max_batch`), waits at
-//! most `max_delay` for more when the batch is small, and hands the batch
-//! to its [`BatchSink`] in one call (one transaction). While a batch is
-//! being written the next one accumulates, so batches grow with load
-//! (group commit) and a quiet server still writes within `max_delay`.
+//! task per queue takes whatever is waiting (up to `max_batch`), collects
+//! for at most `max_delay` more, and hands the batch to its [`BatchSink`]
+//! in one call (one transaction). While a batch is being written the next
+//! one accumulates, so batches grow with load (group commit) and a quiet
+//! server still writes within `max_delay`. A flush request ends the
+//! collection at once.
 //!
 //! - Back-pressure: when the database falls behind and the queue is full,
 //!   `push` waits. The producer is the sending session's task, so a slow
@@ -137,11 +138,12 @@ async fn writer<T: Send + Sync + 'static>(
             let deadline = tokio::time::Instant::now() + cfg.max_delay;
             while cmds.len() < max_batch {
                 let room = max_batch - cmds.len();
+                let seen = cmds.len();
                 match tokio::time::timeout_at(deadline, rx.recv_many(&mut cmds, room)).await {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
-                        if matches!(cmds.last(), Some(Cmd::Flush(_))) {
-                            break;
+                        if cmds[seen..].iter().any(|c| matches!(c, Cmd::Flush(_))) {
+                            break; // someone waits: write now
                         }
                     }
                 }
@@ -283,6 +285,18 @@ mod tests {
         q.push(7).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(*sink.batches.lock().unwrap(), vec![vec![7]]);
+    }
+
+    #[tokio::test]
+    async fn flush_cuts_a_long_collection_window_short() {
+        let sink = open_recorder();
+        let q = WriteBehind::spawn("t", sink.clone(), cfg(100, 100, 10_000));
+        q.push(1).await;
+        q.push(2).await;
+        tokio::time::timeout(Duration::from_secs(2), q.flush())
+            .await
+            .expect("flush does not wait for the 10 s window");
+        assert_eq!(*sink.batches.lock().unwrap(), vec![vec![1, 2]]);
     }
 
     #[tokio::test]

@@ -4,12 +4,16 @@
 //! ```text
 //! cargo run --release -p starling-storage --example archive_fill -- \
 //!     --db /tmp/big/data/starling.db --owner user0@localhost --rows 10000000 \
-//!     [--contacts 50] [--days 365] [--measure 2000]
+//!     [--contacts 50] [--contact-pattern 'contact{n}@localhost'] [--contact-first 0]
+//!     [--days 365] [--measure 2000]
 //! ```
 //!
 //! Rows are spread evenly over the last `--days` days (ids are
 //! time-ordered), alternate direction, and talk to `--contacts` partners
-//! `contact{k}@localhost`. Then `--measure` queries of each kind run and
+//! named by `--contact-pattern` (`{n}` runs from `--contact-first`). For
+//! `starling-bench archive --users 1 --partners 2` use `--owner
+//! user1@localhost --contacts 2 --contact-pattern 'user{n}@localhost'
+//! --contact-first 2`, so its `with` queries name real partners. Then `--measure` queries of each kind run and
 //! their latency percentiles are printed: the latest page (50), a page
 //! after a random id deep in the archive, the latest page with one contact,
 //! and a page before a random id with one contact. Point a Starling at the
@@ -25,6 +29,8 @@ struct Args {
     owner: String,
     rows: u64,
     contacts: u64,
+    contact_pattern: String,
+    contact_first: u64,
     days: u64,
     measure: usize,
 }
@@ -35,6 +41,8 @@ fn parse() -> Args {
         owner: "user0@localhost".into(),
         rows: 1_000_000,
         contacts: 50,
+        contact_pattern: "contact{n}@localhost".into(),
+        contact_first: 0,
         days: 365,
         measure: 2000,
     };
@@ -46,6 +54,8 @@ fn parse() -> Args {
             "--owner" => a.owner = v,
             "--rows" => a.rows = v.parse().expect("--rows N"),
             "--contacts" => a.contacts = v.parse().expect("--contacts N"),
+            "--contact-pattern" => a.contact_pattern = v,
+            "--contact-first" => a.contact_first = v.parse().expect("--contact-first N"),
             "--days" => a.days = v.parse().expect("--days N"),
             "--measure" => a.measure = v.parse().expect("--measure N"),
             _ => panic!("unknown argument {k}; see the file's documentation"),
@@ -103,7 +113,9 @@ async fn main() {
             let n = batch.min(a.rows - i);
             let recs: Vec<ArchiveRecord> = (i..i + n)
                 .map(|k| {
-                    let contact = format!("contact{}@localhost", k % a.contacts);
+                    let contact = a
+                        .contact_pattern
+                        .replace("{n}", &(a.contact_first + k % a.contacts).to_string());
                     let outgoing = k % 2 == 0;
                     let (from, to) = if outgoing {
                         (format!("{owner}/phone"), contact.clone())
@@ -162,7 +174,10 @@ async fn main() {
     for (label, kind) in kinds {
         let mut lat = Vec::with_capacity(a.measure);
         for _ in 0..a.measure {
-            let contact = format!("contact{}@localhost", rng.next() % a.contacts);
+            let contact = a.contact_pattern.replace(
+                "{n}",
+                &(a.contact_first + rng.next() % a.contacts).to_string(),
+            );
             let q = match kind {
                 0 => ArchiveQuery {
                     limit: 50,
