@@ -31,6 +31,11 @@
 #   HOURLY_PRICE   instance price per hour for the cost metric [0.0832]
 #                  (an assumed on-demand price of a 2-vCPU VM; pass your own)
 #   STARLING_BIN, BENCH_BIN   binaries [target/release/starling, target/release/starling-bench]
+#   STARLING_PG_URL  run Starling on this PostgreSQL database instead of
+#                  SQLite (dropped and re-created for each run; e.g. from
+#                  STARLING_PG_DURABLE=1 STARLING_PG_PORT=55433
+#                  STARLING_PG_DIR=/tmp/starling-pg-bench scripts/pg-test.sh start,
+#                  with /starling_bench instead of /postgres)
 #   RUN_ROOT       scratch dir for data/logs/results [/tmp/starling-bench-compare]
 #   OUT            Markdown output                 [docs/benchmarks.md]
 #   NO_INSTALL=1   do not apt-get install missing peers
@@ -200,6 +205,11 @@ start_server() {
     case $s in
     starling)
         fill "$peers/starling$sfx.toml" "$r" "$p" >"$r/starling.toml"
+        if [[ -n "${STARLING_PG_URL:-}" ]]; then
+            psql -q "${STARLING_PG_URL%/*}/postgres" -c "DROP DATABASE IF EXISTS ${STARLING_PG_URL##*/}" \
+                -c "CREATE DATABASE ${STARLING_PG_URL##*/}"
+            printf '\n[storage]\nbackend = "postgres"\nurl = "%s"\npool_size = 8\n' "$STARLING_PG_URL" >>"$r/starling.toml"
+        fi
         log "starling: importing $USERS accounts"
         run "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
             --starling-config "$r/starling.toml" --iterations 4096 \
@@ -281,7 +291,7 @@ trap 'exit 130' INT TERM
 
 version_of() {
     case $1 in
-    starling) echo "$("$STARLING_BIN" --version 2>/dev/null | head -1) (git $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo ?), built $(date -u -r "$STARLING_BIN" +%Y-%m-%dT%H:%MZ))" ;;
+    starling) echo "$("$STARLING_BIN" --version 2>/dev/null | head -1) (git $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo ?), built $(date -u -r "$STARLING_BIN" +%Y-%m-%dT%H:%MZ))${STARLING_PG_URL:+ on PostgreSQL $(psql -tA "${STARLING_PG_URL%/*}/postgres" -c 'SHOW server_version' 2>/dev/null)}" ;;
     ejabberd) echo "ejabberd $(dpkg-query -W -f='${Version}' ejabberd), Erlang/OTP $(dpkg-query -W -f='${Version}' erlang-base)" ;;
     prosody) echo "Prosody $(dpkg-query -W -f='${Version}' prosody), $(dpkg-query -W -f='${Package} ${Version}' 'lua5.4' 2>/dev/null || dpkg-query -W -f='${Package} ${Version}' 'lua5.2' 2>/dev/null || echo lua)" ;;
     esac

@@ -5,7 +5,7 @@
 //! cargo run --release -p starling-storage --example archive_fill -- \
 //!     --db /tmp/big/data/starling.db --owner user0@localhost --rows 10000000 \
 //!     [--contacts 50] [--contact-pattern 'contact{n}@localhost'] [--contact-first 0]
-//!     [--days 365] [--measure 2000]
+//!     [--days 365] [--measure 2000] [--url postgres://…/db instead of --db]
 //! ```
 //!
 //! Rows are spread evenly over the last `--days` days (ids are
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 struct Args {
     db: std::path::PathBuf,
+    url: Option<String>,
     owner: String,
     rows: u64,
     contacts: u64,
@@ -38,6 +39,7 @@ struct Args {
 fn parse() -> Args {
     let mut a = Args {
         db: "archive.db".into(),
+        url: None,
         owner: "user0@localhost".into(),
         rows: 1_000_000,
         contacts: 50,
@@ -51,6 +53,7 @@ fn parse() -> Args {
         let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
         match k.as_str() {
             "--db" => a.db = v.into(),
+            "--url" => a.url = Some(v),
             "--owner" => a.owner = v,
             "--rows" => a.rows = v.parse().expect("--rows N"),
             "--contacts" => a.contacts = v.parse().expect("--contacts N"),
@@ -85,10 +88,17 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 async fn main() {
     let a = parse();
     let owner = BareJid::new(&a.owner).expect("--owner must be a bare JID");
-    let storage = open(&BackendConfig::Sqlite {
-        path: a.db.clone(),
-        pool_size: 4,
-    })
+    let backend = match &a.url {
+        Some(url) => BackendConfig::Postgres {
+            url: url.clone(),
+            pool_size: 4,
+        },
+        None => BackendConfig::Sqlite {
+            path: a.db.clone(),
+            pool_size: 4,
+        },
+    };
+    let storage = open(&backend)
     .await
     .expect("open the database");
     let store = storage.archive.clone();
