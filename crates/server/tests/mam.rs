@@ -670,3 +670,53 @@ async fn queued_archive_writes_survive_a_graceful_shutdown() {
     }
     let _ = std::fs::remove_dir_all(&server.dir);
 }
+
+#[tokio::test]
+async fn sent_carbons_carry_the_senders_archive_id_and_recipients_never_see_it() {
+    let server = TestServer::start().await;
+    let mut a1 = server.login("alice").await;
+    let mut a2 = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    a1.drain().await;
+    let r = a2
+        .iq(
+            "<iq type='set' id='cc'><enable xmlns='urn:xmpp:carbons:2'/></iq>",
+            "cc",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"));
+    let alice = bare_of(&a1);
+    // A client's own forged stanza-id by alice is removed too.
+    a1.send(&format!(
+        "<message to='{}' type='chat' id='s1'><body>hi</body><stanza-id xmlns='{SID}' by='{alice}' id='forged'/></message>",
+        bare_of(&bob)
+    ))
+    .await;
+    let got = bob.recv_message().await;
+    let by: Vec<Option<&str>> = got
+        .children()
+        .filter(|c| c.is("stanza-id", SID))
+        .map(|c| c.attr("by"))
+        .collect();
+    assert_eq!(
+        by,
+        [Some("bob@localhost")],
+        "only the recipient's own archive id: {got}"
+    );
+    let carbon = a2.recv_message().await;
+    let fwd = carbon
+        .get_child("sent", "urn:xmpp:carbons:2")
+        .and_then(|s| s.get_child("forwarded", FWD))
+        .and_then(|f| f.get_child("message", ns::CLIENT))
+        .unwrap_or_else(|| panic!("sent carbon: {carbon}"));
+    let ids: Vec<&str> = fwd
+        .children()
+        .filter(|c| c.is("stanza-id", SID) && c.attr("by") == Some(alice.as_str()))
+        .filter_map(|c| c.attr("id"))
+        .collect();
+    assert_eq!(ids.len(), 1, "{fwd}");
+    // XEP-0313 §3.1: it is the id in alice's archive.
+    let p = ok_query(&mut a2, "own", "").await;
+    assert_eq!(p.ids(), [ids[0].to_owned()]);
+    server.stop().await;
+}

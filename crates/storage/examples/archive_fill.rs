@@ -98,9 +98,7 @@ async fn main() {
             pool_size: 4,
         },
     };
-    let storage = open(&backend)
-    .await
-    .expect("open the database");
+    let storage = open(&backend).await.expect("open the database");
     let store = storage.archive.clone();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -43,7 +43,12 @@
 //! - Retention: `retention_days` / `domain_retention_days` purge older
 //!   messages hourly; `starling archive purge` removes one user's archive.
 //!
-//! Hooks: `user_send` (45), `inbound` (20), `shutdown`; iq handlers
+//! - The sender's archive id rides in the stanza while the carbons module
+//!   copies it (sent carbons carry `<stanza-id by='sender'/>`, §3.1) and is
+//!   stripped before routing (`user_send` 90), together with any such id a
+//!   client put there itself.
+//!
+//! Hooks: `user_send` (45, 90), `inbound` (20), `shutdown`; iq handlers
 //! `{urn:xmpp:mam:2}query|prefs|metadata` (account scope).
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]`, `server.node_id`.
@@ -245,6 +250,7 @@ impl Mam {
                 Some(tokio::spawn(retention_task(store, retention)));
         }
         reg.user_send(NAME, 45, m.clone());
+        reg.user_send(NAME, 90, Arc::new(StripOwnStanzaId));
         reg.inbound(NAME, 20, m.clone());
         reg.shutdown(NAME, 90, m.clone());
         for name in ["query", "prefs", "metadata"] {
@@ -852,6 +858,11 @@ impl UserSendHandler for Mam {
             return Ok(Flow::Continue); // to a server: nothing to archive
         }
         let peer = to.to_bare();
+        if peer != owner {
+            // Only the server names the sender's archive ids (the sent
+            // carbon copies what is left here).
+            strip_stanza_ids_by(stanza, &owner);
+        }
         let kind = classify(stanza.element());
         if kind == Kind::Skip {
             return Ok(Flow::Continue);
@@ -889,6 +900,15 @@ impl UserSendHandler for Mam {
         }
         let id = self.next_id();
         let xml = stanza.element().to_string_in("");
+        // XEP-0313 §3.1: the sender's other devices learn the archive id
+        // from the sent carbon (the carbons module copies the stanza after
+        // this handler); StripOwnStanzaId removes it again before routing.
+        stanza.element_mut().append_child(
+            Element::builder("stanza-id", NS_SID)
+                .attr("by", owner.as_str())
+                .attr("id", id.encode())
+                .build(),
+        );
         self.archive(ArchiveRecord {
             owner: owner.clone(),
             id,
@@ -909,6 +929,36 @@ impl UserSendHandler for Mam {
     }
 }
 
+/// Removes `<stanza-id by='{by}'/>` children.
+fn strip_stanza_ids_by(stanza: &mut Stanza, by: &BareJid) {
+    let claims = |c: &Element| c.is("stanza-id", NS_SID) && c.attr("by") == Some(by.as_str());
+    if stanza.element().children().any(claims) {
+        stanza
+            .element_mut()
+            .nodes_mut()
+            .retain(|n| n.as_element().is_none_or(|c| !claims(c)));
+    }
+}
+
+/// Removes stanza ids claiming the sender's own archive from what the
+/// sender routes: the recipient may not see ids of an archive it cannot
+/// query (XEP-0313 §3.1), and a client cannot plant one either.
+struct StripOwnStanzaId;
+
+#[async_trait]
+impl UserSendHandler for StripOwnStanzaId {
+    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        if stanza.kind() != StanzaKind::Message {
+            return Ok(Flow::Continue);
+        }
+        let own = cx.jid().to_bare();
+        if !stanza.to().is_some_and(|t| t.to_bare() == own) {
+            strip_stanza_ids_by(stanza, &own);
+        }
+        Ok(Flow::Continue)
+    }
+}
+
 #[async_trait]
 impl InboundHandler for Mam {
     async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult {
@@ -920,18 +970,7 @@ impl InboundHandler for Mam {
         };
         let owner = to.to_bare();
         // XEP-0359 §5: nobody else may claim to be the archive of the recipient.
-        let spoofed = stanza
-            .element()
-            .children()
-            .any(|c| c.is("stanza-id", NS_SID) && c.attr("by") == Some(owner.as_str()));
-        if spoofed {
-            let el = stanza.element_mut();
-            el.nodes_mut().retain(|n| {
-                n.as_element().is_none_or(|c| {
-                    !(c.is("stanza-id", NS_SID) && c.attr("by") == Some(owner.as_str()))
-                })
-            });
-        }
+        strip_stanza_ids_by(stanza, &owner);
         let kind = classify(stanza.element());
         if kind == Kind::Skip {
             return Ok(Flow::Continue);
