@@ -952,7 +952,7 @@ impl UserSendHandler for StripOwnStanzaId {
             return Ok(Flow::Continue);
         }
         let own = cx.jid().to_bare();
-        if !stanza.to().is_some_and(|t| t.to_bare() == own) {
+        if stanza.to().is_none_or(|t| t.to_bare() != own) {
             strip_stanza_ids_by(stanza, &own);
         }
         Ok(Flow::Continue)
