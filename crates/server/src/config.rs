@@ -365,9 +365,9 @@ impl Default for MamConfig {
             max_page_size: 250,
             retention_days: 0,
             domain_retention_days: Default::default(),
-            queue_capacity: 50_000,
-            batch_size: 10_000,
-            batch_delay_ms: 100,
+            queue_capacity: 100_000,
+            batch_size: 20_000,
+            batch_delay_ms: 500,
         }
     }
 }
