@@ -32,7 +32,7 @@ pub mod storage;
 pub use env::{Env, Hosts};
 pub use extensions::Extensions;
 pub use hooks::{Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, TimerKey};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, QueueMetrics, WriteBehindMetrics};
 pub use routing::{
     mailbox, CloseReason, Mailbox, Router, SessionEntry, SessionHandle, SessionManager, SessionMsg,
     SessionSendError,

@@ -31,6 +31,47 @@ pub struct Metrics {
     pub stream_errors: Counter,
     /// Stanzas bounced because the recipient's mailbox was full.
     pub mailbox_full: Counter,
+    /// Write-behind queues (archive, inbox), labelled by queue.
+    pub write_behind: WriteBehindMetrics,
+}
+
+/// Metric families of the write-behind queues, labelled `queue`.
+#[derive(Clone, Default)]
+pub struct WriteBehindMetrics {
+    /// Records waiting to be written.
+    pub queued: Family<Vec<(String, String)>, Gauge>,
+    /// Records written.
+    pub written: Family<Vec<(String, String)>, Counter>,
+    /// Batches (transactions) written.
+    pub batches: Family<Vec<(String, String)>, Counter>,
+    /// Records dropped after the retries of their batch failed.
+    pub dropped: Family<Vec<(String, String)>, Counter>,
+}
+
+/// The handles of one write-behind queue.
+#[derive(Clone, Debug, Default)]
+pub struct QueueMetrics {
+    /// Records waiting to be written.
+    pub queued: Gauge,
+    /// Records written.
+    pub written: Counter,
+    /// Batches written.
+    pub batches: Counter,
+    /// Records dropped after failed retries.
+    pub dropped: Counter,
+}
+
+impl WriteBehindMetrics {
+    /// The handles of queue `name`.
+    pub fn queue(&self, name: &str) -> QueueMetrics {
+        let l = vec![("queue".to_owned(), name.to_owned())];
+        QueueMetrics {
+            queued: self.queued.get_or_create(&l).clone(),
+            written: self.written.get_or_create(&l).clone(),
+            batches: self.batches.get_or_create(&l).clone(),
+            dropped: self.dropped.get_or_create(&l).clone(),
+        }
+    }
 }
 
 fn kind_index(kind: StanzaKind) -> usize {
@@ -105,8 +146,30 @@ impl Metrics {
             "Stanzas bounced because a recipient's mailbox was full",
             mailbox_full.clone(),
         );
+        let write_behind = WriteBehindMetrics::default();
+        registry.register(
+            "write_behind_queued",
+            "Records waiting in a write-behind queue",
+            write_behind.queued.clone(),
+        );
+        registry.register(
+            "write_behind_written",
+            "Records written by a write-behind queue",
+            write_behind.written.clone(),
+        );
+        registry.register(
+            "write_behind_batches",
+            "Batches (transactions) written by a write-behind queue",
+            write_behind.batches.clone(),
+        );
+        registry.register(
+            "write_behind_dropped",
+            "Records dropped after their batch failed every retry",
+            write_behind.dropped.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            write_behind,
             sessions,
             connections,
             connections_total,

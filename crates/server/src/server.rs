@@ -105,14 +105,15 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     )
     .context("setting up TLS")?;
     tracing::info!(certificate = %tls.source, "TLS ready");
-    let hooks = crate::modules::build_hooks(&cfg, &storage);
+    let metrics = Metrics::new();
+    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics);
     let env = Arc::new(Env {
         router: Arc::new(LocalRouter::new()),
         sessions: Arc::new(SessionTable::new()),
         storage,
         hosts: Hosts::new(domains.clone()),
         hooks,
-        metrics: Metrics::new(),
+        metrics,
     });
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -24,7 +24,7 @@
 
 use starling_core::async_trait;
 use starling_core::storage::StorageResult;
-use std::sync::atomic::{AtomicU64, Ordering};
+use starling_core::QueueMetrics;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
@@ -53,33 +53,26 @@ enum Cmd<T> {
     Flush(oneshot::Sender<()>),
 }
 
-/// Counters of a queue (for logs and tests).
-#[derive(Debug, Default)]
-pub struct WriteBehindStats {
-    /// Items written.
-    pub written: AtomicU64,
-    /// Batches written.
-    pub batches: AtomicU64,
-    /// Items dropped after retries failed.
-    pub dropped: AtomicU64,
-}
-
 /// A write-behind queue feeding one [`BatchSink`].
 pub struct WriteBehind<T: Send + Sync + 'static> {
     name: &'static str,
     tx: mpsc::Sender<Cmd<T>>,
     task: Mutex<Option<JoinHandle<()>>>,
-    /// Counters.
-    pub stats: Arc<WriteBehindStats>,
+    /// Its metrics (`starling_write_behind_*{queue="name"}`).
+    pub stats: QueueMetrics,
 }
 
 const RETRIES: u32 = 5;
 
 impl<T: Send + Sync + 'static> WriteBehind<T> {
-    /// Starts the writer task.
-    pub fn spawn(name: &'static str, sink: Arc<dyn BatchSink<T>>, cfg: WriteBehindConfig) -> Self {
+    /// Starts the writer task; `stats` are its metric handles.
+    pub fn spawn(
+        name: &'static str,
+        sink: Arc<dyn BatchSink<T>>,
+        cfg: WriteBehindConfig,
+        stats: QueueMetrics,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(cfg.capacity.max(1));
-        let stats = Arc::new(WriteBehindStats::default());
         let task = tokio::spawn(writer(name, rx, sink, cfg, stats.clone()));
         WriteBehind {
             name,
@@ -92,7 +85,9 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
     /// Queues an item, waiting while the queue is full. After
     /// [`WriteBehind::close`] the item is dropped with a warning.
     pub async fn push(&self, item: T) {
+        self.stats.queued.inc();
         if self.tx.send(Cmd::Item(item)).await.is_err() {
+            self.stats.queued.dec();
             tracing::warn!(queue = self.name, "write-behind queue closed; item dropped");
         }
     }
@@ -121,7 +116,7 @@ async fn writer<T: Send + Sync + 'static>(
     mut rx: mpsc::Receiver<Cmd<T>>,
     sink: Arc<dyn BatchSink<T>>,
     cfg: WriteBehindConfig,
-    stats: Arc<WriteBehindStats>,
+    stats: QueueMetrics,
 ) {
     let max_batch = cfg.max_batch.max(1);
     let mut cmds: Vec<Cmd<T>> = Vec::with_capacity(max_batch);
@@ -171,7 +166,7 @@ async fn write_batch<T: Send + Sync + 'static>(
     name: &'static str,
     sink: &dyn BatchSink<T>,
     batch: &mut Vec<T>,
-    stats: &WriteBehindStats,
+    stats: &QueueMetrics,
 ) {
     if batch.is_empty() {
         return;
@@ -187,10 +182,9 @@ async fn write_batch<T: Send + Sync + 'static>(
                     micros = started.elapsed().as_micros() as u64,
                     "write-behind batch written"
                 );
-                stats
-                    .written
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                stats.batches.fetch_add(1, Ordering::Relaxed);
+                stats.written.inc_by(batch.len() as u64);
+                stats.batches.inc();
+                stats.queued.dec_by(batch.len() as i64);
                 batch.clear();
                 return;
             }
@@ -201,9 +195,8 @@ async fn write_batch<T: Send + Sync + 'static>(
             }
             Err(e) => {
                 tracing::error!(queue = name, rows = batch.len(), error = %e, "write-behind batch dropped after {RETRIES} attempts");
-                stats
-                    .dropped
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                stats.dropped.inc_by(batch.len() as u64);
+                stats.queued.dec_by(batch.len() as i64);
                 batch.clear();
             }
         }
@@ -214,6 +207,7 @@ async fn write_batch<T: Send + Sync + 'static>(
 mod tests {
     use super::*;
     use starling_core::storage::StorageError;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex as StdMutex;
 
     struct Recorder {
@@ -262,7 +256,12 @@ mod tests {
     #[tokio::test]
     async fn batches_keep_order_and_respect_max_batch() {
         let sink = open_recorder();
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(1000, 64, 20));
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(1000, 64, 20),
+            QueueMetrics::default(),
+        );
         for i in 0..500 {
             q.push(i).await;
         }
@@ -281,7 +280,7 @@ mod tests {
     #[tokio::test]
     async fn a_lone_item_is_written_within_max_delay() {
         let sink = open_recorder();
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(10, 100, 30));
+        let q = WriteBehind::spawn("t", sink.clone(), cfg(10, 100, 30), QueueMetrics::default());
         q.push(7).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(*sink.batches.lock().unwrap(), vec![vec![7]]);
@@ -290,7 +289,12 @@ mod tests {
     #[tokio::test]
     async fn flush_cuts_a_long_collection_window_short() {
         let sink = open_recorder();
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(100, 100, 10_000));
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(100, 100, 10_000),
+            QueueMetrics::default(),
+        );
         q.push(1).await;
         q.push(2).await;
         tokio::time::timeout(Duration::from_secs(2), q.flush())
@@ -302,7 +306,12 @@ mod tests {
     #[tokio::test]
     async fn full_queue_applies_back_pressure() {
         let sink = Arc::new(Recorder::default()); // gate closed: writes block
-        let q = Arc::new(WriteBehind::spawn("t", sink.clone(), cfg(4, 2, 0)));
+        let q = Arc::new(WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(4, 2, 0),
+            QueueMetrics::default(),
+        ));
         // The writer takes up to 2 items and blocks in the sink; 4 more fill
         // the queue; the next push must wait.
         for i in 0..6 {
@@ -330,17 +339,23 @@ mod tests {
     async fn failed_batches_are_retried() {
         let sink = open_recorder();
         sink.fail_first.store(2, Ordering::SeqCst);
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(10, 10, 0));
+        let q = WriteBehind::spawn("t", sink.clone(), cfg(10, 10, 0), QueueMetrics::default());
         q.push(1).await;
         q.flush().await;
         assert_eq!(*sink.batches.lock().unwrap(), vec![vec![1]]);
-        assert_eq!(q.stats.dropped.load(Ordering::Relaxed), 0);
+        assert_eq!(q.stats.dropped.get(), 0);
+        assert_eq!((q.stats.written.get(), q.stats.queued.get()), (1, 0));
     }
 
     #[tokio::test]
     async fn close_drains_the_queue() {
         let sink = open_recorder();
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(1000, 10, 1000));
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(1000, 10, 1000),
+            QueueMetrics::default(),
+        );
         for i in 0..25 {
             q.push(i).await;
         }

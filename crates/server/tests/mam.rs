@@ -298,6 +298,28 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
             "ids"
         ]
     );
+    // Operators see the write-behind queues: 12 messages, archived twice.
+    let metrics = server.server.env.metrics.encode();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(
+        value("starling_write_behind_written_total{queue=\"archive\"}"),
+        24.0
+    );
+    assert_eq!(
+        value("starling_write_behind_queued{queue=\"archive\"}"),
+        0.0
+    );
+    assert_eq!(
+        value("starling_write_behind_dropped_total{queue=\"archive\"}"),
+        0.0
+    );
     server.stop().await;
 }
 

@@ -45,7 +45,7 @@ use starling_core::hooks::{
 use starling_core::storage::{
     ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
 };
-use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
+use starling_core::{async_trait, Env, Flow, HookResult, Metrics, SessionCtx};
 use starling_proto::{
     BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -84,11 +84,17 @@ impl Inbox {
         cfg: &InboxConfig,
         queue: WriteBehindConfig,
         storage: &Storage,
+        metrics: &Metrics,
         mam: Arc<Mam>,
         reg: &mut HookRegistry,
     ) {
         let store = storage.inbox.clone();
-        let queue = WriteBehind::spawn("inbox", Arc::new(Sink(store.clone())), queue);
+        let queue = WriteBehind::spawn(
+            "inbox",
+            Arc::new(Sink(store.clone())),
+            queue,
+            metrics.write_behind.queue("inbox"),
+        );
         let m = Arc::new(Inbox {
             store,
             queue,

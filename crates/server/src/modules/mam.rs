@@ -64,7 +64,7 @@ use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore, PrefsDefault,
     Storage, StorageResult, WithFilter, FLAG_BODY,
 };
-use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
+use starling_core::{async_trait, Env, Flow, HookResult, Metrics, SessionCtx};
 use starling_proto::{
     ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -216,10 +216,16 @@ impl Mam {
         domains: &[String],
         node: u8,
         storage: &Storage,
+        metrics: &Metrics,
         reg: &mut HookRegistry,
     ) -> Arc<Mam> {
         let store = storage.archive.clone();
-        let queue = WriteBehind::spawn("archive", Arc::new(Sink(store.clone())), queue_config(cfg));
+        let queue = WriteBehind::spawn(
+            "archive",
+            Arc::new(Sink(store.clone())),
+            queue_config(cfg),
+            metrics.write_behind.queue("archive"),
+        );
         let m = Arc::new(Mam {
             node,
             last: AtomicI64::new(0),

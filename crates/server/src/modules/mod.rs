@@ -22,11 +22,12 @@ pub mod version;
 use crate::config::Config;
 use starling_core::hooks::{HookRegistry, Hooks};
 use starling_core::storage::Storage;
+use starling_core::Metrics;
 
 /// Registers every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
 /// the Tokio runtime.
-pub fn build_hooks(cfg: &Config, storage: &Storage) -> Hooks {
+pub fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> Hooks {
     let mut reg = HookRegistry::new();
     let m = &cfg.modules;
     // Subscriptions, probes and roster-based presence fan-out need the
@@ -69,10 +70,18 @@ pub fn build_hooks(cfg: &Config, storage: &Storage) -> Hooks {
             &cfg.server.domains,
             cfg.server.node_id,
             storage,
+            metrics,
             &mut reg,
         );
         if m.inbox.enabled {
-            inbox::Inbox::register(&m.inbox, mam::queue_config(&m.mam), storage, mam, &mut reg);
+            inbox::Inbox::register(
+                &m.inbox,
+                mam::queue_config(&m.mam),
+                storage,
+                metrics,
+                mam,
+                &mut reg,
+            );
         }
     }
     if m.version.enabled {
