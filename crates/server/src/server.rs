@@ -106,7 +106,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     .context("setting up TLS")?;
     tracing::info!(certificate = %tls.source, "TLS ready");
     let metrics = Metrics::new();
-    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics);
+    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics).await;
     let env = Arc::new(Env {
         router: Arc::new(LocalRouter::new()),
         sessions: Arc::new(SessionTable::new()),

@@ -471,6 +471,7 @@ pub async fn archive(s: &Storage) {
     let alice = jid("alice@example.org");
     let alice2 = jid("alice@example.net");
     assert!(a.bounds(&alice).await.unwrap().is_none());
+    assert_eq!(a.max_id().await.unwrap(), None);
     let page = a
         .query(
             &alice,
@@ -515,6 +516,11 @@ pub async fn archive(s: &Storage) {
         ..Default::default()
     };
     assert_eq!(a.count(&alice, &all).await.unwrap(), 15);
+    assert_eq!(
+        a.max_id().await.unwrap(),
+        recs.iter().map(|r| r.id).max(),
+        "greatest id over all archives"
+    );
     let (first, last) = a.bounds(&alice).await.unwrap().unwrap();
     assert_eq!((first.micros(), last.micros()), (1, 15));
 

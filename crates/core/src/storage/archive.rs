@@ -209,6 +209,8 @@ pub trait ArchiveStore: Send + Sync + 'static {
     async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64>;
     /// Which of `ids` exist in `owner`'s archive.
     async fn existing(&self, owner: &BareJid, ids: &[ArchiveId]) -> StorageResult<Vec<ArchiveId>>;
+    /// The greatest id in any archive (seeds the id generator at start-up).
+    async fn max_id(&self) -> StorageResult<Option<ArchiveId>>;
     /// The oldest and newest ids of `owner`'s archive.
     async fn bounds(&self, owner: &BareJid) -> StorageResult<Option<(ArchiveId, ArchiveId)>>;
     /// The newest message of `owner` with `with_bare` whose origin id is

@@ -211,7 +211,7 @@ fn origin_id(el: &Element) -> Option<String> {
 impl Mam {
     /// Registers the module and starts its writer (and the retention task
     /// if configured). Returns it for the inbox module.
-    pub fn register(
+    pub async fn register(
         cfg: &MamConfig,
         domains: &[String],
         node: u8,
@@ -226,9 +226,17 @@ impl Mam {
             queue_config(cfg),
             metrics.write_behind.queue("archive"),
         );
+        // Seed the id generator above everything stored (see next_id).
+        let seed = match store.max_id().await {
+            Ok(id) => id.map_or(0, |i| i.0),
+            Err(e) => {
+                tracing::error!(module = NAME, error = %e, "reading the greatest archive id failed; ids start from the clock");
+                0
+            }
+        };
         let m = Arc::new(Mam {
             node,
-            last: AtomicI64::new(0),
+            last: AtomicI64::new(seed),
             store: store.clone(),
             queue,
             default_mode: PrefsDefault::parse(&cfg.default_mode).unwrap_or(PrefsDefault::Always),
@@ -285,16 +293,16 @@ impl Mam {
         &self.store
     }
 
-    /// A new id: strictly greater than every id this node gave before.
+    /// A new id: its microsecond part is strictly greater than that of
+    /// every id this node gave before and of the greatest id in storage at
+    /// start-up, so a clock that steps back (or a restart after one) never
+    /// repeats an id; the low byte is always this node's.
     pub fn next_id(&self) -> ArchiveId {
-        let candidate = ArchiveId::from_parts(now_micros(), self.node).0;
+        let now = now_micros();
         let mut prev = self.last.load(Ordering::Relaxed);
         loop {
-            let next = if candidate > prev {
-                candidate
-            } else {
-                prev + 256
-            };
+            let micros = now.max((prev >> 8) + 1);
+            let next = ArchiveId::from_parts(micros, self.node).0;
             match self
                 .last
                 .compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed)
@@ -1137,6 +1145,46 @@ mod tests {
             c("<message xmlns='jabber:client'><received xmlns='urn:xmpp:carbons:2'/></message>"),
             Kind::Skip
         );
+    }
+
+    #[tokio::test]
+    async fn ids_stay_unique_and_increasing_when_the_store_is_ahead_of_the_clock() {
+        let dir =
+            std::env::temp_dir().join(format!("starling-mam-{}", starling_proto::random_id(8)));
+        let storage = starling_storage::open(&starling_storage::BackendConfig::Sqlite {
+            path: dir.join("db.sqlite"),
+            pool_size: 1,
+        })
+        .await
+        .unwrap();
+        // A record from another node, an hour in the future (a clock that
+        // stepped back after a restart).
+        let future = ArchiveId::from_parts(now_micros() + 3_600_000_000, 7);
+        storage
+            .archive
+            .append(&[ArchiveRecord {
+                owner: BareJid::new("a@x").unwrap(),
+                id: future,
+                with_bare: "b@x".into(),
+                remote: "b@x".into(),
+                outgoing: false,
+                origin_id: None,
+                flags: FLAG_BODY,
+                stanza: "<message xmlns='jabber:client'/>".into(),
+            }])
+            .await
+            .unwrap();
+        let mut reg = HookRegistry::new();
+        let cfg = MamConfig::default();
+        let metrics = Metrics::new();
+        let m = Mam::register(&cfg, &[], 3, &storage, &metrics, &mut reg).await;
+        let ids: Vec<ArchiveId> = (0..1000).map(|_| m.next_id()).collect();
+        assert!(ids[0].micros() > future.micros());
+        assert!(ids.windows(2).all(|w| w[0].micros() < w[1].micros()));
+        assert!(ids.iter().all(|i| i.0 & 0xff == 3), "the node byte is ours");
+        m.queue.close().await;
+        storage.backend.close().await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

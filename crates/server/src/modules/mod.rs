@@ -27,7 +27,7 @@ use starling_core::Metrics;
 /// Registers every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
 /// the Tokio runtime.
-pub fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> Hooks {
+pub async fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> Hooks {
     let mut reg = HookRegistry::new();
     let m = &cfg.modules;
     // Subscriptions, probes and roster-based presence fan-out need the
@@ -72,7 +72,8 @@ pub fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> Hooks 
             storage,
             metrics,
             &mut reg,
-        );
+        )
+        .await;
         if m.inbox.enabled {
             inbox::Inbox::register(
                 &m.inbox,

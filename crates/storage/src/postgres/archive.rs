@@ -159,6 +159,16 @@ impl ArchiveStore for PostgresStorage {
         Ok(rows.iter().map(|r| ArchiveId(r.get(0))).collect())
     }
 
+    async fn max_id(&self) -> StorageResult<Option<ArchiveId>> {
+        // The primary key's last entry: one index probe.
+        let max: Option<i64> = sqlx::query("SELECT MAX(id) FROM archive")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?
+            .get(0);
+        Ok(max.map(ArchiveId))
+    }
+
     async fn bounds(&self, owner: &BareJid) -> StorageResult<Option<(ArchiveId, ArchiveId)>> {
         let (domain, user) = split(owner);
         // Two index probes rather than MIN/MAX over a filtered set.
