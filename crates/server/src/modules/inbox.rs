@@ -37,7 +37,7 @@
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
 use crate::config::InboxConfig;
-use crate::modules::mam::{result_message, Kind, Mam, NS_MARKERS, NS_RSM};
+use crate::modules::mam::{result_message, rsm_first_last, Kind, Mam, NS_MARKERS, NS_RSM};
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
@@ -298,18 +298,11 @@ impl Inbox {
             out.push(msg);
         }
         let mut set = Element::new("set", NS_RSM);
-        if let (Some(f), Some(l)) = (entries.first(), entries.last()) {
-            set.append_child(
-                Element::builder("first", NS_RSM)
-                    .text(f.last_id.encode())
-                    .build(),
-            );
-            set.append_child(
-                Element::builder("last", NS_RSM)
-                    .text(l.last_id.encode())
-                    .build(),
-            );
-        }
+        rsm_first_last(
+            &mut set,
+            entries.first().map(|e| e.last_id),
+            entries.last().map(|e| e.last_id),
+        );
         set.append_child(
             Element::builder("count", NS_RSM)
                 .text(totals.conversations.to_string())

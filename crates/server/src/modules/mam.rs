@@ -374,8 +374,39 @@ impl Mam {
         }
     }
 
-    async fn archive(&self, record: ArchiveRecord) {
-        self.queue.push(record).await;
+    /// Queues one archived copy (`xml`, serialized before any stanza-id was
+    /// added) and tells the inbox.
+    #[allow(clippy::too_many_arguments)]
+    async fn keep(
+        &self,
+        owner: &BareJid,
+        peer: &BareJid,
+        remote: &Jid,
+        outgoing: bool,
+        id: ArchiveId,
+        kind: Kind,
+        xml: String,
+        el: &Element,
+    ) {
+        self.queue
+            .push(ArchiveRecord {
+                owner: owner.clone(),
+                id,
+                with_bare: peer.as_str().to_owned(),
+                remote: remote.to_string(),
+                outgoing,
+                origin_id: origin_id(el),
+                flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
+                stanza: xml,
+            })
+            .await;
+        if let Some(inbox) = self.inbox() {
+            if outgoing {
+                inbox.outgoing(owner, peer, id, kind, el).await;
+            } else {
+                inbox.incoming(owner, peer, id, kind, el).await;
+            }
+        }
     }
 
     /// XEP-0424: replaces the message `origin` that `author` sent to
@@ -625,18 +656,11 @@ impl Mam {
         } else {
             let ArchivePage { messages, complete } =
                 self.store.query(owner, &query).await.map_err(backend)?;
-            if let (Some(first), Some(last)) = (messages.first(), messages.last()) {
-                set.append_child(
-                    Element::builder("first", NS_RSM)
-                        .text(first.id.encode())
-                        .build(),
-                );
-                set.append_child(
-                    Element::builder("last", NS_RSM)
-                        .text(last.id.encode())
-                        .build(),
-                );
-            }
+            rsm_first_last(
+                &mut set,
+                messages.first().map(|m| m.id),
+                messages.last().map(|m| m.id),
+            );
             if complete {
                 fin.set_attr("complete", "true");
             }
@@ -774,6 +798,15 @@ impl Mam {
                 .append(list("never", &prefs.never))
                 .build(),
         ))
+    }
+}
+
+/// Adds RSM `<first/>` and `<last/>` (XEP-0059 §2.6) to `set` for a
+/// non-empty page.
+pub fn rsm_first_last(set: &mut Element, first: Option<ArchiveId>, last: Option<ArchiveId>) {
+    if let (Some(f), Some(l)) = (first, last) {
+        set.append_child(Element::builder("first", NS_RSM).text(f.encode()).build());
+        set.append_child(Element::builder("last", NS_RSM).text(l.encode()).build());
     }
 }
 
@@ -923,22 +956,8 @@ impl UserSendHandler for Mam {
                 .attr("id", id.encode())
                 .build(),
         );
-        self.archive(ArchiveRecord {
-            owner: owner.clone(),
-            id,
-            with_bare: peer.as_str().to_owned(),
-            remote: to.to_string(),
-            outgoing: true,
-            origin_id: origin_id(stanza.element()),
-            flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
-            stanza: xml,
-        })
-        .await;
-        if let Some(inbox) = self.inbox() {
-            inbox
-                .outgoing(&owner, &peer, id, kind, stanza.element())
-                .await;
-        }
+        self.keep(&owner, &peer, &to, true, id, kind, xml, stanza.element())
+            .await;
         Ok(Flow::Continue)
     }
 }
@@ -1017,22 +1036,8 @@ impl InboundHandler for Mam {
                 .build(),
         );
         let xml = stanza.element().to_string_in("");
-        self.archive(ArchiveRecord {
-            owner: owner.clone(),
-            id,
-            with_bare: peer.as_str().to_owned(),
-            remote: from.to_string(),
-            outgoing: false,
-            origin_id: origin_id(stanza.element()),
-            flags: if kind == Kind::Instant { FLAG_BODY } else { 0 },
-            stanza: xml,
-        })
-        .await;
-        if let Some(inbox) = self.inbox() {
-            inbox
-                .incoming(&owner, &peer, id, kind, stanza.element())
-                .await;
-        }
+        self.keep(&owner, &peer, &from, false, id, kind, xml, stanza.element())
+            .await;
         Ok(Flow::Continue)
     }
 }
