@@ -591,6 +591,15 @@ async fn bad_queries_get_their_errors() {
         err_query(&mut bob, "i", &rsm("<index>3</index>")).await,
         "feature-not-implemented"
     );
+    // More ids than a page holds: refused before any SQL.
+    let many: String = (0..1000).map(|_| "<value>0000000000000</value>").collect();
+    let too_many = format!(
+        "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>{MAM}</value></field><field var='ids'>{many}</field></x>"
+    );
+    assert_eq!(
+        err_query(&mut bob, "n", &too_many).await,
+        "policy-violation"
+    );
     // §8: someone else's archive → forbidden.
     let p = bob
         .iq(

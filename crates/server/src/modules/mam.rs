@@ -557,6 +557,12 @@ impl Mam {
                         }
                     }
                     "ids" => {
+                        // One page's worth at most: the ids become bound
+                        // parameters of one statement.
+                        if values.len() > self.max_page as usize {
+                            return Err(StanzaError::new(StanzaErrorCondition::PolicyViolation)
+                                .with_text(format!("at most {} ids per query", self.max_page)));
+                        }
                         for v in &values {
                             let id = decode(v)?;
                             ids_to_check.push(id);
