@@ -100,6 +100,7 @@ const NS_OMEMO2: &str = "urn:xmpp:omemo:2";
 pub const NS_CORRECT: &str = "urn:xmpp:message-correct:0";
 const NS_XDATA_VALIDATE: &str = "http://jabber.org/protocol/xdata-validate";
 const PREFS_CACHE_MAX: usize = 100_000;
+const PREFS_TTL: Duration = Duration::from_secs(60);
 
 /// The archive module; shared with the inbox module.
 pub struct Mam {
@@ -110,7 +111,8 @@ pub struct Mam {
     default_mode: PrefsDefault,
     default_page: u32,
     max_page: u32,
-    prefs_cache: Mutex<HashMap<String, Arc<ArchivePrefs>>>,
+    /// Preferences by bare JID, with when they were loaded.
+    prefs_cache: Mutex<HashMap<String, (std::time::Instant, Arc<ArchivePrefs>)>>,
     inbox: Mutex<Option<Arc<Inbox>>>,
     retention: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -320,13 +322,18 @@ impl Mam {
 
     async fn prefs(&self, env: &Env, owner: &BareJid) -> Arc<ArchivePrefs> {
         let key = owner.as_str();
-        if let Some(p) = self
+        // Entries are reloaded after PREFS_TTL: preferences changed on
+        // another node of a cluster, or an account deleted and created
+        // again elsewhere, take effect within it.
+        if let Some((at, p)) = self
             .prefs_cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
         {
-            return p.clone();
+            if at.elapsed() < PREFS_TTL {
+                return p.clone();
+            }
         }
         let p = match env.storage.archive.prefs(owner).await {
             Ok(Some(p)) => p,
@@ -341,7 +348,7 @@ impl Mam {
         if cache.len() >= PREFS_CACHE_MAX {
             cache.clear();
         }
-        cache.insert(key.to_owned(), p.clone());
+        cache.insert(key.to_owned(), (std::time::Instant::now(), p.clone()));
         p
     }
 
@@ -787,7 +794,10 @@ impl Mam {
             self.prefs_cache
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(owner.as_str().to_owned(), Arc::new(prefs));
+                .insert(
+                    owner.as_str().to_owned(),
+                    (std::time::Instant::now(), Arc::new(prefs)),
+                );
         }
         let prefs = self.prefs(env, owner).await;
         let list = |name: &str, jids: &[String]| {
