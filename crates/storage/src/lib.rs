@@ -10,11 +10,21 @@
 //! parameters, never with values formatted into the statement text.
 
 pub mod conformance;
+mod dynsql;
 mod migrate;
 pub mod postgres;
 pub mod sqlite;
 
 use starling_core::storage::Storage;
+use starling_proto::BareJid;
+
+/// An account's key columns: `(domain, username)`.
+pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
+    (
+        jid.domain().as_str(),
+        jid.node().map(|n| n.as_str()).unwrap_or(""),
+    )
+}
 
 /// Which backend to open, and where.
 #[derive(Clone, Debug)]

@@ -5,12 +5,13 @@
 //! values are bound.
 
 use super::{backend, split, PostgresStorage};
+use crate::dynsql;
 use async_trait::async_trait;
 use sqlx::{Postgres, QueryBuilder, Row};
 use starling_core::storage::{
     coalesce_inbox_updates, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord,
     ArchiveStore, ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate,
-    PrefsDefault, StorageResult, UnreadChange, WithFilter, FLAG_BODY,
+    PrefsDefault, StorageResult, UnreadChange, FLAG_BODY,
 };
 use starling_proto::BareJid;
 
@@ -21,37 +22,6 @@ fn message(r: &sqlx::postgres::PgRow) -> ArchivedMessage {
         outgoing: r.get::<bool, _>(2),
         flags: r.get::<i32, _>(3),
         stanza: r.get(4),
-    }
-}
-
-/// Appends `AND …` conditions of `q` (not limit/direction).
-fn push_filters(b: &mut QueryBuilder<Postgres>, owner: &BareJid, q: &ArchiveQuery) {
-    let (domain, user) = split(owner);
-    b.push(" WHERE domain = ").push_bind(domain);
-    b.push(" AND username = ").push_bind(user);
-    match &q.with {
-        None => {}
-        Some(WithFilter::Bare(bare)) => {
-            b.push(" AND with_bare = ").push_bind(bare.as_str());
-        }
-        Some(WithFilter::Full { bare, full }) => {
-            b.push(" AND with_bare = ").push_bind(bare.as_str());
-            b.push(" AND remote = ").push_bind(full.as_str());
-        }
-    }
-    if let Some(a) = q.after {
-        b.push(" AND id > ").push_bind(a.0);
-    }
-    if let Some(bf) = q.before {
-        b.push(" AND id < ").push_bind(bf.0);
-    }
-    if !q.ids.is_empty() {
-        b.push(" AND id IN (");
-        let mut sep = b.separated(", ");
-        for id in &q.ids {
-            sep.push_bind(id.0);
-        }
-        b.push(")");
     }
 }
 
@@ -110,17 +80,11 @@ impl ArchiveStore for PostgresStorage {
     }
 
     async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {
-        let mut b = QueryBuilder::<Postgres>::new(
-            "SELECT id, with_bare, outgoing, flags, stanza FROM archive",
-        );
-        push_filters(&mut b, owner, q);
-        b.push(if q.from_end {
-            " ORDER BY id DESC LIMIT "
-        } else {
-            " ORDER BY id ASC LIMIT "
-        });
-        b.push_bind(i64::from(q.limit) + 1);
-        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let rows = dynsql::archive_page::<Postgres>(owner, q)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
         let complete = rows.len() <= q.limit as usize;
         let mut messages: Vec<ArchivedMessage> =
             rows.iter().take(q.limit as usize).map(message).collect();
@@ -131,9 +95,7 @@ impl ArchiveStore for PostgresStorage {
     }
 
     async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64> {
-        let mut b = QueryBuilder::<Postgres>::new("SELECT COUNT(*) FROM archive");
-        push_filters(&mut b, owner, q);
-        let n: i64 = b
+        let n: i64 = dynsql::archive_count::<Postgres>(owner, q)
             .build()
             .fetch_one(&self.pool)
             .await
@@ -146,16 +108,11 @@ impl ArchiveStore for PostgresStorage {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let (domain, user) = split(owner);
-        let mut b = QueryBuilder::<Postgres>::new("SELECT id FROM archive WHERE domain = ");
-        b.push_bind(domain).push(" AND username = ").push_bind(user);
-        b.push(" AND id IN (");
-        let mut sep = b.separated(", ");
-        for id in ids {
-            sep.push_bind(id.0);
-        }
-        b.push(")");
-        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let rows = dynsql::archive_existing::<Postgres>(owner, ids)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
         Ok(rows.iter().map(|r| ArchiveId(r.get(0))).collect())
     }
 
@@ -425,33 +382,11 @@ impl InboxStore for PostgresStorage {
     }
 
     async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
-        let (domain, user) = split(owner);
-        let mut b = QueryBuilder::<Postgres>::new(
-            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
-             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
-             WHERE i.domain = ",
-        );
-        b.push_bind(domain)
-            .push(" AND i.username = ")
-            .push_bind(user);
-        if let Some(before) = q.before {
-            b.push(" AND i.last_id < ").push_bind(before.0);
-        }
-        if let Some(after) = q.after {
-            b.push(" AND i.last_id > ").push_bind(after.0);
-        }
-        if q.unread_only {
-            b.push(" AND i.unread > 0");
-        }
-        // `after` pages towards newer conversations: take the oldest of
-        // those, then present newest first like every page.
-        b.push(if q.after.is_some() && q.before.is_none() {
-            " ORDER BY i.last_id ASC LIMIT "
-        } else {
-            " ORDER BY i.last_id DESC LIMIT "
-        });
-        b.push_bind(i64::from(q.limit));
-        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let rows = dynsql::inbox_page::<Postgres>(owner, q)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
         let mut out: Vec<InboxEntry> = rows.iter().map(entry).collect();
         out.sort_by_key(|e| std::cmp::Reverse(e.last_id));
         Ok(out)

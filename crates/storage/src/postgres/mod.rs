@@ -94,12 +94,7 @@ fn hash_name(h: ScramHash) -> &'static str {
 }
 
 /// The owner key of every table: (domain, username).
-pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
-    (
-        jid.domain().as_str(),
-        jid.node().map(|n| n.as_str()).unwrap_or(""),
-    )
-}
+pub(crate) use crate::split;
 
 /// `url` parsed into connection options. PostgreSQL's own environment
 /// variables (`PGPASSWORD`, `PGSSLMODE`…) and `~/.pgpass` fill what the URL

@@ -4,12 +4,13 @@
 //! from fixed fragments; all values are bound.
 
 use super::{backend, split, SqliteStorage};
+use crate::dynsql;
 use async_trait::async_trait;
 use sqlx::{QueryBuilder, Row, Sqlite};
 use starling_core::storage::{
     coalesce_inbox_updates, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord,
     ArchiveStore, ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate,
-    PrefsDefault, StorageResult, UnreadChange, WithFilter, FLAG_BODY,
+    PrefsDefault, StorageResult, UnreadChange, FLAG_BODY,
 };
 use starling_proto::BareJid;
 
@@ -23,37 +24,6 @@ fn message(r: &sqlx::sqlite::SqliteRow) -> ArchivedMessage {
         outgoing: r.get::<i64, _>(2) != 0,
         flags: r.get::<i64, _>(3) as i32,
         stanza: r.get(4),
-    }
-}
-
-/// Appends `AND …` conditions of `q` (not limit/direction).
-fn push_filters(b: &mut QueryBuilder<Sqlite>, owner: &BareJid, q: &ArchiveQuery) {
-    let (domain, user) = split(owner);
-    b.push(" WHERE domain = ").push_bind(domain);
-    b.push(" AND username = ").push_bind(user);
-    match &q.with {
-        None => {}
-        Some(WithFilter::Bare(bare)) => {
-            b.push(" AND with_bare = ").push_bind(bare.as_str());
-        }
-        Some(WithFilter::Full { bare, full }) => {
-            b.push(" AND with_bare = ").push_bind(bare.as_str());
-            b.push(" AND remote = ").push_bind(full.as_str());
-        }
-    }
-    if let Some(a) = q.after {
-        b.push(" AND id > ").push_bind(a.0);
-    }
-    if let Some(bf) = q.before {
-        b.push(" AND id < ").push_bind(bf.0);
-    }
-    if !q.ids.is_empty() {
-        b.push(" AND id IN (");
-        let mut sep = b.separated(", ");
-        for id in &q.ids {
-            sep.push_bind(id.0);
-        }
-        b.push(")");
     }
 }
 
@@ -87,17 +57,11 @@ impl ArchiveStore for SqliteStorage {
     }
 
     async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {
-        let mut b = QueryBuilder::<Sqlite>::new(
-            "SELECT id, with_bare, outgoing, flags, stanza FROM archive",
-        );
-        push_filters(&mut b, owner, q);
-        b.push(if q.from_end {
-            " ORDER BY id DESC LIMIT "
-        } else {
-            " ORDER BY id ASC LIMIT "
-        });
-        b.push_bind(i64::from(q.limit) + 1);
-        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let rows = dynsql::archive_page::<Sqlite>(owner, q)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
         let complete = rows.len() <= q.limit as usize;
         let mut messages: Vec<ArchivedMessage> =
             rows.iter().take(q.limit as usize).map(message).collect();
@@ -108,9 +72,7 @@ impl ArchiveStore for SqliteStorage {
     }
 
     async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64> {
-        let mut b = QueryBuilder::<Sqlite>::new("SELECT COUNT(*) FROM archive");
-        push_filters(&mut b, owner, q);
-        let n: i64 = b
+        let n: i64 = dynsql::archive_count::<Sqlite>(owner, q)
             .build()
             .fetch_one(&self.pool)
             .await
@@ -123,16 +85,11 @@ impl ArchiveStore for SqliteStorage {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let (domain, user) = split(owner);
-        let mut b = QueryBuilder::<Sqlite>::new("SELECT id FROM archive WHERE domain = ");
-        b.push_bind(domain).push(" AND username = ").push_bind(user);
-        b.push(" AND id IN (");
-        let mut sep = b.separated(", ");
-        for id in ids {
-            sep.push_bind(id.0);
-        }
-        b.push(")");
-        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let rows = dynsql::archive_existing::<Sqlite>(owner, ids)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
         Ok(rows.iter().map(|r| ArchiveId(r.get(0))).collect())
     }
 
@@ -397,33 +354,11 @@ impl InboxStore for SqliteStorage {
     }
 
     async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
-        let (domain, user) = split(owner);
-        let mut b = QueryBuilder::<Sqlite>::new(
-            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
-             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
-             WHERE i.domain = ",
-        );
-        b.push_bind(domain)
-            .push(" AND i.username = ")
-            .push_bind(user);
-        if let Some(before) = q.before {
-            b.push(" AND i.last_id < ").push_bind(before.0);
-        }
-        if let Some(after) = q.after {
-            b.push(" AND i.last_id > ").push_bind(after.0);
-        }
-        if q.unread_only {
-            b.push(" AND i.unread > 0");
-        }
-        // `after` pages towards newer conversations: take the oldest of
-        // those, then present newest first like every page.
-        b.push(if q.after.is_some() && q.before.is_none() {
-            " ORDER BY i.last_id ASC LIMIT "
-        } else {
-            " ORDER BY i.last_id DESC LIMIT "
-        });
-        b.push_bind(i64::from(q.limit));
-        let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+        let rows = dynsql::inbox_page::<Sqlite>(owner, q)
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
         let mut out: Vec<InboxEntry> = rows.iter().map(entry).collect();
         out.sort_by_key(|e| std::cmp::Reverse(e.last_id));
         Ok(out)

@@ -68,12 +68,7 @@ fn hash_name(h: ScramHash) -> &'static str {
     }
 }
 
-pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
-    (
-        jid.domain().as_str(),
-        jid.node().map(|n| n.as_str()).unwrap_or(""),
-    )
-}
+pub(crate) use crate::split;
 
 impl SqliteStorage {
     /// Runs `sql`, a statement whose only parameters are `domain = ?` and

@@ -1,0 +1,130 @@
+//! Statements assembled at run time, shared by both backends. They are
+//! built from fixed fragments with every value bound (`QueryBuilder`
+//! writes `?` or `$n` placeholders as the backend wants), so the SQLite and
+//! PostgreSQL implementations cannot drift apart on paging and filtering.
+
+use crate::split;
+use sqlx::{Database, Encode, QueryBuilder, Type};
+use starling_core::storage::{ArchiveId, ArchiveQuery, InboxQuery, WithFilter};
+use starling_proto::BareJid;
+
+/// ` WHERE` conditions of an archive query (everything but limit and
+/// direction).
+fn archive_filters<DB>(b: &mut QueryBuilder<DB>, owner: &BareJid, q: &ArchiveQuery)
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let (domain, user) = split(owner);
+    b.push(" WHERE domain = ").push_bind(domain);
+    b.push(" AND username = ").push_bind(user);
+    match &q.with {
+        None => {}
+        Some(WithFilter::Bare(bare)) => {
+            b.push(" AND with_bare = ").push_bind(bare.as_str());
+        }
+        Some(WithFilter::Full { bare, full }) => {
+            b.push(" AND with_bare = ").push_bind(bare.as_str());
+            b.push(" AND remote = ").push_bind(full.as_str());
+        }
+    }
+    if let Some(a) = q.after {
+        b.push(" AND id > ").push_bind(a.0);
+    }
+    if let Some(bf) = q.before {
+        b.push(" AND id < ").push_bind(bf.0);
+    }
+    if !q.ids.is_empty() {
+        b.push(" AND id IN (");
+        let mut sep = b.separated(", ");
+        for id in &q.ids {
+            sep.push_bind(id.0);
+        }
+        b.push(")");
+    }
+}
+
+/// One page of `q`: `id, with_bare, outgoing, flags, stanza`, one row more
+/// than the limit (to tell whether the page is complete), in the paging
+/// direction.
+pub(crate) fn archive_page<DB>(owner: &BareJid, q: &ArchiveQuery) -> QueryBuilder<DB>
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut b = QueryBuilder::new("SELECT id, with_bare, outgoing, flags, stanza FROM archive");
+    archive_filters(&mut b, owner, q);
+    b.push(if q.from_end {
+        " ORDER BY id DESC LIMIT "
+    } else {
+        " ORDER BY id ASC LIMIT "
+    });
+    b.push_bind(i64::from(q.limit) + 1);
+    b
+}
+
+/// `COUNT(*)` of the messages matching `q`.
+pub(crate) fn archive_count<DB>(owner: &BareJid, q: &ArchiveQuery) -> QueryBuilder<DB>
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut b = QueryBuilder::new("SELECT COUNT(*) FROM archive");
+    archive_filters(&mut b, owner, q);
+    b
+}
+
+/// The `id`s among `ids` in `owner`'s archive.
+pub(crate) fn archive_existing<DB>(owner: &BareJid, ids: &[ArchiveId]) -> QueryBuilder<DB>
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let q = ArchiveQuery {
+        ids: ids.to_vec(),
+        ..Default::default()
+    };
+    let mut b = QueryBuilder::new("SELECT id FROM archive");
+    archive_filters(&mut b, owner, &q);
+    b
+}
+
+/// One page of an inbox: `remote, last_id, stanza (joined from the
+/// owner's archive), unread`. A page towards newer conversations (`after`
+/// only) comes oldest first; callers present every page newest first.
+pub(crate) fn inbox_page<DB>(owner: &BareJid, q: &InboxQuery) -> QueryBuilder<DB>
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let (domain, user) = split(owner);
+    let mut b = QueryBuilder::new(
+        "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+         LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+         WHERE i.domain = ",
+    );
+    b.push_bind(domain)
+        .push(" AND i.username = ")
+        .push_bind(user);
+    if let Some(before) = q.before {
+        b.push(" AND i.last_id < ").push_bind(before.0);
+    }
+    if let Some(after) = q.after {
+        b.push(" AND i.last_id > ").push_bind(after.0);
+    }
+    if q.unread_only {
+        b.push(" AND i.unread > 0");
+    }
+    b.push(if q.after.is_some() && q.before.is_none() {
+        " ORDER BY i.last_id ASC LIMIT "
+    } else {
+        " ORDER BY i.last_id DESC LIMIT "
+    });
+    b.push_bind(i64::from(q.limit));
+    b
+}
