@@ -193,6 +193,10 @@ pub trait SessionManager: Send + Sync + 'static {
     fn get(&self, jid: &FullJid) -> Option<SessionEntry>;
     /// All bound resources of an account.
     fn resources(&self, bare: &BareJid) -> Vec<SessionEntry>;
+    /// True if the account has a bound resource (no entries are copied).
+    fn has_resources(&self, bare: &BareJid) -> bool {
+        !self.resources(bare).is_empty()
+    }
     /// Number of bound sessions on this node.
     fn count(&self) -> usize;
 }

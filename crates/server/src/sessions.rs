@@ -101,6 +101,11 @@ impl SessionManager for SessionTable {
         shard.get(bare).cloned().unwrap_or_default()
     }
 
+    fn has_resources(&self, bare: &BareJid) -> bool {
+        let shard = self.shard(bare).read().unwrap_or_else(|e| e.into_inner());
+        shard.get(bare).is_some_and(|r| !r.is_empty())
+    }
+
     fn count(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }
@@ -145,6 +150,8 @@ mod tests {
         );
         let r = t.resources(&a.to_bare());
         assert_eq!(r.len(), 2);
+        assert!(t.has_resources(&a.to_bare()));
+        assert!(!t.has_resources(&FullJid::new("b@x/1").unwrap().to_bare()));
         assert_eq!(r.iter().find(|e| e.jid == b).unwrap().priority, Some(5));
         assert_eq!(r.iter().find(|e| e.jid == a).unwrap().priority, None);
     }

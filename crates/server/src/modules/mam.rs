@@ -1029,8 +1029,7 @@ impl InboundHandler for Mam {
         };
         let peer = from.to_bare();
         // Only archive for accounts that exist (the router bounces the rest).
-        if env.sessions.resources(&owner).is_empty() && !env.storage.accounts.exists(&owner).await?
-        {
+        if !env.sessions.has_resources(&owner) && !env.storage.accounts.exists(&owner).await? {
             return Ok(Flow::Continue);
         }
         if let Some(r) = stanza.element().get_child("retract", NS_RETRACT) {
