@@ -12,8 +12,10 @@
 //!   marks the referenced message and everything before it as read: the
 //!   count becomes the number of received instant messages after it in the
 //!   archive (0 when it is the newest; 0 as well when the message is not in
-//!   the archive). Markers reach the user's other devices as sent carbons,
-//!   so every device converges.
+//!   the archive). A marker for the newest received message (the usual
+//!   case) is recognised from memory and costs no database access.
+//!   Markers reach the user's other devices as sent carbons, so every
+//!   device converges.
 //! - Explicit reset, MongooseIM-compatible: `<reset
 //!   xmlns='erlang-solutions.com:xmpp:inbox:0#conversation' jid='…'/>` in
 //!   an iq set sets a conversation's count to 0.
@@ -37,7 +39,9 @@
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
 use crate::config::InboxConfig;
-use crate::modules::mam::{result_message, rsm_first_last, Kind, Mam, NS_MARKERS, NS_RSM};
+use crate::modules::mam::{
+    origin_id, result_message, rsm_first_last, Kind, Mam, NS_MARKERS, NS_RSM,
+};
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
@@ -50,13 +54,18 @@ use starling_proto::{
     BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
 use starling_xml::Element;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 const NAME: &str = "inbox";
 /// XEP-0430 namespace.
 pub const NS_INBOX: &str = "urn:xmpp:inbox:1";
 /// MongooseIM's conversation-properties namespace (reset).
 pub const NS_CONVERSATION: &str = "erlang-solutions.com:xmpp:inbox:0#conversation";
+
+fn conversation_key(owner: &BareJid, peer: &BareJid) -> String {
+    format!("{owner}\n{peer}")
+}
 
 /// The inbox module.
 pub struct Inbox {
@@ -65,7 +74,15 @@ pub struct Inbox {
     mam: Arc<Mam>,
     default_page: u32,
     max_page: u32,
+    /// Origin id of the newest instant message each conversation received
+    /// on this node, keyed `owner \n peer`: a marker for it (the usual
+    /// case) means nothing is unread, without flushing the archive queue
+    /// or reading the archive.
+    newest: Mutex<HashMap<String, String>>,
 }
+
+/// Entries of [`Inbox::newest`] kept at most (then it starts over).
+const NEWEST_MAX: usize = 100_000;
 
 struct Sink(Arc<dyn InboxStore>);
 
@@ -101,6 +118,7 @@ impl Inbox {
             mam: mam.clone(),
             default_page: cfg.default_page_size,
             max_page: cfg.max_page_size,
+            newest: Mutex::new(HashMap::new()),
         });
         mam.attach_inbox(m.clone());
         reg.user_send(NAME, 46, m.clone());
@@ -135,7 +153,17 @@ impl Inbox {
                     })
                     .and_then(|c| c.attr("id"));
                 if let Some(marked) = marker {
-                    let n = self.unread_after(owner, peer, marked).await;
+                    let newest = self
+                        .newest
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&conversation_key(owner, peer))
+                        .is_some_and(|o| o == marked);
+                    let n = if newest {
+                        0
+                    } else {
+                        self.unread_after(owner, peer, marked).await
+                    };
                     self.push(owner, peer, None, UnreadChange::Set(n)).await;
                 }
             }
@@ -150,10 +178,19 @@ impl Inbox {
         peer: &BareJid,
         id: ArchiveId,
         kind: Kind,
-        _el: &Element,
+        el: &Element,
     ) {
         match kind {
-            Kind::Instant => self.push(owner, peer, Some(id), UnreadChange::Add(1)).await,
+            Kind::Instant => {
+                if let Some(o) = origin_id(el) {
+                    let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+                    if newest.len() >= NEWEST_MAX {
+                        newest.clear();
+                    }
+                    newest.insert(conversation_key(owner, peer), o);
+                }
+                self.push(owner, peer, Some(id), UnreadChange::Add(1)).await
+            }
             Kind::Correction => self.push(owner, peer, Some(id), UnreadChange::Keep).await,
             Kind::Other | Kind::Skip => {}
         }

@@ -203,7 +203,7 @@ pub fn classify(el: &Element) -> Kind {
 }
 
 /// The sender-chosen id of a message: XEP-0359 origin-id, else `id`.
-fn origin_id(el: &Element) -> Option<String> {
+pub fn origin_id(el: &Element) -> Option<String> {
     el.get_child("origin-id", NS_SID)
         .and_then(|o| o.attr("id"))
         .or_else(|| el.attr("id"))
