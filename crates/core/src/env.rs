@@ -2,7 +2,7 @@
 
 use crate::hooks::Hooks;
 use crate::storage::Storage;
-use crate::{Metrics, Router, SessionManager};
+use crate::{Metrics, Pressure, Router, SessionManager};
 use starling_proto::Stanza;
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -75,6 +75,8 @@ pub struct Env {
     pub hooks: Hooks,
     /// Metrics.
     pub metrics: Metrics,
+    /// Storage back-pressure: sessions stop reading while it is high.
+    pub pressure: Arc<Pressure>,
 }
 
 impl Env {

@@ -225,10 +225,30 @@ pub trait StreamFeatureProvider: Send + Sync + 'static {
 /// available resource (RFC 6121 §8.5.2.1.1). A handler that stores it
 /// returns [`Flow::Stop`]; if none does, the sender gets
 /// `<service-unavailable/>`.
+///
+/// Handlers that run before the storing one put in `companions` the rows
+/// that must become durable together with the stored message (the
+/// recipient's archive copy); the storing handler commits them in the same
+/// transaction, so offline delivery and history cannot disagree after a
+/// crash. Companions of a message that is not stored are not written
+/// (the sender gets an error: the message was not accepted).
 #[async_trait]
 pub trait OfflineMessageHandler: Send + Sync + 'static {
     /// Handles one message.
-    async fn offline_message(&self, env: &Env, stanza: &Stanza) -> HookResult;
+    async fn offline_message(
+        &self,
+        env: &Env,
+        stanza: &Stanza,
+        companions: &mut OfflineCompanions,
+    ) -> HookResult;
+}
+
+/// Rows written in the same transaction as an offline message (see
+/// [`OfflineMessageHandler`]).
+#[derive(Default, Debug)]
+pub struct OfflineCompanions {
+    /// Archive rows (the recipient's copy of the message).
+    pub archive: Vec<crate::storage::ArchiveRecord>,
 }
 
 /// A stanza addressed to a local account (bare or full JID), seen by the
@@ -527,7 +547,12 @@ mod tests {
     struct Order(&'static str, Flow);
     #[async_trait]
     impl OfflineMessageHandler for Order {
-        async fn offline_message(&self, _env: &Env, _s: &Stanza) -> HookResult {
+        async fn offline_message(
+            &self,
+            _env: &Env,
+            _s: &Stanza,
+            _c: &mut OfflineCompanions,
+        ) -> HookResult {
             if self.0 == "fail" {
                 return Err("boom".into());
             }

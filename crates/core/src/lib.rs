@@ -26,6 +26,7 @@ mod env;
 mod extensions;
 pub mod hooks;
 mod metrics;
+mod pressure;
 mod routing;
 pub mod storage;
 
@@ -33,6 +34,7 @@ pub use env::{Env, Hosts};
 pub use extensions::Extensions;
 pub use hooks::{Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, TimerKey};
 pub use metrics::{Metrics, QueueMetrics, WriteBehindMetrics};
+pub use pressure::Pressure;
 pub use routing::{
     mailbox, CloseReason, Mailbox, Router, SessionEntry, SessionHandle, SessionManager, SessionMsg,
     SessionSendError,

@@ -20,7 +20,7 @@
 //! answers in their own hooks.
 
 use async_trait::async_trait;
-use starling_core::hooks::{IqResponse, IqScope};
+use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions};
 use starling_core::{run_chain, Env, Flow, Router, SessionEntry, SessionMsg, SessionSendError};
 use starling_proto::{
     BareJid, ErrorType, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
@@ -197,8 +197,9 @@ impl LocalRouter {
                 }
             }
         }
+        let mut companions = OfflineCompanions::default();
         let flow = run_chain!(env.hooks.offline_message, "offline_message", |h| h
-            .offline_message(env, &stanza));
+            .offline_message(env, &stanza, &mut companions));
         if flow == Flow::Continue {
             // §8.5.2.1.1: no offline storage → service-unavailable.
             self.bounce(

@@ -8,7 +8,7 @@ use crate::router::LocalRouter;
 use crate::sessions::SessionTable;
 use crate::tls::TlsContext;
 use anyhow::Context;
-use starling_core::{Env, Hosts, Metrics};
+use starling_core::{Env, Hosts, Metrics, Pressure};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,7 +106,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     .context("setting up TLS")?;
     tracing::info!(certificate = %tls.source, "TLS ready");
     let metrics = Metrics::new();
-    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics).await;
+    let pressure = Arc::new(Pressure::new());
+    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics, &pressure).await;
     let env = Arc::new(Env {
         router: Arc::new(LocalRouter::new()),
         sessions: Arc::new(SessionTable::new()),
@@ -114,6 +115,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
         hosts: Hosts::new(domains.clone()),
         hooks,
         metrics,
+        pressure,
     });
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -1,33 +1,49 @@
 //! Write-behind queues for storage writes off the critical path (archive,
 //! inbox).
 //!
-//! Producers [`WriteBehind::push`] items into a bounded queue; one writer
-//! task per queue takes whatever is waiting (up to `max_batch`), collects
-//! for at most `max_delay` more, and hands the batch to its [`BatchSink`]
-//! in one call (one transaction). While a batch is being written the next
-//! one accumulates, so batches grow with load (group commit) and a quiet
-//! server still writes within `max_delay`. A flush request ends the
-//! collection at once.
+//! Producers [`WriteBehind::push`] items into a bounded queue and get a
+//! [`Ticket`]; one writer task per queue takes whatever is waiting (up to
+//! `max_batch`), collects for at most `max_delay` more, and hands the batch
+//! to its [`BatchSink`] in one call (one transaction). While a batch is
+//! being written the next one accumulates, so batches grow with load (group
+//! commit) and a quiet server still writes within `max_delay`.
 //!
-//! - Back-pressure: when the database falls behind and the queue is full,
-//!   `push` waits. The producer is the sending session's task, so a slow
-//!   database slows senders down (and, through TCP, their clients) instead
-//!   of growing memory without bound.
+//! The contract (docs/durability.md builds on it):
+//!
+//! - Commit tickets: [`WriteBehind::committed`] returns once the item with
+//!   that ticket is resolved — written, or dropped after failed retries
+//!   (counted and logged). A caller that must not acknowledge before an item
+//!   is durable (stream management acks, the offline path) waits on it;
+//!   waiting cuts the collection window short, like a flush.
+//! - Claims: [`WriteBehind::claim`] takes a queued item back out of the
+//!   queue if the writer has not picked it up yet, so the caller can write
+//!   it in a transaction of its own (the offline store writes the
+//!   recipient's archive row with the offline message). If the writer
+//!   already has it, the caller gets the ticket to wait on instead.
+//! - Back-pressure: [`WriteBehind::congested`] is true while more than
+//!   `high_water` items wait; sessions stop reading from their sockets
+//!   while any queue is congested ([`starling_core::Pressure`]), so a slow
+//!   database slows senders down through TCP instead of growing memory or
+//!   latency without bound. `push` itself waits only at `capacity` (a hard
+//!   bound that the read throttling normally keeps it from reaching).
 //! - Read-your-writes: [`WriteBehind::flush`] returns once everything pushed
-//!   before it is written; queries call it first (an archive query sees the
+//!   before it is resolved; queries call it first (an archive query sees the
 //!   message that was just sent).
 //! - Failures: a failed batch is retried with backoff (`RETRIES` times over
 //!   about 3 s); then it is dropped and logged at error level with the row
 //!   count, so an operator can grep for `write-behind batch dropped`.
-//! - Shutdown: [`WriteBehind::close`] stops accepting items, drains the queue
-//!   and waits for the writer, before storage is closed.
+//! - Shutdown: [`WriteBehind::close`] drains the queue and stops the writer.
+//!   Items pushed after it (a session that outlived the shutdown's wait) are
+//!   written at once, one by one, never dropped silently.
 
 use starling_core::async_trait;
 use starling_core::storage::StorageResult;
-use starling_core::QueueMetrics;
-use std::sync::Arc;
+use starling_core::{Pressure, QueueMetrics};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{watch, Mutex, Notify};
 use tokio::task::JoinHandle;
 
 /// Where a queue's batches go.
@@ -48,15 +64,91 @@ pub struct WriteBehindConfig {
     pub max_delay: Duration,
 }
 
-enum Cmd<T> {
-    Item(T),
-    Flush(oneshot::Sender<()>),
+impl WriteBehindConfig {
+    /// Waiting items above which the queue raises the pressure: one full
+    /// batch waiting while another is written means the writer is
+    /// saturated. Lowered again at half of it.
+    pub fn high_water(&self) -> usize {
+        self.max_batch.min(self.capacity / 2).max(1)
+    }
+}
+
+/// Identifies a pushed item for [`WriteBehind::committed`]. Ticket 0 is
+/// always committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+/// What [`WriteBehind::claim`] found.
+#[derive(Debug)]
+pub enum Claim<T> {
+    /// The item, taken out of the queue: the caller writes it.
+    Taken(T),
+    /// Not waiting in the queue (being written, written, or never pushed):
+    /// wait on this ticket to know it is resolved.
+    NotQueued(Ticket),
+}
+
+struct State<T> {
+    /// Items not yet handed to the writer, in ticket order.
+    pending: VecDeque<(u64, T)>,
+    /// The ticket of the next push.
+    next: u64,
+    /// Every ticket up to this is with the writer or resolved (written,
+    /// dropped, or claimed by a caller): nothing at or below it is pending.
+    taken_up_to: u64,
+    /// The writer writes at once (no collection window) while a pending
+    /// ticket is at most this: someone waits for it.
+    urgent_up_to: u64,
+    /// This queue currently raises the pressure.
+    raised: bool,
+    closed: bool,
+}
+
+struct Shared<T> {
+    name: &'static str,
+    cfg: WriteBehindConfig,
+    state: StdMutex<State<T>>,
+    /// Mirror of `pending.len()` for lock-free reads.
+    len: AtomicUsize,
+    /// Wakes the writer (new item, urgency, close).
+    wake: Notify,
+    /// Wakes pushers waiting for room.
+    room: Notify,
+    /// Every ticket up to this is resolved.
+    committed: watch::Sender<u64>,
+    sink: Arc<dyn BatchSink<T>>,
+    stats: QueueMetrics,
+    pressure: Arc<Pressure>,
+}
+
+impl<T> Shared<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `len` and the pressure in step with `pending` (lock held).
+    fn update_len(&self, st: &mut State<T>) {
+        let len = st.pending.len();
+        self.len.store(len, Ordering::Relaxed);
+        let high = self.cfg.high_water();
+        if !st.raised && len > high {
+            st.raised = true;
+            self.pressure.raise();
+            tracing::debug!(
+                queue = self.name,
+                queued = len,
+                "write-behind queue congested; sessions pause reading"
+            );
+        } else if st.raised && len <= high / 2 {
+            st.raised = false;
+            self.pressure.lower();
+        }
+    }
 }
 
 /// A write-behind queue feeding one [`BatchSink`].
 pub struct WriteBehind<T: Send + Sync + 'static> {
-    name: &'static str,
-    tx: mpsc::Sender<Cmd<T>>,
+    shared: Arc<Shared<T>>,
     task: Mutex<Option<JoinHandle<()>>>,
     /// Its metrics (`starling_write_behind_*{queue="name"}`).
     pub stats: QueueMetrics,
@@ -65,116 +157,240 @@ pub struct WriteBehind<T: Send + Sync + 'static> {
 const RETRIES: u32 = 5;
 
 impl<T: Send + Sync + 'static> WriteBehind<T> {
-    /// Starts the writer task; `stats` are its metric handles.
+    /// Starts the writer task; `stats` are its metric handles, `pressure`
+    /// the gate it raises when congested.
     pub fn spawn(
         name: &'static str,
         sink: Arc<dyn BatchSink<T>>,
         cfg: WriteBehindConfig,
         stats: QueueMetrics,
+        pressure: Arc<Pressure>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(cfg.capacity.max(1));
-        let task = tokio::spawn(writer(name, rx, sink, cfg, stats.clone()));
-        WriteBehind {
+        let cfg = WriteBehindConfig {
+            capacity: cfg.capacity.max(1),
+            max_batch: cfg.max_batch.max(1),
+            max_delay: cfg.max_delay,
+        };
+        let shared = Arc::new(Shared {
             name,
-            tx,
+            cfg,
+            state: StdMutex::new(State {
+                pending: VecDeque::new(),
+                next: 1,
+                taken_up_to: 0,
+                urgent_up_to: 0,
+                raised: false,
+                closed: false,
+            }),
+            len: AtomicUsize::new(0),
+            wake: Notify::new(),
+            room: Notify::new(),
+            committed: watch::Sender::new(0),
+            sink,
+            stats: stats.clone(),
+            pressure,
+        });
+        let task = tokio::spawn(writer(shared.clone()));
+        WriteBehind {
+            shared,
             task: Mutex::new(Some(task)),
             stats,
         }
     }
 
-    /// Queues an item, waiting while the queue is full. After
-    /// [`WriteBehind::close`] the item is dropped with a warning.
-    pub async fn push(&self, item: T) {
-        self.stats.queued.inc();
-        if self.tx.send(Cmd::Item(item)).await.is_err() {
-            self.stats.queued.dec();
-            tracing::warn!(queue = self.name, "write-behind queue closed; item dropped");
+    /// Queues an item, waiting while the queue holds `capacity` items.
+    /// After [`WriteBehind::close`] the item is written at once instead.
+    pub async fn push(&self, item: T) -> Ticket {
+        let sh = &self.shared;
+        let mut item = Some(item);
+        loop {
+            let room = sh.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut st = sh.lock();
+                if st.closed {
+                    break;
+                }
+                if st.pending.len() < sh.cfg.capacity {
+                    let t = st.next;
+                    st.next += 1;
+                    st.pending.push_back((t, item.take().expect("pushed once")));
+                    sh.update_len(&mut st);
+                    // The writer needs waking only to start (first item)
+                    // or to cut its window short (a full batch).
+                    let len = st.pending.len();
+                    drop(st);
+                    sh.stats.queued.inc();
+                    if len == 1 || len >= sh.cfg.max_batch {
+                        sh.wake.notify_one();
+                    }
+                    return Ticket(t);
+                }
+            }
+            room.await;
         }
+        // Closed: a straggler after shutdown's wait. Written now, alone.
+        let item = item.take().expect("not pushed");
+        sh.stats.queued.inc();
+        write_batch(sh, &mut vec![item]).await;
+        Ticket(0)
     }
 
-    /// Waits until every item pushed before this call is written (or
-    /// dropped after failed retries).
+    /// Waits until the item with `ticket` is resolved (written, or dropped
+    /// after failed retries), asking the writer not to wait for company.
+    pub async fn committed(&self, ticket: Ticket) {
+        let sh = &self.shared;
+        if *sh.committed.borrow() >= ticket.0 {
+            return;
+        }
+        let target = {
+            let mut st = sh.lock();
+            if st.pending.front().is_some_and(|(t, _)| *t <= ticket.0) {
+                st.urgent_up_to = st.urgent_up_to.max(ticket.0);
+                ticket.0
+            } else {
+                // Nothing pending at or below it: it is with the writer,
+                // resolved, or was claimed (then its claimant writes it).
+                ticket.0.min(st.taken_up_to)
+            }
+        };
+        sh.wake.notify_one();
+        let mut rx = sh.committed.subscribe();
+        let _ = rx.wait_for(|c| *c >= target).await;
+    }
+
+    /// Takes the newest queued item matching `pred` back out of the queue
+    /// (it is then the caller's to write), or says which ticket to wait on
+    /// when no queued item matches. Items are searched newest first: the
+    /// caller usually pushed its item moments ago.
+    pub fn claim(&self, pred: impl Fn(&T) -> bool) -> Claim<T> {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if let Some(pos) = st.pending.iter().rposition(|(_, t)| pred(t)) {
+            let (_, item) = st.pending.remove(pos).expect("position found");
+            sh.update_len(&mut st);
+            drop(st);
+            sh.stats.queued.dec();
+            sh.room.notify_waiters();
+            return Claim::Taken(item);
+        }
+        Claim::NotQueued(Ticket(st.taken_up_to))
+    }
+
+    /// Whether more than the high-water mark of items wait.
+    pub fn congested(&self) -> bool {
+        self.shared.len.load(Ordering::Relaxed) > self.shared.cfg.high_water()
+    }
+
+    /// Items waiting to be handed to the writer.
+    pub fn len(&self) -> usize {
+        self.shared.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until every item pushed before this call is resolved.
     pub async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
-        }
+        let last = self.shared.lock().next - 1;
+        self.committed(Ticket(last)).await;
     }
 
-    /// Writes what is queued and stops the writer.
+    /// Writes what is queued and stops the writer. Later pushes are
+    /// written one by one.
     pub async fn close(&self) {
-        self.flush().await;
+        {
+            let mut st = self.shared.lock();
+            st.closed = true;
+            st.urgent_up_to = st.next - 1;
+        }
+        self.shared.wake.notify_one();
+        self.shared.room.notify_waiters();
         if let Some(task) = self.task.lock().await.take() {
-            task.abort();
             let _ = task.await;
         }
     }
 }
 
-async fn writer<T: Send + Sync + 'static>(
-    name: &'static str,
-    mut rx: mpsc::Receiver<Cmd<T>>,
-    sink: Arc<dyn BatchSink<T>>,
-    cfg: WriteBehindConfig,
-    stats: QueueMetrics,
-) {
-    let max_batch = cfg.max_batch.max(1);
-    let mut cmds: Vec<Cmd<T>> = Vec::with_capacity(max_batch);
-    let mut batch: Vec<T> = Vec::with_capacity(max_batch);
+async fn writer<T: Send + Sync + 'static>(sh: Arc<Shared<T>>) {
+    let max_batch = sh.cfg.max_batch;
+    let mut batch: Vec<T> = Vec::new();
     loop {
-        cmds.clear();
-        if rx.recv_many(&mut cmds, max_batch).await == 0 {
-            return; // every sender is gone
+        // Wait for work.
+        loop {
+            let wake = sh.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            {
+                let st = sh.lock();
+                if !st.pending.is_empty() {
+                    break;
+                }
+                if st.closed {
+                    return;
+                }
+            }
+            wake.await;
         }
-        // A small batch waits a little for company, unless someone is
-        // waiting on a flush.
-        let flush_requested = cmds.iter().any(|c| matches!(c, Cmd::Flush(_)));
-        if cmds.len() < max_batch && !flush_requested && !cfg.max_delay.is_zero() {
-            let deadline = tokio::time::Instant::now() + cfg.max_delay;
-            while cmds.len() < max_batch {
-                let room = max_batch - cmds.len();
-                let seen = cmds.len();
-                match tokio::time::timeout_at(deadline, rx.recv_many(&mut cmds, room)).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if cmds[seen..].iter().any(|c| matches!(c, Cmd::Flush(_))) {
-                            break; // someone waits: write now
-                        }
+        // A small batch waits a little for company, unless someone waits
+        // for one of its items or the queue is closing.
+        if !sh.cfg.max_delay.is_zero() {
+            let deadline = tokio::time::Instant::now() + sh.cfg.max_delay;
+            loop {
+                let wake = sh.wake.notified();
+                tokio::pin!(wake);
+                wake.as_mut().enable();
+                {
+                    let st = sh.lock();
+                    let front = st.pending.front().map_or(u64::MAX, |(t, _)| *t);
+                    if st.pending.len() >= max_batch || st.urgent_up_to >= front || st.closed {
+                        break;
                     }
                 }
-            }
-        }
-        let mut acks = Vec::new();
-        for c in cmds.drain(..) {
-            match c {
-                Cmd::Item(t) => batch.push(t),
-                Cmd::Flush(ack) => {
-                    // Everything before the flush is in `batch`: write it now.
-                    write_batch(name, sink.as_ref(), &mut batch, &stats).await;
-                    acks.push(ack);
+                if tokio::time::timeout_at(deadline, wake).await.is_err() {
+                    break;
                 }
             }
         }
-        write_batch(name, sink.as_ref(), &mut batch, &stats).await;
-        for ack in acks {
-            let _ = ack.send(());
+        let last = {
+            let mut st = sh.lock();
+            let n = st.pending.len().min(max_batch);
+            batch.reserve(n);
+            batch.extend(st.pending.drain(..n).map(|(_, item)| item));
+            // Tickets below the next pending one (or every ticket given so
+            // far) are in this batch, in earlier ones, or were claimed.
+            let last = st.pending.front().map_or(st.next, |(t, _)| *t) - 1;
+            st.taken_up_to = last;
+            sh.update_len(&mut st);
+            last
+        };
+        sh.room.notify_waiters();
+        write_batch(&sh, &mut batch).await;
+        // Every ticket up to `last` is now resolved: written here, in an
+        // earlier batch, or claimed by a caller who writes it itself.
+        // (Claims made while this batch was written are covered by the
+        // next round's `last`, or by `committed`'s look at the queue.)
+        sh.committed.send_replace(last);
+        // Do not keep a big batch's buffer while idle.
+        if batch.capacity() > 1024 {
+            batch = Vec::new();
         }
     }
 }
 
-async fn write_batch<T: Send + Sync + 'static>(
-    name: &'static str,
-    sink: &dyn BatchSink<T>,
-    batch: &mut Vec<T>,
-    stats: &QueueMetrics,
-) {
+async fn write_batch<T: Send + Sync + 'static>(sh: &Shared<T>, batch: &mut Vec<T>) {
     if batch.is_empty() {
         return;
     }
+    let name = sh.name;
+    let stats = &sh.stats;
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=RETRIES {
         let started = std::time::Instant::now();
-        match sink.write(batch).await {
+        match sh.sink.write(batch).await {
             Ok(()) => {
                 tracing::trace!(
                     queue = name,
@@ -247,6 +463,10 @@ mod tests {
         }
     }
 
+    fn gate() -> Arc<Pressure> {
+        Arc::new(Pressure::new())
+    }
+
     fn open_recorder() -> Arc<Recorder> {
         let r = Arc::new(Recorder::default());
         r.gate.add_permits(1_000_000);
@@ -261,6 +481,7 @@ mod tests {
             sink.clone(),
             cfg(1000, 64, 20),
             QueueMetrics::default(),
+            gate(),
         );
         for i in 0..500 {
             q.push(i).await;
@@ -280,7 +501,13 @@ mod tests {
     #[tokio::test]
     async fn a_lone_item_is_written_within_max_delay() {
         let sink = open_recorder();
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(10, 100, 30), QueueMetrics::default());
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(10, 100, 30),
+            QueueMetrics::default(),
+            gate(),
+        );
         q.push(7).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(*sink.batches.lock().unwrap(), vec![vec![7]]);
@@ -294,6 +521,7 @@ mod tests {
             sink.clone(),
             cfg(100, 100, 10_000),
             QueueMetrics::default(),
+            gate(),
         );
         q.push(1).await;
         q.push(2).await;
@@ -311,6 +539,7 @@ mod tests {
             sink.clone(),
             cfg(4, 2, 0),
             QueueMetrics::default(),
+            gate(),
         ));
         // The writer takes up to 2 items and blocks in the sink; 4 more fill
         // the queue; the next push must wait.
@@ -339,7 +568,13 @@ mod tests {
     async fn failed_batches_are_retried() {
         let sink = open_recorder();
         sink.fail_first.store(2, Ordering::SeqCst);
-        let q = WriteBehind::spawn("t", sink.clone(), cfg(10, 10, 0), QueueMetrics::default());
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(10, 10, 0),
+            QueueMetrics::default(),
+            gate(),
+        );
         q.push(1).await;
         q.flush().await;
         assert_eq!(*sink.batches.lock().unwrap(), vec![vec![1]]);
@@ -355,6 +590,7 @@ mod tests {
             sink.clone(),
             cfg(1000, 10, 1000),
             QueueMetrics::default(),
+            gate(),
         );
         for i in 0..25 {
             q.push(i).await;
@@ -362,6 +598,182 @@ mod tests {
         q.close().await;
         let n: usize = sink.batches.lock().unwrap().iter().map(Vec::len).sum();
         assert_eq!(n, 25);
-        q.push(1).await; // closed: dropped, no panic, no hang
+        q.push(1).await; // closed: written alone, no panic, no hang
+    }
+
+    #[tokio::test]
+    async fn committed_waits_for_the_item_and_cuts_the_window_short() {
+        let sink = open_recorder();
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(100, 100, 10_000),
+            QueueMetrics::default(),
+            gate(),
+        );
+        let a = q.push(1).await;
+        let b = q.push(2).await;
+        assert!(a < b);
+        tokio::time::timeout(Duration::from_secs(2), q.committed(b))
+            .await
+            .expect("waiting on a ticket does not wait for the 10 s window");
+        assert_eq!(*sink.batches.lock().unwrap(), vec![vec![1, 2]]);
+        // Already committed: returns at once; ticket 0 always is.
+        q.committed(a).await;
+        q.committed(Ticket(0)).await;
+    }
+
+    #[tokio::test]
+    async fn claim_takes_a_queued_item_back_and_says_what_to_wait_for_otherwise() {
+        let sink = Arc::new(Recorder::default()); // gate closed: writes block
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(100, 2, 0),
+            QueueMetrics::default(),
+            gate(),
+        );
+        q.push(1).await;
+        q.push(2).await;
+        // Let the writer take the first batch (1, 2); it blocks in the sink.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t3 = q.push(3).await;
+        let _t4 = q.push(4).await;
+        match q.claim(|i| *i == 3) {
+            Claim::Taken(3) => {}
+            other => panic!("3 is queued: {other:?}"),
+        }
+        assert_eq!(q.stats.queued.get(), 3, "1, 2 in flight, 4 queued");
+        let t1 = match q.claim(|i| *i == 1) {
+            Claim::NotQueued(t) => t,
+            other => panic!("1 is being written: {other:?}"),
+        };
+        assert!(t1 < t3);
+        let waiter = tokio::spawn({
+            let q = Arc::new(q);
+            let q2 = q.clone();
+            async move {
+                q2.committed(t1).await;
+                q
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the batch holding 1 is not written yet"
+        );
+        sink.gate.add_permits(1_000);
+        let q = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("resolved once written")
+            .unwrap();
+        q.flush().await;
+        let all: Vec<u32> = sink
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        assert_eq!(
+            all,
+            vec![1, 2, 4],
+            "the claimed item is the caller's to write"
+        );
+        assert_eq!(q.stats.queued.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn congestion_raises_the_pressure_until_drained() {
+        let sink = Arc::new(Recorder::default()); // gate closed: writes block
+        let pressure = gate();
+        // high water = min(max_batch 4, capacity/2 50) = 4.
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(100, 4, 0),
+            QueueMetrics::default(),
+            pressure.clone(),
+        );
+        for i in 0..4 {
+            q.push(i).await; // the writer takes up to 4 and blocks
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for i in 4..8 {
+            q.push(i).await;
+        }
+        assert!(
+            !pressure.is_high() && !q.congested(),
+            "4 waiting: at the mark"
+        );
+        q.push(8).await;
+        assert!(pressure.is_high() && q.congested(), "5 waiting: over it");
+        sink.gate.add_permits(1_000);
+        tokio::time::timeout(Duration::from_secs(2), pressure.relieved())
+            .await
+            .expect("drained");
+        q.flush().await;
+        assert!(!q.congested());
+    }
+
+    #[tokio::test]
+    async fn pushes_after_close_are_written_not_dropped() {
+        let sink = open_recorder();
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(10, 10, 1000),
+            QueueMetrics::default(),
+            gate(),
+        );
+        q.push(1).await;
+        q.close().await;
+        let t = q.push(2).await;
+        q.committed(t).await;
+        assert_eq!(*sink.batches.lock().unwrap(), vec![vec![1], vec![2]]);
+        assert_eq!(q.stats.dropped.get(), 0);
+        assert_eq!(q.stats.queued.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_claimed_ticket_never_blocks_a_flush() {
+        // Regression: claiming the last queued item left nothing for the
+        // writer to write, and flush() waited for its ticket forever.
+        let sink = open_recorder();
+        let q = WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            cfg(100, 100, 10_000),
+            QueueMetrics::default(),
+            gate(),
+        );
+        q.push(1).await;
+        q.flush().await;
+        let t = q.push(2).await;
+        assert!(matches!(q.claim(|i| *i == 2), Claim::Taken(2)));
+        tokio::time::timeout(Duration::from_secs(2), q.flush())
+            .await
+            .expect("flush returns");
+        tokio::time::timeout(Duration::from_secs(2), q.committed(t))
+            .await
+            .expect("a claimed ticket is the claimant's");
+        // Claimed in the middle: the next batch's watermark covers it.
+        q.push(3).await;
+        q.push(4).await;
+        q.push(5).await;
+        assert!(matches!(q.claim(|i| *i == 4), Claim::Taken(4)));
+        tokio::time::timeout(Duration::from_secs(2), q.flush())
+            .await
+            .expect("flush returns");
+        let all: Vec<u32> = sink
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        assert_eq!(all, vec![1, 3, 5]);
     }
 }

@@ -443,3 +443,93 @@ async fn stored_message_survives_sigkill() {
     let _ = tokio::task::spawn_blocking(move || server.wait()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Ids of the messages in the user's own archive (XEP-0313 §4), oldest
+/// first, with the XEP-0359 stanza id each result carries.
+async fn archive_ids(c: &mut Client) -> Vec<(String, String)> {
+    c.send("<iq type='set' id='mamq'><query xmlns='urn:xmpp:mam:2' queryid='q'/></iq>")
+        .await;
+    let mut out = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("mamq") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            return out;
+        }
+        if let Some(r) = el.get_child("result", "urn:xmpp:mam:2") {
+            let m = r
+                .get_child("forwarded", "urn:xmpp:forward:0")
+                .and_then(|f| f.get_child("message", ns::CLIENT))
+                .expect("forwarded message");
+            out.push((
+                r.attr("id").unwrap_or_default().to_owned(),
+                m.attr("id").unwrap_or_default().to_owned(),
+            ));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn offline_message_and_its_archive_copy_survive_sigkill_together() {
+    // Issue 9: after kill -9 the recipient got stored messages at the next
+    // login, but their archive (what other devices sync from) lacked them.
+    // The archive copy of a message stored offline is committed in the
+    // offline store's transaction. The archive's write-behind window is
+    // set to ten minutes here, so only that path can have written it.
+    let dir = std::env::temp_dir().join(format!("starling-kill-{}", starling_proto::random_id(10)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("\n[modules.mam]\nbatch_delay_ms = 600000\n");
+    std::fs::write(&cfg, text).unwrap();
+    add_user(&cfg, "alice@localhost", "secret-a");
+    add_user(&cfg, "bob@localhost", "secret-b");
+
+    let mut server = KillOnDrop(start_binary(&cfg, p1).await);
+    let mut alice = connect(p1, "alice", "secret-a").await;
+    for i in 0..3 {
+        alice
+            .send(&format!(
+                "<message to='bob@localhost' type='chat' id='a{i}'><body>offline {i}</body></message>"
+            ))
+            .await;
+    }
+    sync(&mut alice, "p1").await;
+    server.0.kill().unwrap(); // SIGKILL
+    let _ = server.0.wait();
+    drop(alice);
+
+    server = KillOnDrop(start_binary(&cfg, p1).await);
+    let mut bob = connect(p1, "bob", "secret-b").await;
+    bob.send("<presence/>").await;
+    let mut delivered = Vec::new();
+    for _ in 0..3 {
+        let m = bob.recv_message().await;
+        let sid = m
+            .children()
+            .find(|c| c.is("stanza-id", "urn:xmpp:sid:0"))
+            .and_then(|c| c.attr("id"))
+            .expect("the stored copy carries the archive id")
+            .to_owned();
+        delivered.push((sid, m.attr("id").unwrap().to_owned()));
+    }
+    assert_eq!(
+        archive_ids(&mut bob).await,
+        delivered,
+        "every message delivered from offline storage is in the archive, same ids"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server process that is killed when the test ends, also by a failed
+/// assertion (an orphan would keep the test harness's pipes open).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -294,22 +294,23 @@ pub async fn offline(s: &Storage) {
             &xml,
             1_700_000_000_000 + i,
             3,
+            &[],
         )
         .await
         .unwrap();
     }
     // Quota: the fourth message is refused and nothing changes.
     assert!(matches!(
-        o.store(&alice, "carol@example.org/r", "<message/>", 0, 3)
+        o.store(&alice, "carol@example.org/r", "<message/>", 0, 3, &[])
             .await,
         Err(OfflineStoreError::QuotaExceeded { max: 3 })
     ));
     assert_eq!(o.count(&alice).await.unwrap(), 3);
     // Isolation: other owners (same user, other domain too) are separate.
-    o.store(&bob, "x@y", "<message id='b'/>", 5, 3)
+    o.store(&bob, "x@y", "<message id='b'/>", 5, 3, &[])
         .await
         .unwrap();
-    o.store(&other_domain, "x@y", "<message id='n'/>", 6, 3)
+    o.store(&other_domain, "x@y", "<message id='n'/>", 6, 3, &[])
         .await
         .unwrap();
     let all = o.fetch_all(&alice).await.unwrap();
@@ -328,7 +329,7 @@ pub async fn offline(s: &Storage) {
     let rest = o.fetch_all(&alice).await.unwrap();
     assert_eq!(rest, vec![all[2].clone()]);
     // New messages come after the older ones, ids never reused.
-    o.store(&alice, "d@e", "<message id='m3'/>", 7, 3)
+    o.store(&alice, "d@e", "<message id='m3'/>", 7, 3, &[])
         .await
         .unwrap();
     let taken = o.take_all(&alice).await.unwrap();
@@ -345,7 +346,9 @@ pub async fn offline(s: &Storage) {
     assert_eq!(o.count(&bob).await.unwrap(), 0);
     assert_eq!(o.count(&other_domain).await.unwrap(), 1);
     s.accounts.create(&alice, &creds("pw")).await.unwrap();
-    o.store(&alice, "x@y", "<message/>", 8, 3).await.unwrap();
+    o.store(&alice, "x@y", "<message/>", 8, 3, &[])
+        .await
+        .unwrap();
     assert!(s.delete_account(&alice).await.unwrap());
     assert_eq!(o.count(&alice).await.unwrap(), 0);
     assert_eq!(o.count(&other_domain).await.unwrap(), 1);
@@ -363,7 +366,14 @@ pub async fn concurrency(s: &Storage) {
         let (s, alice) = (s.clone(), alice.clone());
         tasks.push(tokio::spawn(async move {
             s.offline
-                .store(&alice, "x@y", &format!("<message id='c{i}'/>"), i, quota)
+                .store(
+                    &alice,
+                    "x@y",
+                    &format!("<message id='c{i}'/>"),
+                    i,
+                    quota,
+                    &[],
+                )
                 .await
         }));
     }
@@ -381,7 +391,7 @@ pub async fn concurrency(s: &Storage) {
     let bob = jid("bob@example.org");
     for i in 0..40 {
         s.offline
-            .store(&bob, "x@y", &format!("<message id='t{i}'/>"), i, 1000)
+            .store(&bob, "x@y", &format!("<message id='t{i}'/>"), i, 1000, &[])
             .await
             .unwrap();
     }
@@ -422,6 +432,71 @@ pub async fn concurrency(s: &Storage) {
     assert_eq!(v, *versions.last().unwrap());
 }
 
+/// The offline store writes a message's archive rows in its transaction:
+/// both are committed together, and a refused message (quota) leaves
+/// neither behind.
+pub async fn offline_with_archive(s: &Storage) {
+    let alice = jid("alice@example.org");
+    let r1 = rec(&alice, 1_000, "carol@example.org/r", false, Some("o1"));
+    s.offline
+        .store(
+            &alice,
+            "carol@example.org/r",
+            "<message id='o1'/>",
+            1,
+            1,
+            std::slice::from_ref(&r1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.offline.count(&alice).await.unwrap(), 1);
+    let all = ArchiveQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    let page = s.archive.query(&alice, &all).await.unwrap();
+    assert_eq!(
+        ids(&page),
+        vec![1_000],
+        "archive row committed with the message"
+    );
+    assert_eq!(page.messages[0].stanza, r1.stanza);
+    // Over quota: the archive row is rolled back with the refused message.
+    let r2 = rec(&alice, 2_000, "carol@example.org/r", false, Some("o2"));
+    assert!(matches!(
+        s.offline
+            .store(
+                &alice,
+                "carol@example.org/r",
+                "<message id='o2'/>",
+                2,
+                1,
+                &[r2]
+            )
+            .await,
+        Err(OfflineStoreError::QuotaExceeded { max: 1 })
+    ));
+    let page = s.archive.query(&alice, &all).await.unwrap();
+    assert_eq!(ids(&page), vec![1_000], "nothing of a refused message");
+    // The same row again (a retried write) is ignored, like append's.
+    s.offline.remove_user(&alice).await.unwrap();
+    s.offline
+        .store(
+            &alice,
+            "carol@example.org/r",
+            "<message id='o1'/>",
+            1,
+            1,
+            &[r1],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&s.archive.query(&alice, &all).await.unwrap()),
+        vec![1_000]
+    );
+}
+
 /// Runs every conformance test, each on a fresh storage from `make`.
 pub async fn run_all<F, Fut>(mut make: F)
 where
@@ -432,6 +507,7 @@ where
     roster(&make().await).await;
     user_data(&make().await).await;
     offline(&make().await).await;
+    offline_with_archive(&make().await).await;
     archive(&make().await).await;
     inbox(&make().await).await;
     concurrency(&make().await).await;

@@ -1,7 +1,7 @@
 //! Offline message storage (XEP-0160): messages for an account with no
 //! available resource, kept until its next available presence.
 
-use super::StorageError;
+use super::{ArchiveRecord, StorageError};
 use async_trait::async_trait;
 use starling_proto::BareJid;
 
@@ -36,8 +36,12 @@ pub struct OfflineMessage {
 #[async_trait]
 pub trait OfflineStore: Send + Sync + 'static {
     /// Appends a message to `owner`'s queue unless it already holds
-    /// `max_per_user` messages. The write is committed (durable) when this
-    /// returns `Ok`.
+    /// `max_per_user` messages, and appends `archive` (the message's
+    /// archive rows, as [`ArchiveStore::append`] would) in the same
+    /// transaction. The write is committed (durable) when this returns
+    /// `Ok`; on any error nothing was written.
+    ///
+    /// [`ArchiveStore::append`]: super::ArchiveStore::append
     async fn store(
         &self,
         owner: &BareJid,
@@ -45,6 +49,7 @@ pub trait OfflineStore: Send + Sync + 'static {
         stanza: &str,
         stamp_millis: i64,
         max_per_user: u32,
+        archive: &[ArchiveRecord],
     ) -> Result<(), OfflineStoreError>;
     /// All stored messages of `owner`, oldest first.
     async fn fetch_all(&self, owner: &BareJid) -> Result<Vec<OfflineMessage>, StorageError>;

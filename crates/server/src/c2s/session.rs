@@ -205,10 +205,14 @@ impl Session {
         if *shutdown.borrow() {
             return Exit::Error(StreamError::new(StreamErrorCondition::SystemShutdown));
         }
+        let pressure = self.shared.env.pressure.clone();
         loop {
             let deadline = self.next_deadline();
             let far = Instant::now() + Duration::from_secs(86_400);
-            let reading = self.read_paused_until.is_none();
+            // Storage back-pressure (a write-behind queue is congested):
+            // stop reading, keep delivering, resume when it is relieved.
+            let pressed = pressure.is_high();
+            let reading = self.read_paused_until.is_none() && !pressed;
             let step = tokio::select! {
                 biased;
                 _ = shutdown.changed() => Err(Exit::Error(StreamError::with_text(
@@ -225,6 +229,7 @@ impl Session {
                     }
                 },
                 _ = sleep_until(deadline.unwrap_or(far).into()) => Box::pin(self.on_deadline()).await,
+                _ = pressure.relieved(), if pressed => Ok(()),
             };
             if let Err(exit) = step {
                 return exit;

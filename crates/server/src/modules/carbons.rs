@@ -47,7 +47,8 @@
 //! Storage: none. Config: `[modules.carbons]` enabled.
 
 use starling_core::hooks::{
-    HookRegistry, IqScope, OfflineMessageHandler, UserReceiveHandler, UserSendHandler,
+    HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, UserReceiveHandler,
+    UserSendHandler,
 };
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionEntry, SessionMsg};
 use starling_proto::{ns, BareJid, FullJid, Jid, Stanza, StanzaErrorCondition, StanzaKind};
@@ -266,7 +267,12 @@ impl UserReceiveHandler for Carbons {
 
 #[async_trait]
 impl OfflineMessageHandler for Carbons {
-    async fn offline_message(&self, _env: &Env, stanza: &Stanza) -> HookResult {
+    async fn offline_message(
+        &self,
+        _env: &Env,
+        stanza: &Stanza,
+        _companions: &mut OfflineCompanions,
+    ) -> HookResult {
         // A copy re-routed from a closed session is not worth keeping.
         let own = match (stanza.from(), stanza.to()) {
             (Some(f), Some(t)) => f.is_bare() && f.to_bare() == t.to_bare(),

@@ -49,7 +49,7 @@ use starling_core::hooks::{
 use starling_core::storage::{
     ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
 };
-use starling_core::{async_trait, Env, Flow, HookResult, Metrics, SessionCtx};
+use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
 use starling_proto::{
     BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -102,6 +102,7 @@ impl Inbox {
         queue: WriteBehindConfig,
         storage: &Storage,
         metrics: &Metrics,
+        pressure: &Arc<Pressure>,
         mam: Arc<Mam>,
         reg: &mut HookRegistry,
     ) {
@@ -111,6 +112,7 @@ impl Inbox {
             Arc::new(Sink(store.clone())),
             queue,
             metrics.write_behind.queue("inbox"),
+            pressure.clone(),
         );
         let m = Arc::new(Inbox {
             store,

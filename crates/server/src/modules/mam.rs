@@ -48,7 +48,13 @@
 //!   stripped before routing (`user_send` 90), together with any such id a
 //!   client put there itself.
 //!
-//! Hooks: `user_send` (45, 90), `inbound` (20), `shutdown`; iq handlers
+//! - Offline recipients: the incoming copy of a message that goes to the
+//!   offline store is committed in the offline store's transaction
+//!   (`offline_message` 40), so a message delivered from offline storage
+//!   is always in the recipient's archive too.
+//!
+//! Hooks: `user_send` (45, 90), `inbound` (20), `offline_message` (40),
+//! `shutdown`; iq handlers
 //! `{urn:xmpp:mam:2}query|prefs|metadata` (account scope).
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]`, `server.node_id`.
@@ -56,15 +62,16 @@
 use crate::config::MamConfig;
 use crate::modules::inbox::Inbox;
 use crate::modules::time::{parse_xep0082, xep0082_datetime};
-use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
-    HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
+    HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OfflineCompanions,
+    OfflineMessageHandler, ShutdownHandler, UserSendHandler,
 };
 use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore, PrefsDefault,
     Storage, StorageResult, WithFilter, FLAG_BODY,
 };
-use starling_core::{async_trait, Env, Flow, HookResult, Metrics, SessionCtx};
+use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
 use starling_proto::{
     ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -219,6 +226,7 @@ impl Mam {
         node: u8,
         storage: &Storage,
         metrics: &Metrics,
+        pressure: &Arc<Pressure>,
         reg: &mut HookRegistry,
     ) -> Arc<Mam> {
         let store = storage.archive.clone();
@@ -227,6 +235,7 @@ impl Mam {
             Arc::new(Sink(store.clone())),
             queue_config(cfg),
             metrics.write_behind.queue("archive"),
+            pressure.clone(),
         );
         // Seed the id generator above everything stored (see next_id).
         let seed = match store.max_id().await {
@@ -268,6 +277,8 @@ impl Mam {
         reg.user_send(NAME, 45, m.clone());
         reg.user_send(NAME, 90, Arc::new(StripOwnStanzaId));
         reg.inbound(NAME, 20, m.clone());
+        // Before the offline store (50), which commits our row with it.
+        reg.offline_message(NAME, 40, m.clone());
         reg.shutdown(NAME, 90, m.clone());
         for name in ["query", "prefs", "metadata"] {
             reg.iq(NAME, IqScope::Account, name, NS_MAM, m.clone());
@@ -1057,6 +1068,41 @@ impl InboundHandler for Mam {
     }
 }
 
+/// A message for an offline recipient: its incoming copy (queued by
+/// `inbound` moments ago) is taken back out of the write-behind queue and
+/// handed to the offline store, which commits it in the same transaction
+/// as the stored message. If the writer already has it, the offline store
+/// waits until it is committed. Either way, a message stored offline is in
+/// the recipient's archive too (docs/durability.md).
+#[async_trait]
+impl OfflineMessageHandler for Mam {
+    async fn offline_message(
+        &self,
+        _env: &Env,
+        stanza: &Stanza,
+        companions: &mut OfflineCompanions,
+    ) -> HookResult {
+        let Some(owner) = stanza.to().map(Jid::to_bare) else {
+            return Ok(Flow::Continue);
+        };
+        // `inbound` removed every other id claiming this archive, so this
+        // one is ours.
+        let Some(id) = stanza
+            .element()
+            .children()
+            .find(|c| c.is("stanza-id", NS_SID) && c.attr("by") == Some(owner.as_str()))
+            .and_then(|c| ArchiveId::decode(c.attr("id")?))
+        else {
+            return Ok(Flow::Continue); // not archived
+        };
+        match self.queue.claim(|r| r.id == id && r.owner == owner) {
+            Claim::Taken(record) => companions.archive.push(record),
+            Claim::NotQueued(ticket) => self.queue.committed(ticket).await,
+        }
+        Ok(Flow::Continue)
+    }
+}
+
 #[async_trait]
 impl IqHandler for Mam {
     async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
@@ -1197,7 +1243,8 @@ mod tests {
         let mut reg = HookRegistry::new();
         let cfg = MamConfig::default();
         let metrics = Metrics::new();
-        let m = Mam::register(&cfg, &[], 3, &storage, &metrics, &mut reg).await;
+        let pressure = Arc::new(Pressure::new());
+        let m = Mam::register(&cfg, &[], 3, &storage, &metrics, &pressure, &mut reg).await;
         let ids: Vec<ArchiveId> = (0..1000).map(|_| m.next_id()).collect();
         assert!(ids[0].micros() > future.micros());
         assert!(ids.windows(2).all(|w| w[0].micros() < w[1].micros()));

@@ -22,12 +22,18 @@ pub mod version;
 use crate::config::Config;
 use starling_core::hooks::{HookRegistry, Hooks};
 use starling_core::storage::Storage;
-use starling_core::Metrics;
+use starling_core::{Metrics, Pressure};
+use std::sync::Arc;
 
 /// Registers every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
 /// the Tokio runtime.
-pub async fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> Hooks {
+pub async fn build_hooks(
+    cfg: &Config,
+    storage: &Storage,
+    metrics: &Metrics,
+    pressure: &Arc<Pressure>,
+) -> Hooks {
     let mut reg = HookRegistry::new();
     let m = &cfg.modules;
     // Subscriptions, probes and roster-based presence fan-out need the
@@ -71,6 +77,7 @@ pub async fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> 
             cfg.server.node_id,
             storage,
             metrics,
+            pressure,
             &mut reg,
         )
         .await;
@@ -80,6 +87,7 @@ pub async fn build_hooks(cfg: &Config, storage: &Storage, metrics: &Metrics) -> 
                 mam::queue_config(&m.mam),
                 storage,
                 metrics,
+                pressure,
                 mam,
                 &mut reg,
             );

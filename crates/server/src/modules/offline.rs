@@ -52,7 +52,8 @@ use super::presence::priority_of;
 use super::time::xep0082_datetime;
 use crate::config::OfflineConfig;
 use starling_core::hooks::{
-    HookRegistry, IqScope, OfflineMessageHandler, TimerHandler, TimerKey, UserSendHandler,
+    HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, TimerHandler, TimerKey,
+    UserSendHandler,
 };
 use starling_core::storage::OfflineStoreError;
 use starling_core::{async_trait, Action, Env, Flow, HookResult, SessionCtx};
@@ -147,7 +148,12 @@ impl Offline {
 
 #[async_trait]
 impl OfflineMessageHandler for Offline {
-    async fn offline_message(&self, env: &Env, stanza: &Stanza) -> HookResult {
+    async fn offline_message(
+        &self,
+        env: &Env,
+        stanza: &Stanza,
+        companions: &mut OfflineCompanions,
+    ) -> HookResult {
         if !matches!(stanza.stanza_type(), "" | "normal" | "chat") {
             return Ok(Flow::Continue);
         }
@@ -181,7 +187,14 @@ impl OfflineMessageHandler for Offline {
         match env
             .storage
             .offline
-            .store(&owner, &from, &xml, stamp, self.max_per_user)
+            .store(
+                &owner,
+                &from,
+                &xml,
+                stamp,
+                self.max_per_user,
+                &companions.archive,
+            )
             .await
         {
             Ok(()) => {

@@ -25,58 +25,69 @@ fn message(r: &sqlx::postgres::PgRow) -> ArchivedMessage {
     }
 }
 
+/// Inserts archive rows (idempotent by id) on the caller's connection or
+/// transaction; shared by [`ArchiveStore::append`] and the offline store,
+/// which writes a message's archive rows with it.
+pub(super) async fn insert_archive_rows(
+    conn: &mut sqlx::PgConnection,
+    records: &[ArchiveRecord],
+) -> StorageResult<()> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let n = records.len();
+    let (mut ids, mut domains, mut users, mut withs, mut remotes) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut outs, mut origins, mut flags, mut stanzas) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for r in records {
+        let (domain, user) = split(&r.owner);
+        ids.push(r.id.0);
+        domains.push(domain);
+        users.push(user);
+        withs.push(r.with_bare.as_str());
+        remotes.push(r.remote.as_str());
+        outs.push(r.outgoing);
+        origins.push(r.origin_id.as_deref());
+        flags.push(r.flags);
+        stanzas.push(r.stanza.as_str());
+    }
+    sqlx::query(
+        "INSERT INTO archive
+         (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza)
+         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::boolean[], $7::text[], $8::int[], $9::text[])
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(&ids)
+    .bind(&domains)
+    .bind(&users)
+    .bind(&withs)
+    .bind(&remotes)
+    .bind(&outs)
+    .bind(&origins)
+    .bind(&flags)
+    .bind(&stanzas)
+    .execute(&mut *conn)
+    .await
+    .map_err(backend)?;
+    Ok(())
+}
+
 #[async_trait]
 impl ArchiveStore for PostgresStorage {
     async fn append(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let n = records.len();
-        let (mut ids, mut domains, mut users, mut withs, mut remotes) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let (mut outs, mut origins, mut flags, mut stanzas) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for r in records {
-            let (domain, user) = split(&r.owner);
-            ids.push(r.id.0);
-            domains.push(domain);
-            users.push(user);
-            withs.push(r.with_bare.as_str());
-            remotes.push(r.remote.as_str());
-            outs.push(r.outgoing);
-            origins.push(r.origin_id.as_deref());
-            flags.push(r.flags);
-            stanzas.push(r.stanza.as_str());
-        }
-        sqlx::query(
-            "INSERT INTO archive
-             (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza)
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::boolean[], $7::text[], $8::int[], $9::text[])
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(&ids)
-        .bind(&domains)
-        .bind(&users)
-        .bind(&withs)
-        .bind(&remotes)
-        .bind(&outs)
-        .bind(&origins)
-        .bind(&flags)
-        .bind(&stanzas)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(())
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        insert_archive_rows(&mut conn, records).await
     }
 
     async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {

@@ -5,16 +5,20 @@
 //!   under the quota. The insert is a new statement, so under READ COMMITTED
 //!   it sees every message committed by the previous lock holder: concurrent
 //!   stores (from any node) cannot exceed the quota, and one owner's ids grow
-//!   in commit order.
+//!   in commit order. The message's archive rows are inserted in the same
+//!   transaction.
 //! - `take_all`: one `DELETE … RETURNING`. A concurrent second delete waits
 //!   for the first one's row locks and then finds the rows gone, so each
 //!   message is handed to exactly one caller.
 
+use super::archive::insert_archive_rows;
 use super::{backend, split, OwnerLock, PostgresStorage};
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
-use starling_core::storage::{OfflineMessage, OfflineStore, OfflineStoreError, StorageError};
+use starling_core::storage::{
+    ArchiveRecord, OfflineMessage, OfflineStore, OfflineStoreError, StorageError,
+};
 use starling_proto::BareJid;
 
 fn message(r: PgRow) -> OfflineMessage {
@@ -35,6 +39,7 @@ impl OfflineStore for PostgresStorage {
         stanza: &str,
         stamp_millis: i64,
         max_per_user: u32,
+        archive: &[ArchiveRecord],
     ) -> Result<(), OfflineStoreError> {
         let (domain, user) = split(owner);
         let mut tx = self.pool.begin().await.map_err(backend)?;
@@ -60,6 +65,7 @@ impl OfflineStore for PostgresStorage {
         if n == 0 {
             return Err(OfflineStoreError::QuotaExceeded { max: max_per_user });
         }
+        insert_archive_rows(&mut tx, archive).await?;
         // Durable once this returns (synchronous_commit of the server).
         tx.commit().await.map_err(backend)?;
         Ok(())

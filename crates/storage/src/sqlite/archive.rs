@@ -27,6 +27,35 @@ fn message(r: &sqlx::sqlite::SqliteRow) -> ArchivedMessage {
     }
 }
 
+/// Inserts archive rows (idempotent by id) in the caller's transaction;
+/// shared by [`ArchiveStore::append`] and the offline store, which writes a
+/// message's archive rows with it.
+pub(super) async fn insert_archive_rows(
+    conn: &mut sqlx::SqliteConnection,
+    records: &[ArchiveRecord],
+) -> StorageResult<()> {
+    for chunk in records.chunks(ROWS_PER_INSERT) {
+        let mut b = QueryBuilder::<Sqlite>::new(
+            "INSERT OR IGNORE INTO archive
+             (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza) ",
+        );
+        b.push_values(chunk, |mut row, r| {
+            let (domain, user) = split(&r.owner);
+            row.push_bind(r.id.0)
+                .push_bind(domain)
+                .push_bind(user)
+                .push_bind(r.with_bare.as_str())
+                .push_bind(r.remote.as_str())
+                .push_bind(i64::from(r.outgoing))
+                .push_bind(r.origin_id.as_deref())
+                .push_bind(i64::from(r.flags))
+                .push_bind(r.stanza.as_str());
+        });
+        b.build().execute(&mut *conn).await.map_err(backend)?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl ArchiveStore for SqliteStorage {
     async fn append(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
@@ -34,25 +63,7 @@ impl ArchiveStore for SqliteStorage {
             return Ok(());
         }
         let mut tx = self.pool.begin().await.map_err(backend)?;
-        for chunk in records.chunks(ROWS_PER_INSERT) {
-            let mut b = QueryBuilder::<Sqlite>::new(
-                "INSERT OR IGNORE INTO archive
-                 (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza) ",
-            );
-            b.push_values(chunk, |mut row, r| {
-                let (domain, user) = split(&r.owner);
-                row.push_bind(r.id.0)
-                    .push_bind(domain)
-                    .push_bind(user)
-                    .push_bind(r.with_bare.as_str())
-                    .push_bind(r.remote.as_str())
-                    .push_bind(i64::from(r.outgoing))
-                    .push_bind(r.origin_id.as_deref())
-                    .push_bind(i64::from(r.flags))
-                    .push_bind(r.stanza.as_str());
-            });
-            b.build().execute(&mut *tx).await.map_err(backend)?;
-        }
+        insert_archive_rows(&mut tx, records).await?;
         tx.commit().await.map_err(backend)
     }
 

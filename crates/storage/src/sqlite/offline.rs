@@ -1,12 +1,15 @@
-//! [`OfflineStore`] on SQLite. Each operation is one statement, hence one
-//! implicit transaction: the quota check and the insert cannot interleave
-//! with another writer, and take-and-delete hands each message to exactly
-//! one caller.
+//! [`OfflineStore`] on SQLite. SQLite admits one writer at a time, so the
+//! quota check and the insert (one statement) cannot interleave with another
+//! writer, and take-and-delete hands each message to exactly one caller.
+//! `store` writes the message's archive rows in the same transaction.
 
+use super::archive::insert_archive_rows;
 use super::{backend, split, SqliteStorage};
 use async_trait::async_trait;
 use sqlx::Row;
-use starling_core::storage::{OfflineMessage, OfflineStore, OfflineStoreError, StorageError};
+use starling_core::storage::{
+    ArchiveRecord, OfflineMessage, OfflineStore, OfflineStoreError, StorageError,
+};
 use starling_proto::BareJid;
 
 fn message(r: sqlx::sqlite::SqliteRow) -> OfflineMessage {
@@ -27,8 +30,13 @@ impl OfflineStore for SqliteStorage {
         stanza: &str,
         stamp_millis: i64,
         max_per_user: u32,
+        archive: &[ArchiveRecord],
     ) -> Result<(), OfflineStoreError> {
         let (domain, user) = split(owner);
+        // The archive rows first: the transaction's first statement writes,
+        // so it takes SQLite's write lock at once (no read-to-write upgrade).
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        insert_archive_rows(&mut tx, archive).await?;
         let n = sqlx::query(
             "INSERT INTO offline_messages (domain, username, sender, stanza, stamp)
              SELECT ?, ?, ?, ?, ?
@@ -43,13 +51,15 @@ impl OfflineStore for SqliteStorage {
         .bind(domain)
         .bind(user)
         .bind(i64::from(max_per_user))
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(backend)?
         .rows_affected();
         if n == 0 {
+            // Dropping the transaction rolls the archive rows back too.
             return Err(OfflineStoreError::QuotaExceeded { max: max_per_user });
         }
+        tx.commit().await.map_err(backend)?;
         Ok(())
     }
 
