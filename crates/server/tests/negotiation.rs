@@ -86,6 +86,51 @@ async fn login_every_scram_mechanism_and_plain_succeeds() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn login_with_full_address_as_username_succeeds() {
+    // Regression (issue 9): PLAIN with authcid `alice@localhost` got
+    // not-authorized. RFC 6120 §6.3.7 calls for the simple user name, but
+    // clients send the bare JID; it names the same account when its domain
+    // is the stream's (compared after normalisation, RFC 7622 §3.2). SCRAM
+    // (`n=alice@localhost`) is treated the same way, as ejabberd does.
+    let server = TestServer::start().await;
+    server.create_user("alice", "secret").await;
+    for (mech, user) in [
+        (Mechanism::Plain, "alice@localhost"),
+        (Mechanism::Plain, "alice@LocalHost"),
+        (Mechanism::ScramSha256, "alice@localhost"),
+        (Mechanism::ScramSha1Plus, "alice@localhost"),
+    ] {
+        let mut c = Client::connect(server.starttls_addr()).await;
+        c.negotiate_tls().await;
+        c.auth(mech, user, "secret")
+            .await
+            .unwrap_or_else(|f| panic!("{} as {user} failed: {f}", mech.name()));
+        assert_eq!(c.bind(Some("r1")).await, "alice@localhost/r1");
+        c.close().await;
+    }
+    // An address in another domain is refused on a stream to localhost,
+    // even when that account exists.
+    let server2 = TestServer::start_with(|c| c.server.domains.push("example.org".into())).await;
+    server2.create_user("alice", "secret").await;
+    let other = starling_proto::BareJid::new("alice@example.org").unwrap();
+    starling_server::accounts::create(&server2.server.env.storage, &other, "secret", 4096)
+        .await
+        .unwrap();
+    for (mech, user) in [
+        (Mechanism::Plain, "alice@example.org"),
+        (Mechanism::ScramSha256, "alice@example.org"),
+        (Mechanism::Plain, "alice@localhost/res"),
+    ] {
+        let mut c = Client::connect(server2.starttls_addr()).await;
+        c.negotiate_tls().await;
+        let f = c.auth(mech, user, "secret").await.unwrap_err();
+        assert!(f.has_child("not-authorized", ns::SASL), "{user}: {f}");
+    }
+    server.stop().await;
+    server2.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn scram_plus_with_tls_server_end_point_succeeds() {
     // RFC 5929 §4 binding type, advertised per XEP-0440.
     let server = TestServer::start().await;

@@ -5,7 +5,8 @@
 mod im_common;
 
 use im_common::*;
-use starling_testkit::TestServer;
+use starling_proto::sasl::Mechanism;
+use starling_testkit::{Client, Event, TestServer};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -332,5 +333,128 @@ async fn presence_follows_subscription_changes_in_the_session_cache() {
     alice.send("<presence><show>away</show></presence>").await;
     sync(&mut alice).await;
     assert!(presences(&sync(&mut bob).await, None).is_empty());
+    server.stop().await;
+}
+
+/// Available presences from `from` among what reaches `c` within `wait`.
+async fn available_from(c: &mut Client, from: &str, wait: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut n = 0;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match c.next_event_within(left).await {
+            Some(Event::Element(el)) => {
+                if el.name() == "presence"
+                    && el.attr("type").is_none()
+                    && el.attr("from") == Some(from)
+                {
+                    n += 1;
+                }
+            }
+            Some(other) => panic!("stream ended: {other:?}"),
+            None => return n,
+        }
+    }
+}
+
+/// Logs `user` in the way slixmpp's examples do: bind, roster get, then
+/// initial presence (`roster_first`), or initial presence first.
+async fn login_like_slixmpp(server: &TestServer, user: &str, roster_first: bool) -> Client {
+    let mut c = Client::connect(server.starttls_addr()).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, user, &format!("pw-{user}"))
+        .await
+        .expect("login");
+    c.bind(None).await;
+    let roster = "<iq type='get' id='r'><query xmlns='jabber:iq:roster'/></iq>";
+    if roster_first {
+        c.send(roster).await;
+        c.send("<presence><priority>1</priority></presence>").await;
+    } else {
+        c.send("<presence><priority>1</priority></presence>").await;
+        c.send(roster).await;
+    }
+    c
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn contact_login_delivers_each_presence_once() {
+    // Issue 9 (profanity printed "Bob is online" twice when bob logged in
+    // with slixmpp). RFC 6121 §4.2.2: bob's initial presence reaches each
+    // subscriber once; §4.3.2 rule 4 (answered from the session table, no
+    // probe on the wire, §4.3.1): bob gets alice's current presence once.
+    let server = TestServer::start().await;
+    for (i, roster_first) in [true, false].into_iter().enumerate() {
+        let (a, b) = (format!("alice{i}"), format!("bob{i}"));
+        server.create_user(&b, &format!("pw-{b}")).await;
+        set_state(&server, &a, &b, St::B).await;
+        let mut alice = login_full(&server, &a).await;
+        let mut bob = login_like_slixmpp(&server, &b, roster_first).await;
+        let alice_jid = alice.jid.clone();
+        let bob_jid = bob.jid.clone();
+        let (at_alice, at_bob) = tokio::join!(
+            available_from(&mut alice, &bob_jid, Duration::from_secs(1)),
+            available_from(&mut bob, &alice_jid, Duration::from_secs(1)),
+        );
+        assert_eq!((at_alice, at_bob), (1, 1), "roster first: {roster_first}");
+        // Later presence of alice's that repeats the login-time one is news
+        // again after she was unavailable: bob sees both changes.
+        alice.send("<presence type='unavailable'/>").await;
+        alice.send("<presence/>").await;
+        sync(&mut alice).await;
+        let got = sync(&mut bob).await;
+        let from_alice: Vec<_> = got
+            .iter()
+            .filter(|e| e.name() == "presence" && e.attr("from") == Some(alice_jid.as_str()))
+            .map(|e| e.attr("type"))
+            .collect();
+        assert_eq!(from_alice, [Some("unavailable"), None], "{got:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn simultaneous_logins_deliver_each_presence_once() {
+    // RFC 6121 §4.2.2 and §4.3.2 when both contacts become available at the
+    // same moment: each must see the other exactly once — neither twice
+    // (broadcast and the current-presence answer) nor never (each side's
+    // lookup running before the other is recorded as available).
+    let server = TestServer::start().await;
+    let pairs = 12;
+    for i in 0..pairs {
+        let (a, b) = (format!("sa{i}"), format!("sb{i}"));
+        for u in [&a, &b] {
+            server.create_user(u, &format!("pw-{u}")).await;
+        }
+        set_state(&server, &a, &b, St::B).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..pairs {
+        let addr = server.starttls_addr();
+        let (a, b) = (format!("sa{i}"), format!("sb{i}"));
+        tasks.push(tokio::spawn(async move {
+            let connect = |user: String| async move {
+                let mut c = Client::connect(addr).await;
+                c.negotiate_tls().await;
+                c.auth(Mechanism::ScramSha256, &user, &format!("pw-{user}"))
+                    .await
+                    .expect("login");
+                c.bind(None).await;
+                c
+            };
+            let (mut alice, mut bob) = tokio::join!(connect(a), connect(b));
+            let (alice_jid, bob_jid) = (alice.jid.clone(), bob.jid.clone());
+            tokio::join!(alice.send("<presence/>"), bob.send("<presence/>"));
+            tokio::join!(
+                available_from(&mut alice, &bob_jid, Duration::from_secs(1)),
+                available_from(&mut bob, &alice_jid, Duration::from_secs(1)),
+            )
+        }));
+    }
+    let mut counts = Vec::new();
+    for t in tasks {
+        counts.push(t.await.unwrap());
+    }
+    assert!(counts.iter().all(|c| *c == (1, 1)), "{counts:?}");
     server.stop().await;
 }

@@ -148,3 +148,91 @@ async fn cancel_registration_deletes_account_and_closes_sessions() {
         .unwrap_err();
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn password_change_addressed_to_server_takes_effect() {
+    // Regression (issue 9): XEP-0077 §3.3's example addresses the change to
+    // the server (`to='shakespeare.lit'`); it got service-unavailable.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = alice
+        .iq(
+            "<iq type='get' to='localhost' id='f'><query xmlns='jabber:iq:register'/></iq>",
+            "f",
+        )
+        .await;
+    let q = r
+        .get_child("query", ns::REGISTER)
+        .unwrap_or_else(|| panic!("no form: {r}"));
+    assert!(q.get_child("registered", ns::REGISTER).is_some(), "{r}");
+    let r = alice
+        .iq("<iq type='set' to='localhost' id='pw'><query xmlns='jabber:iq:register'><username>alice</username><password>brand-new</password></query></iq>", "pw")
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let mut c = tls_stream(&server).await;
+    c.auth(Mechanism::ScramSha256, "alice", "brand-new")
+        .await
+        .expect("new password works");
+    // Still only one's own password.
+    let r = alice
+        .iq("<iq type='set' to='localhost' id='pw2'><query xmlns='jabber:iq:register'><username>bob</username><password>hacked!</password></query></iq>", "pw2")
+        .await;
+    assert_eq!(error_condition(&r).as_deref(), Some("not-authorized"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_addressed_to_server_deletes_account() {
+    // Regression (issue 9): Smack sends XEP-0077 §3.2's remove with
+    // `to` = the server's domain; it got service-unavailable.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<iq type='set' to='localhost' id='rm'><query xmlns='jabber:iq:register'><remove/></query></iq>")
+        .await;
+    let r = alice.recv_until(|e| e.attr("id") == Some("rm")).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert_eq!(r.attr("from"), Some("localhost"), "{r}");
+    alice.expect_stream_error("not-authorized").await;
+    let mut c = tls_stream(&server).await;
+    c.auth(Mechanism::ScramSha256, "alice", "pw-alice")
+        .await
+        .unwrap_err();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn register_requests_to_another_account_or_domain_refused() {
+    // XEP-0077 §3.2, §3.3: the host acts on the requester's own account;
+    // addressing another user's bare JID changes nothing.
+    let server = TestServer::start_with(|c| c.server.domains.push("example.org".into())).await;
+    let mut alice = server.login("alice").await;
+    let bob = server.login("bob").await;
+    for (to, id) in [("bob@localhost", "a"), ("example.org", "b")] {
+        let r = alice
+            .iq(&format!("<iq type='set' to='{to}' id='{id}'><query xmlns='jabber:iq:register'><remove/></query></iq>"), id)
+            .await;
+        assert_eq!(
+            error_condition(&r).as_deref(),
+            Some("forbidden"),
+            "{to}: {r}"
+        );
+        let r = alice
+            .iq(&format!("<iq type='set' to='{to}' id='{id}2'><query xmlns='jabber:iq:register'><username>alice</username><password>brand-new</password></query></iq>"), &format!("{id}2"))
+            .await;
+        assert_eq!(
+            error_condition(&r).as_deref(),
+            Some("forbidden"),
+            "{to}: {r}"
+        );
+    }
+    // Nothing changed: both accounts keep their passwords.
+    for (user, pw) in [("alice", "pw-alice"), ("bob", "pw-bob")] {
+        let mut c = tls_stream(&server).await;
+        c.auth(Mechanism::ScramSha256, user, pw)
+            .await
+            .expect("password unchanged");
+    }
+    drop(bob);
+    server.stop().await;
+}

@@ -4,6 +4,7 @@
 mod im_common;
 
 use im_common::*;
+use starling_core::storage::Subscription;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, TestServer};
 
@@ -591,28 +592,79 @@ async fn subscription_spoofing_changes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn subscribe_to_unknown_or_remote_contacts_fails() {
-    // RFC 6121 §3.1.2: errors when the request cannot be delivered.
+async fn subscribe_to_unknown_local_account_pushed_then_unsubscribed() {
+    // Regression (issue 9): a subscription request to a local account that
+    // does not exist got an error and no roster push. RFC 6121 §3.1.2: the
+    // user's server pushes the item (none + ask) to interested resources;
+    // the contact's side (§3.1.3, §8.5.1) answers, like ejabberd and
+    // Prosody, with `unsubscribed` from the contact's bare JID, which the
+    // user's server processes per §3.2.3 / Appendix A.3.4: delivered, then
+    // the pending ask cleared with a second push.
     let server = TestServer::start().await;
     let mut alice = login_full(&server, "alice").await;
     alice
         .send("<presence to='ghost@localhost' type='subscribe' id='g'/>")
         .await;
     let got = sync(&mut alice).await;
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(
-        error_condition(&got[0]).as_deref(),
-        Some("service-unavailable")
+    assert!(
+        got.iter().all(|e| e.attr("type") != Some("error")),
+        "{got:?}"
     );
+    let p = pushes(&got);
+    assert_eq!(p.len(), 2, "{got:?}");
+    let first = push_item(p[0]);
+    assert_eq!(
+        (
+            first.attr("jid"),
+            first.attr("subscription"),
+            first.attr("ask")
+        ),
+        (Some("ghost@localhost"), Some("none"), Some("subscribe"))
+    );
+    let second = push_item(p[1]);
+    assert_eq!(
+        (second.attr("subscription"), second.attr("ask")),
+        (Some("none"), None)
+    );
+    assert_eq!(sub_types(&got), ["unsubscribed"]);
+    let refusal = presences(&got, Some("unsubscribed"))[0];
+    assert_eq!(refusal.attr("from"), Some("ghost@localhost"));
+    // Order: push (ask), the refusal, then the push that clears the ask.
+    let pos = |e: &Element| got.iter().position(|x| std::ptr::eq(x, e)).unwrap();
+    assert!(
+        pos(p[0]) < pos(refusal) && pos(refusal) < pos(p[1]),
+        "{got:?}"
+    );
+    // The item stays, with subscription none and no pending ask.
+    let item = item_of(&server, "alice", "ghost").await.expect("item kept");
+    assert_eq!((item.subscription, item.ask), (Subscription::None, false));
+    // No account appeared and nothing was stored for the ghost.
+    let ghost = bare("ghost");
+    let storage = &server.server.env.storage;
+    assert!(!storage.accounts.exists(&ghost).await.unwrap());
+    assert!(storage
+        .roster
+        .pending_requests(&ghost)
+        .await
+        .unwrap()
+        .is_empty());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn subscribe_to_remote_contact_fails() {
+    // RFC 6121 §3.1.2: an error when the request cannot be routed (no s2s).
+    let server = TestServer::start().await;
+    let mut alice = login_full(&server, "alice").await;
     alice
         .send("<presence to='juliet@example.com' type='subscribe' id='r'/>")
         .await;
     let got = sync(&mut alice).await;
+    assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(
         error_condition(&got[0]).as_deref(),
         Some("remote-server-not-found")
     );
-    assert!(item_of(&server, "alice", "ghost").await.is_none());
     let r = roster_get(&mut alice).await;
     assert_eq!(r.get_child("query", ROSTER).unwrap().children().count(), 0);
     server.stop().await;

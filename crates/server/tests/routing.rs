@@ -522,6 +522,65 @@ async fn disco_info_lists_declared_features_only() {
     server2.stop().await;
 }
 
+/// Features that clients look for on the server's own disco#info.
+const SERVER_SCOPE_ACCOUNT_FEATURES: [&str; 5] = [
+    "urn:xmpp:mam:2",
+    "urn:xmpp:mam:2#extended",
+    "urn:xmpp:carbons:2",
+    "urn:xmpp:blocking",
+    "urn:xmpp:inbox:1",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disco_server_advertises_archive_and_inbox_when_enabled() {
+    // Regression (issue 9, profanity: "Server doesn't support MAM"): MAM was
+    // advertised on the account only. XEP-0313 §7 requires it on the
+    // archiving JID (the account); clients also look at the server's
+    // disco#info, where Prosody and ejabberd list it. XEP-0280 §3 and
+    // XEP-0191 §3.1: carbons and blocking on the server; XEP-0430 §2.1:
+    // the inbox on the server as MongooseIM does.
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let on_server = alice.disco_features("localhost").await;
+    let on_account = alice.disco_features("alice@localhost").await;
+    for f in SERVER_SCOPE_ACCOUNT_FEATURES {
+        assert!(
+            on_server.iter().any(|v| v == f),
+            "{f} on server: {on_server:?}"
+        );
+    }
+    for f in [
+        "urn:xmpp:mam:2",
+        "urn:xmpp:mam:2#extended",
+        "urn:xmpp:inbox:1",
+    ] {
+        assert!(
+            on_account.iter().any(|v| v == f),
+            "{f} on account: {on_account:?}"
+        );
+    }
+    // Disabled modules advertise nothing, in either scope (invariant 1).
+    let server2 = TestServer::start_with(|c| {
+        c.modules.mam.enabled = false;
+        c.modules.inbox.enabled = false;
+        c.modules.carbons.enabled = false;
+        c.modules.blocking.enabled = false;
+    })
+    .await;
+    let mut carol = server2.login("carol").await;
+    for to in ["localhost", "carol@localhost"] {
+        let vars = carol.disco_features(to).await;
+        for f in SERVER_SCOPE_ACCOUNT_FEATURES {
+            assert!(
+                !vars.iter().any(|v| v == f),
+                "{f} advertised on {to}: {vars:?}"
+            );
+        }
+    }
+    server.stop().await;
+    server2.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn disco_on_account_answered_for_owner_only() {
     // XEP-0030 §3.1: the server answers for the account.

@@ -171,11 +171,30 @@ impl Session {
         }
     }
 
+    /// The account a PLAIN authcid or SCRAM username names. RFC 6120
+    /// §6.3.7 asks for the simple user name; clients also send the bare
+    /// JID, which names the same account when its domain is the stream's
+    /// (compared after the jid crate's normalisation). Any other domain is
+    /// not this stream's account.
     fn account_jid(&self, username: &str) -> Result<BareJid, SaslError> {
-        BareJid::new(&format!("{username}@{}", self.info.domain))
+        let invalid = || SaslError::NotAuthorized("invalid username");
+        let given = if username.contains('@') {
+            Some(BareJid::new(username).map_err(|_| invalid())?)
+        } else {
+            None
+        };
+        let local = match &given {
+            Some(j) => j.node().ok_or_else(invalid)?.as_str(),
+            None => username,
+        };
+        let jid = BareJid::new(&format!("{local}@{}", self.info.domain))
             .ok()
             .filter(|j| j.node().is_some())
-            .ok_or(SaslError::NotAuthorized("invalid username"))
+            .ok_or_else(invalid)?;
+        if given.as_ref().is_some_and(|g| *g != jid) {
+            return Err(SaslError::NotAuthorized("not an account of this domain"));
+        }
+        Ok(jid)
     }
 
     fn check_authzid(&self, authzid: Option<&str>, jid: &BareJid) -> Result<(), SaslError> {

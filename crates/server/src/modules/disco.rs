@@ -3,6 +3,9 @@
 //!
 //! Features and identities come only from what enabled modules declared in
 //! the hook registry (`HookRegistry::disco`) — there is no hand-kept list.
+//! Each module declares a feature for the server's domain, for accounts'
+//! bare JIDs, or both (`Scopes`); account services that clients look for
+//! on the server (archive, inbox) are declared in both.
 //! Account queries are answered for the account's owner; other requesters
 //! get `<service-unavailable/>` as if the account did not exist
 //! (XEP-0030 §3.1, presence-based visibility arrives with the roster).
@@ -11,6 +14,7 @@
 //! scope. Storage: accounts (existence). Config: `[modules.disco]`.
 
 use crate::config::DiscoConfig;
+use starling_core::disco::Scopes;
 use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
 use starling_core::{async_trait, Env};
 use starling_proto::{ns, Stanza, StanzaErrorCondition};
@@ -29,10 +33,10 @@ impl Disco {
         for scope in [IqScope::Server, IqScope::Account] {
             reg.iq(NAME, scope, "query", ns::DISCO_INFO, m.clone());
             reg.iq(NAME, scope, "query", ns::DISCO_ITEMS, m.clone());
-            reg.disco()
-                .feature(scope, ns::DISCO_INFO)
-                .feature(scope, ns::DISCO_ITEMS);
         }
+        reg.disco()
+            .feature(Scopes::BOTH, ns::DISCO_INFO)
+            .feature(Scopes::BOTH, ns::DISCO_ITEMS);
         reg.disco()
             .identity(IqScope::Server, "server", "im", Some(&cfg.server_name))
             .identity(IqScope::Account, "account", "registered", None);

@@ -35,7 +35,8 @@
 //!
 //! Hooks: called by the archive (`mam`), `user_send` (46) for own-inbox
 //! queries, `shutdown`; iq handlers `{urn:xmpp:inbox:1}inbox`,
-//! `{…#conversation}reset` (account scope). Storage: `InboxStore`.
+//! `{…#conversation}reset` (account scope); disco features on the account
+//! and the server. Storage: `InboxStore`.
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
 use crate::config::InboxConfig;
@@ -43,6 +44,7 @@ use crate::modules::mam::{
     origin_id, result_message, rsm_first_last, Kind, Mam, NS_MARKERS, NS_RSM,
 };
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use starling_core::disco::Scopes;
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
 };
@@ -129,9 +131,11 @@ impl Inbox {
         reg.shutdown(NAME, 95, m.clone());
         reg.iq(NAME, IqScope::Account, "inbox", NS_INBOX, m.clone());
         reg.iq(NAME, IqScope::Account, "reset", NS_CONVERSATION, m.clone());
+        // On the account and, as MongooseIM does, on the server, where
+        // clients look for it (XEP-0430 §2.1 names no JID).
         reg.disco()
-            .feature(IqScope::Account, NS_INBOX)
-            .feature(IqScope::Account, NS_CONVERSATION);
+            .feature(Scopes::BOTH, NS_INBOX)
+            .feature(Scopes::BOTH, NS_CONVERSATION);
     }
 
     /// The owner sent an archived message `id` to `peer`.

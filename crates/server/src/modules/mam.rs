@@ -55,7 +55,9 @@
 //!
 //! Hooks: `user_send` (45, 90), `inbound` (20), `offline_message` (40),
 //! `shutdown`; iq handlers
-//! `{urn:xmpp:mam:2}query|prefs|metadata` (account scope).
+//! `{urn:xmpp:mam:2}query|prefs|metadata` (account scope); disco features
+//! `mam:2`, `#extended` and `sid:0` on the account and the server (§7),
+//! retraction features on the account.
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]`, `server.node_id`.
 
@@ -63,6 +65,7 @@ use crate::config::MamConfig;
 use crate::modules::inbox::Inbox;
 use crate::modules::time::{parse_xep0082, xep0082_datetime};
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
+use starling_core::disco::Scopes;
 use starling_core::hooks::{
     HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OfflineCompanions,
     OfflineMessageHandler, ShutdownHandler, UserSendHandler,
@@ -283,10 +286,12 @@ impl Mam {
         for name in ["query", "prefs", "metadata"] {
             reg.iq(NAME, IqScope::Account, name, NS_MAM, m.clone());
         }
+        // §7: on the archiving JID (the account); also on the server,
+        // where clients look for it first (as Prosody and ejabberd do).
         reg.disco()
-            .feature(IqScope::Account, NS_MAM)
-            .feature(IqScope::Account, NS_MAM_EXTENDED)
-            .feature(IqScope::Account, NS_SID)
+            .feature(Scopes::BOTH, NS_MAM)
+            .feature(Scopes::BOTH, NS_MAM_EXTENDED)
+            .feature(Scopes::BOTH, NS_SID)
             .feature(IqScope::Account, NS_RETRACT)
             .feature(IqScope::Account, NS_RETRACT_TOMBSTONE);
         m

@@ -13,6 +13,7 @@
 //! Config: `[modules.ping]` enabled, interval_secs, timeout_secs.
 
 use crate::config::PingConfig;
+use starling_core::disco::Scopes;
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, SessionOpenedHandler, TimerHandler,
     UserSendHandler,
@@ -48,8 +49,7 @@ impl Ping {
         });
         reg.iq(NAME, IqScope::Server, "ping", ns::PING, m.clone());
         reg.iq(NAME, IqScope::Account, "ping", ns::PING, m.clone());
-        reg.disco().feature(IqScope::Server, ns::PING);
-        reg.disco().feature(IqScope::Account, ns::PING);
+        reg.disco().feature(Scopes::BOTH, ns::PING);
         if cfg.interval_secs > 0 {
             reg.session_opened(NAME, 50, m.clone());
             reg.user_send(NAME, 10, m.clone());

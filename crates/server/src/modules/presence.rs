@@ -19,6 +19,18 @@
 //!   after the router's `inbound` chain (block lists) accepted it. Offline
 //!   contacts send nothing (§4.3.2 rule 3 is a SHOULD that "can greatly
 //!   increase the number of presence notifications").
+//! - Contacts who log in at the same moment see each other exactly once.
+//!   The session records its availability in the session table *before*
+//!   it looks up its contacts (not only through the `SetPresence` action
+//!   after the chain), so a contact's broadcast that the lookup misses
+//!   finds the session available and is delivered. A contact whose
+//!   availability the lookup saw may still have its broadcast delivered
+//!   too; the lookup's answers are remembered ([`Announced`], for
+//!   [`ANNOUNCED_TTL`]) and the first routed presence of each of those
+//!   resources is dropped if it carries the same payload — the routed copy
+//!   always arrives after the looked-up one, through the mailbox. Any
+//!   other presence from that resource ends the suppression for it, and a
+//!   probe the client sends ends it for all (the answers are asked for).
 //! - Probes that do arrive (sent by a client, §4.3) are answered per
 //!   §4.3.2 from the session table: `unsubscribed` from the bare JID when
 //!   the prober is not a subscriber, the stored presence of each available
@@ -34,23 +46,34 @@
 //! - A session that ends while available has unavailable presence
 //!   broadcast on its behalf to subscribers and own resources (§4.5.2).
 //!
-//! Hooks: `user_send` (40), `user_receive` (40), `session_closed`,
+//! Hooks: `user_send` (40), `user_receive` (40), `session_closed`, timer,
 //! `inbound` (45, probes; with the roster module). Storage: roster
 //! (probe authorisation). Config: `[modules.presence]` enabled.
 
 use super::roster::{presence, SessionRoster};
 use starling_core::hooks::{
-    HookRegistry, InboundHandler, SessionClosedHandler, UserReceiveHandler, UserSendHandler,
+    HookRegistry, InboundHandler, SessionClosedHandler, TimerHandler, UserReceiveHandler,
+    UserSendHandler,
 };
-use starling_core::{async_trait, run_chain, Action, Env, Flow, HookResult, SessionCtx};
+use starling_core::{async_trait, run_chain, Action, Env, Flow, HookResult, SessionCtx, TimerKey};
 use starling_proto::{ns, BareJid, Jid, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 const NAME: &str = "presence";
 /// Most entities one session remembers having sent directed presence to.
 pub const MAX_DIRECTED: usize = 1000;
+/// How long a session remembers the contacts' presence it was given at
+/// login, to drop the same presence arriving again from a contact who
+/// became available at the same moment. Generous: the racing copy is
+/// routed right after the contact's own availability was recorded.
+pub const ANNOUNCED_TTL: Duration = Duration::from_secs(10);
+const FORGET_ANNOUNCED: TimerKey = TimerKey {
+    module: NAME,
+    token: 1,
+};
 
 /// The presence module.
 pub struct Presence;
@@ -61,6 +84,13 @@ struct Directed {
     targets: HashSet<Jid>,
 }
 
+/// Per-session state, for [`ANNOUNCED_TTL`] after initial presence: the
+/// contacts' resources whose presence the session was given from the
+/// session table, with that presence.
+struct Announced {
+    sent: Vec<(Jid, Arc<Element>)>,
+}
+
 impl Presence {
     /// Registers the module; `roster` says whether the roster module runs
     /// (subscription-based fan-out and probe answers need it).
@@ -69,6 +99,7 @@ impl Presence {
         reg.user_send(NAME, 40, m.clone());
         reg.user_receive(NAME, 40, m.clone());
         reg.session_closed(NAME, 40, m.clone());
+        reg.timer(NAME, m.clone());
         if roster {
             reg.inbound(NAME, 45, m);
         }
@@ -97,9 +128,16 @@ impl Presence {
     /// Presence with no 'to': availability for broadcast.
     async fn broadcast(&self, cx: &mut SessionCtx<'_>, stanza: &Stanza, available: bool) {
         let was_available = cx.info.priority.is_some();
-        cx.push(Action::SetPresence(available.then(|| {
-            (priority_of(stanza), Arc::new(stanza.element().clone()))
-        })));
+        let record = available.then(|| (priority_of(stanza), Arc::new(stanza.element().clone())));
+        if available && !was_available {
+            // Visible as available before the contacts are looked up (see
+            // the module doc); the action below updates the session's own
+            // facts and writes the same entry again.
+            cx.env
+                .sessions
+                .set_presence(cx.jid(), cx.info.id, record.clone());
+        }
+        cx.push(Action::SetPresence(record));
         let me = cx.jid().clone();
         let my_bare = me.to_bare();
         // Own resources (§4.2.2, §4.4.2, §4.5.2).
@@ -150,10 +188,12 @@ impl Presence {
         };
         let env = cx.env;
         let me: Jid = cx.jid().clone().into();
+        let mut sent = Vec::new();
         for c in contacts {
             for e in env.sessions.resources(&c) {
                 let Some(p) = &e.presence else { continue };
-                let mut s = Stanza::new((**p).clone(), Some(e.jid.into()), Some(me.clone()));
+                let from: Jid = e.jid.into();
+                let mut s = Stanza::new((**p).clone(), Some(from.clone()), Some(me.clone()));
                 let flow = if env.hooks.inbound.is_empty() {
                     Flow::Continue
                 } else {
@@ -161,9 +201,31 @@ impl Presence {
                 };
                 if flow == Flow::Continue {
                     cx.send(s.into_element());
+                    sent.push((from, p.clone()));
                 }
             }
         }
+        if !sent.is_empty() {
+            cx.state.insert(Announced { sent });
+            cx.push(Action::SetTimer(FORGET_ANNOUNCED, ANNOUNCED_TTL));
+        }
+    }
+
+    /// A presence from a contact's resource: false if it repeats the
+    /// presence this session was given from the session table at login.
+    fn is_news(&self, cx: &mut SessionCtx<'_>, stanza: &Stanza) -> bool {
+        let (Some(a), Some(from)) = (cx.state.get_mut::<Announced>(), stanza.from()) else {
+            return true;
+        };
+        let Some(i) = a.sent.iter().position(|(j, _)| j == from) else {
+            return true;
+        };
+        let (_, known) = a.sent.swap_remove(i);
+        if a.sent.is_empty() {
+            cx.state.remove::<Announced>();
+            cx.push(Action::CancelTimer(FORGET_ANNOUNCED));
+        }
+        !(stanza.type_attr().is_none() && known.children().eq(stanza.element().children()))
     }
 
     /// Presence with a 'to': remember or forget directed presence (§4.6.3).
@@ -201,6 +263,13 @@ impl UserSendHandler for Presence {
         let available = match stanza.type_attr() {
             None => true,
             Some("unavailable") => false,
+            Some("probe") => {
+                // The answers are asked for: none is a repeat to drop.
+                if cx.state.remove::<Announced>().is_some() {
+                    cx.push(Action::CancelTimer(FORGET_ANNOUNCED));
+                }
+                return Ok(Flow::Continue);
+            }
             _ => return Ok(Flow::Continue),
         };
         match stanza.to().cloned() {
@@ -219,12 +288,26 @@ impl UserSendHandler for Presence {
 #[async_trait]
 impl UserReceiveHandler for Presence {
     async fn user_receive(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        if stanza.kind() != StanzaKind::Presence {
+            return Ok(Flow::Continue);
+        }
         // §4.6.1: SHOULD forget an entity that sends unavailable presence.
-        if stanza.kind() == StanzaKind::Presence && stanza.type_attr() == Some("unavailable") {
+        if stanza.type_attr() == Some("unavailable") {
             if let (Some(d), Some(from)) = (cx.state.get_mut::<Directed>(), stanza.from()) {
                 d.targets.remove(from);
             }
         }
+        if matches!(stanza.type_attr(), None | Some("unavailable")) && !self.is_news(cx, stanza) {
+            return Ok(Flow::Stop); // already given at login (module doc)
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl TimerHandler for Presence {
+    async fn timer(&self, cx: &mut SessionCtx<'_>, _token: u64) -> HookResult {
+        cx.state.remove::<Announced>();
         Ok(Flow::Continue)
     }
 }

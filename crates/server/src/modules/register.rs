@@ -7,14 +7,18 @@
 //!   advertised then (§4).
 //! - Logged-in users change their password (§3.3) and delete their account
 //!   (§3.2) when `allow_password_change` / `allow_cancel` are on; deleting
-//!   closes every session of the account with `<not-authorized/>`.
+//!   closes every session of the account with `<not-authorized/>`. The
+//!   request may carry no `to`, the user's own bare JID, or the user's own
+//!   domain (§3.3's example; Smack sends removals that way); the account
+//!   acted on is always the sender's. Another account's JID or another
+//!   domain gets `<forbidden/>`.
 //!
 //! Passwords become salted SCRAM keys on the blocking pool. Registration
 //! uses the plain `username`/`password` fields (§3.1); data forms (§6) are
 //! not offered.
 //!
 //! Hooks: `pre_auth`, stream features (pre-auth), iq handler
-//! `{jabber:iq:register}query` in account scope.
+//! `{jabber:iq:register}query` in account and server scope.
 //! Storage: accounts. Config: `[modules.register]`.
 
 use crate::accounts::{self, AccountError};
@@ -57,7 +61,8 @@ impl Register {
             reg.stream_features(m.clone());
         }
         if cfg.enabled || cfg.allow_password_change || cfg.allow_cancel {
-            reg.iq(NAME, IqScope::Account, "query", ns::REGISTER, m);
+            reg.iq(NAME, IqScope::Account, "query", ns::REGISTER, m.clone());
+            reg.iq(NAME, IqScope::Server, "query", ns::REGISTER, m);
             reg.disco().feature(IqScope::Server, ns::REGISTER);
         }
     }
@@ -206,12 +211,18 @@ impl PreAuthHandler for Register {
 
 #[async_trait]
 impl IqHandler for Register {
-    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
+    async fn handle_iq(&self, env: &Env, scope: IqScope, iq: &Stanza) -> IqResponse {
         let Some(from) = iq.from().map(|f| f.to_bare()) else {
             return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
         };
-        // Only the account itself manages its registration.
-        if iq.to().is_some_and(|t| t.to_bare() != from) {
+        // Only the account itself manages its registration: addressed to
+        // itself (or nothing) or to its own server.
+        let own = match (scope, iq.to()) {
+            (_, None) => true,
+            (IqScope::Account, Some(t)) => t.to_bare() == from,
+            (IqScope::Server, Some(t)) => t.domain() == from.domain(),
+        };
+        if !own {
             return IqResponse::Error(StanzaErrorCondition::Forbidden.into());
         }
         let Some(query) = iq.payload() else {

@@ -42,9 +42,13 @@
 //!
 //! Local simplifications: every account is local (no s2s), so the user's
 //! server and the contact's server are this process; subscriptions to
-//! remote domains get `<remote-server-not-found/>` and change nothing, and
-//! `subscribe` to a local account that does not exist gets
-//! `<service-unavailable/>` (§3.1.2). Subscribing to oneself is ignored and
+//! remote domains get `<remote-server-not-found/>` and change nothing.
+//! `subscribe` to a local account that does not exist is processed like any
+//! other on the user's side (item with `ask`, pushed, §3.1.2); the
+//! contact's side then answers `unsubscribed` from the contact's bare JID
+//! (§3.1.3 and §8.5.1 allow that or silence; ejabberd and Prosody answer),
+//! which clears the ask with a second push (§3.2.3, A.3.4), so clients see
+//! the request end. Subscribing to oneself is ignored and
 //! adding oneself to the roster gets `<not-allowed/>` (§2.3.3 interop
 //! note). Concurrent changes to one item are last-writer-wins.
 //!
@@ -573,20 +577,12 @@ impl Roster {
         if contact == owner {
             return Ok(()); // one is always subscribed to oneself
         }
-        if kind == SubType::Subscribe {
-            let exists = contact.node().is_some()
-                && env
-                    .storage
-                    .accounts
-                    .exists(&contact)
-                    .await
-                    .map_err(|e| storage_failure("account lookup failed", &e))?;
-            if !exists {
-                return Err(err(
-                    StanzaErrorCondition::ServiceUnavailable,
-                    "no such user",
-                ));
-            }
+        if kind == SubType::Subscribe && contact.node().is_none() {
+            // The server itself takes no subscriptions.
+            return Err(err(
+                StanzaErrorCondition::ServiceUnavailable,
+                "the server does not take presence subscriptions",
+            ));
         }
         // §3.1.2: the user's bare JID, to the contact's bare JID.
         stanza.set_from(Some(owner.clone().into()));
@@ -702,6 +698,15 @@ impl Roster {
         contact: &BareJid,
     ) -> Result<(), StorageError> {
         if kind == SubType::Subscribe && !env.storage.accounts.exists(owner).await? {
+            // No such account (§8.5.1): refuse on its behalf, so the
+            // requester's pending ask is cleared (§3.2.3, A.3.4) instead of
+            // staying forever.
+            env.route(presence(
+                Some("unsubscribed"),
+                owner.clone().into(),
+                contact.clone().into(),
+            ))
+            .await;
             return Ok(());
         }
         let (item, pending_in) = load_state(env, owner, contact).await?;
