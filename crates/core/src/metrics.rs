@@ -46,6 +46,9 @@ pub struct WriteBehindMetrics {
     pub batches: Family<Vec<(String, String)>, Counter>,
     /// Records dropped after the retries of their batch failed.
     pub dropped: Family<Vec<(String, String)>, Counter>,
+    /// The queues created so far, by name (shutdown reports what each
+    /// could not write).
+    created: std::sync::Arc<std::sync::Mutex<Vec<(String, QueueMetrics)>>>,
 }
 
 /// The handles of one write-behind queue.
@@ -65,12 +68,25 @@ impl WriteBehindMetrics {
     /// The handles of queue `name`.
     pub fn queue(&self, name: &str) -> QueueMetrics {
         let l = vec![("queue".to_owned(), name.to_owned())];
-        QueueMetrics {
+        let q = QueueMetrics {
             queued: self.queued.get_or_create(&l).clone(),
             written: self.written.get_or_create(&l).clone(),
             batches: self.batches.get_or_create(&l).clone(),
             dropped: self.dropped.get_or_create(&l).clone(),
+        };
+        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        if !created.iter().any(|(n, _)| n == name) {
+            created.push((name.to_owned(), q.clone()));
         }
+        q
+    }
+
+    /// Every queue created through [`WriteBehindMetrics::queue`], by name.
+    pub fn queues(&self) -> Vec<(String, QueueMetrics)> {
+        self.created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

@@ -63,8 +63,13 @@ pub struct ServerSection {
     pub domains: Vec<String>,
     /// Directory for the database, generated certificates and other state.
     pub data_dir: PathBuf,
-    /// Seconds to wait for sessions to close on shutdown before giving up.
+    /// Seconds to wait for sessions to close on shutdown before going on
+    /// to drain storage queues anyway.
     pub shutdown_timeout_secs: u64,
+    /// Seconds to wait, after the sessions closed, for the write-behind
+    /// queues (archive, inbox) to be written before storage is closed; past
+    /// it, shutdown logs how many records each queue could not write.
+    pub drain_timeout_secs: u64,
     /// Upper bound on simultaneous client connections (beyond it, new
     /// connections wait in the kernel's accept queue).
     pub max_connections: usize,
@@ -80,6 +85,7 @@ impl Default for ServerSection {
             domains: vec!["localhost".into()],
             data_dir: PathBuf::from("./data"),
             shutdown_timeout_secs: 10,
+            drain_timeout_secs: 120,
             max_connections: 100_000,
             node_id: 0,
         }

@@ -28,6 +28,7 @@ pub struct RunningServer {
     done_rx: mpsc::Receiver<()>,
     listeners: Vec<JoinHandle<()>>,
     shutdown_timeout: Duration,
+    drain_timeout: Duration,
 }
 
 impl RunningServer {
@@ -39,28 +40,81 @@ impl RunningServer {
             .map(|(a, _)| *a)
     }
 
-    /// Graceful shutdown: stop accepting, close every stream with
-    /// `<system-shutdown/>`, wait (bounded) for sessions to finish their
-    /// hooks, then flush and close storage.
+    /// Graceful shutdown, in an order that loses nothing accepted:
+    ///
+    /// 1. the listeners stop accepting connections;
+    /// 2. every session stops reading (no new stanza is accepted), closes
+    ///    its stream with `<system-shutdown/>`, runs its `session_closed`
+    ///    hooks and re-routes what is still in its mailbox (to offline
+    ///    storage when nobody else can take it); storage is still open and
+    ///    the write-behind writers still run, so none of this can fail for
+    ///    lack of them. Waits up to `shutdown_timeout_secs`;
+    /// 3. the modules' shutdown hooks drain the write-behind queues into
+    ///    storage, up to `drain_timeout_secs`; past it the log says how
+    ///    many records each queue could not write;
+    /// 4. storage closes.
     pub async fn shutdown(mut self) {
-        tracing::info!(sessions = self.env.sessions.count(), "shutting down");
-        let _ = self.shutdown_tx.send(true);
+        let started = std::time::Instant::now();
+        tracing::info!(
+            sessions = self.env.sessions.count(),
+            "shutting down: closing listeners and every stream"
+        );
         for l in &self.listeners {
             l.abort();
         }
+        let _ = self.shutdown_tx.send(true);
         self.done_tx.take();
-        if tokio::time::timeout(self.shutdown_timeout, self.done_rx.recv())
+        match tokio::time::timeout(self.shutdown_timeout, self.done_rx.recv()).await {
+            Ok(_) => tracing::info!(
+                millis = started.elapsed().as_millis() as u64,
+                "every session closed"
+            ),
+            Err(_) => tracing::warn!(
+                sessions = self.env.sessions.count(),
+                timeout_secs = self.shutdown_timeout.as_secs(),
+                "sessions still open after shutdown_timeout_secs; draining storage queues anyway (stanzas they route after storage closes fail with errors)"
+            ),
+        }
+        let drain = async {
+            for (module, h) in self.env.hooks.shutdown.iter() {
+                tracing::info!(module, "flushing module state");
+                h.shutdown(&self.env).await;
+            }
+        };
+        if tokio::time::timeout(self.drain_timeout, drain)
             .await
             .is_err()
         {
-            tracing::warn!("some sessions did not close in time");
-        }
-        for (module, h) in self.env.hooks.shutdown.iter() {
-            tracing::info!(module, "flushing module state");
-            h.shutdown(&self.env).await;
+            for (queue, q) in self.env.metrics.write_behind.queues() {
+                let left = q.queued.get();
+                if left > 0 {
+                    tracing::error!(
+                        queue,
+                        records = left,
+                        timeout_secs = self.drain_timeout.as_secs(),
+                        "write-behind drain timed out; these records were not written"
+                    );
+                }
+            }
+        } else {
+            let written: u64 = self
+                .env
+                .metrics
+                .write_behind
+                .queues()
+                .iter()
+                .map(|(_, q)| q.written.get())
+                .sum();
+            tracing::info!(
+                records_written_since_start = written,
+                "storage queues drained"
+            );
         }
         self.env.storage.backend.close().await;
-        tracing::info!("shutdown complete");
+        tracing::info!(
+            millis = started.elapsed().as_millis() as u64,
+            "shutdown complete"
+        );
     }
 }
 
@@ -161,6 +215,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
         done_rx,
         listeners,
         shutdown_timeout: Duration::from_secs(cfg.server.shutdown_timeout_secs),
+        drain_timeout: Duration::from_secs(cfg.server.drain_timeout_secs),
     })
 }
 
