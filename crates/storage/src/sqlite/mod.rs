@@ -47,6 +47,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 pub struct SqliteStorage {
     pub(crate) pool: SqlitePool,
     target: String,
+    /// The background checkpointer (see [`SqliteStorage::open`]).
+    checkpointer: std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 pub(crate) fn backend(e: sqlx::Error) -> StorageError {
@@ -112,7 +114,11 @@ impl SqliteStorage {
             // syscall-bound.
             .pragma("cache_size", "-32768")
             .pragma("mmap_size", "1073741824")
-            .pragma("wal_autocheckpoint", "16000")
+            // No checkpoint inside a committing transaction: a checkpoint
+            // copies the WAL into the database and fsyncs it, which made
+            // every archive batch wait for it (batch time grew with the
+            // database). A background task checkpoints instead (below).
+            .pragma("wal_autocheckpoint", "0")
             .pragma("temp_store", "memory");
         let pool = SqlitePoolOptions::new()
             .max_connections(pool_size.max(1))
@@ -122,7 +128,12 @@ impl SqliteStorage {
                 target: target.clone(),
                 source,
             })?;
-        let db = SqliteStorage { pool, target };
+        let checkpointer = tokio::spawn(checkpoint_task(pool.clone()));
+        let db = SqliteStorage {
+            pool,
+            target,
+            checkpointer: std::sync::Arc::new(std::sync::Mutex::new(Some(checkpointer))),
+        };
         db.migrate().await?;
         Ok(db)
     }
@@ -379,9 +390,58 @@ impl AccountStore for SqliteStorage {
     }
 }
 
+/// Checkpoints the WAL every second from a connection of its own, so
+/// writers never pay for it. PASSIVE runs beside readers and the writer;
+/// when the WAL has grown past 256 MiB, a RESTART checkpoint waits for
+/// readers so the WAL starts over from its beginning (bounded disk use).
+async fn checkpoint_task(pool: SqlitePool) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if pool.is_closed() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        match sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&pool)
+            .await
+        {
+            Ok(row) => {
+                use sqlx::Row;
+                let (wal_pages, done): (i64, i64) = (row.get(1), row.get(2));
+                tracing::trace!(
+                    wal_pages,
+                    checkpointed = done,
+                    millis = started.elapsed().as_millis() as u64,
+                    "sqlite checkpoint"
+                );
+                if wal_pages > 65_536 && done == wal_pages {
+                    let _ = sqlx::query("PRAGMA wal_checkpoint(RESTART)")
+                        .execute(&pool)
+                        .await;
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "sqlite checkpoint failed"),
+        }
+    }
+}
+
 #[async_trait]
 impl StorageBackend for SqliteStorage {
     async fn close(&self) {
+        let task = self
+            .checkpointer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = task {
+            t.abort();
+        }
+        // A last full checkpoint leaves a small WAL behind.
+        let _ = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&self.pool)
+            .await;
         self.pool.close().await;
     }
 
