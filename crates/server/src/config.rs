@@ -93,14 +93,30 @@ pub struct LogSection {
     /// A `tracing` filter such as `info` or `info,starling_server::c2s=debug`.
     /// The `RUST_LOG` environment variable overrides it.
     pub level: String,
+    /// `text` (one human-readable line per event, coloured only when
+    /// standard error is a terminal) or `json` (one JSON object per line,
+    /// for log shippers).
+    pub format: LogFormat,
 }
 
 impl Default for LogSection {
     fn default() -> Self {
         LogSection {
             level: "info".into(),
+            format: LogFormat::Text,
         }
     }
+}
+
+/// How log lines are written to standard error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `2026-01-31T12:00:00Z  INFO target: message key=value …`.
+    #[default]
+    Text,
+    /// `{"timestamp":…,"level":"INFO","message":…,"key":value,…,"target":…}`.
+    Json,
 }
 
 /// `[tls]`

@@ -5,6 +5,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use starling_core::storage::Storage;
 use starling_proto::BareJid;
+use starling_server::config::LogFormat;
 use starling_server::{accounts, Config};
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
@@ -132,13 +133,30 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
     }
 }
 
+/// Logs go to standard error: `[log] format = "text"` (coloured only on a
+/// terminal, so a log file stays greppable) or `"json"` (one object per
+/// line, event fields at the top level).
 fn init_logging(cfg: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log.level));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cfg.log.format {
+        LogFormat::Text => {
+            // https://no-color.org: a non-empty NO_COLOR turns colours off.
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            builder
+                .with_ansi(std::io::stderr().is_terminal() && !no_color)
+                .init()
+        }
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {

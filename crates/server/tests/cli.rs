@@ -253,3 +253,105 @@ async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
         .unwrap();
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
 }
+
+/// Starts the binary with `cfg`, waits until `port` accepts on 127.0.0.1,
+/// stops it with SIGTERM and returns its exit status and standard error
+/// (a pipe, not a terminal).
+fn run_until_ready_then_stop(
+    cfg: &std::path::Path,
+    port: u16,
+) -> (std::process::ExitStatus, String) {
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(cfg));
+    let mut waited = 0;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    server.stop()
+}
+
+/// Issue 9: logs written to a file or pipe carried ANSI colour codes, so
+/// `grep 'condition='` found nothing; `[log] format = "json"` gives one
+/// JSON object per line.
+#[test]
+fn logs_to_a_pipe_are_plain_text_or_json_lines() {
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    let (status, err) = run_until_ready_then_stop(&cfg, p1);
+    assert!(status.success(), "{err}");
+    assert!(err.contains("listening for clients"), "{err}");
+    assert!(!err.contains("\x1b["), "no colour codes on a pipe: {err:?}");
+    assert!(err.contains(&format!("address=127.0.0.1:{p1}")), "{err}");
+
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("\n[log]\nformat = \"json\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let (status, err) = run_until_ready_then_stop(&cfg, p1);
+    assert!(status.success(), "{err}");
+    let mut listening = 0;
+    for line in err.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        if v["message"] == "listening for clients" {
+            assert!(v["address"].is_string(), "fields at the top level: {line}");
+            listening += 1;
+        }
+    }
+    assert_eq!(listening, 2, "{err}");
+}
+
+/// A server process, killed if the test fails before stopping it. Its
+/// standard error is read as it comes (a full pipe would stall a server
+/// that logs a lot).
+struct KillOnDrop {
+    child: Option<std::process::Child>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl KillOnDrop {
+    fn spawn(cmd: &mut Command) -> KillOnDrop {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut pipe, &mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        });
+        KillOnDrop {
+            child: Some(child),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// SIGTERM, then the exit status and standard error.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let status = child.wait().unwrap();
+        (status, self.stderr.take().unwrap().join().unwrap())
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
