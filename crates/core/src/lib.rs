@@ -28,6 +28,7 @@ pub mod hooks;
 mod metrics;
 mod routing;
 pub mod storage;
+pub mod throttle;
 
 pub use env::{Env, Hosts};
 pub use extensions::Extensions;

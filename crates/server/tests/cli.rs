@@ -355,3 +355,96 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// Creates `user@localhost` with `password` through the CLI.
+fn add_user(cfg: &std::path::Path, user: &str, password: &str) {
+    let mut add = bin()
+        .arg("--config")
+        .arg(cfg)
+        .args(["user", "add", &format!("{user}@localhost")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    assert!(add.wait().unwrap().success());
+}
+
+/// Issue 9: a client flooding one that does not read logged one WARN line
+/// per bounced stanza (19 MB of log in 35 s); the session dropped for not
+/// reading was logged as a bare "session closed".
+#[tokio::test(flavor = "multi_thread")]
+async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("\n[c2s]\nmailbox_size = 4\nwrite_timeout_secs = 2\nmax_bytes_per_second = 0\n");
+    std::fs::write(&cfg, text).unwrap();
+    add_user(&cfg, "alice", "secret");
+    add_user(&cfg, "bob", "secret");
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let addr = format!("127.0.0.1:{p1}").parse().unwrap();
+    let mut waited = 0;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    let login = |user: &'static str| async move {
+        let mut c = Client::connect(addr).await;
+        c.negotiate_tls().await;
+        c.auth(Mechanism::ScramSha256, user, "secret")
+            .await
+            .unwrap();
+        c.bind(Some("r")).await;
+        c.send("<presence/>").await;
+        c
+    };
+    // Alice never reads again after this.
+    let alice = login("alice").await;
+    let mut bob = login("bob").await;
+    bob.drain().await;
+    let body = "x".repeat(4000);
+    let mut bounced = 0;
+    // Small batches: Bob's bounces never fill his own socket buffers.
+    for batch in 0..200 {
+        for i in 0..20 {
+            bob.send(&format!(
+                "<message to='alice@localhost/r' id='m{batch}-{i}' type='chat'><body>{body}</body></message>"
+            ))
+            .await;
+        }
+        // Bob reads his bounces as they come, so he is not the one dropped.
+        while let Some(ev) = bob.next_event_within(Duration::from_millis(20)).await {
+            if let starling_testkit::Event::Element(el) = ev {
+                bounced += usize::from(el.attr("type") == Some("error"));
+            }
+        }
+    }
+    assert!(bounced > 100, "the flood bounced: {bounced}");
+    // Alice's session is dropped after the write timeout.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, err) = tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .unwrap();
+    drop(alice);
+    let warnings = err
+        .lines()
+        .filter(|l| l.contains("recipient mailbox full"))
+        .count();
+    assert!(
+        (1..=3).contains(&warnings),
+        "{bounced} bounces, {warnings} warning lines:\n{err}"
+    );
+    assert!(
+        err.lines().any(|l| l.contains("session closed")
+            && l.contains("jid=alice@localhost/r")
+            && l.contains("reason=write_timeout")),
+        "{err}"
+    );
+}
