@@ -15,6 +15,35 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Writes a line to standard output without panicking when it is closed:
+/// `starling user list | head` must stop quietly, not die with "failed
+/// printing to stdout". The error ([`StdoutError`]) ends the command; `main`
+/// treats a broken pipe as a clean exit.
+///
+/// Why not restore the default SIGPIPE disposition instead: that needs
+/// `unsafe` (the workspace forbids it), and in the same process a server's
+/// socket writes must get EPIPE, not a fatal signal.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
+    }};
+}
+
+/// Writes a line to standard error; a closed stderr is ignored (there is
+/// nowhere left to report it).
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Standard output could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output: {0}")]
+struct StdoutError(std::io::Error);
+
 /// Starling: an XMPP instant-messaging server.
 ///
 /// With no arguments it serves the domain `localhost` with zero
@@ -79,6 +108,10 @@ enum UserCommand {
         /// The password (visible in process lists: prefer stdin).
         #[arg(long)]
         password: Option<String>,
+        /// Create the account even if its domain is not one of the
+        /// configured [server] domains (it cannot log in until it is).
+        #[arg(long)]
+        force: bool,
     },
     /// Delete an account and its data.
     Del {
@@ -100,7 +133,9 @@ enum UserCommand {
     },
     /// Create many accounts from a file with one `user@domain:password` per
     /// line (or `user:password` with --domain). Existing accounts are
-    /// skipped; blank lines and lines starting with # are ignored.
+    /// skipped; blank lines and lines starting with # are ignored. A line
+    /// with an empty password, or on a domain the server does not serve
+    /// (without --force), stops the import before anything is created.
     Import {
         /// The file ("-" for standard input).
         file: PathBuf,
@@ -112,6 +147,10 @@ enum UserCommand {
         /// and weaken stored keys against offline attack.
         #[arg(long)]
         iterations: Option<u32>,
+        /// Accept accounts on domains that are not configured [server]
+        /// domains.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -120,7 +159,13 @@ fn main() -> std::process::ExitCode {
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("starling: {e:#}");
+            if let Some(StdoutError(io)) = e.downcast_ref::<StdoutError>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    // The reader has all it wanted (`| head`): not an error.
+                    return std::process::ExitCode::SUCCESS;
+                }
+            }
+            note!("starling: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -162,13 +207,13 @@ fn init_logging(cfg: &Config) {
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::CheckConfig { file }) = &cli.command {
         let cfg = Config::load(file)?;
-        println!(
+        out!(
             "{}: OK ({} domain(s), {} listener(s), database {})",
             file.display(),
             cfg.server.domains.len(),
             cfg.listen.len(),
             cfg.storage_description()
-        );
+        )?;
         return Ok(());
     }
     let cfg = load_config(cli.config.as_deref())?;
@@ -214,28 +259,58 @@ async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
     Ok(starling_storage::open(&cfg.backend_config()).await?)
 }
 
+/// Parses an existing account's JID, warning when its domain is not
+/// configured (deleting or purging such an account stays possible).
 fn parse_account(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
-    let jid = BareJid::new(s).with_context(|| format!("{s:?} is not a valid JID"))?;
-    if jid.node().is_none() {
-        bail!("{s:?} has no user part; write it as user@domain");
-    }
-    if !cfg
-        .server
-        .domains
-        .iter()
-        .any(|d| d.eq_ignore_ascii_case(jid.domain().as_str()))
-    {
-        eprintln!(
-            "warning: {} is not one of the configured domains {:?}",
+    let jid = parse_account_quiet(s)?;
+    if !serves(cfg, jid.domain().as_str()) {
+        note!(
+            "warning: {} is not one of the configured domains ({})",
             jid.domain(),
-            cfg.server.domains
+            cfg.server.domains.join(", ")
         );
     }
     Ok(jid)
 }
 
+/// Parses a JID that must have a user part, without the domain warning.
+fn parse_account_quiet(s: &str) -> anyhow::Result<BareJid> {
+    let jid = BareJid::new(s).with_context(|| format!("{s:?} is not a valid JID"))?;
+    if jid.node().is_none() {
+        bail!("{s:?} has no user part; write it as user@domain");
+    }
+    Ok(jid)
+}
+
+fn serves(cfg: &Config, domain: &str) -> bool {
+    cfg.server
+        .domains
+        .iter()
+        .any(|d| d.eq_ignore_ascii_case(domain))
+}
+
+/// Refuses to create an account on a domain the server does not serve
+/// (nobody could log in to it), unless `force`.
+fn check_served(cfg: &Config, domain: &str, force: bool) -> anyhow::Result<()> {
+    if serves(cfg, domain) {
+        return Ok(());
+    }
+    let configured = cfg.server.domains.join(", ");
+    if force {
+        note!("warning: {domain} is not one of the configured domains ({configured}); creating the account anyway (--force)");
+        return Ok(());
+    }
+    bail!(
+        "{domain} is not served by this server (configured domains: {configured}); \
+         add it to [server] domains in the configuration, or pass --force to create the account anyway"
+    )
+}
+
 fn obtain_password(given: Option<String>) -> anyhow::Result<(String, bool)> {
     if let Some(p) = given {
+        if p.is_empty() {
+            bail!("empty password: give one with --password or on standard input");
+        }
         return Ok((p, false));
     }
     let stdin = std::io::stdin();
@@ -267,7 +342,7 @@ async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
                 }
             };
             let n = storage.archive.purge_user(&jid, before).await?;
-            println!("deleted {n} archived message(s) of {jid}");
+            out!("deleted {n} archived message(s) of {jid}")?;
             Ok(())
         }
         ArchiveCommand::Retention => {
@@ -279,13 +354,13 @@ async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
                     .copied()
                     .unwrap_or(mam.retention_days);
                 if days == 0 {
-                    println!("{d}: messages are kept forever (retention_days = 0)");
+                    out!("{d}: messages are kept forever (retention_days = 0)")?;
                     continue;
                 }
                 let n =
                     starling_server::modules::mam::purge_domain(storage.archive.as_ref(), d, days)
                         .await?;
-                println!("{d}: deleted {n} message(s) older than {days} day(s)");
+                out!("{d}: deleted {n} message(s) older than {days} day(s)")?;
             }
             Ok(())
         }
@@ -298,21 +373,26 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
     let storage = open_storage(&cfg).await?;
     let iterations = cfg.auth.scram_iterations;
     let result = match cmd {
-        UserCommand::Add { jid, password } => {
-            let jid = parse_account(&jid, &cfg)?;
+        UserCommand::Add {
+            jid,
+            password,
+            force,
+        } => {
+            let jid = parse_account_quiet(&jid)?;
+            check_served(&cfg, jid.domain().as_str(), force)?;
             let (password, generated) = obtain_password(password)?;
             accounts::create(&storage, &jid, &password, iterations).await?;
             if generated {
-                println!("created {jid} with password: {password}");
+                out!("created {jid} with password: {password}")?;
             } else {
-                println!("created {jid}");
+                out!("created {jid}")?;
             }
             Ok(())
         }
         UserCommand::Del { jid } => {
             let jid = parse_account(&jid, &cfg)?;
             if storage.delete_account(&jid).await? {
-                println!("deleted {jid}");
+                out!("deleted {jid}")?;
                 Ok(())
             } else {
                 Err(anyhow::anyhow!("{jid} does not exist"))
@@ -323,9 +403,9 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
             let (password, generated) = obtain_password(password)?;
             accounts::set_password(&storage, &jid, &password, iterations).await?;
             if generated {
-                println!("new password for {jid}: {password}");
+                out!("new password for {jid}: {password}")?;
             } else {
-                println!("password changed for {jid}");
+                out!("password changed for {jid}")?;
             }
             Ok(())
         }
@@ -338,7 +418,7 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
                     .list(&domain, after.as_deref(), 1000)
                     .await?;
                 for u in &page {
-                    println!("{u}@{domain}");
+                    out!("{u}@{domain}")?;
                 }
                 if page.len() < 1000 {
                     break;
@@ -351,7 +431,18 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
             file,
             domain,
             iterations: iters,
-        } => import(&storage, &cfg, &file, domain, iters.unwrap_or(iterations)).await,
+            force,
+        } => {
+            import(
+                &storage,
+                &cfg,
+                &file,
+                domain,
+                iters.unwrap_or(iterations),
+                force,
+            )
+            .await
+        }
     };
     storage.backend.close().await;
     result
@@ -363,9 +454,10 @@ async fn import(
     file: &Path,
     domain: Option<String>,
     iterations: u32,
+    force: bool,
 ) -> anyhow::Result<()> {
     if iterations < 4096 {
-        eprintln!("warning: {iterations} PBKDF2 iterations is below RFC 7677's minimum of 4096; use only for test accounts");
+        note!("warning: {iterations} PBKDF2 iterations is below RFC 7677's minimum of 4096; use only for test accounts");
     }
     let text = if file == Path::new("-") {
         std::io::read_to_string(std::io::stdin())?
@@ -374,6 +466,7 @@ async fn import(
     };
     let domain = domain.unwrap_or_else(|| cfg.server.domains[0].clone());
     let mut entries = Vec::new();
+    let mut unserved_warned = false;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() || line.starts_with('#') {
@@ -401,6 +494,18 @@ async fn import(
                     n + 1
                 )
             })?;
+        if password.is_empty() {
+            bail!(
+                "{}:{}: empty password for {jid}; every account needs one",
+                file.display(),
+                n + 1
+            );
+        }
+        if !serves(cfg, jid.domain().as_str()) && !(force && unserved_warned) {
+            check_served(cfg, jid.domain().as_str(), force)
+                .with_context(|| format!("{}:{}", file.display(), n + 1))?;
+            unserved_warned = true;
+        }
         entries.push((jid, password.to_owned()));
     }
     let total = entries.len();
@@ -430,12 +535,12 @@ async fn import(
         created += storage.accounts.create_many(&batch).await?;
         let done = (i * 500 + chunk.len()).min(total);
         let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
-        eprintln!("imported {done}/{total} ({rate:.0} accounts/s)");
+        note!("imported {done}/{total} ({rate:.0} accounts/s)");
     }
-    println!(
+    out!(
         "created {created} account(s), skipped {} existing, in {:.1}s",
         total as u64 - created,
         started.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }

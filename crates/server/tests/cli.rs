@@ -448,3 +448,119 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
         "{err}"
     );
 }
+
+/// Runs `starling --config cfg ARGS` with `stdin`; (success, stdout, stderr).
+fn run_cli(cfg: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = bin()
+        .arg("--config")
+        .arg(cfg)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 9: `starling user list | head` panicked with "failed printing to
+/// stdout: Broken pipe".
+#[test]
+fn user_list_into_a_closed_pipe_exits_quietly() {
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let import = dir.join("users.txt");
+    let lines: String = (0..20_000).map(|i| format!("user{i}:pw\n")).collect();
+    std::fs::write(&import, lines).unwrap();
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &[
+            "user",
+            "import",
+            import.to_str().unwrap(),
+            "--iterations",
+            "1",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let mut child = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["user", "list"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    drop(stdout); // like `head` exiting
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(out.status.code(), Some(101), "{err}");
+    assert!(out.status.success(), "{:?} {err}", out.status);
+}
+
+/// Issue 9: `user import` accepted `gina:` (an empty password), and `user
+/// add`/`import` created accounts on domains the server does not serve.
+#[test]
+fn user_add_and_import_refuse_empty_passwords_and_unserved_domains() {
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let import = dir.join("users.txt");
+    std::fs::write(&import, "# team\nfred:pw\ngina:\n").unwrap();
+    let (ok, _, err) = run_cli(&cfg, &["user", "import", import.to_str().unwrap()], "");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("users.txt:3") && err.contains("empty password"),
+        "{err}"
+    );
+    let (_, out, _) = run_cli(&cfg, &["user", "list"], "");
+    assert_eq!(out, "", "nothing imported");
+
+    let (ok, _, err) = run_cli(&cfg, &["user", "add", "hal@example.net"], "pw\n");
+    assert!(!ok);
+    assert!(
+        err.contains("example.net")
+            && err.contains("configured domains: localhost")
+            && err.contains("--force"),
+        "{err}"
+    );
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &["user", "add", "hal@localhost", "--password", ""],
+        "",
+    );
+    assert!(!ok && err.contains("empty password"), "{err}");
+
+    std::fs::write(&import, "ivy:pw\njoe@example.net:pw\n").unwrap();
+    let (ok, _, err) = run_cli(&cfg, &["user", "import", import.to_str().unwrap()], "");
+    assert!(!ok);
+    assert!(
+        err.contains("users.txt:2") && err.contains("example.net") && err.contains("--force"),
+        "{err}"
+    );
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &["user", "import", import.to_str().unwrap(), "--force"],
+        "",
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = run_cli(&cfg, &["user", "add", "hal@example.net", "--force"], "pw\n");
+    assert!(ok, "{err}");
+    let (_, out, _) = run_cli(&cfg, &["user", "list", "example.net"], "");
+    assert_eq!(out, "hal@example.net\njoe@example.net\n");
+}
