@@ -66,11 +66,15 @@ struct Cli {
 enum Command {
     /// Run the server (the default). Stops gracefully on SIGINT/SIGTERM.
     Run,
-    /// Validate a configuration file and report the first problem with its
-    /// key and line.
+    /// Validate the configuration file given with --config as `run` would
+    /// load it: every key (the first problem is reported with its key and
+    /// line), and the TLS certificate and key, with a warning when the
+    /// certificate does not cover a configured domain or is about to
+    /// expire. Example: starling --config /etc/starling.toml check-config
     CheckConfig {
-        /// The file to check.
-        file: PathBuf,
+        /// The file, when not given with --config (older form).
+        #[arg(hide = true)]
+        file: Option<PathBuf>,
     },
     /// Manage accounts (works while the server runs).
     #[command(subcommand)]
@@ -206,15 +210,16 @@ fn init_logging(cfg: &Config) {
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::CheckConfig { file }) = &cli.command {
-        let cfg = Config::load(file)?;
-        out!(
-            "{}: OK ({} domain(s), {} listener(s), database {})",
-            file.display(),
-            cfg.server.domains.len(),
-            cfg.listen.len(),
-            cfg.storage_description()
-        )?;
-        return Ok(());
+        let file = match (file, &cli.config) {
+            (Some(f), Some(c)) if f != c => bail!(
+                "two files given ({} and {}); check one: starling --config FILE check-config",
+                c.display(),
+                f.display()
+            ),
+            (Some(f), _) | (None, Some(f)) => f,
+            (None, None) => bail!("no file to check: starling --config FILE check-config"),
+        };
+        return check_config(file);
     }
     let cfg = load_config(cli.config.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -230,6 +235,55 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::User(cmd) => rt.block_on(user(cfg, cmd)),
         Command::Archive(cmd) => rt.block_on(archive(cfg, cmd)),
     }
+}
+
+/// `check-config`: what `run` would refuse, refused here too; warnings for
+/// what would start but hurt clients.
+fn check_config(file: &Path) -> anyhow::Result<()> {
+    use starling_server::tls::{CertificateFacts, TlsContext};
+    let cfg = Config::load(file)?;
+    let certificate = match (&cfg.tls.certificate, &cfg.tls.private_key) {
+        (Some(cert), Some(key)) => {
+            TlsContext::load(cert, key).context("[tls] certificate/private_key")?;
+            let facts = CertificateFacts::from_pem_file(cert)?;
+            let uncovered = facts.uncovered(&cfg.server.domains);
+            if !uncovered.is_empty() {
+                note!(
+                    "warning: certificate {} does not cover {} (its names: {}); clients will refuse TLS for those domains: get a certificate that names them",
+                    cert.display(),
+                    uncovered.join(", "),
+                    if facts.dns_names.is_empty() { "none".to_owned() } else { facts.dns_names.join(", ") }
+                );
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            if facts.not_after <= now {
+                note!(
+                    "warning: certificate {} has expired: renew it",
+                    cert.display()
+                );
+            } else if facts.not_after - now < 14 * 86_400 {
+                note!(
+                    "warning: certificate {} expires in {} day(s): renew it",
+                    cert.display(),
+                    (facts.not_after - now) / 86_400
+                );
+            } else if facts.not_before > now {
+                note!("warning: certificate {} is not valid yet", cert.display());
+            }
+            format!("certificate {}", cert.display())
+        }
+        _ => "self-signed certificate".to_owned(),
+    };
+    out!(
+        "{}: OK ({} domain(s), {} listener(s), database {}, {certificate})",
+        file.display(),
+        cfg.server.domains.len(),
+        cfg.listen.len(),
+        cfg.storage_description()
+    )?;
+    Ok(())
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
@@ -501,7 +555,10 @@ async fn import(
                 n + 1
             );
         }
-        if !serves(cfg, jid.domain().as_str()) && !(force && unserved_warned) {
+        // Without --force the first such line stops the import; with it,
+        // one warning is enough.
+        let quiet = force && unserved_warned;
+        if !quiet && !serves(cfg, jid.domain().as_str()) {
             check_served(cfg, jid.domain().as_str(), force)
                 .with_context(|| format!("{}:{}", file.display(), n + 1))?;
             unserved_warned = true;
