@@ -564,3 +564,179 @@ fn user_add_and_import_refuse_empty_passwords_and_unserved_domains() {
     let (_, out, _) = run_cli(&cfg, &["user", "list", "example.net"], "");
     assert_eq!(out, "hal@example.net\njoe@example.net\n");
 }
+
+/// Issue 9: `check-config` said OK for a garbage certificate that `run`
+/// then rejected, and nothing about a certificate for other domains.
+#[test]
+fn check_config_loads_the_certificate_like_run() {
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let base = std::fs::read_to_string(&cfg).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, "garbage\n").unwrap();
+    std::fs::write(&key, "garbage\n").unwrap();
+    let with_tls = format!(
+        "{base}\n[tls]\ncertificate = {:?}\nprivate_key = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    std::fs::write(&cfg, &with_tls).unwrap();
+    let out = bin().arg("check-config").arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("cert.pem"),
+        "{err}"
+    );
+
+    // A valid pair for another domain: OK, with a warning naming the domain.
+    let other = dir.join("other");
+    starling_server::tls::TlsContext::load_or_generate(
+        None,
+        None,
+        &other,
+        &["other.example".to_owned()],
+    )
+    .unwrap();
+    std::fs::copy(other.join("tls/cert.pem"), &cert).unwrap();
+    std::fs::copy(other.join("tls/key.pem"), &key).unwrap();
+    let out = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("check-config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    assert!(
+        err.contains("warning")
+            && err.contains("does not cover localhost")
+            && err.contains("other.example"),
+        "{err}"
+    );
+}
+
+/// Issue 9: a port in use was found only after data_dir, the database and
+/// the certificate had been created.
+#[test]
+fn run_with_port_in_use_fails_before_writing_data_dir() {
+    let dir = temp_dir();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let cfg = write_binary_config(&dir, free_port(), port);
+    let out = bin().arg("--config").arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")) && err.contains("[[listen]]"),
+        "{err}"
+    );
+    assert!(!dir.join("data").exists(), "nothing written: {err}");
+}
+
+/// Issue 9: `[::]` accepts IPv4 and IPv6 clients (dual stack), as the
+/// default listeners now do.
+#[test]
+fn listener_on_unspecified_ipv6_accepts_both_stacks() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("SKIPPED: this machine has no IPv6 loopback");
+        return;
+    }
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = dir.join("starling.toml");
+    let data = dir.join("data");
+    std::fs::write(
+        &cfg,
+        format!("[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"[::]:{p1}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"[::]:{p2}\"\ntls = \"direct\"\n"),
+    )
+    .unwrap();
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let mut waited = 0;
+    while std::net::TcpStream::connect(("127.0.0.1", p1)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 200, "server did not start on IPv4");
+    }
+    for addr in [
+        format!("[::1]:{p1}"),
+        format!("[::1]:{p2}"),
+        format!("127.0.0.1:{p2}"),
+    ] {
+        std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    }
+    let (status, err) = server.stop();
+    assert!(status.success(), "{err}");
+}
+
+/// Issue 9: `data/starling.db` (password keys) was created world-readable.
+#[cfg(unix)]
+#[test]
+fn data_dir_and_database_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    if std::fs::read_to_string(&cfg).unwrap().contains("postgres") {
+        eprintln!("SKIPPED: no SQLite file on PostgreSQL");
+        return;
+    }
+    add_user(&cfg, "alice", "secret");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let data = dir.join("data");
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&data.join("starling.db")), 0o600);
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let mut waited = 0;
+    while std::net::TcpStream::connect(("127.0.0.1", p1)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    let mut checked = 0;
+    for f in [
+        "starling.db",
+        "starling.db-wal",
+        "starling.db-shm",
+        "tls/key.pem",
+    ] {
+        let p = data.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "the server has the WAL open");
+    assert_eq!(mode(&data.join("tls")), 0o700);
+    let (status, err) = server.stop();
+    assert!(status.success(), "{err}");
+}
+
+/// Issue 9: small messages — a missing configuration file's reason was
+/// printed twice; `check-config --help` showed both `-c` and `<FILE>`.
+#[test]
+fn missing_config_said_once_and_check_config_has_one_way() {
+    let out = bin()
+        .args(["--config", "/nonexistent/x.toml", "user", "list"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+
+    let out = bin().args(["check-config", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert!(!usage.contains("FILE"), "no positional file: {help}");
+    assert!(
+        help.contains("--config") && help.contains("certificate"),
+        "{help}"
+    );
+    let out = bin().arg("check-config").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--config FILE check-config"),
+        "{err}"
+    );
+}
