@@ -29,6 +29,7 @@ mod metrics;
 mod pressure;
 mod routing;
 pub mod storage;
+pub mod throttle;
 
 pub use env::{Env, Hosts};
 pub use extensions::Extensions;

@@ -4,6 +4,7 @@
 //! deployment implements [`Router`] by consulting the local table first and a
 //! shared registry second, so modules never learn where a session lives.
 
+use crate::throttle::LogThrottle;
 use crate::Env;
 use async_trait::async_trait;
 use starling_proto::{BareJid, FullJid, Stanza, StreamError};
@@ -71,6 +72,8 @@ struct MailboxInner {
     notify: Notify,
     capacity: usize,
     closed: AtomicBool,
+    /// Throttles the "mailbox full" warning of this session (16 bytes).
+    full_log: LogThrottle,
 }
 
 impl std::fmt::Debug for MailboxInner {
@@ -89,6 +92,7 @@ pub fn mailbox(id: u64, capacity: usize) -> (SessionHandle, Mailbox) {
         notify: Notify::new(),
         capacity: capacity.max(1),
         closed: AtomicBool::new(false),
+        full_log: LogThrottle::default(),
     });
     (
         SessionHandle {
@@ -116,6 +120,14 @@ impl SessionHandle {
         // Stores a permit if the session is not waiting right now.
         self.inner.notify.notify_one();
         Ok(())
+    }
+
+    /// Call when [`try_send`](Self::try_send) found the mailbox full:
+    /// `Some(n)` when the warning should be logged now (with `n` earlier
+    /// ones suppressed), `None` when it is throttled. At most one line per
+    /// [`LOG_INTERVAL`](crate::throttle::LOG_INTERVAL) per session.
+    pub fn full_warning(&self) -> Option<u64> {
+        self.inner.full_log.check()
     }
 }
 

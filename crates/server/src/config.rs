@@ -39,11 +39,11 @@ impl Default for Config {
             tls: TlsSection::default(),
             listen: vec![
                 Listener {
-                    address: "0.0.0.0:5222".parse().expect("literal address"),
+                    address: "[::]:5222".parse().expect("literal address"),
                     tls: TlsMode::Starttls,
                 },
                 Listener {
-                    address: "0.0.0.0:5223".parse().expect("literal address"),
+                    address: "[::]:5223".parse().expect("literal address"),
                     tls: TlsMode::Direct,
                 },
             ],
@@ -99,14 +99,30 @@ pub struct LogSection {
     /// A `tracing` filter such as `info` or `info,starling_server::c2s=debug`.
     /// The `RUST_LOG` environment variable overrides it.
     pub level: String,
+    /// `text` (one human-readable line per event, coloured only when
+    /// standard error is a terminal) or `json` (one JSON object per line,
+    /// for log shippers).
+    pub format: LogFormat,
 }
 
 impl Default for LogSection {
     fn default() -> Self {
         LogSection {
             level: "info".into(),
+            format: LogFormat::Text,
         }
     }
+}
+
+/// How log lines are written to standard error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `2026-01-31T12:00:00Z  INFO target: message key=value …`.
+    #[default]
+    Text,
+    /// `{"timestamp":…,"level":"INFO","message":…,"key":value,…,"target":…}`.
+    Json,
 }
 
 /// `[tls]`
@@ -135,10 +151,23 @@ pub enum TlsMode {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Listener {
-    /// Address and port to bind.
+    /// Address and port to bind: an IP address, never a host name.
+    #[serde(deserialize_with = "socket_addr")]
     pub address: SocketAddr,
     /// `starttls` or `direct`.
     pub tls: TlsMode,
+}
+
+/// An `IP:port` string, with a message that shows the syntax when it is not.
+fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not an IP address and port (host names are not resolved); \
+             write e.g. \"127.0.0.1:5222\" (IPv4 loopback), \"0.0.0.0:5222\" (all IPv4 \
+             addresses) or \"[::]:5222\" (all addresses, IPv6 and IPv4)"
+        ))
+    })
 }
 
 /// `[c2s]`: client stream limits and policies.
@@ -553,13 +582,15 @@ impl Default for PresenceConfig {
 /// A configuration problem, with what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    /// The file could not be read. (The I/O error is part of the message
+    /// and deliberately not a `source`: error reports that print the chain
+    /// would say it twice.)
+    #[error("cannot read {path}: {error}; check the path given with --config")]
     Read {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// TOML syntax error, unknown key or wrong type.
     #[error("{path}: {message}")]
@@ -584,9 +615,9 @@ pub enum ConfigError {
 impl Config {
     /// Reads, parses and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::parse(&text, path)
     }
@@ -871,6 +902,42 @@ mod tests {
             Some("postgres://f@h/d"),
             "the file wins"
         );
+    }
+
+    /// Issue 9: the default listeners were IPv4 only (0.0.0.0).
+    #[test]
+    fn config_default_listeners_are_dual_stack() {
+        let c = Config::default();
+        let addrs: Vec<String> = c.listen.iter().map(|l| l.address.to_string()).collect();
+        assert_eq!(addrs, ["[::]:5222", "[::]:5223"]);
+    }
+
+    /// Issue 9: `address = "localhost:5222"` said only "invalid socket
+    /// address syntax".
+    #[test]
+    fn config_listener_host_name_suggests_an_ip_address() {
+        let err = Config::parse(
+            "[[listen]]\naddress = \"localhost:5222\"\ntls = \"starttls\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("localhost:5222")
+                && err.contains("127.0.0.1:5222")
+                && err.contains("[::]:5222"),
+            "{err}"
+        );
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    /// Issue 9: a missing file's reason was printed twice by `{:#}`.
+    #[test]
+    fn config_missing_file_reason_said_once() {
+        let err = Config::load(Path::new("/nonexistent/starling.toml")).unwrap_err();
+        let text = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(text.matches("No such file").count(), 1, "{text}");
+        assert!(text.contains("--config"), "{text}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use starling_core::storage::Storage;
 use starling_proto::BareJid;
+use starling_server::config::LogFormat;
 use starling_server::{accounts, Config};
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
@@ -13,6 +14,35 @@ use std::time::Instant;
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Writes a line to standard output without panicking when it is closed:
+/// `starling user list | head` must stop quietly, not die with "failed
+/// printing to stdout". The error ([`StdoutError`]) ends the command; `main`
+/// treats a broken pipe as a clean exit.
+///
+/// Why not restore the default SIGPIPE disposition instead: that needs
+/// `unsafe` (the workspace forbids it), and in the same process a server's
+/// socket writes must get EPIPE, not a fatal signal.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
+    }};
+}
+
+/// Writes a line to standard error; a closed stderr is ignored (there is
+/// nowhere left to report it).
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Standard output could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output: {0}")]
+struct StdoutError(std::io::Error);
 
 /// Starling: an XMPP instant-messaging server.
 ///
@@ -36,11 +66,15 @@ struct Cli {
 enum Command {
     /// Run the server (the default). Stops gracefully on SIGINT/SIGTERM.
     Run,
-    /// Validate a configuration file and report the first problem with its
-    /// key and line.
+    /// Validate the configuration file given with --config as `run` would
+    /// load it: every key (the first problem is reported with its key and
+    /// line), and the TLS certificate and key, with a warning when the
+    /// certificate does not cover a configured domain or is about to
+    /// expire. Example: starling --config /etc/starling.toml check-config
     CheckConfig {
-        /// The file to check.
-        file: PathBuf,
+        /// The file, when not given with --config (older form).
+        #[arg(hide = true)]
+        file: Option<PathBuf>,
     },
     /// Manage accounts (works while the server runs).
     #[command(subcommand)]
@@ -78,6 +112,10 @@ enum UserCommand {
         /// The password (visible in process lists: prefer stdin).
         #[arg(long)]
         password: Option<String>,
+        /// Create the account even if its domain is not one of the
+        /// configured [server] domains (it cannot log in until it is).
+        #[arg(long)]
+        force: bool,
     },
     /// Delete an account and its data.
     Del {
@@ -99,7 +137,9 @@ enum UserCommand {
     },
     /// Create many accounts from a file with one `user@domain:password` per
     /// line (or `user:password` with --domain). Existing accounts are
-    /// skipped; blank lines and lines starting with # are ignored.
+    /// skipped; blank lines and lines starting with # are ignored. A line
+    /// with an empty password, or on a domain the server does not serve
+    /// (without --force), stops the import before anything is created.
     Import {
         /// The file ("-" for standard input).
         file: PathBuf,
@@ -111,6 +151,10 @@ enum UserCommand {
         /// and weaken stored keys against offline attack.
         #[arg(long)]
         iterations: Option<u32>,
+        /// Accept accounts on domains that are not configured [server]
+        /// domains.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -119,7 +163,13 @@ fn main() -> std::process::ExitCode {
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("starling: {e:#}");
+            if let Some(StdoutError(io)) = e.downcast_ref::<StdoutError>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    // The reader has all it wanted (`| head`): not an error.
+                    return std::process::ExitCode::SUCCESS;
+                }
+            }
+            note!("starling: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -132,26 +182,44 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
     }
 }
 
+/// Logs go to standard error: `[log] format = "text"` (coloured only on a
+/// terminal, so a log file stays greppable) or `"json"` (one object per
+/// line, event fields at the top level).
 fn init_logging(cfg: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log.level));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cfg.log.format {
+        LogFormat::Text => {
+            // https://no-color.org: a non-empty NO_COLOR turns colours off.
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            builder
+                .with_ansi(std::io::stderr().is_terminal() && !no_color)
+                .init()
+        }
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::CheckConfig { file }) = &cli.command {
-        let cfg = Config::load(file)?;
-        println!(
-            "{}: OK ({} domain(s), {} listener(s), database {})",
-            file.display(),
-            cfg.server.domains.len(),
-            cfg.listen.len(),
-            cfg.storage_description()
-        );
-        return Ok(());
+        let file = match (file, &cli.config) {
+            (Some(f), Some(c)) if f != c => bail!(
+                "two files given ({} and {}); check one: starling --config FILE check-config",
+                c.display(),
+                f.display()
+            ),
+            (Some(f), _) | (None, Some(f)) => f,
+            (None, None) => bail!("no file to check: starling --config FILE check-config"),
+        };
+        return check_config(file);
     }
     let cfg = load_config(cli.config.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -167,6 +235,55 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::User(cmd) => rt.block_on(user(cfg, cmd)),
         Command::Archive(cmd) => rt.block_on(archive(cfg, cmd)),
     }
+}
+
+/// `check-config`: what `run` would refuse, refused here too; warnings for
+/// what would start but hurt clients.
+fn check_config(file: &Path) -> anyhow::Result<()> {
+    use starling_server::tls::{CertificateFacts, TlsContext};
+    let cfg = Config::load(file)?;
+    let certificate = match (&cfg.tls.certificate, &cfg.tls.private_key) {
+        (Some(cert), Some(key)) => {
+            TlsContext::load(cert, key).context("[tls] certificate/private_key")?;
+            let facts = CertificateFacts::from_pem_file(cert)?;
+            let uncovered = facts.uncovered(&cfg.server.domains);
+            if !uncovered.is_empty() {
+                note!(
+                    "warning: certificate {} does not cover {} (its names: {}); clients will refuse TLS for those domains: get a certificate that names them",
+                    cert.display(),
+                    uncovered.join(", "),
+                    if facts.dns_names.is_empty() { "none".to_owned() } else { facts.dns_names.join(", ") }
+                );
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            if facts.not_after <= now {
+                note!(
+                    "warning: certificate {} has expired: renew it",
+                    cert.display()
+                );
+            } else if facts.not_after - now < 14 * 86_400 {
+                note!(
+                    "warning: certificate {} expires in {} day(s): renew it",
+                    cert.display(),
+                    (facts.not_after - now) / 86_400
+                );
+            } else if facts.not_before > now {
+                note!("warning: certificate {} is not valid yet", cert.display());
+            }
+            format!("certificate {}", cert.display())
+        }
+        _ => "self-signed certificate".to_owned(),
+    };
+    out!(
+        "{}: OK ({} domain(s), {} listener(s), database {}, {certificate})",
+        file.display(),
+        cfg.server.domains.len(),
+        cfg.listen.len(),
+        cfg.storage_description()
+    )?;
+    Ok(())
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
@@ -196,28 +313,58 @@ async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
     Ok(starling_storage::open(&cfg.backend_config()).await?)
 }
 
+/// Parses an existing account's JID, warning when its domain is not
+/// configured (deleting or purging such an account stays possible).
 fn parse_account(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
-    let jid = BareJid::new(s).with_context(|| format!("{s:?} is not a valid JID"))?;
-    if jid.node().is_none() {
-        bail!("{s:?} has no user part; write it as user@domain");
-    }
-    if !cfg
-        .server
-        .domains
-        .iter()
-        .any(|d| d.eq_ignore_ascii_case(jid.domain().as_str()))
-    {
-        eprintln!(
-            "warning: {} is not one of the configured domains {:?}",
+    let jid = parse_account_quiet(s)?;
+    if !serves(cfg, jid.domain().as_str()) {
+        note!(
+            "warning: {} is not one of the configured domains ({})",
             jid.domain(),
-            cfg.server.domains
+            cfg.server.domains.join(", ")
         );
     }
     Ok(jid)
 }
 
+/// Parses a JID that must have a user part, without the domain warning.
+fn parse_account_quiet(s: &str) -> anyhow::Result<BareJid> {
+    let jid = BareJid::new(s).with_context(|| format!("{s:?} is not a valid JID"))?;
+    if jid.node().is_none() {
+        bail!("{s:?} has no user part; write it as user@domain");
+    }
+    Ok(jid)
+}
+
+fn serves(cfg: &Config, domain: &str) -> bool {
+    cfg.server
+        .domains
+        .iter()
+        .any(|d| d.eq_ignore_ascii_case(domain))
+}
+
+/// Refuses to create an account on a domain the server does not serve
+/// (nobody could log in to it), unless `force`.
+fn check_served(cfg: &Config, domain: &str, force: bool) -> anyhow::Result<()> {
+    if serves(cfg, domain) {
+        return Ok(());
+    }
+    let configured = cfg.server.domains.join(", ");
+    if force {
+        note!("warning: {domain} is not one of the configured domains ({configured}); creating the account anyway (--force)");
+        return Ok(());
+    }
+    bail!(
+        "{domain} is not served by this server (configured domains: {configured}); \
+         add it to [server] domains in the configuration, or pass --force to create the account anyway"
+    )
+}
+
 fn obtain_password(given: Option<String>) -> anyhow::Result<(String, bool)> {
     if let Some(p) = given {
+        if p.is_empty() {
+            bail!("empty password: give one with --password or on standard input");
+        }
         return Ok((p, false));
     }
     let stdin = std::io::stdin();
@@ -249,7 +396,7 @@ async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
                 }
             };
             let n = storage.archive.purge_user(&jid, before).await?;
-            println!("deleted {n} archived message(s) of {jid}");
+            out!("deleted {n} archived message(s) of {jid}")?;
             Ok(())
         }
         ArchiveCommand::Retention => {
@@ -261,13 +408,13 @@ async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
                     .copied()
                     .unwrap_or(mam.retention_days);
                 if days == 0 {
-                    println!("{d}: messages are kept forever (retention_days = 0)");
+                    out!("{d}: messages are kept forever (retention_days = 0)")?;
                     continue;
                 }
                 let n =
                     starling_server::modules::mam::purge_domain(storage.archive.as_ref(), d, days)
                         .await?;
-                println!("{d}: deleted {n} message(s) older than {days} day(s)");
+                out!("{d}: deleted {n} message(s) older than {days} day(s)")?;
             }
             Ok(())
         }
@@ -280,21 +427,26 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
     let storage = open_storage(&cfg).await?;
     let iterations = cfg.auth.scram_iterations;
     let result = match cmd {
-        UserCommand::Add { jid, password } => {
-            let jid = parse_account(&jid, &cfg)?;
+        UserCommand::Add {
+            jid,
+            password,
+            force,
+        } => {
+            let jid = parse_account_quiet(&jid)?;
+            check_served(&cfg, jid.domain().as_str(), force)?;
             let (password, generated) = obtain_password(password)?;
             accounts::create(&storage, &jid, &password, iterations).await?;
             if generated {
-                println!("created {jid} with password: {password}");
+                out!("created {jid} with password: {password}")?;
             } else {
-                println!("created {jid}");
+                out!("created {jid}")?;
             }
             Ok(())
         }
         UserCommand::Del { jid } => {
             let jid = parse_account(&jid, &cfg)?;
             if storage.delete_account(&jid).await? {
-                println!("deleted {jid}");
+                out!("deleted {jid}")?;
                 Ok(())
             } else {
                 Err(anyhow::anyhow!("{jid} does not exist"))
@@ -305,9 +457,9 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
             let (password, generated) = obtain_password(password)?;
             accounts::set_password(&storage, &jid, &password, iterations).await?;
             if generated {
-                println!("new password for {jid}: {password}");
+                out!("new password for {jid}: {password}")?;
             } else {
-                println!("password changed for {jid}");
+                out!("password changed for {jid}")?;
             }
             Ok(())
         }
@@ -320,7 +472,7 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
                     .list(&domain, after.as_deref(), 1000)
                     .await?;
                 for u in &page {
-                    println!("{u}@{domain}");
+                    out!("{u}@{domain}")?;
                 }
                 if page.len() < 1000 {
                     break;
@@ -333,7 +485,18 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
             file,
             domain,
             iterations: iters,
-        } => import(&storage, &cfg, &file, domain, iters.unwrap_or(iterations)).await,
+            force,
+        } => {
+            import(
+                &storage,
+                &cfg,
+                &file,
+                domain,
+                iters.unwrap_or(iterations),
+                force,
+            )
+            .await
+        }
     };
     storage.backend.close().await;
     result
@@ -345,9 +508,10 @@ async fn import(
     file: &Path,
     domain: Option<String>,
     iterations: u32,
+    force: bool,
 ) -> anyhow::Result<()> {
     if iterations < 4096 {
-        eprintln!("warning: {iterations} PBKDF2 iterations is below RFC 7677's minimum of 4096; use only for test accounts");
+        note!("warning: {iterations} PBKDF2 iterations is below RFC 7677's minimum of 4096; use only for test accounts");
     }
     let text = if file == Path::new("-") {
         std::io::read_to_string(std::io::stdin())?
@@ -356,6 +520,7 @@ async fn import(
     };
     let domain = domain.unwrap_or_else(|| cfg.server.domains[0].clone());
     let mut entries = Vec::new();
+    let mut unserved_warned = false;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() || line.starts_with('#') {
@@ -383,6 +548,21 @@ async fn import(
                     n + 1
                 )
             })?;
+        if password.is_empty() {
+            bail!(
+                "{}:{}: empty password for {jid}; every account needs one",
+                file.display(),
+                n + 1
+            );
+        }
+        // Without --force the first such line stops the import; with it,
+        // one warning is enough.
+        let quiet = force && unserved_warned;
+        if !quiet && !serves(cfg, jid.domain().as_str()) {
+            check_served(cfg, jid.domain().as_str(), force)
+                .with_context(|| format!("{}:{}", file.display(), n + 1))?;
+            unserved_warned = true;
+        }
         entries.push((jid, password.to_owned()));
     }
     let total = entries.len();
@@ -412,12 +592,12 @@ async fn import(
         created += storage.accounts.create_many(&batch).await?;
         let done = (i * 500 + chunk.len()).min(total);
         let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
-        eprintln!("imported {done}/{total} ({rate:.0} accounts/s)");
+        note!("imported {done}/{total} ({rate:.0} accounts/s)");
     }
-    println!(
+    out!(
         "created {created} account(s), skipped {} existing, in {:.1}s",
         total as u64 - created,
         started.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }

@@ -58,7 +58,18 @@ impl LocalRouter {
             Ok(()) => Ok(()),
             Err((SessionSendError::Full, SessionMsg::Stanza(stanza))) => {
                 env.metrics.mailbox_full.inc();
-                tracing::warn!(to = %entry.jid, "recipient mailbox full; bouncing");
+                // A flooding sender must not flood the log too: the first
+                // bounce per recipient session is logged, then at most one
+                // line per 10 s with the count suppressed meanwhile (the
+                // metric counts every one).
+                if let Some(suppressed) = entry.handle.full_warning() {
+                    tracing::warn!(
+                        to = %entry.jid,
+                        session = entry.handle.id,
+                        suppressed,
+                        "recipient mailbox full; bouncing"
+                    );
+                }
                 self.bounce(
                     env,
                     &stanza,

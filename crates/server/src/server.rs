@@ -125,9 +125,40 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
         TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // `[::]` means both stacks, whatever the host's bindv6only default.
+        socket2::SockRef::from(&socket).set_only_v6(false)?;
+    }
     socket.bind(addr)?;
     // A large backlog: connection storms must not overflow the accept queue.
     socket.listen(4096)
+}
+
+/// Binds one configured listener. `[::]` on a host without IPv6 falls back
+/// to `0.0.0.0` with a log line; a port in use is reported with what to do.
+fn bind_listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let no_ipv6 = |e: &std::io::Error| {
+        // EAFNOSUPPORT (97 on Linux) or EADDRNOTAVAIL: no IPv6 stack here.
+        e.raw_os_error() == Some(97) || e.kind() == std::io::ErrorKind::AddrNotAvailable
+    };
+    let result = match bind(addr) {
+        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() && no_ipv6(&e) => {
+            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
+            tracing::warn!(address = %addr, fallback = %v4, error = %e, "IPv6 is not available on this host; listening on IPv4 only");
+            bind(v4).map_err(|e| (v4, e))
+        }
+        r => r.map_err(|e| (addr, e)),
+    };
+    result.map_err(|(a, e)| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            "another process (another Starling?) is listening on this port: stop it, or change the [[listen]] address in the configuration"
+        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+            "ports below 1024 need privileges: use a higher port, or grant CAP_NET_BIND_SERVICE"
+        } else {
+            "check the [[listen]] address in the configuration"
+        };
+        anyhow::anyhow!("cannot listen on {a}: {e}; {hint}")
+    })
 }
 
 /// Starts a server from a validated configuration.
@@ -142,7 +173,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
                 .unwrap_or_else(|_| d.clone())
         })
         .collect();
-    std::fs::create_dir_all(&cfg.server.data_dir).with_context(|| {
+    // Listeners first: a port in use stops start-up before anything is
+    // written to data_dir.
+    let mut bound = Vec::new();
+    for l in &cfg.listen {
+        bound.push((bind_listener(l.address)?, l.tls));
+    }
+    crate::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
         format!(
             "cannot create data directory {}; set [server] data_dir to a writable place",
             cfg.server.data_dir.display()
@@ -181,19 +218,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     };
     let mut c2s_addrs = Vec::new();
     let mut listeners = Vec::new();
-    for l in &cfg.listen {
-        let listener = bind(l.address).with_context(|| {
-            format!(
-                "cannot listen on {}; is another server using the port? Change [[listen]] address",
-                l.address
-            )
-        })?;
+    for (listener, tls) in bound {
         let local = listener.local_addr()?;
-        tracing::info!(address = %local, tls = ?l.tls, "listening for clients");
-        c2s_addrs.push((local, l.tls));
+        tracing::info!(address = %local, tls = ?tls, "listening for clients");
+        c2s_addrs.push((local, tls));
         listeners.push(tokio::spawn(accept_loop(
             listener,
-            l.tls,
+            tls,
             shared.clone(),
             shutdown_rx.clone(),
             done_tx.clone(),

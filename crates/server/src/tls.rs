@@ -39,16 +39,22 @@ impl TlsContext {
     ) -> anyhow::Result<TlsContext> {
         let (cert_path, key_path) = match (cert, key) {
             (Some(c), Some(k)) => (c.to_owned(), k.to_owned()),
-            _ => ensure_self_signed(data_dir, domains)?,
+            _ => ensure_self_signed(data_dir, domains, unix_now())?,
         };
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
+        Self::load(&cert_path, &key_path)
+    }
+
+    /// Loads a PEM certificate chain and its private key and checks that
+    /// they match (what `run` does, and `check-config` too).
+    pub fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<TlsContext> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
             .with_context(|| format!("cannot read certificate {}", cert_path.display()))?
             .collect::<Result<_, _>>()
             .with_context(|| format!("bad PEM in {}", cert_path.display()))?;
         if chain.is_empty() {
             bail!("no certificate found in {}", cert_path.display());
         }
-        let key = PrivateKeyDer::from_pem_file(&key_path)
+        let key = PrivateKeyDer::from_pem_file(key_path)
             .with_context(|| format!("cannot read private key {}", key_path.display()))?;
         let server_end_point = server_end_point_hash(&chain[0]);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -119,24 +125,152 @@ fn server_end_point_hash(cert: &CertificateDer<'_>) -> Vec<u8> {
     }
 }
 
-fn ensure_self_signed(data_dir: &Path, domains: &[String]) -> anyhow::Result<(PathBuf, PathBuf)> {
+/// A generated certificate is replaced when it expires within this long.
+const RENEW_BEFORE_SECS: i64 = 7 * 86_400;
+/// Validity of a generated certificate.
+const GENERATED_VALIDITY_SECS: i64 = 365 * 86_400;
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// What a certificate says about itself, for checks before use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateFacts {
+    /// The subject's common name, if any.
+    pub common_name: Option<String>,
+    /// DNS names among the subject alternative names.
+    pub dns_names: Vec<String>,
+    /// Validity start, Unix seconds.
+    pub not_before: i64,
+    /// Validity end, Unix seconds.
+    pub not_after: i64,
+}
+
+impl CertificateFacts {
+    /// Parses the first certificate of a PEM file.
+    pub fn from_pem_file(path: &Path) -> anyhow::Result<CertificateFacts> {
+        let der = CertificateDer::pem_file_iter(path)
+            .with_context(|| format!("cannot read certificate {}", path.display()))?
+            .next()
+            .with_context(|| format!("no certificate found in {}", path.display()))?
+            .with_context(|| format!("bad PEM in {}", path.display()))?;
+        Self::from_der(&der).with_context(|| format!("{}", path.display()))
+    }
+
+    /// Parses one DER certificate.
+    pub fn from_der(der: &[u8]) -> anyhow::Result<CertificateFacts> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
+            .map_err(|e| anyhow::anyhow!("not an X.509 certificate: {e}"))?;
+        let common_name = cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .map(str::to_owned);
+        let mut dns_names = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for name in &san.value.general_names {
+                if let x509_parser::extensions::GeneralName::DNSName(n) = name {
+                    dns_names.push((*n).to_owned());
+                }
+            }
+        }
+        Ok(CertificateFacts {
+            common_name,
+            dns_names,
+            not_before: cert.validity().not_before.timestamp(),
+            not_after: cert.validity().not_after.timestamp(),
+        })
+    }
+
+    /// True if a DNS name of the certificate matches `domain` (RFC 6125
+    /// §6.4: equal ignoring case, or a `*` as the whole leftmost label).
+    pub fn covers(&self, domain: &str) -> bool {
+        let domain = domain.trim_end_matches('.');
+        self.dns_names.iter().any(|n| {
+            let n = n.trim_end_matches('.');
+            if n.eq_ignore_ascii_case(domain) {
+                return true;
+            }
+            match (n.strip_prefix("*."), domain.split_once('.')) {
+                (Some(rest), Some((label, parent))) => {
+                    !label.is_empty() && rest.eq_ignore_ascii_case(parent)
+                }
+                _ => false,
+            }
+        })
+    }
+
+    /// The configured domains this certificate does not cover.
+    pub fn uncovered<'a>(&self, domains: &'a [String]) -> Vec<&'a str> {
+        domains
+            .iter()
+            .map(String::as_str)
+            .filter(|d| !self.covers(d))
+            .collect()
+    }
+}
+
+/// Why a generated certificate must be made anew, if it must.
+fn renewal_reason(cert: &Path, domains: &[String], now: i64) -> Option<&'static str> {
+    match CertificateFacts::from_pem_file(cert) {
+        Err(_) => Some("unreadable"),
+        Ok(f) if f.not_after <= now => Some("expired"),
+        Ok(f) if f.not_after - now < RENEW_BEFORE_SECS => Some("expires_soon"),
+        Ok(f) if !f.uncovered(domains).is_empty() => Some("domains_changed"),
+        Ok(_) => None,
+    }
+}
+
+fn ensure_self_signed(
+    data_dir: &Path,
+    domains: &[String],
+    now: i64,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
     let dir = data_dir.join("tls");
     let cert = dir.join("cert.pem");
     let key = dir.join("key.pem");
     if cert.exists() && key.exists() {
-        return Ok((cert, key));
+        match renewal_reason(&cert, domains, now) {
+            None => return Ok((cert, key)),
+            Some(reason) => {
+                tracing::info!(cert = %cert.display(), reason, "regenerating the self-signed certificate");
+            }
+        }
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::fsperm::create_private_dir_all(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     let mut names = domains.to_vec();
     for d in domains {
         // Subdomains for services added later (conference., upload.…).
         names.push(format!("*.{d}"));
     }
-    let generated = rcgen::generate_simple_self_signed(names).context("generating certificate")?;
-    write_private(&key, generated.signing_key.serialize_pem().as_bytes())?;
-    std::fs::write(&cert, generated.cert.pem())
+    let mut params = rcgen::CertificateParams::new(names).context("certificate names")?;
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(
+        rcgen::DnType::CommonName,
+        domains.first().map_or("localhost", String::as_str),
+    );
+    params.distinguished_name = dn;
+    let at = |secs: i64| {
+        x509_parser::time::ASN1Time::from_timestamp(secs)
+            .map(|t| t.to_datetime())
+            .context("certificate validity")
+    };
+    // An hour back: clients whose clock is a little behind accept it too.
+    params.not_before = at(now - 3600)?;
+    params.not_after = at(now + GENERATED_VALIDITY_SECS)?;
+    let signing_key = rcgen::KeyPair::generate().context("generating a key")?;
+    let generated = params
+        .self_signed(&signing_key)
+        .context("generating certificate")?;
+    write_private(&key, signing_key.serialize_pem().as_bytes())?;
+    std::fs::write(&cert, generated.pem())
         .with_context(|| format!("cannot write {}", cert.display()))?;
-    tracing::info!(cert = %cert.display(), "generated a self-signed certificate; set [tls] certificate/private_key for a real one");
+    tracing::info!(cert = %cert.display(), domains = ?domains, valid_days = GENERATED_VALIDITY_SECS / 86_400, "generated a self-signed certificate; set [tls] certificate/private_key for a real one");
     Ok((cert, key))
 }
 
@@ -180,6 +314,59 @@ mod tests {
             32,
             "P-256/SHA-256 cert hashes with SHA-256"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn temp() -> PathBuf {
+        std::env::temp_dir().join(format!("starling-tls-{}", starling_proto::random_id(10)))
+    }
+
+    /// Issue 9: the generated certificate was "rcgen self signed cert",
+    /// valid 1975-4096.
+    #[test]
+    fn self_signed_names_the_domain_and_lasts_a_year() {
+        let dir = temp();
+        let domains = vec!["example.org".to_string(), "chat.example.net".to_string()];
+        let now = unix_now();
+        let (cert, _) = ensure_self_signed(&dir, &domains, now).unwrap();
+        let f = CertificateFacts::from_pem_file(&cert).unwrap();
+        assert_eq!(f.common_name.as_deref(), Some("example.org"));
+        for d in ["example.org", "chat.example.net", "conference.example.org"] {
+            assert!(f.covers(d), "{d}: {f:?}");
+        }
+        assert!(!f.covers("example.com") && !f.covers("a.b.example.org"));
+        assert!((now - 3700..=now).contains(&f.not_before), "{f:?}");
+        let year = 365 * 86_400;
+        assert!(
+            (now + year - 60..=now + year + 60).contains(&f.not_after),
+            "{f:?}"
+        );
+        TlsContext::load_or_generate(None, None, &dir, &domains).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn self_signed_regenerated_when_expiring_or_domains_change() {
+        let dir = temp();
+        let domains = vec!["example.org".to_string()];
+        let year = 365 * 86_400;
+        // Generated "a year ago": it expires within 7 days now.
+        let (cert, _) = ensure_self_signed(&dir, &domains, unix_now() - year + 86_400).unwrap();
+        let old = std::fs::read(&cert).unwrap();
+        let now = unix_now();
+        assert_eq!(renewal_reason(&cert, &domains, now), Some("expires_soon"));
+        ensure_self_signed(&dir, &domains, now).unwrap();
+        let renewed = std::fs::read(&cert).unwrap();
+        assert_ne!(old, renewed);
+        assert!(CertificateFacts::from_pem_file(&cert).unwrap().not_after > now + year - 60);
+        // Kept while valid and covering the domains.
+        ensure_self_signed(&dir, &domains, now).unwrap();
+        assert_eq!(renewed, std::fs::read(&cert).unwrap());
+        assert_eq!(renewal_reason(&cert, &domains, now + year), Some("expired"));
+        let more = vec!["example.org".to_string(), "example.net".to_string()];
+        assert_eq!(renewal_reason(&cert, &more, now), Some("domains_changed"));
+        std::fs::write(&cert, "garbage").unwrap();
+        assert_eq!(renewal_reason(&cert, &domains, now), Some("unreadable"));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

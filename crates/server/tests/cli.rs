@@ -253,3 +253,490 @@ async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
         .unwrap();
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
 }
+
+/// Starts the binary with `cfg`, waits until `port` accepts on 127.0.0.1,
+/// stops it with SIGTERM and returns its exit status and standard error
+/// (a pipe, not a terminal).
+fn run_until_ready_then_stop(
+    cfg: &std::path::Path,
+    port: u16,
+) -> (std::process::ExitStatus, String) {
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(cfg));
+    let mut waited = 0;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    server.stop()
+}
+
+/// Issue 9: logs written to a file or pipe carried ANSI colour codes, so
+/// `grep 'condition='` found nothing; `[log] format = "json"` gives one
+/// JSON object per line.
+#[test]
+fn logs_to_a_pipe_are_plain_text_or_json_lines() {
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    let (status, err) = run_until_ready_then_stop(&cfg, p1);
+    assert!(status.success(), "{err}");
+    assert!(err.contains("listening for clients"), "{err}");
+    assert!(!err.contains("\x1b["), "no colour codes on a pipe: {err:?}");
+    assert!(err.contains(&format!("address=127.0.0.1:{p1}")), "{err}");
+
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("\n[log]\nformat = \"json\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let (status, err) = run_until_ready_then_stop(&cfg, p1);
+    assert!(status.success(), "{err}");
+    let mut listening = 0;
+    for line in err.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        if v["message"] == "listening for clients" {
+            assert!(v["address"].is_string(), "fields at the top level: {line}");
+            listening += 1;
+        }
+    }
+    assert_eq!(listening, 2, "{err}");
+}
+
+/// A server process, killed if the test fails before stopping it. Its
+/// standard error is read as it comes (a full pipe would stall a server
+/// that logs a lot).
+struct KillOnDrop {
+    child: Option<std::process::Child>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl KillOnDrop {
+    fn spawn(cmd: &mut Command) -> KillOnDrop {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut pipe, &mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        });
+        KillOnDrop {
+            child: Some(child),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// SIGTERM, then the exit status and standard error.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let status = child.wait().unwrap();
+        (status, self.stderr.take().unwrap().join().unwrap())
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Creates `user@localhost` with `password` through the CLI.
+fn add_user(cfg: &std::path::Path, user: &str, password: &str) {
+    let mut add = bin()
+        .arg("--config")
+        .arg(cfg)
+        .args(["user", "add", &format!("{user}@localhost")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    assert!(add.wait().unwrap().success());
+}
+
+/// Issue 9: a client flooding one that does not read logged one WARN line
+/// per bounced stanza (19 MB of log in 35 s); the session dropped for not
+/// reading was logged as a bare "session closed".
+#[tokio::test(flavor = "multi_thread")]
+async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("\n[c2s]\nmailbox_size = 4\nwrite_timeout_secs = 2\nmax_bytes_per_second = 0\n");
+    std::fs::write(&cfg, text).unwrap();
+    add_user(&cfg, "alice", "secret");
+    add_user(&cfg, "bob", "secret");
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let addr = format!("127.0.0.1:{p1}").parse().unwrap();
+    let mut waited = 0;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    let login = |user: &'static str| async move {
+        let mut c = Client::connect(addr).await;
+        c.negotiate_tls().await;
+        c.auth(Mechanism::ScramSha256, user, "secret")
+            .await
+            .unwrap();
+        c.bind(Some("r")).await;
+        c.send("<presence/>").await;
+        c
+    };
+    // Alice never reads again after this.
+    let alice = login("alice").await;
+    let mut bob = login("bob").await;
+    bob.drain().await;
+    let body = "x".repeat(4000);
+    let mut bounced = 0;
+    // Small batches: Bob's bounces never fill his own socket buffers.
+    for batch in 0..200 {
+        for i in 0..20 {
+            bob.send(&format!(
+                "<message to='alice@localhost/r' id='m{batch}-{i}' type='chat'><body>{body}</body></message>"
+            ))
+            .await;
+        }
+        // Bob reads his bounces as they come, so he is not the one dropped.
+        while let Some(ev) = bob.next_event_within(Duration::from_millis(20)).await {
+            if let starling_testkit::Event::Element(el) = ev {
+                bounced += usize::from(el.attr("type") == Some("error"));
+            }
+        }
+    }
+    assert!(bounced > 100, "the flood bounced: {bounced}");
+    // Alice's session is dropped after the write timeout.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, err) = tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .unwrap();
+    drop(alice);
+    let warnings = err
+        .lines()
+        .filter(|l| l.contains("recipient mailbox full"))
+        .count();
+    assert!(
+        (1..=3).contains(&warnings),
+        "{bounced} bounces, {warnings} warning lines:\n{err}"
+    );
+    assert!(
+        err.lines().any(|l| l.contains("session closed")
+            && l.contains("jid=alice@localhost/r")
+            && l.contains("reason=write_timeout")),
+        "{err}"
+    );
+}
+
+/// Runs `starling --config cfg ARGS` with `stdin`; (success, stdout, stderr).
+fn run_cli(cfg: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = bin()
+        .arg("--config")
+        .arg(cfg)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 9: `starling user list | head` panicked with "failed printing to
+/// stdout: Broken pipe".
+#[test]
+fn user_list_into_a_closed_pipe_exits_quietly() {
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let import = dir.join("users.txt");
+    let lines: String = (0..20_000).map(|i| format!("user{i}:pw\n")).collect();
+    std::fs::write(&import, lines).unwrap();
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &[
+            "user",
+            "import",
+            import.to_str().unwrap(),
+            "--iterations",
+            "1",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let mut child = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["user", "list"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    drop(stdout); // like `head` exiting
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(out.status.code(), Some(101), "{err}");
+    assert!(out.status.success(), "{:?} {err}", out.status);
+}
+
+/// Issue 9: `user import` accepted `gina:` (an empty password), and `user
+/// add`/`import` created accounts on domains the server does not serve.
+#[test]
+fn user_add_and_import_refuse_empty_passwords_and_unserved_domains() {
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let import = dir.join("users.txt");
+    std::fs::write(&import, "# team\nfred:pw\ngina:\n").unwrap();
+    let (ok, _, err) = run_cli(&cfg, &["user", "import", import.to_str().unwrap()], "");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("users.txt:3") && err.contains("empty password"),
+        "{err}"
+    );
+    let (_, out, _) = run_cli(&cfg, &["user", "list"], "");
+    assert_eq!(out, "", "nothing imported");
+
+    let (ok, _, err) = run_cli(&cfg, &["user", "add", "hal@example.net"], "pw\n");
+    assert!(!ok);
+    assert!(
+        err.contains("example.net")
+            && err.contains("configured domains: localhost")
+            && err.contains("--force"),
+        "{err}"
+    );
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &["user", "add", "hal@localhost", "--password", ""],
+        "",
+    );
+    assert!(!ok && err.contains("empty password"), "{err}");
+
+    std::fs::write(&import, "ivy:pw\njoe@example.net:pw\n").unwrap();
+    let (ok, _, err) = run_cli(&cfg, &["user", "import", import.to_str().unwrap()], "");
+    assert!(!ok);
+    assert!(
+        err.contains("users.txt:2") && err.contains("example.net") && err.contains("--force"),
+        "{err}"
+    );
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &["user", "import", import.to_str().unwrap(), "--force"],
+        "",
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = run_cli(&cfg, &["user", "add", "hal@example.net", "--force"], "pw\n");
+    assert!(ok, "{err}");
+    let (_, out, _) = run_cli(&cfg, &["user", "list", "example.net"], "");
+    assert_eq!(out, "hal@example.net\njoe@example.net\n");
+}
+
+/// Issue 9: `check-config` said OK for a garbage certificate that `run`
+/// then rejected, and nothing about a certificate for other domains.
+#[test]
+fn check_config_loads_the_certificate_like_run() {
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let base = std::fs::read_to_string(&cfg).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, "garbage\n").unwrap();
+    std::fs::write(&key, "garbage\n").unwrap();
+    let with_tls = format!(
+        "{base}\n[tls]\ncertificate = {:?}\nprivate_key = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    std::fs::write(&cfg, &with_tls).unwrap();
+    let out = bin().arg("check-config").arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("cert.pem"),
+        "{err}"
+    );
+
+    // A valid pair for another domain: OK, with a warning naming the domain.
+    let other = dir.join("other");
+    starling_server::tls::TlsContext::load_or_generate(
+        None,
+        None,
+        &other,
+        &["other.example".to_owned()],
+    )
+    .unwrap();
+    std::fs::copy(other.join("tls/cert.pem"), &cert).unwrap();
+    std::fs::copy(other.join("tls/key.pem"), &key).unwrap();
+    let out = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("check-config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    assert!(
+        err.contains("warning")
+            && err.contains("does not cover localhost")
+            && err.contains("other.example"),
+        "{err}"
+    );
+}
+
+/// Issue 9: a port in use was found only after data_dir, the database and
+/// the certificate had been created.
+#[test]
+fn run_with_port_in_use_fails_before_writing_data_dir() {
+    let dir = temp_dir();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let cfg = write_binary_config(&dir, free_port(), port);
+    let out = bin().arg("--config").arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")) && err.contains("[[listen]]"),
+        "{err}"
+    );
+    assert!(!dir.join("data").exists(), "nothing written: {err}");
+}
+
+/// Issue 9: `[::]` accepts IPv4 and IPv6 clients (dual stack), as the
+/// default listeners now do.
+#[test]
+fn listener_on_unspecified_ipv6_accepts_both_stacks() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("SKIPPED: this machine has no IPv6 loopback");
+        return;
+    }
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = dir.join("starling.toml");
+    let data = dir.join("data");
+    std::fs::write(
+        &cfg,
+        format!("[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"[::]:{p1}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"[::]:{p2}\"\ntls = \"direct\"\n"),
+    )
+    .unwrap();
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let mut waited = 0;
+    while std::net::TcpStream::connect(("127.0.0.1", p1)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 200, "server did not start on IPv4");
+    }
+    for addr in [
+        format!("[::1]:{p1}"),
+        format!("[::1]:{p2}"),
+        format!("127.0.0.1:{p2}"),
+    ] {
+        std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    }
+    let (status, err) = server.stop();
+    assert!(status.success(), "{err}");
+}
+
+/// Issue 9: `data/starling.db` (password keys) was created world-readable.
+#[cfg(unix)]
+#[test]
+fn data_dir_and_database_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    if std::fs::read_to_string(&cfg).unwrap().contains("postgres") {
+        eprintln!("SKIPPED: no SQLite file on PostgreSQL");
+        return;
+    }
+    add_user(&cfg, "alice", "secret");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let data = dir.join("data");
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&data.join("starling.db")), 0o600);
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let mut waited = 0;
+    while std::net::TcpStream::connect(("127.0.0.1", p1)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+        assert!(waited < 200, "server did not start");
+    }
+    let mut checked = 0;
+    for f in [
+        "starling.db",
+        "starling.db-wal",
+        "starling.db-shm",
+        "tls/key.pem",
+    ] {
+        let p = data.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "the server has the WAL open");
+    assert_eq!(mode(&data.join("tls")), 0o700);
+    let (status, err) = server.stop();
+    assert!(status.success(), "{err}");
+}
+
+/// Issue 9: small messages — a missing configuration file's reason was
+/// printed twice; `check-config --help` showed both `-c` and `<FILE>`.
+#[test]
+fn missing_config_said_once_and_check_config_has_one_way() {
+    let out = bin()
+        .args(["--config", "/nonexistent/x.toml", "user", "list"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+
+    let out = bin().args(["check-config", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert!(!usage.contains("FILE"), "no positional file: {help}");
+    assert!(
+        help.contains("--config") && help.contains("certificate"),
+        "{help}"
+    );
+    let out = bin().arg("check-config").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--config FILE check-config"),
+        "{err}"
+    );
+}

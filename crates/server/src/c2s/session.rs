@@ -46,13 +46,43 @@ pub(super) enum Exit {
     Error(StreamError),
     /// The client closed its stream; we close ours (§4.4).
     ClientClosed,
-    /// The connection failed or reached end of file.
-    Io,
+    /// The connection ended without a closing handshake, for this reason.
+    Io(IoEnd),
+}
+
+/// Why a connection ended without a closing handshake: the `reason` field
+/// of the "session closed" log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum IoEnd {
+    /// The client closed the TCP connection.
+    Eof,
+    /// Reading from the socket failed (reset, TLS error…).
+    ReadError,
+    /// Writing to the socket failed.
+    WriteError,
+    /// A write did not complete within `[c2s] write_timeout_secs`: the
+    /// client stopped reading and its socket buffer is full.
+    WriteTimeout,
+    /// STARTTLS failed or was refused.
+    Tls,
 }
 
 impl Exit {
     pub(super) fn error(c: StreamErrorCondition, text: impl Into<String>) -> Exit {
         Exit::Error(StreamError::with_text(c, text))
+    }
+
+    /// The `reason` field of the "session closed" log line.
+    pub(super) fn reason(&self) -> &'static str {
+        match self {
+            Exit::Error(_) => "stream_error",
+            Exit::ClientClosed => "client_closed",
+            Exit::Io(IoEnd::Eof) => "connection_closed",
+            Exit::Io(IoEnd::ReadError) => "read_error",
+            Exit::Io(IoEnd::WriteError) => "write_error",
+            Exit::Io(IoEnd::WriteTimeout) => "write_timeout",
+            Exit::Io(IoEnd::Tls) => "tls_failed",
+        }
     }
 }
 
@@ -221,11 +251,11 @@ impl Session {
                 ))),
                 msg = self.mailbox.recv() => Box::pin(self.on_mailbox(msg)).await,
                 read = self.transport.read_chunk(), if reading => match read {
-                    Ok(data) if data.is_empty() => Err(Exit::Io),
+                    Ok(data) if data.is_empty() => Err(Exit::Io(IoEnd::Eof)),
                     Ok(data) => Box::pin(self.on_input(&data)).await,
                     Err(e) => {
                         tracing::debug!(session = self.info.id, error = %e, "read failed");
-                        Err(Exit::Io)
+                        Err(Exit::Io(IoEnd::ReadError))
                     }
                 },
                 _ = sleep_until(deadline.unwrap_or(far).into()) => Box::pin(self.on_deadline()).await,
@@ -582,14 +612,14 @@ impl Session {
                 b"<failure xmlns='urn:ietf:params:xml:ns:xmpp-tls'/></stream:stream>",
             );
             let _ = self.flush().await;
-            return Err(Exit::Io);
+            return Err(Exit::Io(IoEnd::Tls));
         };
         self.wbuf
             .extend_from_slice(b"<proceed xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>");
         self.flush().await?;
         let Transport::Plain(tcp) = std::mem::replace(&mut self.transport, Transport::Upgrading)
         else {
-            return Err(Exit::Io);
+            return Err(Exit::Io(IoEnd::Tls));
         };
         let remaining = (self.connected_at + self.shared.negotiation_timeout)
             .saturating_duration_since(Instant::now());
@@ -605,9 +635,9 @@ impl Session {
             }
             Ok(Err(e)) => {
                 tracing::debug!(session = self.info.id, peer = %self.info.peer, error = %e, "TLS handshake failed");
-                Err(Exit::Io)
+                Err(Exit::Io(IoEnd::Tls))
             }
-            Err(_) => Err(Exit::Io),
+            Err(_) => Err(Exit::Io(IoEnd::Tls)),
         }
     }
 
@@ -855,14 +885,16 @@ impl Session {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {
                 tracing::debug!(session = self.info.id, error = %e, "write failed");
-                Err(Exit::Io)
+                Err(Exit::Io(IoEnd::WriteError))
             }
             Err(_) => {
                 tracing::info!(
                     session = self.info.id,
+                    peer = %self.info.peer,
+                    timeout_secs = self.shared.write_timeout.as_secs(),
                     "client stopped reading; dropping session"
                 );
-                Err(Exit::Io)
+                Err(Exit::Io(IoEnd::WriteTimeout))
             }
         }
     }
@@ -882,9 +914,9 @@ impl Session {
                     .extend_from_slice(b"</stream:error></stream:stream>");
             }
             Exit::ClientClosed => self.wbuf.extend_from_slice(b"</stream:stream>"),
-            Exit::Io => self.wbuf.clear(),
+            Exit::Io(_) => self.wbuf.clear(),
         }
-        if !matches!(exit, Exit::Io) {
+        if !matches!(exit, Exit::Io(_)) {
             let write_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
             let buf = std::mem::take(&mut self.wbuf);
             let _ = tokio::time::timeout(write_timeout, async {
@@ -913,7 +945,7 @@ impl Session {
                     self.shared.env.route(s).await;
                 }
             }
-            tracing::info!(session = self.info.id, jid = %jid, "session closed");
+            tracing::info!(session = self.info.id, jid = %jid, reason = %exit.reason(), "session closed");
         }
         // Stanzas still queued for this session go back to the router, now
         // that the session is unregistered: messages reach another resource

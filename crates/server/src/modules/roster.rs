@@ -63,7 +63,9 @@ use starling_core::hooks::{
     StreamFeatureProvider, UserReceiveHandler, UserSendHandler,
 };
 use starling_core::storage::{RosterChange, RosterItem, StorageError, Subscription};
-use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionInfo, SessionMsg};
+use starling_core::{
+    async_trait, Env, Flow, HookResult, SessionCtx, SessionInfo, SessionMsg, SessionSendError,
+};
 use starling_proto::{
     ns, random_id, BareJid, ErrorType, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition,
     StanzaKind,
@@ -256,7 +258,15 @@ fn deliver(env: &Env, owner: &BareJid, stanza: &Stanza) {
             .handle
             .try_send(SessionMsg::Stanza(Box::new(stanza.clone())))
         {
-            tracing::warn!(module = NAME, to = %e.jid, ?why, "subscription presence not delivered");
+            // Throttled per recipient session, like the router's bounces.
+            let suppressed = match why {
+                SessionSendError::Full => match e.handle.full_warning() {
+                    Some(n) => n,
+                    None => continue,
+                },
+                SessionSendError::Gone => 0,
+            };
+            tracing::warn!(module = NAME, to = %e.jid, ?why, suppressed, "subscription presence not delivered");
         }
     }
 }
