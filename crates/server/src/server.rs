@@ -48,10 +48,12 @@ impl RunningServer {
     ///    hooks and re-routes what is still in its mailbox (to offline
     ///    storage when nobody else can take it); storage is still open and
     ///    the write-behind writers still run, so none of this can fail for
-    ///    lack of them. Waits up to `shutdown_timeout_secs`;
+    ///    lack of them. Sessions still closing after
+    ///    `shutdown_timeout_secs` are logged and waited for;
     /// 3. the modules' shutdown hooks drain the write-behind queues into
-    ///    storage, up to `drain_timeout_secs`; past it the log says how
-    ///    many records each queue could not write;
+    ///    storage. Steps 2 and 3 end by `drain_timeout_secs` after the
+    ///    start; past it the log says how many sessions were still open
+    ///    and how many records each queue could not write;
     /// 4. storage closes.
     pub async fn shutdown(mut self) {
         let started = std::time::Instant::now();
@@ -64,16 +66,34 @@ impl RunningServer {
         }
         let _ = self.shutdown_tx.send(true);
         self.done_tx.take();
-        match tokio::time::timeout(self.shutdown_timeout, self.done_rx.recv()).await {
-            Ok(_) => tracing::info!(
-                millis = started.elapsed().as_millis() as u64,
-                "every session closed"
-            ),
-            Err(_) => tracing::warn!(
+        // Sessions that are slow to close are still writing what they
+        // accepted (their mailboxes to offline storage, their last
+        // activity): storage stays open for them until the drain deadline.
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        let mut closed = tokio::time::timeout(self.shutdown_timeout, self.done_rx.recv())
+            .await
+            .is_ok();
+        if !closed {
+            tracing::warn!(
                 sessions = self.env.sessions.count(),
                 timeout_secs = self.shutdown_timeout.as_secs(),
-                "sessions still open after shutdown_timeout_secs; draining storage queues anyway (stanzas they route after storage closes fail with errors)"
-            ),
+                "sessions still closing after shutdown_timeout_secs; waiting for them until drain_timeout_secs"
+            );
+            closed = tokio::time::timeout_at(deadline, self.done_rx.recv())
+                .await
+                .is_ok();
+        }
+        if closed {
+            tracing::info!(
+                millis = started.elapsed().as_millis() as u64,
+                "every session closed"
+            );
+        } else {
+            tracing::error!(
+                sessions = self.env.sessions.count(),
+                timeout_secs = self.drain_timeout.as_secs(),
+                "sessions still open at drain_timeout_secs; what they route after storage closes fails with errors"
+            );
         }
         let drain = async {
             for (module, h) in self.env.hooks.shutdown.iter() {
@@ -81,10 +101,7 @@ impl RunningServer {
                 h.shutdown(&self.env).await;
             }
         };
-        if tokio::time::timeout(self.drain_timeout, drain)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout_at(deadline, drain).await.is_err() {
             for (queue, q) in self.env.metrics.write_behind.queues() {
                 let left = q.queued.get();
                 if left > 0 {
