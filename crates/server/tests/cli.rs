@@ -383,7 +383,10 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     let (p1, p2) = (free_port(), free_port());
     let cfg = write_binary_config(&dir, p1, p2);
     let mut text = std::fs::read_to_string(&cfg).unwrap();
-    text.push_str("\n[c2s]\nmailbox_size = 4\nwrite_timeout_secs = 2\nmax_bytes_per_second = 0\n");
+    // A mailbox big enough that Alice's socket buffers fill up first (so
+    // her session blocks in a write and hits the timeout), small enough
+    // that it then overflows within that timeout.
+    text.push_str("\n[c2s]\nmailbox_size = 64\nwrite_timeout_secs = 2\nmax_bytes_per_second = 0\n");
     std::fs::write(&cfg, text).unwrap();
     add_user(&cfg, "alice", "secret");
     add_user(&cfg, "bob", "secret");
@@ -445,7 +448,7 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
         err.lines().any(|l| l.contains("session closed")
             && l.contains("jid=alice@localhost/r")
             && l.contains("reason=write_timeout")),
-        "{err}"
+        "{bounced} bounces:\n{err}"
     );
 }
 
