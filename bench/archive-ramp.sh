@@ -15,6 +15,9 @@
 #   USERS [2000]  RATES [5000,10000,12500,15000,20000,30000,40000]
 #   STEP_SECS [10]  ROUNDS [1]  PORT [15522]
 #   STARLING_BIN, BENCH_BIN [target/release/…]  RUN_ROOT [/tmp/starling-archive-ramp]
+#   PEER_CONFIG    [bench/peers/starling-archive.toml]; bench/peers/starling.toml
+#                  runs the same ramp with archive and inbox off (routing only)
+#   TO_BARE        [1]; 0 addresses user@domain/resource instead
 #   EXTRA_CONFIG   TOML appended to the configuration, e.g.
 #                  $'[modules.mam]\nenabled = true\nbatch_size = 5000'
 set -euo pipefail
@@ -34,7 +37,8 @@ for b in "$STARLING_BIN" "$BENCH_BIN"; do
 done
 rm -rf "$RUN_ROOT"
 mkdir -p "$RUN_ROOT"
-sed -e "s#@RUN@#$RUN_ROOT#g" -e "s#@PORT@#$PORT#g" "$root/bench/peers/starling-archive.toml" >"$RUN_ROOT/starling.toml"
+PEER_CONFIG=${PEER_CONFIG:-$root/bench/peers/starling-archive.toml}
+sed -e "s#@RUN@#$RUN_ROOT#g" -e "s#@PORT@#$PORT#g" "$PEER_CONFIG" >"$RUN_ROOT/starling.toml"
 if [[ -n "${EXTRA_CONFIG:-}" ]]; then
     # Later keys of a table must not repeat: drop the file's own
     # [modules.mam] table when EXTRA_CONFIG brings one.
@@ -63,7 +67,9 @@ rss() { awk '/^(VmRSS|RssAnon|RssFile)/ {printf "%s %d MB ", $1, $2/1024}' "/pro
 log "server pid $pid, RSS $(rss)"
 for round in $(seq 1 "$ROUNDS"); do
     log "round $round: o2o --to-bare, $USERS users, rates $RATES"
-    "$BENCH_BIN" o2o --port "$PORT" --users "$USERS" --password 'pw{n}' --to-bare \
+    to_bare=(--to-bare)
+    [[ "${TO_BARE:-1}" == 0 ]] && to_bare=()
+    "$BENCH_BIN" o2o --port "$PORT" --users "$USERS" --password 'pw{n}' "${to_bare[@]}" \
         --rates "$RATES" --step-secs "$STEP_SECS" --stop-after-fails 0 \
         --server-pid "$pid" --label "starling $(basename "$(dirname "$STARLING_BIN")")" \
         --json-file "$RUN_ROOT/o2o.json" || log "o2o run failed"
