@@ -62,6 +62,7 @@ impl ArchiveStore for SqliteStorage {
         if records.is_empty() {
             return Ok(());
         }
+        let _turn = self.write_turn.lock().await;
         let mut tx = self.pool.begin().await.map_err(backend)?;
         insert_archive_rows(&mut tx, records).await?;
         tx.commit().await.map_err(backend)
@@ -309,6 +310,7 @@ impl InboxStore for SqliteStorage {
         let (setting, adding): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) = with_last
             .into_iter()
             .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
+        let _turn = self.write_turn.lock().await;
         let mut tx = self.pool.begin().await.map_err(backend)?;
         for (group, unread_sql) in [
             (&adding, "unread + excluded.unread"),

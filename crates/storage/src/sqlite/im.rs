@@ -440,6 +440,7 @@ impl LastActivityStore for SqliteStorage {
 
     async fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()> {
         let (domain, user) = split(owner);
+        let _turn = self.write_turn.lock().await;
         sqlx::query(
             "INSERT INTO last_activity (domain, username, at, status) VALUES (?, ?, ?, ?)
              ON CONFLICT (domain, username) DO UPDATE SET at = excluded.at, status = excluded.status",

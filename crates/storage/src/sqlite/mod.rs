@@ -47,6 +47,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 pub struct SqliteStorage {
     pub(crate) pool: SqlitePool,
     target: String,
+    /// Taken, first come first served, by the hot-path writers (archive and
+    /// inbox batches, offline messages, last activity) before they start a
+    /// write transaction. SQLite admits one writer and lets the others poll
+    /// with growing sleeps (up to 100 ms), so a one-row write could lose
+    /// the race to several large batches in a row and wait seconds; in
+    /// this queue it waits for at most the writes that asked before it.
+    pub(crate) write_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The background checkpointer (see [`SqliteStorage::open`]).
     checkpointer: std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
@@ -134,6 +141,7 @@ impl SqliteStorage {
         let checkpointer = tokio::spawn(checkpoint_task(pool.clone()));
         let db = SqliteStorage {
             pool,
+            write_turn: std::sync::Arc::new(tokio::sync::Mutex::new(())),
             target,
             checkpointer: std::sync::Arc::new(std::sync::Mutex::new(Some(checkpointer))),
         };

@@ -35,6 +35,7 @@ impl OfflineStore for SqliteStorage {
         let (domain, user) = split(owner);
         // The archive rows first: the transaction's first statement writes,
         // so it takes SQLite's write lock at once (no read-to-write upgrade).
+        let _turn = self.write_turn.lock().await;
         let mut tx = self.pool.begin().await.map_err(backend)?;
         insert_archive_rows(&mut tx, archive).await?;
         let n = sqlx::query(
@@ -79,6 +80,7 @@ impl OfflineStore for SqliteStorage {
 
     async fn delete_up_to(&self, owner: &BareJid, up_to_id: i64) -> Result<u64, StorageError> {
         let (domain, user) = split(owner);
+        let _turn = self.write_turn.lock().await;
         let n = sqlx::query(
             "DELETE FROM offline_messages WHERE domain = ? AND username = ? AND id <= ?",
         )
@@ -94,6 +96,7 @@ impl OfflineStore for SqliteStorage {
 
     async fn take_all(&self, owner: &BareJid) -> Result<Vec<OfflineMessage>, StorageError> {
         let (domain, user) = split(owner);
+        let _turn = self.write_turn.lock().await;
         // RETURNING gives no order guarantee: sort by id afterwards.
         let rows = sqlx::query(
             "DELETE FROM offline_messages WHERE domain = ? AND username = ?
