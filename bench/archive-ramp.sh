@@ -14,6 +14,7 @@
 # Environment (defaults in brackets):
 #   USERS [2000]  RATES [5000,10000,12500,15000,20000,30000,40000]
 #   STEP_SECS [10]  ROUNDS [1]  PORT [15522]
+#   IDLE_SECS [0]: after each round, wait this long and print the RSS again
 #   STARLING_BIN, BENCH_BIN [target/release/…]  RUN_ROOT [/tmp/starling-archive-ramp]
 #   PEER_CONFIG    [bench/peers/starling-archive.toml]; bench/peers/starling.toml
 #                  runs the same ramp with archive and inbox off (routing only)
@@ -74,6 +75,10 @@ for round in $(seq 1 "$ROUNDS"); do
         --server-pid "$pid" --label "starling $(basename "$(dirname "$STARLING_BIN")")" \
         --json-file "$RUN_ROOT/o2o.json" || log "o2o run failed"
     log "after round $round: RSS $(rss); database $(du -sh "$RUN_ROOT/data" | cut -f1)"
+    if [[ "${IDLE_SECS:-0}" != 0 ]]; then
+        sleep "$IDLE_SECS"
+        log "after $IDLE_SECS s idle: RSS $(rss)"
+    fi
 done
 log "SIGTERM"
 t0=$(date +%s.%N)

@@ -673,16 +673,7 @@ async fn queued_archive_writes_survive_a_graceful_shutdown() {
     converse(&mut alice, &mut bob, 20).await;
     // Shut down at once: the last messages are still queued; then open the
     // database again (whichever backend the tests run on) and look.
-    let backend = match &server.database {
-        Some(db) => starling_storage::BackendConfig::Postgres {
-            url: db.url.clone(),
-            pool_size: 1,
-        },
-        None => starling_storage::BackendConfig::Sqlite {
-            path: server.dir.join("starling.db"),
-            pool_size: 1,
-        },
-    };
+    let backend = server.backend_config();
     server.server.shutdown().await;
     let db = starling_storage::open(&backend).await.unwrap();
     let bob_jid = starling_proto::BareJid::new("bob@localhost").unwrap();

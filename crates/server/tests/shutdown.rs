@@ -89,16 +89,7 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    let backend = match &server.database {
-        Some(db) => starling_storage::BackendConfig::Postgres {
-            url: db.url.clone(),
-            pool_size: 1,
-        },
-        None => starling_storage::BackendConfig::Sqlite {
-            path: server.dir.join("starling.db"),
-            pool_size: 1,
-        },
-    };
+    let backend = server.backend_config();
     let mailbox_full = server.server.env.metrics.mailbox_full.clone();
     let queues = server.server.env.metrics.write_behind.queues();
     assert!(!queues.is_empty());

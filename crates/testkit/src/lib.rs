@@ -167,6 +167,21 @@ impl TestServer {
         c
     }
 
+    /// Where this server keeps its data, for opening the same storage again
+    /// after it stopped (whichever backend the tests run on).
+    pub fn backend_config(&self) -> starling_storage::BackendConfig {
+        match &self.database {
+            Some(db) => starling_storage::BackendConfig::Postgres {
+                url: db.url.clone(),
+                pool_size: 1,
+            },
+            None => starling_storage::BackendConfig::Sqlite {
+                path: self.dir.join("starling.db"),
+                pool_size: 1,
+            },
+        }
+    }
+
     /// Graceful shutdown, then removes the data directory (and the
     /// PostgreSQL database).
     pub async fn stop(self) {
