@@ -463,6 +463,17 @@ mod tests {
         }
     }
 
+    /// Every item the sink received, in order.
+    fn written(sink: &Recorder) -> Vec<u32> {
+        sink.batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .copied()
+            .collect()
+    }
+
     fn gate() -> Arc<Pressure> {
         Arc::new(Pressure::new())
     }
@@ -553,14 +564,7 @@ mod tests {
         sink.gate.add_permits(1_000);
         q.push(100).await;
         q.flush().await;
-        let all: Vec<u32> = sink
-            .batches
-            .lock()
-            .unwrap()
-            .iter()
-            .flatten()
-            .copied()
-            .collect();
+        let all = written(&sink);
         assert_eq!(all, vec![0, 1, 2, 3, 4, 5, 100]);
     }
 
@@ -668,14 +672,7 @@ mod tests {
             .expect("resolved once written")
             .unwrap();
         q.flush().await;
-        let all: Vec<u32> = sink
-            .batches
-            .lock()
-            .unwrap()
-            .iter()
-            .flatten()
-            .copied()
-            .collect();
+        let all = written(&sink);
         assert_eq!(
             all,
             vec![1, 2, 4],
@@ -766,14 +763,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(2), q.flush())
             .await
             .expect("flush returns");
-        let all: Vec<u32> = sink
-            .batches
-            .lock()
-            .unwrap()
-            .iter()
-            .flatten()
-            .copied()
-            .collect();
+        let all = written(&sink);
         assert_eq!(all, vec![1, 3, 5]);
     }
 }
