@@ -63,6 +63,8 @@ fn now_ms() -> u64 {
 struct StepCounters {
     sent: AtomicU64,
     delivered: AtomicU64,
+    /// Benchmark messages that *arrived* during this step, whenever sent.
+    arrived: AtomicU64,
     errors: AtomicU64,
     dropped: AtomicU64,
     latency: Mutex<Latency>,
@@ -110,6 +112,15 @@ impl Shared {
         Some(self.schedule.step_at(t).unwrap_or(self.steps.len() - 1))
     }
 
+    /// The ramp step running at `ts_us`, if any (none during the drain).
+    fn arrival_step(&self, ts_us: u64) -> Option<usize> {
+        let start = self.start_us.load(Relaxed);
+        if start == 0 || ts_us < start {
+            return None;
+        }
+        self.schedule.step_at((ts_us - start) as f64 / 1e6)
+    }
+
     fn on_message(&self, el: &Element) {
         let Some(body) = el.children().find(|c| c.name() == "body") else {
             return;
@@ -130,7 +141,11 @@ impl Shared {
             c.errors.fetch_add(1, Relaxed);
             return;
         }
-        let lat = now_us().saturating_sub(ts);
+        let now = now_us();
+        let lat = now.saturating_sub(ts);
+        if let Some(a) = self.arrival_step(now) {
+            self.steps[a].arrived.fetch_add(1, Relaxed);
+        }
         c.delivered.fetch_add(1, Relaxed);
         self.delivered.fetch_add(1, Relaxed);
         if let Ok(mut h) = c.latency.lock() {
@@ -840,6 +855,7 @@ async fn o2o_ramp(
                     target_rate: rates[i],
                     sent: c.sent.load(Relaxed),
                     delivered: c.delivered.load(Relaxed),
+                    arrived: c.arrived.load(Relaxed),
                     errors: c.errors.load(Relaxed),
                     client_dropped: c.dropped.load(Relaxed),
                     latency: c.latency.lock().map(|h| h.summary()).unwrap_or_default(),

@@ -227,6 +227,12 @@ pub struct StepResult {
     pub sent: u64,
     /// Of those, delivered to their recipient.
     pub delivered: u64,
+    /// Messages that arrived during this step, whenever they were sent:
+    /// what the server delivered while this step's load was offered (past
+    /// the saturation point, `delivered` also pays for the backlog of the
+    /// steps before; this does not).
+    #[serde(default)]
+    pub arrived: u64,
     /// Error stanzas received for messages of this step.
     pub errors: u64,
     /// Messages the client could not queue (its own backlog was full).
@@ -235,6 +241,9 @@ pub struct StepResult {
     pub sent_per_s: f64,
     /// delivered / step length.
     pub delivered_per_s: f64,
+    /// arrived / step length.
+    #[serde(default)]
+    pub arrived_per_s: f64,
     /// delivered / sent.
     pub delivery_ratio: f64,
     /// Send-to-receive latency.
@@ -330,6 +339,7 @@ impl O2oResult {
         for s in &mut self.steps {
             s.sent_per_s = s.sent as f64 / secs;
             s.delivered_per_s = s.delivered as f64 / secs;
+            s.arrived_per_s = s.arrived as f64 / secs;
             s.delivery_ratio = if s.sent > 0 {
                 s.delivered as f64 / s.sent as f64
             } else {
@@ -356,6 +366,7 @@ impl O2oResult {
                 target_rate: each[0].target_rate,
                 sent: each.iter().map(|s| s.sent).sum(),
                 delivered: each.iter().map(|s| s.delivered).sum(),
+                arrived: each.iter().map(|s| s.arrived).sum(),
                 errors: each.iter().map(|s| s.errors).sum(),
                 client_dropped: each.iter().map(|s| s.client_dropped).sum(),
                 latency: LatencySummary::merge_all(each.iter().map(|s| &s.latency))?,
@@ -495,10 +506,11 @@ impl RunResult {
         if let Some(o) = &self.o2o {
             let _ = writeln!(
                 s,
-                "  {:>9} {:>9} {:>11} {:>7} {:>8} {:>8} {:>8} {:>8}  ok",
+                "  {:>9} {:>9} {:>11} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8}  ok",
                 "target/s",
                 "sent/s",
                 "delivered/s",
+                "arrived/s",
                 "ratio",
                 "p50 ms",
                 "p90 ms",
@@ -508,10 +520,11 @@ impl RunResult {
             for st in &o.steps {
                 let _ = writeln!(
                     s,
-                    "  {:>9.0} {:>9.0} {:>11.0} {:>7.4} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}  {}",
+                    "  {:>9.0} {:>9.0} {:>11.0} {:>9.0} {:>7.4} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}  {}",
                     st.target_rate,
                     st.sent_per_s,
                     st.delivered_per_s,
+                    st.arrived_per_s,
                     st.delivery_ratio,
                     st.latency.p50_ms,
                     st.latency.p90_ms,
@@ -711,6 +724,26 @@ mod tests {
         assert!(m.steps[1].latency.p99_ms > 100.0);
         assert!(!m.steps[1].ok);
         assert_eq!(m.saturation.rate, 100.0);
+    }
+
+    #[test]
+    fn arrivals_per_step_are_summed_rated_and_optional_in_json() {
+        // Past saturation a step's own messages arrive late (delivered/s
+        // drops) while the server keeps delivering (arrived/s holds).
+        let mut a = step(200.0, 2000, 600, 1_000);
+        a.arrived = 1500;
+        let mut b = step(200.0, 2000, 700, 1_000);
+        b.arrived = 1400;
+        let m = O2oResult::merge(&[o2o(vec![a]), o2o(vec![b])]).unwrap();
+        assert_eq!(m.steps[0].arrived, 2900);
+        assert_eq!(m.steps[0].arrived_per_s, 290.0);
+        assert_eq!(m.steps[0].delivered_per_s, 130.0);
+        // A result written before the field existed still reads.
+        let mut v = serde_json::to_value(&m.steps[0]).unwrap();
+        v.as_object_mut().unwrap().remove("arrived");
+        v.as_object_mut().unwrap().remove("arrived_per_s");
+        let old: StepResult = serde_json::from_value(v).unwrap();
+        assert_eq!(old.arrived, 0);
     }
 
     #[test]
