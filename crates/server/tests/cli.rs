@@ -678,7 +678,7 @@ fn listener_on_unspecified_ipv6_accepts_both_stacks() {
     .unwrap();
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
     let mut waited = 0;
-    while std::net::TcpStream::connect(("127.0.0.1", p1)).is_err() {
+    while !answers_a_stream(p1) {
         std::thread::sleep(Duration::from_millis(50));
         waited += 1;
         assert!(waited < 200, "server did not start on IPv4");
@@ -713,7 +713,7 @@ fn data_dir_and_database_are_private() {
     assert_eq!(mode(&data.join("starling.db")), 0o600);
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
     let mut waited = 0;
-    while std::net::TcpStream::connect(("127.0.0.1", p1)).is_err() {
+    while !answers_a_stream(p1) {
         std::thread::sleep(Duration::from_millis(50));
         waited += 1;
         assert!(waited < 200, "server did not start");
