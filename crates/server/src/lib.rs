@@ -14,7 +14,6 @@
 pub mod accounts;
 mod c2s;
 pub mod config;
-pub mod fsperm;
 pub mod limiter;
 pub mod modules;
 pub mod router;

@@ -196,7 +196,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     for l in &cfg.listen {
         bound.push((bind_listener(l.address)?, l.tls));
     }
-    crate::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
+    starling_storage::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
         format!(
             "cannot create data directory {}; set [server] data_dir to a writable place",
             cfg.server.data_dir.display()

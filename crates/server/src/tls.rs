@@ -241,7 +241,7 @@ fn ensure_self_signed(
             }
         }
     }
-    crate::fsperm::create_private_dir_all(&dir)
+    starling_storage::fsperm::create_private_dir_all(&dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let mut names = domains.to_vec();
     for d in domains {

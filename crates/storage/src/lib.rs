@@ -11,6 +11,7 @@
 
 pub mod conformance;
 mod dynsql;
+pub mod fsperm;
 mod migrate;
 pub mod postgres;
 pub mod sqlite;

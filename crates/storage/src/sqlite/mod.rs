@@ -103,12 +103,12 @@ impl SqliteStorage {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 // Surface a clear error below if this fails.
-                let _ = create_private_dir_all(dir);
+                let _ = crate::fsperm::create_private_dir_all(dir);
             }
         }
         // The database holds password keys: created 0600 whatever the
         // umask. SQLite gives its -wal and -shm files the database's mode.
-        let _ = create_private_file(path);
+        let _ = crate::fsperm::create_private_file(path);
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -458,27 +458,5 @@ impl StorageBackend for SqliteStorage {
 
     fn describe(&self) -> String {
         self.target.clone()
-    }
-}
-
-/// Creates `dir` and missing parents with mode 0700 (Unix).
-fn create_private_dir_all(dir: &Path) -> std::io::Result<()> {
-    let mut b = std::fs::DirBuilder::new();
-    b.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-    b.create(dir)
-}
-
-/// Creates an empty file with mode 0600 (Unix) unless it exists.
-fn create_private_file(path: &Path) -> std::io::Result<()> {
-    let mut o = std::fs::OpenOptions::new();
-    o.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-    match o.open(path) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
     }
 }

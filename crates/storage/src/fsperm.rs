@@ -14,6 +14,20 @@ pub fn create_private_dir_all(dir: &Path) -> std::io::Result<()> {
     b.create(dir)
 }
 
+/// Creates an empty file with mode 0600 (on Unix) unless it exists (an
+/// existing file keeps its mode).
+pub fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    match o.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
