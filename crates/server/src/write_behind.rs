@@ -20,8 +20,9 @@
 //!   it in a transaction of its own (the offline store writes the
 //!   recipient's archive row with the offline message). If the writer
 //!   already has it, the caller gets the ticket to wait on instead.
-//! - Back-pressure: [`WriteBehind::congested`] is true while more than
-//!   `high_water` items wait; sessions stop reading from their sockets
+//! - Back-pressure: [`WriteBehind::congested`] is true from the moment more
+//!   than `high_water` items wait until they are back under half of it;
+//!   sessions stop reading from their sockets
 //!   while any queue is congested ([`starling_core::Pressure`]), so a slow
 //!   database slows senders down through TCP instead of growing memory or
 //!   latency without bound. `push` itself waits only at `capacity` (a hard
@@ -40,7 +41,6 @@ use starling_core::async_trait;
 use starling_core::storage::StorageResult;
 use starling_core::{Pressure, QueueMetrics};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::{watch, Mutex, Notify};
@@ -108,8 +108,6 @@ struct Shared<T> {
     name: &'static str,
     cfg: WriteBehindConfig,
     state: StdMutex<State<T>>,
-    /// Mirror of `pending.len()` for lock-free reads.
-    len: AtomicUsize,
     /// Wakes the writer (new item, urgency, close).
     wake: Notify,
     /// Wakes pushers waiting for room.
@@ -126,10 +124,9 @@ impl<T> Shared<T> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `len` and the pressure in step with `pending` (lock held).
-    fn update_len(&self, st: &mut State<T>) {
+    /// Keeps the pressure in step with `pending` (lock held).
+    fn update_pressure(&self, st: &mut State<T>) {
         let len = st.pending.len();
-        self.len.store(len, Ordering::Relaxed);
         let high = self.cfg.high_water();
         if !st.raised && len > high {
             st.raised = true;
@@ -182,7 +179,6 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
                 raised: false,
                 closed: false,
             }),
-            len: AtomicUsize::new(0),
             wake: Notify::new(),
             room: Notify::new(),
             committed: watch::Sender::new(0),
@@ -216,7 +212,7 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
                     let t = st.next;
                     st.next += 1;
                     st.pending.push_back((t, item.take().expect("pushed once")));
-                    sh.update_len(&mut st);
+                    sh.update_pressure(&mut st);
                     // The writer needs waking only to start (first item)
                     // or to cut its window short (a full batch).
                     let len = st.pending.len();
@@ -269,7 +265,7 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
         let mut st = sh.lock();
         if let Some(pos) = st.pending.iter().rposition(|(_, t)| pred(t)) {
             let (_, item) = st.pending.remove(pos).expect("position found");
-            sh.update_len(&mut st);
+            sh.update_pressure(&mut st);
             drop(st);
             sh.stats.queued.dec();
             sh.room.notify_waiters();
@@ -278,19 +274,11 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
         Claim::NotQueued(Ticket(st.taken_up_to))
     }
 
-    /// Whether more than the high-water mark of items wait.
+    /// Whether this queue currently raises the pressure: from the moment
+    /// more than the high-water mark of items wait until they are back
+    /// under half of it.
     pub fn congested(&self) -> bool {
-        self.shared.len.load(Ordering::Relaxed) > self.shared.cfg.high_water()
-    }
-
-    /// Items waiting to be handed to the writer.
-    pub fn len(&self) -> usize {
-        self.shared.len.load(Ordering::Relaxed)
-    }
-
-    /// Whether nothing waits.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.shared.lock().raised
     }
 
     /// Waits until every item pushed before this call is resolved.
@@ -364,7 +352,7 @@ async fn writer<T: Send + Sync + 'static>(sh: Arc<Shared<T>>) {
             // far) are in this batch, in earlier ones, or were claimed.
             let last = st.pending.front().map_or(st.next, |(t, _)| *t) - 1;
             st.taken_up_to = last;
-            sh.update_len(&mut st);
+            sh.update_pressure(&mut st);
             last
         };
         sh.room.notify_waiters();
