@@ -5,6 +5,9 @@
 //!   a XEP-0203 `<delay from='{domain}' stamp='…'>Offline Storage</delay>`
 //!   child, and the write is committed before the router is told it was
 //!   stored, so a message the sender got no error for survives a crash.
+//!   The rows earlier handlers put in the hook's `OfflineCompanions` (the
+//!   archive's copy for the recipient) are committed in the same
+//!   transaction, or not at all when the message is refused.
 //!   Not stored (XEP-0160 §3, XEP-0334, XEP-0085 §5.5):
 //!   - messages with a `<no-store/>` hint: the sender gets
 //!     `<service-unavailable/>` with a text saying so (RFC 6121
