@@ -114,7 +114,8 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (1, "accounts"),
                 (2, "im-core"),
                 (3, "offline"),
-                (4, "archive-inbox")
+                (4, "archive-inbox"),
+                (5, "inbox-unindexed")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -142,7 +143,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 4, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 5, "each migration once");
     })
     .await;
 }

@@ -40,6 +40,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "archive-inbox",
         sql: include_str!("0004_archive.sql"),
     },
+    Migration {
+        version: 5,
+        name: "inbox-unindexed",
+        sql: include_str!("0005_inbox_unindexed.sql"),
+    },
 ];
 
 /// The SQLite backend.
