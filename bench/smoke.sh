@@ -58,11 +58,8 @@ TOML
 
 "$STARLING_BIN" --config "$work/starling.toml" >"$work/server.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 100); do
-    (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/server.log" >&2; echo "smoke: server died" >&2; exit 1; }
-    sleep 0.1
-done
+. "$root/scripts/ready.sh"
+wait_ready "$work/server.log" "$pid" 60 || { echo "smoke: the server did not start" >&2; exit 1; }
 
 # STARTTLS + SCRAM-SHA-256, two short ramp steps; --require-ratio fails the
 # run unless every session is up and >= 99 % of messages arrived.

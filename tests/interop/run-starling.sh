@@ -12,9 +12,13 @@ if [ ! -x "$bin" ]; then
   (cd "$root" && cargo build -q -p starling-server)
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Two distinct free ports: both sockets are bound at once, so the kernel cannot
+# hand out the same port twice.
+read -r p1 p2 < <(python3 -c 'import socket
+a, b = socket.socket(), socket.socket()
+a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
+print(a.getsockname()[1], b.getsockname()[1])')
 work="$(mktemp -d)"
-p1="$(free_port)"; p2="$(free_port)"
 cat > "$work/starling.toml" <<CFG
 [server]
 data_dir = "$work/data"
@@ -40,10 +44,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-for _ in $(seq 1 100); do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$p1") 2>/dev/null; then break; fi
-  sleep 0.1
-done
+. "$root/scripts/ready.sh"
+wait_ready "$work/server.log" "$pid" 60
 
 # rustls offers no tls-unique (RFC 5929 §3, undefined for TLS 1.3), the only
 # channel binding slixmpp implements: its -PLUS tests cannot apply here.
