@@ -7,6 +7,7 @@
 //! legacy session iq — and hands every stanza to the hooks. It knows no XEP
 //! (invariant 1): presence, ping, disco, registration… are modules.
 
+mod connection;
 mod sasl;
 pub(crate) mod session;
 mod transport;

@@ -72,7 +72,7 @@ impl Session {
                 self.info.authenticated = true;
                 // Channel bindings are only needed for SASL: free them.
                 self.bindings = Default::default();
-                self.restart = true;
+                self.conn.restart();
                 Ok(())
             }
             Err(e) => {

@@ -16,6 +16,7 @@
 //! through `user_receive` and then to the socket. Modules request effects
 //! ([`Action`]s) which this task applies; no module ever holds the socket.
 
+use super::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
 use super::transport::Transport;
 use super::C2sShared;
 use crate::c2s::sasl::SaslState;
@@ -29,12 +30,11 @@ use starling_proto::{
     ns, random_id, BareJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
     StanzaParseError, StreamError, StreamErrorCondition,
 };
-use starling_xml::{Element, StreamEvent, StreamHeader, StreamParser};
+use starling_xml::{Element, StreamHeader};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::sleep_until;
@@ -48,23 +48,6 @@ pub(super) enum Exit {
     ClientClosed,
     /// The connection ended without a closing handshake, for this reason.
     Io(IoEnd),
-}
-
-/// Why a connection ended without a closing handshake: the `reason` field
-/// of the "session closed" log line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum IoEnd {
-    /// The client closed the TCP connection.
-    Eof,
-    /// Reading from the socket failed (reset, TLS error…).
-    ReadError,
-    /// Writing to the socket failed.
-    WriteError,
-    /// A write did not complete within `[c2s] write_timeout_secs`: the
-    /// client stopped reading and its socket buffer is full.
-    WriteTimeout,
-    /// STARTTLS failed or was refused.
-    Tls,
 }
 
 impl Exit {
@@ -89,32 +72,19 @@ impl Exit {
 /// The session task's state.
 pub(crate) struct Session {
     pub(super) shared: Arc<C2sShared>,
-    pub(super) transport: Transport,
-    parser: StreamParser,
+    /// The client's connection: framing, TLS, parsing, output buffering.
+    pub(super) conn: Connection,
     pub(super) info: SessionInfo,
     state: Extensions,
     /// Our own sender, handed to the session table at bind time. Holding it
     /// also keeps `mailbox.recv()` from ever returning `None`.
     handle: SessionHandle,
     mailbox: Mailbox,
-    wbuf: Vec<u8>,
-    /// Our stream header for the current stream has been sent.
-    header_sent: bool,
-    /// Bytes after the current element must go to a fresh parser
-    /// (stream restart after SASL success).
-    pub(super) restart: bool,
-    /// Bytes after the current element must be dropped (STARTTLS).
-    discard_rest: bool,
     pub(super) sasl: SaslState,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
     connected_at: Instant,
     timers: Vec<(Instant, TimerKey)>,
-    /// When the idle parser should hibernate.
-    hibernate_at: Option<Instant>,
-    tokens: f64,
-    refilled_at: Instant,
-    read_paused_until: Option<Instant>,
 }
 
 /// Runs one client connection to completion.
@@ -153,10 +123,18 @@ pub(crate) async fn run(
     } else {
         Transport::Plain(tcp)
     };
-    let mut session = Session::new(shared.clone(), transport, peer);
-    if let Transport::Tls(tls) = &session.transport {
+    let read_limits = ReadLimits {
+        bytes_per_second: shared.max_bytes_per_second,
+        burst: shared
+            .max_bytes_per_second
+            .max(shared.limits.max_stanza_bytes as u64),
+        hibernate_after: shared.hibernate_after,
+    };
+    let conn = Connection::Stream(XmlStream::new(transport, shared.limits, read_limits));
+    let mut session = Session::new(shared.clone(), conn, peer);
+    if session.conn.is_secure() {
         if let Some(ctx) = shared.tls.as_ref() {
-            session.bindings = ctx.bindings(tls);
+            session.bindings = session.conn.channel_bindings(ctx);
         }
         session.info.secure = true;
     }
@@ -166,15 +144,12 @@ pub(crate) async fn run(
 }
 
 impl Session {
-    fn new(shared: Arc<C2sShared>, transport: Transport, peer: SocketAddr) -> Session {
+    fn new(shared: Arc<C2sShared>, conn: Connection, peer: SocketAddr) -> Session {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (handle, mailbox) = mailbox(id, shared.mailbox_size);
         let now = Instant::now();
-        let burst = shared
-            .max_bytes_per_second
-            .max(shared.limits.max_stanza_bytes as u64) as f64;
         Session {
-            parser: StreamParser::new(shared.limits),
+            conn,
             info: SessionInfo {
                 id,
                 stream_id: String::new(),
@@ -187,23 +162,14 @@ impl Session {
                 last_inbound: now,
             },
             shared,
-            transport,
             state: Extensions::new(),
             handle,
             mailbox,
-            wbuf: Vec::new(),
-            header_sent: false,
-            restart: false,
-            discard_rest: false,
             sasl: SaslState::Idle,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
             connected_at: now,
             timers: Vec::new(),
-            hibernate_at: None,
-            tokens: burst,
-            refilled_at: now,
-            read_paused_until: None,
         }
     }
 
@@ -215,15 +181,10 @@ impl Session {
             None
         };
         let timers = self.timers.iter().map(|(t, _)| *t).min();
-        [
-            negotiation,
-            timers,
-            self.read_paused_until,
-            self.hibernate_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        [negotiation, timers, self.conn.deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The session's main loop. The handlers of its branches are boxed: the
@@ -242,7 +203,7 @@ impl Session {
             // Storage back-pressure (a write-behind queue is congested):
             // stop reading, keep delivering, resume when it is relieved.
             let pressed = pressure.is_high();
-            let reading = self.read_paused_until.is_none() && !pressed;
+            let reading = self.conn.can_read() && !pressed;
             let step = tokio::select! {
                 biased;
                 _ = shutdown.changed() => Err(Exit::Error(StreamError::with_text(
@@ -250,13 +211,9 @@ impl Session {
                     "the server is shutting down; reconnect in a moment",
                 ))),
                 msg = self.mailbox.recv() => Box::pin(self.on_mailbox(msg)).await,
-                read = self.transport.read_chunk(), if reading => match read {
-                    Ok(data) if data.is_empty() => Err(Exit::Io(IoEnd::Eof)),
-                    Ok(data) => Box::pin(self.on_input(&data)).await,
-                    Err(e) => {
-                        tracing::debug!(session = self.info.id, error = %e, "read failed");
-                        Err(Exit::Io(IoEnd::ReadError))
-                    }
+                read = self.conn.read(), if reading => match read {
+                    Ok(()) => Box::pin(self.on_input()).await,
+                    Err(end) => Err(Exit::Io(end)),
                 },
                 _ = sleep_until(deadline.unwrap_or(far).into()) => Box::pin(self.on_deadline()).await,
                 _ = pressure.relieved(), if pressed => Ok(()),
@@ -283,15 +240,7 @@ impl Session {
 
     async fn on_deadline(&mut self) -> Result<(), Exit> {
         let now = Instant::now();
-        if let Some(t) = self.read_paused_until {
-            if t <= now {
-                self.read_paused_until = None;
-            }
-        }
-        if self.hibernate_at.is_some_and(|t| t <= now) {
-            self.hibernate_at = None;
-            self.parser.hibernate();
-        }
+        self.conn.on_deadline(now);
         if self.info.jid.is_none() && now >= self.connected_at + self.shared.negotiation_timeout {
             return Err(Exit::error(
                 StreamErrorCondition::ConnectionTimeout,
@@ -325,57 +274,20 @@ impl Session {
         Ok(())
     }
 
-    fn throttle(&mut self, n: usize) {
-        let rate = self.shared.max_bytes_per_second as f64;
-        if rate <= 0.0 {
-            return;
-        }
-        let burst = rate.max(self.shared.limits.max_stanza_bytes as f64);
-        let now = Instant::now();
-        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
-        self.refilled_at = now;
-        self.tokens = (self.tokens + elapsed * rate).min(burst) - n as f64;
-        if self.tokens < 0.0 {
-            self.read_paused_until = Some(now + Duration::from_secs_f64(-self.tokens / rate));
-        }
-    }
-
-    async fn on_input(&mut self, data: &[u8]) -> Result<(), Exit> {
+    /// Handles every event of the input read so far.
+    async fn on_input(&mut self) -> Result<(), Exit> {
         self.info.last_inbound = Instant::now();
-        self.throttle(data.len());
-        let mut input = data;
         loop {
-            let event = match self.parser.push(&mut input) {
+            let event = match self.conn.next_event() {
                 Ok(Some(ev)) => ev,
-                Ok(None) => {
-                    self.hibernate_at = self.shared.hibernate_after.map(|d| Instant::now() + d);
-                    return Ok(());
-                }
-                Err(e) => {
-                    let cond = StreamErrorCondition::from_str(e.stream_condition())
-                        .unwrap_or(StreamErrorCondition::NotWellFormed);
-                    return Err(Exit::error(cond, e.to_string()));
-                }
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(Exit::Error(e)),
             };
             match event {
-                StreamEvent::Open(h) => self.on_header(h)?,
-                StreamEvent::Close => return Err(Exit::ClientClosed),
-                StreamEvent::Stanza(el) => self.on_element(el).await?,
+                Inbound::Open(h) => self.on_header(h)?,
+                Inbound::Close => return Err(Exit::ClientClosed),
+                Inbound::Element(el) => self.on_element(el).await?,
             }
-            if self.discard_rest {
-                // RFC 6120 §5.4.3.3: nothing sent before the TLS handshake
-                // may be read as part of the secured stream.
-                self.discard_rest = false;
-                return Ok(());
-            }
-            if self.restart {
-                self.restart = false;
-                self.parser = StreamParser::new(self.shared.limits);
-                self.header_sent = false;
-            }
-            // Loop even when `input` is empty: the parser's final `Ok(None)`
-            // is where it releases its scratch buffers and where the
-            // hibernation timer is armed.
         }
     }
 
@@ -410,7 +322,8 @@ impl Session {
                 .unwrap_or_default();
         }
         self.info.stream_id = random_id(16);
-        self.write_header();
+        self.conn
+            .open_stream(&self.info.stream_id, &self.info.domain);
         if h.default_ns.as_deref() != Some(ns::CLIENT) {
             return Err(Exit::error(
                 StreamErrorCondition::InvalidNamespace,
@@ -436,20 +349,6 @@ impl Session {
         }
         self.write_features();
         Ok(())
-    }
-
-    fn write_header(&mut self) {
-        if self.header_sent {
-            return;
-        }
-        self.header_sent = true;
-        let header = format!(
-            "<?xml version='1.0'?><stream:stream xmlns='jabber:client' \
-             xmlns:stream='http://etherx.jabber.org/streams' id='{}' from='{}' \
-             version='1.0' xml:lang='en'>",
-            self.info.stream_id, self.info.domain
-        );
-        self.wbuf.extend_from_slice(header.as_bytes());
     }
 
     fn write_features(&mut self) {
@@ -497,11 +396,7 @@ impl Session {
             features.push(session);
             self.module_features(FeatureStage::PostAuth, &mut features);
         }
-        self.wbuf.extend_from_slice(b"<stream:features>");
-        for f in &features {
-            f.write_to(&mut self.wbuf, ns::CLIENT);
-        }
-        self.wbuf.extend_from_slice(b"</stream:features>");
+        self.conn.send_features(&features);
     }
 
     fn module_features(&self, stage: FeatureStage, out: &mut Vec<Element>) {
@@ -606,38 +501,28 @@ impl Session {
     // ----- STARTTLS (RFC 6120 §5) -----
 
     async fn on_starttls(&mut self) -> Result<(), Exit> {
-        let Some(tls) = self.shared.tls.clone().filter(|_| !self.info.secure) else {
+        let tls = self.shared.tls.clone();
+        let Some(tls) = tls.filter(|_| !self.info.secure && self.conn.can_starttls()) else {
             // §5.4.2.2: failure, then close the stream.
-            self.wbuf.extend_from_slice(
-                b"<failure xmlns='urn:ietf:params:xml:ns:xmpp-tls'/></stream:stream>",
-            );
-            let _ = self.flush().await;
-            return Err(Exit::Io(IoEnd::Tls));
-        };
-        self.wbuf
-            .extend_from_slice(b"<proceed xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>");
-        self.flush().await?;
-        let Transport::Plain(tcp) = std::mem::replace(&mut self.transport, Transport::Upgrading)
-        else {
+            self.conn.refuse_starttls(self.shared.write_timeout).await;
             return Err(Exit::Io(IoEnd::Tls));
         };
         let remaining = (self.connected_at + self.shared.negotiation_timeout)
             .saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, Box::pin(tls.starttls.accept(tcp))).await {
-            Ok(Ok(stream)) => {
-                self.bindings = tls.bindings(&stream);
-                self.transport = Transport::Tls(Box::new(stream));
+        match self
+            .conn
+            .starttls(&tls, remaining, self.shared.write_timeout)
+            .await
+        {
+            Ok(bindings) => {
+                self.bindings = bindings;
                 self.info.secure = true;
-                self.discard_rest = true;
-                self.parser = StreamParser::new(self.shared.limits);
-                self.header_sent = false;
                 Ok(())
             }
-            Ok(Err(e)) => {
-                tracing::debug!(session = self.info.id, peer = %self.info.peer, error = %e, "TLS handshake failed");
-                Err(Exit::Io(IoEnd::Tls))
+            Err(end) => {
+                tracing::debug!(session = self.info.id, peer = %self.info.peer, "STARTTLS failed");
+                Err(Exit::Io(end))
             }
-            Err(_) => Err(Exit::Io(IoEnd::Tls)),
         }
     }
 
@@ -797,7 +682,7 @@ impl Session {
                 self.apply(actions).await?;
                 if flow == Flow::Continue {
                     self.shared.env.metrics.stanza_out(stanza.kind());
-                    stanza.element().write_to(&mut self.wbuf, ns::CLIENT);
+                    self.conn.send(stanza.element());
                 }
                 Ok(())
             }
@@ -845,7 +730,7 @@ impl Session {
                 self.shared.env.metrics.stanza_out(kind);
             }
         }
-        el.write_to(&mut self.wbuf, ns::CLIENT);
+        self.conn.send(el);
     }
 
     fn write_iq_error(&mut self, id: &str, cond: StanzaErrorCondition, text: &str) {
@@ -872,22 +757,9 @@ impl Session {
     }
 
     pub(super) async fn flush(&mut self) -> Result<(), Exit> {
-        if self.wbuf.is_empty() {
-            return Ok(());
-        }
-        // Hand the buffer to the write; an idle session keeps none.
-        let buf = std::mem::take(&mut self.wbuf);
-        let write = async {
-            self.transport.write_all(&buf).await?;
-            self.transport.flush().await
-        };
-        match tokio::time::timeout(self.shared.write_timeout, write).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                tracing::debug!(session = self.info.id, error = %e, "write failed");
-                Err(Exit::Io(IoEnd::WriteError))
-            }
-            Err(_) => {
+        match self.conn.flush(self.shared.write_timeout).await {
+            Ok(()) => Ok(()),
+            Err(IoEnd::WriteTimeout) => {
                 tracing::info!(
                     session = self.info.id,
                     peer = %self.info.peer,
@@ -896,35 +768,23 @@ impl Session {
                 );
                 Err(Exit::Io(IoEnd::WriteTimeout))
             }
+            Err(end) => Err(Exit::Io(end)),
         }
     }
 
     /// Closes the stream as `exit` says, then cleans up.
     async fn finish(mut self, exit: Exit) {
+        let close_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
         match &exit {
             Exit::Error(e) => {
-                self.write_header();
+                self.conn
+                    .open_stream(&self.info.stream_id, &self.info.domain);
                 self.shared.env.metrics.stream_errors.inc();
                 tracing::info!(session = self.info.id, peer = %self.info.peer, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), condition = %e.condition, text = e.text.as_deref().unwrap_or(""), "closing stream with error");
-                self.wbuf.extend_from_slice(b"<stream:error>");
-                for child in e.to_element().children() {
-                    child.write_to(&mut self.wbuf, ns::CLIENT);
-                }
-                self.wbuf
-                    .extend_from_slice(b"</stream:error></stream:stream>");
+                self.conn.close(Closing::Error(e), close_timeout).await;
             }
-            Exit::ClientClosed => self.wbuf.extend_from_slice(b"</stream:stream>"),
-            Exit::Io(_) => self.wbuf.clear(),
-        }
-        if !matches!(exit, Exit::Io(_)) {
-            let write_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
-            let buf = std::mem::take(&mut self.wbuf);
-            let _ = tokio::time::timeout(write_timeout, async {
-                self.transport.write_all(&buf).await?;
-                self.transport.flush().await?;
-                self.transport.shutdown().await
-            })
-            .await;
+            Exit::ClientClosed => self.conn.close(Closing::Close, close_timeout).await,
+            Exit::Io(_) => self.conn.discard_output(),
         }
         if let Some(jid) = self.info.jid.clone() {
             self.shared.env.sessions.unregister(&jid, self.info.id);

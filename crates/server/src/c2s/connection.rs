@@ -1,0 +1,444 @@
+//! Connections: how a client's XML elements reach its session and back.
+//!
+//! A connection knows framing, not XMPP semantics: it turns input into
+//! [`Inbound`] events (the stream was opened, a top-level element, the
+//! stream was closed) and writes the session's elements, stream headers,
+//! features and errors in its own framing. The session task
+//! (`session.rs`) does RFC 6120 negotiation and stanza handling once, for
+//! every kind of connection, and never writes framing strings itself.
+//!
+//! Kinds:
+//!
+//! * [`XmlStream`] — an RFC 6120 XML stream over TCP, with STARTTLS or
+//!   direct TLS (XEP-0368): one long-lived XML document per direction,
+//!   restarted after STARTTLS and SASL.
+//!
+//! Every method is cancel-safe where the session's `select!` loop needs it
+//! ([`Connection::read`]): whatever was read is kept in the connection, so a
+//! read that loses the race to a mailbox message loses no bytes.
+
+use super::transport::Transport;
+use crate::tls::TlsContext;
+use starling_proto::sasl::ChannelBindings;
+use starling_proto::{ns, StreamError, StreamErrorCondition};
+use starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+/// What a connection hands its session.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// The client opened its stream, or reopened it after a restart
+    /// (RFC 6120 §4.2, §4.3.3).
+    Open(StreamHeader),
+    /// A complete top-level element (a stanza, or a negotiation element).
+    Element(Element),
+    /// The client closed its stream (RFC 6120 §4.4).
+    Close,
+}
+
+/// Why a connection ended without a closing handshake: the `reason` field
+/// of the "session closed" log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IoEnd {
+    /// The client closed the TCP connection.
+    Eof,
+    /// Reading from the socket failed (reset, TLS error…).
+    ReadError,
+    /// Writing to the socket failed.
+    WriteError,
+    /// A write did not complete within `[c2s] write_timeout_secs`: the
+    /// client stopped reading and its socket buffer is full.
+    WriteTimeout,
+    /// STARTTLS failed or was refused.
+    Tls,
+}
+
+/// How the session ends its stream.
+#[derive(Debug)]
+pub(crate) enum Closing<'a> {
+    /// With this stream error (RFC 6120 §4.9), then the closing tag.
+    Error(&'a StreamError),
+    /// With the closing tag only: the client closed first (§4.4).
+    Close,
+}
+
+/// Read-rate limiting settings of a connection (`[c2s] max_bytes_per_second`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadLimits {
+    /// Sustained read rate in bytes/s; 0 = unlimited.
+    pub bytes_per_second: u64,
+    /// Largest burst, in bytes (at least one maximal stanza).
+    pub burst: u64,
+    /// Quiet time before the XML parser frees its state (`None`: never).
+    pub hibernate_after: Option<Duration>,
+}
+
+/// A client connection of any kind.
+pub(crate) enum Connection {
+    /// An RFC 6120 XML stream over TCP or TLS.
+    Stream(XmlStream),
+}
+
+impl Connection {
+    /// True once the bytes travel encrypted.
+    pub(crate) fn is_secure(&self) -> bool {
+        match self {
+            Connection::Stream(s) => s.is_secure(),
+        }
+    }
+
+    /// False while reading is paused by the rate limit.
+    pub(crate) fn can_read(&self) -> bool {
+        match self {
+            Connection::Stream(s) => s.read_paused_until.is_none(),
+        }
+    }
+
+    /// The earliest instant at which [`Connection::on_deadline`] has
+    /// something to do.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self {
+            Connection::Stream(s) => [s.read_paused_until, s.hibernate_at]
+                .into_iter()
+                .flatten()
+                .min(),
+        }
+    }
+
+    /// Resumes paused reading and hibernates an idle parser when their
+    /// time has come.
+    pub(crate) fn on_deadline(&mut self, now: Instant) {
+        match self {
+            Connection::Stream(s) => s.on_deadline(now),
+        }
+    }
+
+    /// Waits for input and keeps it for [`Connection::next_event`].
+    /// Cancel-safe.
+    pub(crate) async fn read(&mut self) -> Result<(), IoEnd> {
+        match self {
+            Connection::Stream(s) => s.read().await,
+        }
+    }
+
+    /// The next event of the input read so far, or `None` when it is all
+    /// consumed. A framing or XML error is the stream error to close with.
+    pub(crate) fn next_event(&mut self) -> Result<Option<Inbound>, StreamError> {
+        match self {
+            Connection::Stream(s) => s.next_event(),
+        }
+    }
+
+    /// Sends our stream header (once per stream).
+    pub(crate) fn open_stream(&mut self, id: &str, from: &str) {
+        match self {
+            Connection::Stream(s) => s.open_stream(id, from),
+        }
+    }
+
+    /// Sends the stream features (RFC 6120 §4.3.2).
+    pub(crate) fn send_features(&mut self, features: &[Element]) {
+        match self {
+            Connection::Stream(s) => {
+                s.wbuf.extend_from_slice(b"<stream:features>");
+                for f in features {
+                    f.write_to(&mut s.wbuf, ns::CLIENT);
+                }
+                s.wbuf.extend_from_slice(b"</stream:features>");
+            }
+        }
+    }
+
+    /// Queues one element for the client (written at the next flush).
+    pub(crate) fn send(&mut self, el: &Element) {
+        match self {
+            Connection::Stream(s) => el.write_to(&mut s.wbuf, ns::CLIENT),
+        }
+    }
+
+    /// Starts a new stream on the same connection (RFC 6120 §4.3.3, after
+    /// SASL success): input that follows the current element belongs to
+    /// the new stream, and our next header opens it.
+    pub(crate) fn restart(&mut self) {
+        match self {
+            Connection::Stream(s) => {
+                s.parser = StreamParser::new(s.limits);
+                s.header_sent = false;
+            }
+        }
+    }
+
+    /// True if this connection can be upgraded with STARTTLS now.
+    pub(crate) fn can_starttls(&self) -> bool {
+        match self {
+            Connection::Stream(s) => matches!(s.transport, Transport::Plain(_)),
+        }
+    }
+
+    /// STARTTLS (RFC 6120 §5.4.3.3): sends `<proceed/>`, performs the
+    /// handshake within `timeout`, drops whatever was received before it,
+    /// and starts a new stream. Returns the channel bindings of the new
+    /// TLS connection.
+    pub(crate) async fn starttls(
+        &mut self,
+        tls: &TlsContext,
+        timeout: Duration,
+        write_timeout: Duration,
+    ) -> Result<ChannelBindings, IoEnd> {
+        match self {
+            Connection::Stream(s) => s.starttls(tls, timeout, write_timeout).await,
+        }
+    }
+
+    /// Refuses STARTTLS (§5.4.2.2): `<failure/>`, then the stream ends.
+    pub(crate) async fn refuse_starttls(&mut self, write_timeout: Duration) {
+        match self {
+            Connection::Stream(s) => {
+                s.wbuf.extend_from_slice(
+                    b"<failure xmlns='urn:ietf:params:xml:ns:xmpp-tls'/></stream:stream>",
+                );
+                let _ = s.flush(write_timeout).await;
+            }
+        }
+    }
+
+    /// The channel bindings of a TLS connection (empty on plain TCP).
+    pub(crate) fn channel_bindings(&self, tls: &TlsContext) -> ChannelBindings {
+        match self {
+            Connection::Stream(s) => match &s.transport {
+                Transport::Tls(t) => tls.bindings(t),
+                _ => ChannelBindings::default(),
+            },
+        }
+    }
+
+    /// Writes everything queued, within `timeout`.
+    pub(crate) async fn flush(&mut self, timeout: Duration) -> Result<(), IoEnd> {
+        match self {
+            Connection::Stream(s) => s.flush(timeout).await,
+        }
+    }
+
+    /// Ends the stream as `how` says (after what is already queued), within
+    /// `timeout`, and closes the connection. The stream header must have
+    /// been sent ([`Connection::open_stream`]) before an error.
+    pub(crate) async fn close(&mut self, how: Closing<'_>, timeout: Duration) {
+        match self {
+            Connection::Stream(s) => s.close(how, timeout).await,
+        }
+    }
+
+    /// Drops whatever is queued for the client (the connection is gone).
+    pub(crate) fn discard_output(&mut self) {
+        match self {
+            Connection::Stream(s) => s.wbuf = Vec::new(),
+        }
+    }
+}
+
+/// An RFC 6120 XML stream over TCP or TLS.
+pub(crate) struct XmlStream {
+    transport: Transport,
+    parser: StreamParser,
+    limits: Limits,
+    /// Input read but not yet parsed (empty, and unallocated, while idle).
+    pending: Vec<u8>,
+    /// How far `pending` has been parsed.
+    pos: usize,
+    /// Output queued since the last flush (handed to the write, so an
+    /// idle connection holds no buffer).
+    wbuf: Vec<u8>,
+    /// Our header for the current stream has been sent.
+    header_sent: bool,
+    read_limits: ReadLimits,
+    tokens: f64,
+    refilled_at: Instant,
+    read_paused_until: Option<Instant>,
+    /// When the idle parser should hibernate.
+    hibernate_at: Option<Instant>,
+}
+
+impl XmlStream {
+    /// A new stream over `transport`.
+    pub(crate) fn new(transport: Transport, limits: Limits, read_limits: ReadLimits) -> XmlStream {
+        XmlStream {
+            transport,
+            parser: StreamParser::new(limits),
+            limits,
+            pending: Vec::new(),
+            pos: 0,
+            wbuf: Vec::new(),
+            header_sent: false,
+            read_limits,
+            tokens: read_limits.burst as f64,
+            refilled_at: Instant::now(),
+            read_paused_until: None,
+            hibernate_at: None,
+        }
+    }
+
+    fn is_secure(&self) -> bool {
+        matches!(self.transport, Transport::Tls(_))
+    }
+
+    fn on_deadline(&mut self, now: Instant) {
+        if self.read_paused_until.is_some_and(|t| t <= now) {
+            self.read_paused_until = None;
+        }
+        if self.hibernate_at.is_some_and(|t| t <= now) {
+            self.hibernate_at = None;
+            self.parser.hibernate();
+        }
+    }
+
+    async fn read(&mut self) -> Result<(), IoEnd> {
+        // Cancel-safe: `read_chunk` hands over bytes only when it
+        // completes, and they are stored before anything else can happen.
+        match self.transport.read_chunk().await {
+            Ok(data) if data.is_empty() => Err(IoEnd::Eof),
+            Ok(data) => {
+                self.throttle(data.len());
+                if self.pos >= self.pending.len() {
+                    self.pending = data;
+                    self.pos = 0;
+                } else {
+                    self.pending.extend_from_slice(&data);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "read failed");
+                Err(IoEnd::ReadError)
+            }
+        }
+    }
+
+    /// Token bucket over bytes read: past the burst, reading pauses until
+    /// the bucket refills.
+    fn throttle(&mut self, n: usize) {
+        let rate = self.read_limits.bytes_per_second as f64;
+        if rate <= 0.0 {
+            return;
+        }
+        let burst = self.read_limits.burst as f64;
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
+        self.refilled_at = now;
+        self.tokens = (self.tokens + elapsed * rate).min(burst) - n as f64;
+        if self.tokens < 0.0 {
+            self.read_paused_until = Some(now + Duration::from_secs_f64(-self.tokens / rate));
+        }
+    }
+
+    fn next_event(&mut self) -> Result<Option<Inbound>, StreamError> {
+        let mut input = &self.pending[self.pos.min(self.pending.len())..];
+        let before = input.len();
+        let result = self.parser.push(&mut input);
+        self.pos += before - input.len();
+        match result {
+            Ok(Some(StreamEvent::Open(h))) => Ok(Some(Inbound::Open(h))),
+            Ok(Some(StreamEvent::Stanza(el))) => Ok(Some(Inbound::Element(el))),
+            Ok(Some(StreamEvent::Close)) => Ok(Some(Inbound::Close)),
+            Ok(None) => {
+                // All input consumed: release it, and let the parser
+                // hibernate after the configured quiet time. (The parser's
+                // final `Ok(None)` is also where it frees its scratch
+                // buffers.)
+                self.pending = Vec::new();
+                self.pos = 0;
+                self.hibernate_at = self.read_limits.hibernate_after.map(|d| Instant::now() + d);
+                Ok(None)
+            }
+            Err(e) => {
+                let cond = StreamErrorCondition::from_str(e.stream_condition())
+                    .unwrap_or(StreamErrorCondition::NotWellFormed);
+                Err(StreamError::with_text(cond, e.to_string()))
+            }
+        }
+    }
+
+    fn open_stream(&mut self, id: &str, from: &str) {
+        if self.header_sent {
+            return;
+        }
+        self.header_sent = true;
+        let header = format!(
+            "<?xml version='1.0'?><stream:stream xmlns='jabber:client' \
+             xmlns:stream='http://etherx.jabber.org/streams' id='{id}' from='{from}' \
+             version='1.0' xml:lang='en'>"
+        );
+        self.wbuf.extend_from_slice(header.as_bytes());
+    }
+
+    async fn starttls(
+        &mut self,
+        tls: &TlsContext,
+        timeout: Duration,
+        write_timeout: Duration,
+    ) -> Result<ChannelBindings, IoEnd> {
+        self.wbuf
+            .extend_from_slice(b"<proceed xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>");
+        self.flush(write_timeout).await?;
+        let Transport::Plain(tcp) = std::mem::replace(&mut self.transport, Transport::Upgrading)
+        else {
+            return Err(IoEnd::Tls);
+        };
+        // RFC 6120 §5.4.3.3: nothing sent before the handshake may be read
+        // as part of the secured stream.
+        self.pending = Vec::new();
+        self.pos = 0;
+        match tokio::time::timeout(timeout, Box::pin(tls.starttls.accept(tcp))).await {
+            Ok(Ok(stream)) => {
+                let bindings = tls.bindings(&stream);
+                self.transport = Transport::Tls(Box::new(stream));
+                self.parser = StreamParser::new(self.limits);
+                self.header_sent = false;
+                Ok(bindings)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                Err(IoEnd::Tls)
+            }
+            Err(_) => Err(IoEnd::Tls),
+        }
+    }
+
+    async fn flush(&mut self, timeout: Duration) -> Result<(), IoEnd> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        // Hand the buffer to the write; an idle connection keeps none.
+        let buf = std::mem::take(&mut self.wbuf);
+        let write = async {
+            self.transport.write_all(&buf).await?;
+            self.transport.flush().await
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "write failed");
+                Err(IoEnd::WriteError)
+            }
+            Err(_) => Err(IoEnd::WriteTimeout),
+        }
+    }
+
+    async fn close(&mut self, how: Closing<'_>, timeout: Duration) {
+        if let Closing::Error(e) = how {
+            self.wbuf.extend_from_slice(b"<stream:error>");
+            for child in e.to_element().children() {
+                child.write_to(&mut self.wbuf, ns::CLIENT);
+            }
+            self.wbuf.extend_from_slice(b"</stream:error>");
+        }
+        self.wbuf.extend_from_slice(b"</stream:stream>");
+        let buf = std::mem::take(&mut self.wbuf);
+        let _ = tokio::time::timeout(timeout, async {
+            self.transport.write_all(&buf).await?;
+            self.transport.flush().await?;
+            self.transport.shutdown().await
+        })
+        .await;
+    }
+}
