@@ -64,6 +64,51 @@ pub enum Action {
     Close(StreamError),
 }
 
+/// Where a session is in its life (DESIGN.md "Sessions, connections and
+/// services"). The session task moves it forward; nothing else does.
+///
+/// ```text
+/// PreAuth ──SASL success──► Authenticated ──bind──► Established ──► Closing
+///                                                    │    ▲
+///                                      connection lost│    │resumed
+///                                                    ▼    │
+///                                        Detached { until } ──deadline──► Closing
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// Stream negotiation before authentication: headers, STARTTLS, SASL
+    /// (RFC 6120 §5, §6).
+    PreAuth,
+    /// SASL succeeded; no resource is bound yet (§7).
+    Authenticated,
+    /// A resource is bound: stanzas flow.
+    Established,
+    /// Established, but its connection is gone; the session waits for a
+    /// client to take it over until this deadline (XEP-0198 resumption).
+    Detached {
+        /// When the session ends if nobody resumes it.
+        until: Instant,
+    },
+    /// The session is ending: no more input is read.
+    Closing,
+}
+
+impl SessionState {
+    /// True once SASL succeeded (and until the session ends).
+    pub fn is_authenticated(self) -> bool {
+        !matches!(self, SessionState::PreAuth)
+    }
+
+    /// True while stanzas flow to and from a bound resource, with or
+    /// without a connection.
+    pub fn is_bound(self) -> bool {
+        matches!(
+            self,
+            SessionState::Established | SessionState::Detached { .. }
+        )
+    }
+}
+
 /// Facts about a session, maintained by the session task.
 #[derive(Clone, Debug)]
 pub struct SessionInfo {
@@ -77,8 +122,8 @@ pub struct SessionInfo {
     pub domain: String,
     /// True once TLS is established.
     pub secure: bool,
-    /// True once SASL succeeded.
-    pub authenticated: bool,
+    /// Where the session is in its life.
+    pub state: SessionState,
     /// The bound full JID, once resource binding is done.
     pub jid: Option<FullJid>,
     /// Presence priority; `None` while not available.

@@ -33,7 +33,9 @@ pub mod throttle;
 
 pub use env::{Env, Hosts};
 pub use extensions::Extensions;
-pub use hooks::{Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, TimerKey};
+pub use hooks::{
+    Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, SessionState, TimerKey,
+};
 pub use metrics::{Metrics, QueueMetrics, WriteBehindMetrics};
 pub use pressure::Pressure;
 pub use routing::{

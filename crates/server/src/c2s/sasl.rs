@@ -5,6 +5,7 @@
 //! logging.
 
 use super::session::{Exit, Session};
+use starling_core::SessionState;
 use starling_proto::sasl::{
     decode_payload, encode_payload, parse_plain, Mechanism, SaslError, ScramHash, ScramServer,
 };
@@ -69,7 +70,7 @@ impl Session {
                 self.shared.env.metrics.auth_success.inc();
                 tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, "authenticated");
                 self.sasl = SaslState::Done(jid);
-                self.info.authenticated = true;
+                self.info.state = SessionState::Authenticated;
                 // Channel bindings are only needed for SASL: free them.
                 self.bindings = Default::default();
                 self.conn.restart();

@@ -1,6 +1,8 @@
 //! The c2s session task: RFC 6120 negotiation and the stanza loop.
 //!
-//! States (all derived from a few facts, not a separate enum):
+//! The session's life is [`SessionState`] (`info.state`): `PreAuth` while
+//! the stream is negotiated, `Authenticated` after SASL, `Established` once
+//! a resource is bound, `Closing` at the end. Within `PreAuth`:
 //!
 //! ```text
 //! connected ──header──► features ──starttls──► (TLS) ──restart──► features
@@ -8,7 +10,7 @@
 //!                          └──────────────auth (SASL)────────────────┘
 //!                                              │ success → restart
 //!                                              ▼
-//!                           features(bind) ──bind──► established (hooks)
+//!              Authenticated: features(bind) ──bind──► Established (hooks)
 //! ```
 //!
 //! Every stanza of an established session goes through the `user_send`
@@ -23,7 +25,7 @@ use crate::c2s::sasl::SaslState;
 use starling_core::hooks::FeatureStage;
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Mailbox, SessionCtx, SessionHandle,
-    SessionInfo, SessionMsg, TimerKey,
+    SessionInfo, SessionMsg, SessionState, TimerKey,
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
@@ -75,7 +77,7 @@ pub(crate) struct Session {
     /// The client's connection: framing, TLS, parsing, output buffering.
     pub(super) conn: Connection,
     pub(super) info: SessionInfo,
-    state: Extensions,
+    ext: Extensions,
     /// Our own sender, handed to the session table at bind time. Holding it
     /// also keeps `mailbox.recv()` from ever returning `None`.
     handle: SessionHandle,
@@ -156,13 +158,13 @@ impl Session {
                 peer,
                 domain: String::new(),
                 secure: false,
-                authenticated: false,
+                state: SessionState::PreAuth,
                 jid: None,
                 priority: None,
                 last_inbound: now,
             },
             shared,
-            state: Extensions::new(),
+            ext: Extensions::new(),
             handle,
             mailbox,
             sasl: SaslState::Idle,
@@ -175,7 +177,7 @@ impl Session {
 
     /// The earliest instant at which something time-based must happen.
     fn next_deadline(&self) -> Option<Instant> {
-        let negotiation = if self.info.jid.is_none() {
+        let negotiation = if !self.info.state.is_bound() {
             Some(self.connected_at + self.shared.negotiation_timeout)
         } else {
             None
@@ -241,7 +243,8 @@ impl Session {
     async fn on_deadline(&mut self) -> Result<(), Exit> {
         let now = Instant::now();
         self.conn.on_deadline(now);
-        if self.info.jid.is_none() && now >= self.connected_at + self.shared.negotiation_timeout {
+        if !self.info.state.is_bound() && now >= self.connected_at + self.shared.negotiation_timeout
+        {
             return Err(Exit::error(
                 StreamErrorCondition::ConnectionTimeout,
                 "authentication and resource binding took too long",
@@ -263,7 +266,7 @@ impl Session {
             let mut actions = Vec::new();
             let result = {
                 let mut cx =
-                    SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
                 handler.timer(&mut cx, key.token).await
             };
             if let Err(e) = result {
@@ -354,7 +357,7 @@ impl Session {
     fn write_features(&mut self) {
         let mut features = Vec::new();
         let tls_available = self.shared.tls.is_some() && !self.info.secure;
-        if !self.info.authenticated {
+        if !self.info.state.is_authenticated() {
             if tls_available {
                 let mut starttls = Element::new("starttls", ns::TLS);
                 if self.shared.require_tls {
@@ -408,7 +411,7 @@ impl Session {
     // ----- top-level elements -----
 
     async fn on_element(&mut self, el: Element) -> Result<(), Exit> {
-        if !self.info.authenticated {
+        if !self.info.state.is_authenticated() {
             // Negotiation runs once per stream: boxed so the idle session
             // future does not reserve room for its (large) state.
             return Box::pin(self.on_unauthenticated(el)).await;
@@ -438,7 +441,7 @@ impl Session {
                 return Ok(());
             }
         }
-        if self.info.jid.is_none() {
+        if !self.info.state.is_bound() {
             return Err(Exit::error(
                 StreamErrorCondition::NotAuthorized,
                 "bind a resource before sending stanzas (RFC 6120 §7)",
@@ -475,7 +478,7 @@ impl Session {
             let mut actions = Vec::new();
             let flow = {
                 let mut cx =
-                    SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
                 run_chain!(self.shared.env.hooks.pre_auth, "pre_auth", |h| h
                     .pre_auth(&mut cx, &mut stanza))
             };
@@ -530,7 +533,7 @@ impl Session {
 
     async fn on_bind(&mut self, el: Element) -> Result<(), Exit> {
         let id = el.attr("id").unwrap_or("").to_owned();
-        if self.info.jid.is_some() {
+        if self.info.state.is_bound() {
             // §7.7.2.3 allows refusing additional resources on one stream.
             self.write_iq_error(
                 &id,
@@ -575,6 +578,7 @@ impl Session {
             let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
         }
         self.info.jid = Some(full.clone());
+        self.info.state = SessionState::Established;
         self.shared.env.metrics.sessions.inc();
         tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
         let mut reply = Element::new("iq", ns::CLIENT);
@@ -591,8 +595,7 @@ impl Session {
 
         let mut actions = Vec::new();
         {
-            let mut cx =
-                SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
             run_chain!(
                 self.shared.env.hooks.session_opened,
                 "session_opened",
@@ -652,8 +655,7 @@ impl Session {
         self.shared.env.metrics.stanza_in(stanza.kind());
         let mut actions = Vec::new();
         let flow = {
-            let mut cx =
-                SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
             run_chain!(self.shared.env.hooks.user_send, "user_send", |h| h
                 .user_send(&mut cx, &mut stanza))
         };
@@ -670,12 +672,8 @@ impl Session {
                 let mut stanza = *stanza;
                 let mut actions = Vec::new();
                 let flow = {
-                    let mut cx = SessionCtx::new(
-                        &self.shared.env,
-                        &self.info,
-                        &mut self.state,
-                        &mut actions,
-                    );
+                    let mut cx =
+                        SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
                     run_chain!(self.shared.env.hooks.user_receive, "user_receive", |h| h
                         .user_receive(&mut cx, &mut stanza))
                 };
@@ -774,6 +772,7 @@ impl Session {
 
     /// Closes the stream as `exit` says, then cleans up.
     async fn finish(mut self, exit: Exit) {
+        self.info.state = SessionState::Closing;
         let close_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
         match &exit {
             Exit::Error(e) => {
@@ -792,7 +791,7 @@ impl Session {
             let mut actions = Vec::new();
             {
                 let mut cx =
-                    SessionCtx::new(&self.shared.env, &self.info, &mut self.state, &mut actions);
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
                 run_chain!(
                     self.shared.env.hooks.session_closed,
                     "session_closed",
