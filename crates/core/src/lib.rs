@@ -40,7 +40,7 @@ pub use metrics::{Metrics, QueueMetrics, WriteBehindMetrics};
 pub use pressure::Pressure;
 pub use routing::{
     mailbox, CloseReason, Mailbox, Router, SessionEntry, SessionHandle, SessionManager, SessionMsg,
-    SessionSendError,
+    SessionRef, SessionSendError,
 };
 
 /// Re-exported so modules do not need direct dependencies for these.

@@ -16,12 +16,54 @@ use tokio::sync::Notify;
 
 /// Routes stanzas to local sessions, local services or remote domains
 /// (RFC 6120 §10, RFC 6121 §8).
+///
+/// It is the only way to reach a session: modules and session tasks never
+/// hold another session's mailbox, so a clustered router can put the
+/// session on any node.
 #[async_trait]
 pub trait Router: Send + Sync + 'static {
     /// Routes one stanza whose `from` is already set and trusted. Errors
     /// owed to the sender (service-unavailable and the like) are routed back
     /// by the router itself.
     async fn route(&self, env: &Env, stanza: Stanza);
+
+    /// Routes a stanza that already passed the account's inbound rules but
+    /// whose session ended before its client got it (the session closed
+    /// with it queued, or a stream-management queue expired): a message
+    /// goes to the account's other resources or to offline storage (RFC
+    /// 6121 §8.5.3.2.1) without being archived twice, an iq request is
+    /// answered `service-unavailable`, anything else is dropped.
+    async fn reroute(&self, env: &Env, stanza: Stanza);
+
+    /// Puts a stanza made by the server for exactly one session (a carbon
+    /// copy, a roster or subscription push) in that session's queue,
+    /// without the inbound rules and without any fallback. Best effort:
+    /// the error says why it was not queued.
+    async fn deliver(
+        &self,
+        env: &Env,
+        to: &SessionRef,
+        stanza: Stanza,
+    ) -> Result<(), SessionSendError>;
+
+    /// Binds `session` to `jid`. A session already holding `jid` is closed
+    /// with `<conflict/>` (RFC 6120 §7.7.2.2: the new one wins).
+    async fn bind(&self, env: &Env, jid: &FullJid, session: SessionHandle);
+
+    /// Closes every session of `account` (it was deleted, banned…).
+    async fn close_sessions(&self, env: &Env, account: &BareJid, reason: CloseReason);
+}
+
+/// Where a session lives, as the router knows it: the bound full JID, the
+/// node and a process-unique id. All that modules keep of a session.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SessionRef {
+    /// The bound full JID.
+    pub jid: FullJid,
+    /// The node that runs the session (`[server] node_id`).
+    pub node: u8,
+    /// The session's id on that node.
+    pub id: u64,
 }
 
 /// Why a session is being closed by someone other than its own client.
@@ -105,14 +147,17 @@ pub fn mailbox(id: u64, capacity: usize) -> (SessionHandle, Mailbox) {
 
 impl SessionHandle {
     /// Puts a message in the mailbox without waiting: a router never blocks
-    /// on a slow recipient. On failure the message is handed back.
+    /// on a slow recipient. On failure the message is handed back. Only
+    /// stanzas count against the capacity.
     pub fn try_send(&self, msg: SessionMsg) -> Result<(), (SessionSendError, SessionMsg)> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err((SessionSendError::Gone, msg));
         }
         {
             let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-            if q.len() >= self.inner.capacity {
+            // A close order is never refused for lack of room: a session
+            // that stopped reading must still learn that it is replaced.
+            if q.len() >= self.inner.capacity && matches!(msg, SessionMsg::Stanza(_)) {
                 return Err((SessionSendError::Full, msg));
             }
             q.push_back(msg);
@@ -174,8 +219,8 @@ impl Drop for Mailbox {
 /// One bound resource in the session table.
 #[derive(Clone, Debug)]
 pub struct SessionEntry {
-    /// The bound full JID.
-    pub jid: FullJid,
+    /// Where the session lives (its full JID, node and id).
+    pub session: SessionRef,
     /// Presence priority; `None` while the resource is not available
     /// (no initial presence sent yet, or unavailable presence sent).
     pub priority: Option<i8>,
@@ -183,19 +228,23 @@ pub struct SessionEntry {
     /// `from`), for answering probes (RFC 6121 §4.3.2); `None` while not
     /// available.
     pub presence: Option<Arc<Element>>,
-    /// The session's mailbox.
-    pub handle: SessionHandle,
+}
+
+impl SessionEntry {
+    /// The bound full JID.
+    pub fn jid(&self) -> &FullJid {
+        &self.session.jid
+    }
 }
 
 /// The local session table: bare JID → bound resources.
 ///
 /// Methods are synchronous and never block: implementations use short,
 /// sharded locks that are never held across an `.await`.
+///
+/// Read-mostly: binding goes through [`Router::bind`], which owns the
+/// mailboxes.
 pub trait SessionManager: Send + Sync + 'static {
-    /// Binds `jid` to `handle`. If a session already holds this full JID it
-    /// is replaced and its handle returned, so the caller can tell it to
-    /// close with `<conflict/>`.
-    fn register(&self, jid: &FullJid, handle: SessionHandle) -> Option<SessionHandle>;
     /// Removes `jid` if it is still held by session `session_id`.
     fn unregister(&self, jid: &FullJid, session_id: u64);
     /// Records the resource's availability: priority and last presence
@@ -221,14 +270,21 @@ mod tests {
     async fn mailbox_bounded_fifo_and_closed_when_dropped() {
         let (h, mb) = mailbox(7, 2);
         let close = || SessionMsg::Close(CloseReason::Replaced);
-        assert!(h.try_send(close()).is_ok());
-        assert!(h.try_send(close()).is_ok());
+        let stanza = || {
+            let el = Element::new("message", "jabber:client");
+            SessionMsg::Stanza(Box::new(Stanza::from_element(el).unwrap()))
+        };
+        assert!(h.try_send(stanza()).is_ok());
+        assert!(h.try_send(stanza()).is_ok());
         assert!(matches!(
-            h.try_send(close()),
+            h.try_send(stanza()),
             Err((SessionSendError::Full, _))
         ));
-        assert!(matches!(mb.recv().await, SessionMsg::Close(_)));
-        assert!(mb.try_recv().is_some());
+        // A close order still gets in, after what is queued.
+        assert!(h.try_send(close()).is_ok());
+        assert!(matches!(mb.recv().await, SessionMsg::Stanza(_)));
+        assert!(matches!(mb.try_recv(), Some(SessionMsg::Stanza(_))));
+        assert!(matches!(mb.try_recv(), Some(SessionMsg::Close(_))));
         assert!(mb.try_recv().is_none());
         // A waiting receiver is woken by a later send.
         let h2 = h.clone();

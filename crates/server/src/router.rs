@@ -19,21 +19,28 @@
 //! or to a bare JID are dropped: modules that issue requests consume the
 //! answers in their own hooks.
 
+use crate::sessions::SessionTable;
 use async_trait::async_trait;
 use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions};
-use starling_core::{run_chain, Env, Flow, Router, SessionEntry, SessionMsg, SessionSendError};
-use starling_proto::{
-    BareJid, ErrorType, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+use starling_core::{
+    run_chain, CloseReason, Env, Flow, Router, SessionEntry, SessionHandle, SessionMsg, SessionRef,
+    SessionSendError,
 };
+use starling_proto::{
+    BareJid, ErrorType, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
+use std::sync::Arc;
 
-/// The single-node router.
-#[derive(Default)]
-pub struct LocalRouter;
+/// The single-node router. It owns the session table's mailboxes: nothing
+/// else puts messages in a session's queue.
+pub struct LocalRouter {
+    table: Arc<SessionTable>,
+}
 
 impl LocalRouter {
-    /// A router over the environment's session table and hooks.
-    pub fn new() -> Self {
-        LocalRouter
+    /// A router over `table` (the same table as `Env::sessions`).
+    pub fn new(table: Arc<SessionTable>) -> Self {
+        LocalRouter { table }
     }
 }
 
@@ -53,8 +60,14 @@ impl LocalRouter {
 
     /// Puts the stanza in one session's mailbox; bounces on a full mailbox.
     /// Returns the stanza back if the session is gone.
-    async fn deliver(&self, env: &Env, entry: &SessionEntry, stanza: Stanza) -> Result<(), Stanza> {
-        match entry.handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
+    async fn deliver_to(
+        &self,
+        env: &Env,
+        entry: &SessionEntry,
+        handle: &SessionHandle,
+        stanza: Stanza,
+    ) -> Result<(), Stanza> {
+        match handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
             Ok(()) => Ok(()),
             Err((SessionSendError::Full, SessionMsg::Stanza(stanza))) => {
                 env.metrics.mailbox_full.inc();
@@ -62,10 +75,10 @@ impl LocalRouter {
                 // bounce per recipient session is logged, then at most one
                 // line per 10 s with the count suppressed meanwhile (the
                 // metric counts every one).
-                if let Some(suppressed) = entry.handle.full_warning() {
+                if let Some(suppressed) = handle.full_warning() {
                     tracing::warn!(
-                        to = %entry.jid,
-                        session = entry.handle.id,
+                        to = %entry.jid(),
+                        session = handle.id,
                         suppressed,
                         "recipient mailbox full; bouncing"
                     );
@@ -80,7 +93,7 @@ impl LocalRouter {
                 Ok(())
             }
             Err((_, SessionMsg::Stanza(stanza))) => Err(*stanza),
-            Err((_, SessionMsg::Close(_))) => Ok(()),
+            Err((_, _)) => Ok(()),
         }
     }
 
@@ -123,13 +136,13 @@ impl LocalRouter {
                 let t = stanza.stanza_type();
                 if t.is_empty() || t == "unavailable" {
                     // §8.5.2.1.2: directed presence goes to all available resources.
-                    for e in env
-                        .sessions
-                        .resources(bare)
+                    for (e, h) in self
+                        .table
+                        .resources_with_handles(bare)
                         .iter()
-                        .filter(|e| e.priority.is_some())
+                        .filter(|(e, _)| e.priority.is_some())
                     {
-                        let _ = self.deliver(env, e, stanza.clone()).await;
+                        let _ = self.deliver_to(env, e, h, stanza.clone()).await;
                     }
                 }
             }
@@ -151,29 +164,29 @@ impl LocalRouter {
                 )
                 .await;
         }
-        let resources = env.sessions.resources(bare);
-        let available: Vec<&SessionEntry> = resources
+        let resources = self.table.resources_with_handles(bare);
+        let available: Vec<&(SessionEntry, SessionHandle)> = resources
             .iter()
-            .filter(|e| matches!(e.priority, Some(p) if p >= 0))
+            .filter(|(e, _)| matches!(e.priority, Some(p) if p >= 0))
             .collect();
         if !available.is_empty() {
-            let targets: Vec<&SessionEntry> = if t == "headline" {
+            let targets: Vec<&(SessionEntry, SessionHandle)> = if t == "headline" {
                 available
             } else {
                 // chat/normal: the highest-priority resource(s).
                 let max = available
                     .iter()
-                    .filter_map(|e| e.priority)
+                    .filter_map(|(e, _)| e.priority)
                     .max()
                     .unwrap_or(0);
                 available
                     .into_iter()
-                    .filter(|e| e.priority == Some(max))
+                    .filter(|(e, _)| e.priority == Some(max))
                     .collect()
             };
             let mut delivered = false;
-            for e in targets {
-                delivered |= self.deliver(env, e, stanza.clone()).await.is_ok();
+            for (e, h) in targets {
+                delivered |= self.deliver_to(env, e, h, stanza.clone()).await.is_ok();
             }
             if delivered {
                 return;
@@ -272,11 +285,13 @@ impl Router for LocalRouter {
         match to.try_as_full() {
             Err(_) => self.to_bare(env, &bare, stanza).await,
             Ok(full) => {
-                let stanza = match env.sessions.get(full) {
-                    Some(entry) => match self.deliver(env, &entry, stanza).await {
-                        Ok(()) => return,
-                        Err(stanza) => stanza,
-                    },
+                let stanza = match self.table.get_with_handle(full) {
+                    Some((entry, handle)) => {
+                        match self.deliver_to(env, &entry, &handle, stanza).await {
+                            Ok(()) => return,
+                            Err(stanza) => stanza,
+                        }
+                    }
                     None => stanza,
                 };
                 match stanza.kind() {
@@ -305,6 +320,65 @@ impl Router for LocalRouter {
                     StanzaKind::Presence => {}
                 }
             }
+        }
+    }
+
+    async fn reroute(&self, env: &Env, stanza: Stanza) {
+        let Some(bare) = stanza.to().map(Jid::to_bare) else {
+            return;
+        };
+        match stanza.kind() {
+            // The inbound chain already ran (block lists, archive): only
+            // the delivery rules apply again.
+            StanzaKind::Message => self.message_to_bare(env, &bare, stanza).await,
+            StanzaKind::Iq => {
+                if stanza.is_iq_request() {
+                    self.bounce(
+                        env,
+                        &stanza,
+                        error(StanzaErrorCondition::ServiceUnavailable),
+                    )
+                    .await
+                }
+            }
+            StanzaKind::Presence => {}
+        }
+    }
+
+    async fn deliver(
+        &self,
+        env: &Env,
+        to: &SessionRef,
+        stanza: Stanza,
+    ) -> Result<(), SessionSendError> {
+        let handle = self.table.handle(to).ok_or(SessionSendError::Gone)?;
+        match handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
+            Ok(()) => Ok(()),
+            Err((why, _)) => {
+                if why == SessionSendError::Full {
+                    env.metrics.mailbox_full.inc();
+                    // Throttled per recipient session, like the bounces.
+                    if let Some(suppressed) = handle.full_warning() {
+                        tracing::warn!(to = %to.jid, session = to.id, suppressed, "recipient mailbox full; server-made stanza dropped");
+                    }
+                }
+                Err(why)
+            }
+        }
+    }
+
+    async fn bind(&self, _env: &Env, jid: &FullJid, session: SessionHandle) {
+        let new_id = session.id;
+        if let Some(old) = self.table.register(jid, session) {
+            // RFC 6120 §7.7.2.2: the new session wins; the old one gets <conflict/>.
+            tracing::info!(%jid, old_session = old.id, new_session = new_id, "resource conflict: replacing older session");
+            let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+        }
+    }
+
+    async fn close_sessions(&self, _env: &Env, account: &BareJid, reason: CloseReason) {
+        for (_, h) in self.table.resources_with_handles(account) {
+            let _ = h.try_send(SessionMsg::Close(reason.clone()));
         }
     }
 }

@@ -216,9 +216,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     let metrics = Metrics::new();
     let pressure = Arc::new(Pressure::new());
     let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics, &pressure).await;
+    let table = Arc::new(SessionTable::new(cfg.server.node_id));
     let env = Arc::new(Env {
-        router: Arc::new(LocalRouter::new()),
-        sessions: Arc::new(SessionTable::new()),
+        router: Arc::new(LocalRouter::new(table.clone())),
+        sessions: table,
         storage,
         hosts: Hosts::new(domains.clone()),
         hooks,

@@ -567,16 +567,9 @@ impl Session {
                 return Ok(());
             }
         };
-        if let Some(old) = self
-            .shared
-            .env
-            .sessions
-            .register(&full, self.handle.clone())
-        {
-            // §7.7.2.2: the new session wins; the old one gets <conflict/>.
-            tracing::info!(jid = %full, old_session = old.id, new_session = self.info.id, "resource conflict: replacing older session");
-            let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
-        }
+        // §7.7.2.2: a session holding the same full JID is replaced.
+        let env = &self.shared.env;
+        env.router.bind(env, &full, self.handle.clone()).await;
         self.info.jid = Some(full.clone());
         self.info.state = SessionState::Established;
         self.shared.env.metrics.sessions.inc();
@@ -810,9 +803,10 @@ impl Session {
         // that the session is unregistered: messages reach another resource
         // or offline handling (RFC 6121 §8.5.3.2.1), iq requests are bounced.
         self.mailbox.close();
+        let env = &self.shared.env;
         while let Some(msg) = self.mailbox.try_recv() {
             if let SessionMsg::Stanza(s) = msg {
-                self.shared.env.route(*s).await;
+                env.router.reroute(env, *s).await;
             }
         }
     }

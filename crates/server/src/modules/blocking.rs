@@ -160,7 +160,7 @@ impl Blocking {
             env.route(Stanza::new(
                 iq,
                 Some(owner.clone().into()),
-                Some(e.jid.into()),
+                Some(e.session.jid.into()),
             ))
             .await;
         }
@@ -202,11 +202,14 @@ impl Blocking {
                     p.remove_attr("to");
                     p
                 };
-                let mut s =
-                    Stanza::new(el, Some(r.jid.clone().into()), Some(target.clone().into()));
+                let mut s = Stanza::new(
+                    el,
+                    Some(r.session.jid.clone().into()),
+                    Some(target.clone().into()),
+                );
                 if !blocked {
                     // Re-stamp: the cached presence carries its own 'from'.
-                    s.set_from(Some(r.jid.clone().into()));
+                    s.set_from(Some(r.session.jid.clone().into()));
                 }
                 env.route(s).await;
             }

@@ -50,7 +50,7 @@ use starling_core::hooks::{
     HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, UserReceiveHandler,
     UserSendHandler,
 };
-use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionEntry, SessionMsg};
+use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionEntry};
 use starling_proto::{ns, BareJid, FullJid, Jid, Stanza, StanzaErrorCondition, StanzaKind};
 use starling_xml::Element;
 use std::sync::Arc;
@@ -125,19 +125,16 @@ fn wrap(original: &Stanza, owner: &BareJid, to: &FullJid, kind: &str) -> Stanza 
     Stanza::new(el, Some(owner.clone().into()), Some(to.clone().into()))
 }
 
-/// Puts copies into the mailboxes of the user's resources not in `skip`.
-fn fan_out(env: &Env, original: &Stanza, owner: &BareJid, skip: &[&str], kind: &str) {
+/// Sends copies to the user's resources not in `skip`, through the router.
+async fn fan_out(env: &Env, original: &Stanza, owner: &BareJid, skip: &[&str], kind: &str) {
     for e in env.sessions.resources(owner) {
-        if skip.contains(&e.jid.as_str()) {
+        if skip.contains(&e.jid().as_str()) {
             continue;
         }
-        let copy = wrap(original, owner, &e.jid, kind);
-        if e.handle
-            .try_send(SessionMsg::Stanza(Box::new(copy)))
-            .is_err()
-        {
+        let copy = wrap(original, owner, e.jid(), kind);
+        if env.router.deliver(env, &e.session, copy).await.is_err() {
             // Full or gone: a copy is best effort and never bounces (§9.3).
-            tracing::debug!(to = %e.jid, "carbon copy not delivered");
+            tracing::debug!(to = %e.jid(), "carbon copy not delivered");
         }
     }
 }
@@ -153,7 +150,7 @@ fn bare_targets(resources: &[SessionEntry]) -> Vec<&str> {
         Some(m) => resources
             .iter()
             .filter(|e| e.priority == Some(m))
-            .map(|e| e.jid.as_str())
+            .map(|e| e.session.jid.as_str())
             .collect(),
         None => Vec::new(),
     }
@@ -206,7 +203,7 @@ impl UserSendHandler for Carbons {
         if let Some(t) = to.as_deref() {
             skip.push(t);
         }
-        fan_out(cx.env, stanza, &owner, &skip, "sent");
+        fan_out(cx.env, stanza, &owner, &skip, "sent").await;
         Ok(Flow::Continue)
     }
 }
@@ -260,7 +257,7 @@ impl UserReceiveHandler for Carbons {
                 skip = targets;
             }
         }
-        fan_out(cx.env, stanza, &owner, &skip, "received");
+        fan_out(cx.env, stanza, &owner, &skip, "received").await;
         Ok(Flow::Continue)
     }
 }

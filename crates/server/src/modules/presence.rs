@@ -142,9 +142,9 @@ impl Presence {
         let my_bare = me.to_bare();
         // Own resources (§4.2.2, §4.4.2, §4.5.2).
         for other in cx.env.sessions.resources(&my_bare) {
-            if other.jid != me && other.priority.is_some() {
+            if other.session.jid != me && other.priority.is_some() {
                 let mut copy = stanza.clone();
-                copy.set_to(Some(other.jid.into()));
+                copy.set_to(Some(other.session.jid.into()));
                 cx.route(copy);
             }
         }
@@ -192,7 +192,7 @@ impl Presence {
         for c in contacts {
             for e in env.sessions.resources(&c) {
                 let Some(p) = &e.presence else { continue };
-                let from: Jid = e.jid.into();
+                let from: Jid = e.session.jid.into();
                 let mut s = Stanza::new((**p).clone(), Some(from.clone()), Some(me.clone()));
                 let flow = if env.hooks.inbound.is_empty() {
                     Flow::Continue
@@ -323,7 +323,7 @@ impl SessionClosedHandler for Presence {
         if cx.info.priority.is_some() {
             for other in cx.env.sessions.resources(&me.to_bare()) {
                 if other.priority.is_some() {
-                    cx.route(unavailable(other.jid.into()));
+                    cx.route(unavailable(other.session.jid.into()));
                 }
             }
             for c in subscribers(cx) {
@@ -386,8 +386,12 @@ impl InboundHandler for Presence {
                     if let Some(p) = &e.presence {
                         any = true;
                         let el: Element = (**p).clone();
-                        env.route(Stanza::new(el, Some(e.jid.into()), Some(from.clone())))
-                            .await;
+                        env.route(Stanza::new(
+                            el,
+                            Some(e.session.jid.into()),
+                            Some(from.clone()),
+                        ))
+                        .await;
                     }
                 }
                 if !any {

@@ -28,9 +28,7 @@ use starling_core::hooks::{
     FeatureStage, HookRegistry, IqHandler, IqResponse, IqScope, PreAuthHandler,
     StreamFeatureProvider,
 };
-use starling_core::{
-    async_trait, CloseReason, Env, Flow, HookResult, SessionCtx, SessionInfo, SessionMsg,
-};
+use starling_core::{async_trait, CloseReason, Env, Flow, HookResult, SessionCtx, SessionInfo};
 use starling_proto::{
     ns, BareJid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind, StreamError,
     StreamErrorCondition,
@@ -240,16 +238,11 @@ impl IqHandler for Register {
                         tracing::info!(user = %from, "account deleted in-band");
                         // §3.2: answer first, then close every session.
                         env.route(iq.iq_result(None)).await;
-                        for e in env.sessions.resources(&from) {
-                            let _ =
-                                e.handle
-                                    .try_send(SessionMsg::Close(CloseReason::Error(Box::new(
-                                        StreamError::with_text(
-                                            StreamErrorCondition::NotAuthorized,
-                                            "this account has been deleted",
-                                        ),
-                                    ))));
-                        }
+                        let reason = CloseReason::Error(Box::new(StreamError::with_text(
+                            StreamErrorCondition::NotAuthorized,
+                            "this account has been deleted",
+                        )));
+                        env.router.close_sessions(env, &from, reason).await;
                         IqResponse::Handled
                     }
                     Err(e) => {

@@ -63,9 +63,7 @@ use starling_core::hooks::{
     StreamFeatureProvider, UserReceiveHandler, UserSendHandler,
 };
 use starling_core::storage::{RosterChange, RosterItem, StorageError, Subscription};
-use starling_core::{
-    async_trait, Env, Flow, HookResult, SessionCtx, SessionInfo, SessionMsg, SessionSendError,
-};
+use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionInfo};
 use starling_proto::{
     ns, random_id, BareJid, ErrorType, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition,
     StanzaKind,
@@ -235,8 +233,9 @@ fn push_iq(to: &FullJid, item: Element, ver: u64) -> Element {
 /// of `owner`; sessions that did not ask for the roster drop it.
 pub async fn push_all(env: &Env, owner: &BareJid, item: Element, ver: u64) {
     for e in env.sessions.resources(owner) {
-        let iq = push_iq(&e.jid, item.clone(), ver);
-        env.route(Stanza::new(iq, None, Some(e.jid.into()))).await;
+        let iq = push_iq(&e.session.jid, item.clone(), ver);
+        env.route(Stanza::new(iq, None, Some(e.session.jid.into())))
+            .await;
     }
 }
 
@@ -249,24 +248,14 @@ pub fn presence(kind: Option<&str>, from: Jid, to: Jid) -> Stanza {
     Stanza::new(el, Some(from), Some(to))
 }
 
-/// Puts `stanza` in the mailbox of every bound resource of `owner`
-/// (bypassing the router, whose inbound chain already ran): the receive
-/// hook decides which sessions show it.
-fn deliver(env: &Env, owner: &BareJid, stanza: &Stanza) {
+/// Hands `stanza` to every bound resource of `owner` through the router
+/// (without its inbound chain, which already ran): the receive hook
+/// decides which sessions show it.
+async fn deliver(env: &Env, owner: &BareJid, stanza: &Stanza) {
     for e in env.sessions.resources(owner) {
-        if let Err((why, _)) = e
-            .handle
-            .try_send(SessionMsg::Stanza(Box::new(stanza.clone())))
-        {
-            // Throttled per recipient session, like the router's bounces.
-            let suppressed = match why {
-                SessionSendError::Full => match e.handle.full_warning() {
-                    Some(n) => n,
-                    None => continue,
-                },
-                SessionSendError::Gone => 0,
-            };
-            tracing::warn!(module = NAME, to = %e.jid, ?why, suppressed, "subscription presence not delivered");
+        if let Err(why) = env.router.deliver(env, &e.session, stanza.clone()).await {
+            // A full mailbox is logged (throttled) by the router.
+            tracing::debug!(module = NAME, to = %e.jid(), ?why, "subscription presence not delivered");
         }
     }
 }
@@ -278,8 +267,12 @@ pub async fn send_current_presence(env: &Env, owner: &BareJid, to: &BareJid) {
         if let Some(p) = &e.presence {
             let mut el = (**p).clone();
             el.remove_attr("to");
-            env.route(Stanza::new(el, Some(e.jid.into()), Some(to.clone().into())))
-                .await;
+            env.route(Stanza::new(
+                el,
+                Some(e.session.jid.into()),
+                Some(to.clone().into()),
+            ))
+            .await;
         }
     }
 }
@@ -291,7 +284,7 @@ pub async fn send_unavailable(env: &Env, owner: &BareJid, to: &BareJid) {
         if e.priority.is_some() {
             env.route(presence(
                 Some("unavailable"),
-                e.jid.into(),
+                e.session.jid.into(),
                 to.clone().into(),
             ))
             .await;
@@ -751,7 +744,7 @@ impl Roster {
                     store
                         .put_pending_request(owner, contact, &shown.element().to_string())
                         .await?;
-                    deliver(env, owner, &shown);
+                    deliver(env, owner, &shown).await;
                 }
                 // Already pending: S.N. deliver, no state change.
             }
@@ -762,7 +755,7 @@ impl Roster {
                 if pending_in {
                     store.remove_pending_request(owner, contact).await?;
                 }
-                deliver(env, owner, &shown);
+                deliver(env, owner, &shown).await;
                 if sub.has_from() {
                     if let Some(mut it) = item {
                         it.subscription = with_from(it.subscription, false);
@@ -783,7 +776,7 @@ impl Roster {
                 it.ask = false;
                 it.pending_in = pending_in;
                 let ver = store.put_item(owner, &it).await?;
-                deliver(env, owner, &shown); // §3.1.6 step 1, before the push
+                deliver(env, owner, &shown).await; // §3.1.6 step 1, before the push
                 push_all(env, owner, item_element(&it), ver).await;
             }
             SubType::Unsubscribed => {
@@ -794,7 +787,7 @@ impl Roster {
                 it.ask = false;
                 it.pending_in = pending_in;
                 let ver = store.put_item(owner, &it).await?;
-                deliver(env, owner, &shown); // §3.2.3 step 1, before the push
+                deliver(env, owner, &shown).await; // §3.2.3 step 1, before the push
                 push_all(env, owner, item_element(&it), ver).await;
             }
         }
@@ -838,11 +831,7 @@ impl Roster {
                 tracing::warn!(module = NAME, jid = %owner, contact = %from, "unreadable stored subscription request skipped");
                 continue;
             };
-            if me
-                .handle
-                .try_send(SessionMsg::Stanza(Box::new(stanza)))
-                .is_err()
-            {
+            if env.router.deliver(env, &me.session, stanza).await.is_err() {
                 tracing::warn!(module = NAME, jid = %owner, "mailbox full: remaining subscription requests wait for the next login");
                 break;
             }
