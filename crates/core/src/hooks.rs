@@ -13,9 +13,10 @@
 //! A handler that returns an error is logged and skipped; the chain goes on
 //! and the connection stays up (invariant 3).
 
+use crate::routing::SessionRef;
 use crate::{disco::DiscoRegistry, Env, Extensions};
 use async_trait::async_trait;
-use starling_proto::{FullJid, Stanza, StanzaError, StreamError};
+use starling_proto::{BareJid, FullJid, Stanza, StanzaError, StreamError};
 use starling_xml::Element;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -62,6 +63,24 @@ pub enum Action {
     CancelTimer(TimerKey),
     /// Close the stream with this error.
     Close(StreamError),
+    /// Write this element to the client again, without telling the
+    /// [`TrafficObserver`]s (a stream-management retransmission: the
+    /// element was counted when it was first written).
+    Resend(Element),
+    /// Hand this stanza back to the router: its session ends before its
+    /// client received it (see `Router::reroute`).
+    Reroute(Stanza),
+    /// Hand this session's connection to another session, which takes it
+    /// over (XEP-0198 resumption); `request` is the client's element that
+    /// asked for it, given to that session's [`AttachHandler`]s. If the
+    /// other session is gone, the [`AttachHandler`]s of this session are
+    /// told with `failed` set.
+    Attach {
+        /// The session that takes the connection.
+        to: SessionRef,
+        /// The client's request.
+        request: Element,
+    },
 }
 
 /// Where a session is in its life (DESIGN.md "Sessions, connections and
@@ -124,6 +143,8 @@ pub struct SessionInfo {
     pub secure: bool,
     /// Where the session is in its life.
     pub state: SessionState,
+    /// The authenticated account, once SASL succeeded.
+    pub user: Option<BareJid>,
     /// The bound full JID, once resource binding is done.
     pub jid: Option<FullJid>,
     /// Presence priority; `None` while not available.
@@ -245,6 +266,75 @@ pub trait TimerHandler: Send + Sync + 'static {
     async fn timer(&self, cx: &mut SessionCtx<'_>, token: u64) -> HookResult;
 }
 
+/// When in a session's life a top-level element that is not a stanza
+/// arrives (see [`ElementHandler`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElementStage {
+    /// Before authentication.
+    PreAuth,
+    /// Authenticated, before resource binding.
+    Authenticated,
+    /// A resource is bound.
+    Established,
+}
+
+/// Handles top-level elements that are not stanzas — XEP-0198's
+/// `<enable/>`, `<r/>`, `<a/>`, `<resume/>`, XEP-0352's `<active/>` —
+/// registered per ([`ElementStage`], namespace). An element no handler
+/// claims closes the stream with `<unsupported-stanza-type/>`.
+#[async_trait]
+pub trait ElementHandler: Send + Sync + 'static {
+    /// Handles one element.
+    async fn element(&self, cx: &mut SessionCtx<'_>, el: &Element) -> HookResult;
+}
+
+/// Sees a session's stanza traffic, synchronously and cheaply (XEP-0198
+/// counts it). Runs only after a resource is bound.
+pub trait TrafficObserver: Send + Sync + 'static {
+    /// One stanza arrived from the client.
+    fn stanza_in(&self, info: &SessionInfo, state: &mut Extensions);
+    /// One element is being written to the client — or, while the session
+    /// is detached, would have been. Returns true if the session must end
+    /// (with `<policy-violation/>`): the observer's bound was exceeded.
+    fn element_out(&self, info: &SessionInfo, state: &mut Extensions, el: &Element) -> bool;
+    /// The session is about to flush what it wrote in this turn; `out`
+    /// takes elements to write first (an ack request).
+    fn before_flush(&self, info: &SessionInfo, state: &mut Extensions, out: &mut Vec<Element>);
+}
+
+/// The connection of an established session is gone without a closing
+/// handshake (end of file, I/O error, write timeout). A handler may keep
+/// the session, detached, for the returned time (the longest wins); if
+/// none does, the session ends.
+pub trait ConnectionLostHandler: Send + Sync + 'static {
+    /// How long to keep the session without a connection, if at all.
+    fn connection_lost(&self, info: &SessionInfo, state: &mut Extensions) -> Option<Duration>;
+}
+
+/// A connection was handed to this session ([`Action::Attach`]), or the
+/// handing over failed (`failed`: the session it was meant for is gone;
+/// then this runs in the session that asked).
+#[async_trait]
+pub trait AttachHandler: Send + Sync + 'static {
+    /// `request` is the client's element that asked for the connection to
+    /// be attached.
+    async fn attached(
+        &self,
+        cx: &mut SessionCtx<'_>,
+        request: &Element,
+        failed: bool,
+    ) -> HookResult;
+}
+
+/// Waits until everything earlier handlers queued for writing is durable
+/// (committed to storage), so an acknowledgement may cover it.
+#[async_trait]
+pub trait DurabilityHandler: Send + Sync + 'static {
+    /// Returns once the writes queued so far are committed (or failed
+    /// their retries).
+    async fn durable(&self, env: &Env);
+}
+
 /// When in negotiation stream features are offered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FeatureStage {
@@ -351,6 +441,13 @@ struct IqEntry {
     handler: Arc<dyn IqHandler>,
 }
 
+struct ElementEntry {
+    stage: ElementStage,
+    ns: String,
+    module: &'static str,
+    handler: Arc<dyn ElementHandler>,
+}
+
 struct Registered<T: ?Sized> {
     priority: i32,
     module: &'static str,
@@ -445,6 +542,16 @@ pub struct Hooks {
     pub stream_features: Vec<Arc<dyn StreamFeatureProvider>>,
     /// [`ShutdownHandler`]s.
     pub shutdown: Chain<dyn ShutdownHandler>,
+    /// [`TrafficObserver`]s.
+    pub traffic: Vec<Arc<dyn TrafficObserver>>,
+    /// [`ConnectionLostHandler`]s.
+    pub connection_lost: Vec<Arc<dyn ConnectionLostHandler>>,
+    /// [`AttachHandler`]s.
+    pub attached: Chain<dyn AttachHandler>,
+    /// [`DurabilityHandler`]s.
+    pub durability: Vec<Arc<dyn DurabilityHandler>>,
+    /// [`ElementHandler`]s by (stage, namespace).
+    elements: Vec<ElementEntry>,
     timers: HashMap<&'static str, Arc<dyn TimerHandler>>,
     /// namespace → (scope, element name, module, handler); looked up by
     /// `&str` so routing an iq allocates nothing.
@@ -454,6 +561,28 @@ pub struct Hooks {
 }
 
 impl Hooks {
+    /// The handler of non-stanza elements in namespace `ns` at `stage`,
+    /// with its module's name.
+    pub fn element_handler(
+        &self,
+        stage: ElementStage,
+        ns: &str,
+    ) -> Option<(&'static str, &Arc<dyn ElementHandler>)> {
+        // Few entries: a linear scan, no key to allocate.
+        self.elements
+            .iter()
+            .find(|e| e.stage == stage && e.ns == ns)
+            .map(|e| (e.module, &e.handler))
+    }
+
+    /// Waits until every [`DurabilityHandler`] says its queued writes are
+    /// committed.
+    pub async fn durable(&self, env: &Env) {
+        for h in &self.durability {
+            h.durable(env).await;
+        }
+    }
+
     /// The timer handler of `module`.
     pub fn timer(&self, module: &str) -> Option<&Arc<dyn TimerHandler>> {
         self.timers.get(module)
@@ -533,6 +662,56 @@ impl HookRegistry {
     /// Registers a [`ShutdownHandler`].
     pub fn shutdown(&mut self, module: &'static str, priority: i32, h: Arc<dyn ShutdownHandler>) {
         self.hooks.shutdown.add(priority, module, h);
+    }
+
+    /// Registers a [`TrafficObserver`].
+    pub fn traffic(&mut self, h: Arc<dyn TrafficObserver>) {
+        self.hooks.traffic.push(h);
+    }
+
+    /// Registers a [`ConnectionLostHandler`].
+    pub fn connection_lost(&mut self, h: Arc<dyn ConnectionLostHandler>) {
+        self.hooks.connection_lost.push(h);
+    }
+
+    /// Registers an [`AttachHandler`].
+    pub fn attached(&mut self, module: &'static str, priority: i32, h: Arc<dyn AttachHandler>) {
+        self.hooks.attached.add(priority, module, h);
+    }
+
+    /// Registers a [`DurabilityHandler`].
+    pub fn durability(&mut self, h: Arc<dyn DurabilityHandler>) {
+        self.hooks.durability.push(h);
+    }
+
+    /// Registers the [`ElementHandler`] for namespace `ns` at `stage`.
+    ///
+    /// # Panics
+    /// If another module already handles that namespace at that stage.
+    pub fn element(
+        &mut self,
+        module: &'static str,
+        stage: ElementStage,
+        ns: &str,
+        h: Arc<dyn ElementHandler>,
+    ) {
+        if let Some(other) = self
+            .hooks
+            .elements
+            .iter()
+            .find(|e| e.stage == stage && e.ns == ns)
+        {
+            panic!(
+                "modules {} and {module} both handle {{{ns}}} elements at {stage:?}",
+                other.module
+            );
+        }
+        self.hooks.elements.push(ElementEntry {
+            stage,
+            ns: ns.to_owned(),
+            module,
+            handler: h,
+        });
     }
 
     /// Registers a [`StreamFeatureProvider`].

@@ -39,8 +39,8 @@ pub use hooks::{
 pub use metrics::{Metrics, QueueMetrics, WriteBehindMetrics};
 pub use pressure::Pressure;
 pub use routing::{
-    mailbox, CloseReason, Mailbox, Router, SessionEntry, SessionHandle, SessionManager, SessionMsg,
-    SessionRef, SessionSendError,
+    mailbox, CloseReason, Handover, Mailbox, Router, SessionEntry, SessionHandle, SessionManager,
+    SessionMsg, SessionRef, SessionSendError,
 };
 
 /// Re-exported so modules do not need direct dependencies for these.

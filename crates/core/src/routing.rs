@@ -52,6 +52,37 @@ pub trait Router: Send + Sync + 'static {
 
     /// Closes every session of `account` (it was deleted, banned…).
     async fn close_sessions(&self, env: &Env, account: &BareJid, reason: CloseReason);
+
+    /// Hands a connection to session `to` (XEP-0198 resumption). Gives it
+    /// back if that session is gone.
+    async fn attach(
+        &self,
+        env: &Env,
+        to: &SessionRef,
+        handover: Box<Handover>,
+    ) -> Result<(), Box<Handover>>;
+}
+
+/// A connection on its way from the session that accepted it to the
+/// session that takes it over ([`Router::attach`]).
+pub struct Handover {
+    /// The connection (the server's connection type).
+    pub conn: Box<dyn std::any::Any + Send>,
+    /// The client's address.
+    pub peer: std::net::SocketAddr,
+    /// True if the connection is encrypted.
+    pub secure: bool,
+    /// The client's element that asked for it (e.g. `<resume/>`).
+    pub request: Element,
+}
+
+impl std::fmt::Debug for Handover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handover")
+            .field("peer", &self.peer)
+            .field("secure", &self.secure)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a session lives, as the router knows it: the bound full JID, the
@@ -86,6 +117,8 @@ pub enum SessionMsg {
     Stanza(Box<Stanza>),
     /// Close the session.
     Close(CloseReason),
+    /// Take over this connection (XEP-0198 resumption).
+    Attach(Box<Handover>),
 }
 
 /// Why a message could not be put in a session's mailbox.

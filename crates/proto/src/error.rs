@@ -259,6 +259,9 @@ pub struct StreamError {
     pub condition: StreamErrorCondition,
     /// Human-readable text, in English, telling the peer what went wrong.
     pub text: Option<String>,
+    /// An application-specific condition (RFC 6120 §4.9.4), e.g. XEP-0198's
+    /// `<handled-count-too-high/>`.
+    pub app: Option<Box<Element>>,
 }
 
 impl StreamError {
@@ -267,6 +270,7 @@ impl StreamError {
         StreamError {
             condition,
             text: None,
+            app: None,
         }
     }
 
@@ -275,7 +279,14 @@ impl StreamError {
         StreamError {
             condition,
             text: Some(text.into()),
+            app: None,
         }
+    }
+
+    /// Adds an application-specific condition element (§4.9.4).
+    pub fn with_app(mut self, el: Element) -> Self {
+        self.app = Some(Box::new(el));
+        self
     }
 
     /// The `<stream:error/>` element (RFC 6120 §4.9.2).
@@ -288,6 +299,9 @@ impl StreamError {
                 .build();
             t.append_text(text.clone());
             e.append_child(t);
+        }
+        if let Some(app) = &self.app {
+            e.append_child((**app).clone());
         }
         e
     }

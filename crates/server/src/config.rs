@@ -320,6 +320,8 @@ pub struct ModulesSection {
     pub offline: OfflineConfig,
     /// `[modules.carbons]`
     pub carbons: EnabledConfig,
+    /// `[modules.stream_management]` (documented in `modules/sm.rs`)
+    pub stream_management: crate::modules::sm::SmConfig,
     /// `[modules.mam]`
     pub mam: MamConfig,
     /// `[modules.inbox]`

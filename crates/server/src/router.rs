@@ -23,8 +23,8 @@ use crate::sessions::SessionTable;
 use async_trait::async_trait;
 use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions};
 use starling_core::{
-    run_chain, CloseReason, Env, Flow, Router, SessionEntry, SessionHandle, SessionMsg, SessionRef,
-    SessionSendError,
+    run_chain, CloseReason, Env, Flow, Handover, Router, SessionEntry, SessionHandle, SessionMsg,
+    SessionRef, SessionSendError,
 };
 use starling_proto::{
     BareJid, ErrorType, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
@@ -373,6 +373,23 @@ impl Router for LocalRouter {
             // RFC 6120 §7.7.2.2: the new session wins; the old one gets <conflict/>.
             tracing::info!(%jid, old_session = old.id, new_session = new_id, "resource conflict: replacing older session");
             let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+        }
+    }
+
+    async fn attach(
+        &self,
+        _env: &Env,
+        to: &SessionRef,
+        handover: Box<Handover>,
+    ) -> Result<(), Box<Handover>> {
+        let Some(handle) = self.table.handle(to) else {
+            return Err(handover);
+        };
+        match handle.try_send(SessionMsg::Attach(handover)) {
+            Ok(()) => Ok(()),
+            Err((_, SessionMsg::Attach(h))) => Err(h),
+            // try_send hands back the message it was given: not reached.
+            Err(_) => Ok(()),
         }
     }
 

@@ -256,6 +256,15 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
         let _ = rx.wait_for(|c| *c >= target).await;
     }
 
+    /// Waits until every item queued so far is resolved (see
+    /// [`WriteBehind::committed`]): the barrier behind XEP-0198 acks.
+    pub async fn committed_all(&self) {
+        let last = self.shared.lock().next - 1;
+        if last > 0 {
+            self.committed(Ticket(last)).await;
+        }
+    }
+
     /// Takes the newest queued item matching `pred` back out of the queue
     /// (it is then the caller's to write), or says which ticket to wait on
     /// when no queued item matches. Items are searched newest first: the

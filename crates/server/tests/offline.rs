@@ -7,9 +7,6 @@ use starling_proto::BareJid;
 use starling_server::modules::time::xep0082_datetime;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const QUIET: Duration = Duration::from_millis(300);
@@ -359,53 +356,8 @@ async fn stored_messages_survive_a_restart() {
 
 // ---- the real binary, killed with SIGKILL ----
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-}
-
-fn add_user(cfg: &Path, jid: &str, password: &str) {
-    let mut add = bin()
-        .arg("--config")
-        .arg(cfg)
-        .args(["user", "add", jid])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    add.stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{password}\n").as_bytes())
-        .unwrap();
-    assert!(add.wait().unwrap().success());
-}
-
-async fn start_binary(cfg: &Path, port: u16) -> std::process::Child {
-    let child = bin()
-        .arg("--config")
-        .arg(cfg)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut waited = 0;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += 1;
-        assert!(waited < 200, "server did not start");
-    }
-    child
-}
-
-async fn connect(port: u16, user: &str, password: &str) -> Client {
-    let mut c = Client::connect(format!("127.0.0.1:{port}").parse().unwrap()).await;
-    c.negotiate_tls().await;
-    c.auth(Mechanism::ScramSha256, user, password)
-        .await
-        .unwrap();
-    c.bind(None).await;
-    c
-}
+mod killable;
+use killable::{add_user, connect, start_binary, KillOnDrop};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stored_message_survives_sigkill() {
@@ -521,15 +473,4 @@ async fn offline_message_and_its_archive_copy_survive_sigkill_together() {
     );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A server process that is killed when the test ends, also by a failed
-/// assertion (an orphan would keep the test harness's pipes open).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

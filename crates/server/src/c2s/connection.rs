@@ -74,16 +74,30 @@ pub(crate) struct ReadLimits {
     pub hibernate_after: Option<Duration>,
 }
 
-/// A client connection of any kind.
+/// A client connection of any kind — or none, while a session is detached
+/// (XEP-0198): then input never comes, output is discarded (stream
+/// management keeps its own copy of what the client has not
+/// acknowledged), and closing does nothing.
+// Not boxed: almost every session holds a live connection, which would then
+// cost one more allocation and pointer hop; `None` is the rare detached case.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Connection {
     /// An RFC 6120 XML stream over TCP or TLS.
     Stream(XmlStream),
+    /// No connection.
+    None,
 }
 
 impl Connection {
+    /// True unless this is [`Connection::None`].
+    pub(crate) fn is_live(&self) -> bool {
+        !matches!(self, Connection::None)
+    }
+
     /// True once the bytes travel encrypted.
     pub(crate) fn is_secure(&self) -> bool {
         match self {
+            Connection::None => false,
             Connection::Stream(s) => s.is_secure(),
         }
     }
@@ -91,6 +105,7 @@ impl Connection {
     /// False while reading is paused by the rate limit.
     pub(crate) fn can_read(&self) -> bool {
         match self {
+            Connection::None => false,
             Connection::Stream(s) => s.read_paused_until.is_none(),
         }
     }
@@ -99,6 +114,7 @@ impl Connection {
     /// something to do.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         match self {
+            Connection::None => None,
             Connection::Stream(s) => [s.read_paused_until, s.hibernate_at]
                 .into_iter()
                 .flatten()
@@ -110,6 +126,7 @@ impl Connection {
     /// time has come.
     pub(crate) fn on_deadline(&mut self, now: Instant) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => s.on_deadline(now),
         }
     }
@@ -118,6 +135,7 @@ impl Connection {
     /// Cancel-safe.
     pub(crate) async fn read(&mut self) -> Result<(), IoEnd> {
         match self {
+            Connection::None => std::future::pending().await,
             Connection::Stream(s) => s.read().await,
         }
     }
@@ -126,6 +144,7 @@ impl Connection {
     /// consumed. A framing or XML error is the stream error to close with.
     pub(crate) fn next_event(&mut self) -> Result<Option<Inbound>, StreamError> {
         match self {
+            Connection::None => Ok(None),
             Connection::Stream(s) => s.next_event(),
         }
     }
@@ -133,6 +152,7 @@ impl Connection {
     /// Sends our stream header (once per stream).
     pub(crate) fn open_stream(&mut self, id: &str, from: &str) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => s.open_stream(id, from),
         }
     }
@@ -140,6 +160,7 @@ impl Connection {
     /// Sends the stream features (RFC 6120 §4.3.2).
     pub(crate) fn send_features(&mut self, features: &[Element]) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => {
                 s.wbuf.extend_from_slice(b"<stream:features>");
                 for f in features {
@@ -153,6 +174,7 @@ impl Connection {
     /// Queues one element for the client (written at the next flush).
     pub(crate) fn send(&mut self, el: &Element) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => el.write_to(&mut s.wbuf, ns::CLIENT),
         }
     }
@@ -162,6 +184,7 @@ impl Connection {
     /// the new stream, and our next header opens it.
     pub(crate) fn restart(&mut self) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => {
                 s.parser = StreamParser::new(s.limits);
                 s.header_sent = false;
@@ -172,6 +195,7 @@ impl Connection {
     /// True if this connection can be upgraded with STARTTLS now.
     pub(crate) fn can_starttls(&self) -> bool {
         match self {
+            Connection::None => false,
             Connection::Stream(s) => matches!(s.transport, Transport::Plain(_)),
         }
     }
@@ -187,6 +211,7 @@ impl Connection {
         write_timeout: Duration,
     ) -> Result<ChannelBindings, IoEnd> {
         match self {
+            Connection::None => Err(IoEnd::Tls),
             Connection::Stream(s) => s.starttls(tls, timeout, write_timeout).await,
         }
     }
@@ -194,6 +219,7 @@ impl Connection {
     /// Refuses STARTTLS (§5.4.2.2): `<failure/>`, then the stream ends.
     pub(crate) async fn refuse_starttls(&mut self, write_timeout: Duration) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => {
                 s.wbuf.extend_from_slice(
                     b"<failure xmlns='urn:ietf:params:xml:ns:xmpp-tls'/></stream:stream>",
@@ -206,6 +232,7 @@ impl Connection {
     /// The channel bindings of a TLS connection (empty on plain TCP).
     pub(crate) fn channel_bindings(&self, tls: &TlsContext) -> ChannelBindings {
         match self {
+            Connection::None => ChannelBindings::default(),
             Connection::Stream(s) => match &s.transport {
                 Transport::Tls(t) => tls.bindings(t),
                 _ => ChannelBindings::default(),
@@ -216,6 +243,7 @@ impl Connection {
     /// Writes everything queued, within `timeout`.
     pub(crate) async fn flush(&mut self, timeout: Duration) -> Result<(), IoEnd> {
         match self {
+            Connection::None => Ok(()),
             Connection::Stream(s) => s.flush(timeout).await,
         }
     }
@@ -225,6 +253,7 @@ impl Connection {
     /// been sent ([`Connection::open_stream`]) before an error.
     pub(crate) async fn close(&mut self, how: Closing<'_>, timeout: Duration) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => s.close(how, timeout).await,
         }
     }
@@ -232,6 +261,7 @@ impl Connection {
     /// Drops whatever is queued for the client (the connection is gone).
     pub(crate) fn discard_output(&mut self) {
         match self {
+            Connection::None => {}
             Connection::Stream(s) => s.wbuf = Vec::new(),
         }
     }

@@ -69,6 +69,7 @@ impl Session {
                 self.write_sasl("success", &data);
                 self.shared.env.metrics.auth_success.inc();
                 tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, "authenticated");
+                self.info.user = Some(jid.clone());
                 self.sasl = SaslState::Done(jid);
                 self.info.state = SessionState::Authenticated;
                 // Channel bindings are only needed for SASL: free them.

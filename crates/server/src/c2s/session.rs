@@ -22,10 +22,10 @@ use super::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStre
 use super::transport::Transport;
 use super::C2sShared;
 use crate::c2s::sasl::SaslState;
-use starling_core::hooks::FeatureStage;
+use starling_core::hooks::{ElementStage, FeatureStage};
 use starling_core::{
-    mailbox, run_chain, Action, CloseReason, Extensions, Flow, Mailbox, SessionCtx, SessionHandle,
-    SessionInfo, SessionMsg, SessionState, TimerKey,
+    mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, Mailbox, SessionCtx,
+    SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
@@ -50,6 +50,11 @@ pub(super) enum Exit {
     ClientClosed,
     /// The connection ended without a closing handshake, for this reason.
     Io(IoEnd),
+    /// A detached session was not resumed in time (XEP-0198).
+    ResumeTimeout,
+    /// This session handed its connection to another one (XEP-0198
+    /// resumption) and ends without touching it.
+    HandedOver,
 }
 
 impl Exit {
@@ -67,6 +72,8 @@ impl Exit {
             Exit::Io(IoEnd::WriteError) => "write_error",
             Exit::Io(IoEnd::WriteTimeout) => "write_timeout",
             Exit::Io(IoEnd::Tls) => "tls_failed",
+            Exit::ResumeTimeout => "resumption_timeout",
+            Exit::HandedOver => "resumed_elsewhere",
         }
     }
 }
@@ -87,6 +94,8 @@ pub(crate) struct Session {
     pub(super) bindings: ChannelBindings,
     connected_at: Instant,
     timers: Vec<(Instant, TimerKey)>,
+    /// A traffic observer's bound was exceeded: the session ends.
+    overflow: bool,
 }
 
 /// Runs one client connection to completion.
@@ -141,8 +150,9 @@ pub(crate) async fn run(
         session.info.secure = true;
     }
     let exit = session.run_loop(&mut shutdown).await;
+    // `finish` counts the connection out if the session still has one (a
+    // detached session lost it earlier, a resumed one handed it on).
     Box::pin(session.finish(exit)).await;
-    shared.env.metrics.connections.dec();
 }
 
 impl Session {
@@ -159,6 +169,7 @@ impl Session {
                 domain: String::new(),
                 secure: false,
                 state: SessionState::PreAuth,
+                user: None,
                 jid: None,
                 priority: None,
                 last_inbound: now,
@@ -172,6 +183,7 @@ impl Session {
             bindings: ChannelBindings::default(),
             connected_at: now,
             timers: Vec::new(),
+            overflow: false,
         }
     }
 
@@ -183,7 +195,11 @@ impl Session {
             None
         };
         let timers = self.timers.iter().map(|(t, _)| *t).min();
-        [negotiation, timers, self.conn.deadline()]
+        let detached = match self.info.state {
+            SessionState::Detached { until } => Some(until),
+            _ => None,
+        };
+        [negotiation, timers, detached, self.conn.deadline()]
             .into_iter()
             .flatten()
             .min()
@@ -220,29 +236,115 @@ impl Session {
                 _ = sleep_until(deadline.unwrap_or(far).into()) => Box::pin(self.on_deadline()).await,
                 _ = pressure.relieved(), if pressed => Ok(()),
             };
+            let step = step.and_then(|()| self.check_overflow());
             if let Err(exit) = step {
+                if self.detach(&exit) {
+                    continue;
+                }
                 return exit;
             }
             // Coalesce: deliver what else is queued before one flush.
             for _ in 0..64 {
                 match self.mailbox.try_recv() {
                     Some(msg) => {
-                        if let Err(exit) = Box::pin(self.on_mailbox(msg)).await {
+                        let step = Box::pin(self.on_mailbox(msg)).await;
+                        if let Err(exit) = step.and_then(|()| self.check_overflow()) {
+                            if self.detach(&exit) {
+                                break;
+                            }
                             return exit;
                         }
                     }
                     None => break,
                 }
             }
+            self.before_flush();
             if let Err(exit) = self.flush().await {
+                if self.detach(&exit) {
+                    continue;
+                }
                 return exit;
             }
+        }
+    }
+
+    /// The connection of an established session is gone (`exit` is an I/O
+    /// end): if a module wants the session kept (XEP-0198 resumption), it
+    /// becomes detached and this returns true.
+    fn detach(&mut self, exit: &Exit) -> bool {
+        // A client that stopped answering pings has a dead connection too.
+        let lost = match exit {
+            Exit::Io(_) => true,
+            Exit::Error(e) => e.condition == StreamErrorCondition::ConnectionTimeout,
+            _ => false,
+        };
+        if !lost || self.info.state != SessionState::Established {
+            return false;
+        }
+        let keep = self
+            .shared
+            .env
+            .hooks
+            .connection_lost
+            .iter()
+            .filter_map(|h| h.connection_lost(&self.info, &mut self.ext))
+            .max();
+        let Some(keep) = keep else {
+            return false;
+        };
+        if let Exit::Error(e) = exit {
+            // Best effort: tell the (probably dead) connection why.
+            let e = e.clone();
+            let mut conn = std::mem::replace(&mut self.conn, Connection::None);
+            tokio::spawn(
+                async move { conn.close(Closing::Error(&e), Duration::from_secs(1)).await },
+            );
+        }
+        self.conn.discard_output();
+        self.conn = Connection::None;
+        self.info.state = SessionState::Detached {
+            until: Instant::now() + keep,
+        };
+        self.shared.env.metrics.connections.dec();
+        tracing::info!(session = self.info.id, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), reason = %exit.reason(), keep_secs = keep.as_secs(), "connection lost; session detached until resumed or expired");
+        true
+    }
+
+    /// Ends the session once a traffic observer's bound was exceeded.
+    fn check_overflow(&self) -> Result<(), Exit> {
+        if self.overflow {
+            return Err(Exit::error(
+                StreamErrorCondition::PolicyViolation,
+                "too many unacknowledged stanzas; acknowledge what you receive (XEP-0198)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Lets the traffic observers add elements (ack requests) before a flush.
+    fn before_flush(&mut self) {
+        let hooks = &self.shared.env.hooks;
+        if hooks.traffic.is_empty()
+            || self.info.state != SessionState::Established
+            || !self.conn.is_live()
+        {
+            return;
+        }
+        let mut out = Vec::new();
+        for t in &hooks.traffic {
+            t.before_flush(&self.info, &mut self.ext, &mut out);
+        }
+        for el in &out {
+            self.conn.send(el);
         }
     }
 
     async fn on_deadline(&mut self) -> Result<(), Exit> {
         let now = Instant::now();
         self.conn.on_deadline(now);
+        if matches!(self.info.state, SessionState::Detached { until } if now >= until) {
+            return Err(Exit::ResumeTimeout);
+        }
         if !self.info.state.is_bound() && now >= self.connected_at + self.shared.negotiation_timeout
         {
             return Err(Exit::error(
@@ -417,6 +519,14 @@ impl Session {
             return Box::pin(self.on_unauthenticated(el)).await;
         }
         if el.ns() != ns::CLIENT {
+            let stage = if self.info.state.is_bound() {
+                ElementStage::Established
+            } else {
+                ElementStage::Authenticated
+            };
+            if self.on_module_element(stage, &el).await? {
+                return Ok(());
+            }
             return Err(Exit::error(
                 StreamErrorCondition::UnsupportedStanzaType,
                 format!(
@@ -425,6 +535,11 @@ impl Session {
                     el.name()
                 ),
             ));
+        }
+        if self.info.state.is_bound() && !self.shared.env.hooks.traffic.is_empty() {
+            for t in &self.shared.env.hooks.traffic {
+                t.stanza_in(&self.info, &mut self.ext);
+            }
         }
         if el.name() == "iq" && el.attr("type") == Some("set") {
             if el.has_child("bind", ns::BIND) {
@@ -491,6 +606,9 @@ impl Session {
                 "authenticate before sending stanzas",
             ));
         }
+        if el.ns() != ns::CLIENT && self.on_module_element(ElementStage::PreAuth, &el).await? {
+            return Ok(());
+        }
         Err(Exit::error(
             StreamErrorCondition::UnsupportedStanzaType,
             format!(
@@ -502,6 +620,25 @@ impl Session {
     }
 
     // ----- STARTTLS (RFC 6120 §5) -----
+
+    /// Hands a non-stanza element to the module registered for its
+    /// namespace at `stage`; false if there is none.
+    async fn on_module_element(&mut self, stage: ElementStage, el: &Element) -> Result<bool, Exit> {
+        let Some((module, handler)) = self.shared.env.hooks.element_handler(stage, el.ns()) else {
+            return Ok(false);
+        };
+        let handler = handler.clone();
+        let mut actions = Vec::new();
+        let result = {
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+            handler.element(&mut cx, el).await
+        };
+        if let Err(e) = result {
+            starling_core::hooks::log_failure("element", module, &e);
+        }
+        self.apply(actions).await?;
+        Ok(true)
+    }
 
     async fn on_starttls(&mut self) -> Result<(), Exit> {
         let tls = self.shared.tls.clone();
@@ -673,6 +810,7 @@ impl Session {
                 self.apply(actions).await?;
                 if flow == Flow::Continue {
                     self.shared.env.metrics.stanza_out(stanza.kind());
+                    self.observe_out(stanza.element());
                     self.conn.send(stanza.element());
                 }
                 Ok(())
@@ -682,7 +820,56 @@ impl Session {
                 "replaced by a new session with the same resource",
             )),
             SessionMsg::Close(CloseReason::Error(e)) => Err(Exit::Error(*e)),
+            SessionMsg::Attach(h) => self.on_attach(h).await,
         }
+    }
+
+    /// A resuming client's connection arrives (XEP-0198 §5): it replaces
+    /// ours, if we still have one, and the modules answer the request.
+    async fn on_attach(&mut self, h: Box<Handover>) -> Result<(), Exit> {
+        let Handover {
+            conn,
+            peer,
+            secure,
+            request,
+        } = *h;
+        let Ok(conn) = conn.downcast::<Connection>() else {
+            return Ok(());
+        };
+        if !self.info.state.is_bound() {
+            return Ok(()); // ending already; dropping the connection closes it
+        }
+        let old = std::mem::replace(&mut self.conn, *conn);
+        if old.is_live() {
+            let mut old = old;
+            let e = StreamError::with_text(
+                StreamErrorCondition::Conflict,
+                "this session was resumed on another connection",
+            );
+            old.close(
+                Closing::Error(&e),
+                self.shared.write_timeout.min(Duration::from_secs(5)),
+            )
+            .await;
+        } else {
+            self.shared.env.metrics.connections.inc();
+        }
+        tracing::info!(session = self.info.id, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), %peer, "session resumed on a new connection");
+        self.info.peer = peer;
+        self.info.secure = secure;
+        self.info.state = SessionState::Established;
+        self.run_attached(&request, false).await
+    }
+
+    /// Runs the attach handlers (see [`starling_core::hooks::AttachHandler`]).
+    async fn run_attached(&mut self, request: &Element, failed: bool) -> Result<(), Exit> {
+        let mut actions = Vec::new();
+        {
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+            run_chain!(self.shared.env.hooks.attached, "attached", |h| h
+                .attached(&mut cx, request, failed));
+        }
+        Box::pin(self.apply(actions)).await
     }
 
     /// Applies the effects requested by hook handlers, in order.
@@ -703,6 +890,12 @@ impl Session {
                 }
                 Action::CancelTimer(key) => self.timers.retain(|(_, k)| *k != key),
                 Action::Close(e) => return Err(Exit::Error(e)),
+                Action::Resend(el) => self.conn.send(&el),
+                Action::Reroute(stanza) => {
+                    let env = &self.shared.env;
+                    env.router.reroute(env, stanza).await
+                }
+                Action::Attach { to, request } => return self.hand_over(to, request).await,
             }
         }
         Ok(())
@@ -711,6 +904,7 @@ impl Session {
     // ----- output -----
 
     pub(super) fn write_element(&mut self, el: &Element) {
+        self.observe_out(el);
         if el.ns() == ns::CLIENT {
             if let Some(kind) = match el.name() {
                 "message" => Some(StanzaKind::Message),
@@ -722,6 +916,45 @@ impl Session {
             }
         }
         self.conn.send(el);
+    }
+
+    /// Tells the traffic observers about an element for the client.
+    fn observe_out(&mut self, el: &Element) {
+        if !self.info.state.is_bound() {
+            return;
+        }
+        for t in &self.shared.env.hooks.traffic {
+            self.overflow |= t.element_out(&self.info, &mut self.ext, el);
+        }
+    }
+
+    /// Hands our connection to session `to` (XEP-0198 resumption). On
+    /// success this session ends; if `to` is gone, the attach handlers hear
+    /// of the failure and the connection stays ours.
+    async fn hand_over(&mut self, to: SessionRef, request: Element) -> Result<(), Exit> {
+        // What is queued for the client (nothing, normally) goes first.
+        self.flush().await?;
+        let conn = std::mem::replace(&mut self.conn, Connection::None);
+        let handover = Box::new(Handover {
+            conn: Box::new(conn),
+            peer: self.info.peer,
+            secure: self.info.secure,
+            request,
+        });
+        let env = &self.shared.env;
+        match env.router.attach(env, &to, handover).await {
+            Ok(()) => {
+                env.metrics.connections.dec();
+                Err(Exit::HandedOver)
+            }
+            Err(h) => {
+                let Handover { conn, request, .. } = *h;
+                if let Ok(conn) = conn.downcast::<Connection>() {
+                    self.conn = *conn;
+                }
+                self.run_attached(&request, true).await
+            }
+        }
     }
 
     fn write_iq_error(&mut self, id: &str, cond: StanzaErrorCondition, text: &str) {
@@ -767,6 +1000,9 @@ impl Session {
     async fn finish(mut self, exit: Exit) {
         self.info.state = SessionState::Closing;
         let close_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
+        if self.conn.is_live() {
+            self.shared.env.metrics.connections.dec();
+        }
         match &exit {
             Exit::Error(e) => {
                 self.conn
@@ -776,7 +1012,7 @@ impl Session {
                 self.conn.close(Closing::Error(e), close_timeout).await;
             }
             Exit::ClientClosed => self.conn.close(Closing::Close, close_timeout).await,
-            Exit::Io(_) => self.conn.discard_output(),
+            Exit::Io(_) | Exit::ResumeTimeout | Exit::HandedOver => self.conn.discard_output(),
         }
         if let Some(jid) = self.info.jid.clone() {
             self.shared.env.sessions.unregister(&jid, self.info.id);
@@ -792,9 +1028,12 @@ impl Session {
                 );
             }
             // The stream is gone: only routing effects still make sense.
+            let env = &self.shared.env;
             for a in actions {
-                if let Action::Route(s) = a {
-                    self.shared.env.route(s).await;
+                match a {
+                    Action::Route(s) => env.route(s).await,
+                    Action::Reroute(s) => env.router.reroute(env, s).await,
+                    _ => {}
                 }
             }
             tracing::info!(session = self.info.id, jid = %jid, reason = %exit.reason(), "session closed");

@@ -67,8 +67,8 @@ use crate::modules::time::{parse_xep0082, xep0082_datetime};
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
-    HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OfflineCompanions,
-    OfflineMessageHandler, ShutdownHandler, UserSendHandler,
+    DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
+    OfflineCompanions, OfflineMessageHandler, ShutdownHandler, UserSendHandler,
 };
 use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore, PrefsDefault,
@@ -283,6 +283,7 @@ impl Mam {
         // Before the offline store (50), which commits our row with it.
         reg.offline_message(NAME, 40, m.clone());
         reg.shutdown(NAME, 90, m.clone());
+        reg.durability(m.clone());
         for name in ["query", "prefs", "metadata"] {
             reg.iq(NAME, IqScope::Account, name, NS_MAM, m.clone());
         }
@@ -1079,6 +1080,15 @@ impl InboundHandler for Mam {
 /// as the stored message. If the writer already has it, the offline store
 /// waits until it is committed. Either way, a message stored offline is in
 /// the recipient's archive too (docs/durability.md).
+/// Stream-management acks cover a client's messages only once their
+/// archive rows are committed (docs/durability.md).
+#[async_trait]
+impl DurabilityHandler for Mam {
+    async fn durable(&self, _env: &Env) {
+        self.queue.committed_all().await;
+    }
+}
+
 #[async_trait]
 impl OfflineMessageHandler for Mam {
     async fn offline_message(

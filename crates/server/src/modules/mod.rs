@@ -15,6 +15,7 @@ pub mod presence;
 pub mod private;
 pub mod register;
 pub mod roster;
+pub mod sm;
 pub mod time;
 pub mod vcard;
 pub mod version;
@@ -66,6 +67,9 @@ pub async fn build_hooks(
     }
     if m.offline.enabled {
         offline::Offline::register(&m.offline, &mut reg);
+    }
+    if m.stream_management.enabled {
+        sm::StreamManagement::register(&m.stream_management, &mut reg);
     }
     if m.carbons.enabled {
         carbons::Carbons::register(&mut reg);

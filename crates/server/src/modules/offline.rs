@@ -177,13 +177,20 @@ impl OfflineMessageHandler for Offline {
         }
         let now = now_millis();
         let mut el = stanza.element().clone();
-        el.append_child(
-            Element::builder("delay", NS_DELAY)
-                .attr("from", owner.domain().as_str())
-                .attr("stamp", xep0082_datetime(now))
-                .text("Offline Storage")
-                .build(),
-        );
+        // A stanza handed back by stream management already carries our
+        // delay, stamped when its delivery first failed (XEP-0198 §4).
+        let stamped = el
+            .children()
+            .any(|c| c.is("delay", NS_DELAY) && c.attr("from") == Some(owner.domain().as_str()));
+        if !stamped {
+            el.append_child(
+                Element::builder("delay", NS_DELAY)
+                    .attr("from", owner.domain().as_str())
+                    .attr("stamp", xep0082_datetime(now))
+                    .text("Offline Storage")
+                    .build(),
+            );
+        }
         let xml = el.to_string_in("");
         let from = stanza.from().map(|f| f.to_string()).unwrap_or_default();
         let stamp = i64::try_from(now).unwrap_or(i64::MAX);

@@ -18,7 +18,9 @@ use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, SessionOpenedHandler, TimerHandler,
     UserSendHandler,
 };
-use starling_core::{async_trait, Action, Env, Flow, HookResult, SessionCtx, TimerKey};
+use starling_core::{
+    async_trait, Action, Env, Flow, HookResult, SessionCtx, SessionState, TimerKey,
+};
 use starling_proto::{ns, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::sync::Arc;
@@ -107,6 +109,12 @@ impl UserSendHandler for Ping {
 #[async_trait]
 impl TimerHandler for Ping {
     async fn timer(&self, cx: &mut SessionCtx<'_>, token: u64) -> HookResult {
+        if matches!(cx.info.state, SessionState::Detached { .. }) {
+            // No connection to ping (XEP-0198): check again later.
+            cx.state.remove::<Pending>();
+            cx.push(Action::SetTimer(Self::key(CHECK_IDLE), self.interval));
+            return Ok(Flow::Continue);
+        }
         let idle = cx.info.last_inbound.elapsed();
         match token {
             CHECK_IDLE => {

@@ -1,0 +1,547 @@
+//! XEP-0198 Stream Management: acknowledgements and session resumption.
+//!
+//! Specification: XEP-0198 v1.6 (`urn:xmpp:sm:3`). Sections cited below are
+//! that document's.
+//!
+//! * §3 — `<sm/>` is offered after authentication; `<enable/>` is accepted
+//!   once a resource is bound (before: `<failed><unexpected-request/>`, as
+//!   is a second `<enable/>`, which ejabberd and Prosody answer the same
+//!   way instead of the stream error the text suggests). With
+//!   `resume='true'` the answer carries an unguessable id (CSPRNG) and the
+//!   granted `max`: the client's `max`, capped at `max_resume_secs`, or
+//!   `resume_timeout_secs`.
+//! * §4 — both counters wrap at 2^32. `<r/>` is answered with `<a h/>`
+//!   **once what the client sent is durable**: the durability handlers
+//!   (the archive's write-behind queue) are awaited first, so a client that
+//!   forgets a message when it is acknowledged never loses it to a server
+//!   crash (docs/durability.md). The server asks for an ack (`<r/>`) when
+//!   it flushed stanzas the client has not acknowledged and no request is
+//!   outstanding. An `h` above what was sent closes the stream with
+//!   `<undefined-condition/>` and `<handled-count-too-high/>` (§6).
+//! * §5 — when the connection of a resumable session is lost (not closed
+//!   with `</stream:stream>`), the session stays bound and available,
+//!   detached, for the granted time, queueing what arrives. `<resume/>`
+//!   after authentication hands the new connection to it if the id is known
+//!   **and belongs to the authenticated account** (otherwise
+//!   `<failed><item-not-found/>`, the same answer whether or not the id
+//!   exists); the old connection, if still open, gets `<conflict/>`.
+//!   `<resumed h/>` is followed by every stanza the client's `h` does not
+//!   cover.
+//! * §4 ("before the session state is discarded") — when a session with
+//!   stream management ends, whatever the reason, unacknowledged messages
+//!   are handed back to the router with a XEP-0203 delay stamped at their
+//!   first sending: another resource or offline storage gets them, as if
+//!   the resource had been unavailable; unacknowledged iq requests get
+//!   `service-unavailable`. Carbon copies and archive query results are
+//!   not re-routed (the originals are delivered or archived elsewhere), nor
+//!   is presence (the contacts see the resource go offline instead).
+//! * A session whose unacknowledged queue passes `max_queue` stanzas ends
+//!   with `<policy-violation/>` (and its queue is re-routed as above), so
+//!   a client that never acks, or stays away, cannot grow it forever.
+//!
+//! Hooks: element handlers for `urn:xmpp:sm:3` (authenticated and
+//! established stages), a traffic observer (counting), connection-lost
+//! (detaching), attach (resuming), session-closed (re-routing), a stream
+//! feature. Config: `[modules.stream_management]` ([`SmConfig`]).
+
+use super::time::xep0082_datetime;
+use serde::Deserialize;
+use starling_core::hooks::{
+    AttachHandler, ConnectionLostHandler, ElementHandler, ElementStage, FeatureStage, HookRegistry,
+    SessionClosedHandler, StreamFeatureProvider, TrafficObserver,
+};
+use starling_core::{
+    async_trait, Action, Env, Extensions, Flow, HookResult, SessionCtx, SessionInfo, SessionRef,
+};
+use starling_proto::{
+    ns, random_id, BareJid, Stanza, StanzaErrorCondition, StreamError, StreamErrorCondition,
+};
+use starling_xml::Element;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+const NAME: &str = "stream_management";
+/// XEP-0198's namespace.
+pub const NS_SM: &str = "urn:xmpp:sm:3";
+const NS_DELAY: &str = "urn:xmpp:delay";
+const NS_CARBONS: &str = "urn:xmpp:carbons:2";
+const NS_MAM: &str = "urn:xmpp:mam:2";
+
+/// `[modules.stream_management]`: XEP-0198.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmConfig {
+    /// Offer stream management.
+    pub enabled: bool,
+    /// Allow resumption (`resume='true'`).
+    pub resume: bool,
+    /// Seconds a detached session waits for its client when the client
+    /// asks for no particular time.
+    pub resume_timeout_secs: u64,
+    /// The longest time a client may ask for with `max`.
+    pub max_resume_secs: u64,
+    /// Unacknowledged stanzas a session may hold before it is ended (and
+    /// its queue re-routed).
+    pub max_queue: usize,
+}
+
+impl Default for SmConfig {
+    fn default() -> Self {
+        SmConfig {
+            enabled: true,
+            resume: true,
+            resume_timeout_secs: 300,
+            max_resume_secs: 3600,
+            max_queue: 1000,
+        }
+    }
+}
+
+/// A stanza the client has not acknowledged yet.
+struct Sent {
+    el: Element,
+    at: SystemTime,
+}
+
+/// Per-session state, once `<enable/>` succeeded.
+struct SmState {
+    /// Stanzas handled from the client ('h' we report), mod 2^32.
+    h_in: u32,
+    /// Stanzas sent to the client, mod 2^32.
+    sent: u32,
+    /// The client's last 'h'.
+    acked: u32,
+    /// Sent and not acknowledged, oldest first.
+    unacked: VecDeque<Sent>,
+    /// Our `<r/>` awaits its `<a/>`.
+    requested: bool,
+    /// The resumption id, if the session is resumable.
+    resume_id: Option<String>,
+    /// How long the session is kept detached.
+    keep: Duration,
+    /// The queue passed `max_queue`.
+    overflow: bool,
+}
+
+/// Resumable sessions: resumption id → (account, session).
+type Registry = Mutex<HashMap<String, (BareJid, SessionRef)>>;
+
+/// The module.
+pub struct StreamManagement {
+    cfg: SmConfig,
+    resumable: Registry,
+}
+
+impl StreamManagement {
+    /// Registers the module's hooks.
+    pub fn register(cfg: &SmConfig, reg: &mut HookRegistry) {
+        let m = Arc::new(StreamManagement {
+            cfg: cfg.clone(),
+            resumable: Mutex::new(HashMap::new()),
+        });
+        reg.element(NAME, ElementStage::Authenticated, NS_SM, m.clone());
+        reg.element(NAME, ElementStage::Established, NS_SM, m.clone());
+        reg.traffic(m.clone());
+        reg.connection_lost(m.clone());
+        reg.attached(NAME, 50, m.clone());
+        // Early: presence's own clean-up may route stanzas to this session.
+        reg.session_closed(NAME, 10, m.clone());
+        reg.stream_features(m);
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, (BareJid, SessionRef)>> {
+        self.resumable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn failed(condition: StanzaErrorCondition, h: Option<u32>) -> Element {
+    let mut el = Element::new("failed", NS_SM);
+    if let Some(h) = h {
+        el.set_attr("h", h.to_string());
+    }
+    el.append_child(Element::new(condition.as_str(), ns::STANZAS));
+    el
+}
+
+fn h_attr(el: &Element) -> Option<u32> {
+    el.attr("h")?.parse().ok()
+}
+
+/// True for the stanzas XEP-0198 counts.
+fn is_stanza(el: &Element) -> bool {
+    el.ns() == ns::CLIENT && matches!(el.name(), "message" | "presence" | "iq")
+}
+
+/// Applies the client's 'h' (§4): drops what it covers. An 'h' above what
+/// was sent is the §6 stream error.
+fn apply_ack(st: &mut SmState, h: u32) -> Result<(), StreamError> {
+    let newly = h.wrapping_sub(st.acked) as usize;
+    if newly > st.unacked.len() {
+        let app = Element::builder("handled-count-too-high", NS_SM)
+            .attr("h", h.to_string())
+            .attr("send-count", st.sent.to_string())
+            .build();
+        return Err(StreamError::with_text(
+            StreamErrorCondition::UndefinedCondition,
+            format!(
+                "you acknowledged {h} stanzas, but only {} were sent",
+                st.sent
+            ),
+        )
+        .with_app(app));
+    }
+    st.unacked.drain(..newly);
+    st.acked = h;
+    Ok(())
+}
+
+impl StreamManagement {
+    async fn enable(&self, cx: &mut SessionCtx<'_>, el: &Element) {
+        if cx.state.get::<SmState>().is_some() {
+            cx.send(failed(StanzaErrorCondition::UnexpectedRequest, None));
+            return;
+        }
+        let wants_resume = matches!(el.attr("resume"), Some("true" | "1"));
+        let keep = match el.attr("max").and_then(|m| m.parse::<u64>().ok()) {
+            Some(max) if max > 0 => max.min(self.cfg.max_resume_secs),
+            _ => self.cfg.resume_timeout_secs,
+        };
+        let mut enabled = Element::new("enabled", NS_SM);
+        let resume_id = if wants_resume && self.cfg.resume {
+            // Where the router knows this session (node and id).
+            let Some(me) = cx
+                .env
+                .sessions
+                .get(cx.jid())
+                .map(|e| e.session)
+                .filter(|s| s.id == cx.info.id)
+            else {
+                cx.send(failed(StanzaErrorCondition::InternalServerError, None));
+                return;
+            };
+            let id = random_id(32);
+            self.registry().insert(id.clone(), (cx.jid().to_bare(), me));
+            enabled.set_attr("id", id.clone());
+            enabled.set_attr("resume", "true");
+            enabled.set_attr("max", keep.to_string());
+            Some(id)
+        } else {
+            None
+        };
+        cx.state.insert(SmState {
+            h_in: 0,
+            sent: 0,
+            acked: 0,
+            unacked: VecDeque::new(),
+            requested: false,
+            resume_id,
+            keep: Duration::from_secs(keep),
+            overflow: false,
+        });
+        cx.send(enabled);
+    }
+
+    fn resume(&self, cx: &mut SessionCtx<'_>, el: &Element) {
+        let (Some(previd), Some(_h)) = (el.attr("previd"), h_attr(el)) else {
+            cx.send(failed(StanzaErrorCondition::BadRequest, None));
+            return;
+        };
+        let target = {
+            let reg = self.registry();
+            reg.get(previd)
+                .filter(|(owner, _)| Some(owner) == cx.info.user.as_ref())
+                .map(|(_, s)| s.clone())
+        };
+        match target {
+            Some(to) => cx.push(Action::Attach {
+                to,
+                request: el.clone(),
+            }),
+            None => {
+                tracing::info!(session = cx.info.id, user = ?cx.info.user.as_ref().map(|u| u.to_string()), "stream resumption refused: unknown or expired id");
+                cx.send(failed(StanzaErrorCondition::ItemNotFound, None));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ElementHandler for StreamManagement {
+    async fn element(&self, cx: &mut SessionCtx<'_>, el: &Element) -> HookResult {
+        let bound = cx.info.state.is_bound();
+        match el.name() {
+            "enable" if bound => self.enable(cx, el).await,
+            // §3: not before resource binding.
+            "enable" => cx.send(failed(StanzaErrorCondition::UnexpectedRequest, None)),
+            // §5: resumption replaces binding; a bound stream cannot.
+            "resume" if !bound => self.resume(cx, el),
+            "resume" => cx.send(failed(StanzaErrorCondition::UnexpectedRequest, None)),
+            "r" | "a" if cx.state.get::<SmState>().is_none() => {
+                cx.push(Action::Close(StreamError::with_text(
+                    StreamErrorCondition::UnsupportedStanzaType,
+                    "stream management is not enabled on this stream",
+                )));
+            }
+            "r" => {
+                // The ack covers only what is durable (module doc).
+                cx.env.hooks.durable(cx.env).await;
+                let h = cx.state.get::<SmState>().map_or(0, |s| s.h_in);
+                cx.send(
+                    Element::builder("a", NS_SM)
+                        .attr("h", h.to_string())
+                        .build(),
+                );
+            }
+            "a" => {
+                let Some(h) = h_attr(el) else {
+                    cx.push(Action::Close(StreamError::with_text(
+                        StreamErrorCondition::InvalidXml,
+                        "<a/> needs an 'h' attribute (XEP-0198 §4)",
+                    )));
+                    return Ok(Flow::Continue);
+                };
+                if let Some(st) = cx.state.get_mut::<SmState>() {
+                    st.requested = false;
+                    if let Err(e) = apply_ack(st, h) {
+                        cx.push(Action::Close(e));
+                    }
+                }
+            }
+            _ => {
+                cx.push(Action::Close(StreamError::with_text(
+                    StreamErrorCondition::UnsupportedStanzaType,
+                    format!("unknown stream management element <{}/>", el.name()),
+                )));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+impl TrafficObserver for StreamManagement {
+    fn stanza_in(&self, _info: &SessionInfo, state: &mut Extensions) {
+        if let Some(st) = state.get_mut::<SmState>() {
+            st.h_in = st.h_in.wrapping_add(1);
+        }
+    }
+
+    fn element_out(&self, _info: &SessionInfo, state: &mut Extensions, el: &Element) -> bool {
+        let Some(st) = state.get_mut::<SmState>() else {
+            return false;
+        };
+        if !is_stanza(el) {
+            return false;
+        }
+        st.sent = st.sent.wrapping_add(1);
+        st.unacked.push_back(Sent {
+            el: el.clone(),
+            at: SystemTime::now(),
+        });
+        if st.unacked.len() > self.cfg.max_queue && !st.overflow {
+            st.overflow = true;
+            return true;
+        }
+        false
+    }
+
+    fn before_flush(&self, _info: &SessionInfo, state: &mut Extensions, out: &mut Vec<Element>) {
+        if let Some(st) = state.get_mut::<SmState>() {
+            if !st.requested && !st.unacked.is_empty() {
+                st.requested = true;
+                out.push(Element::new("r", NS_SM));
+            }
+        }
+    }
+}
+
+impl ConnectionLostHandler for StreamManagement {
+    fn connection_lost(&self, _info: &SessionInfo, state: &mut Extensions) -> Option<Duration> {
+        let st = state.get_mut::<SmState>()?;
+        st.resume_id.as_ref()?;
+        // The ack request on the dead connection is void.
+        st.requested = false;
+        Some(st.keep)
+    }
+}
+
+#[async_trait]
+impl AttachHandler for StreamManagement {
+    async fn attached(
+        &self,
+        cx: &mut SessionCtx<'_>,
+        request: &Element,
+        failed_over: bool,
+    ) -> HookResult {
+        if failed_over {
+            // The session expired between the lookup and the hand-over.
+            cx.send(failed(StanzaErrorCondition::ItemNotFound, None));
+            return Ok(Flow::Continue);
+        }
+        let h = h_attr(request).unwrap_or(0);
+        let previd = request.attr("previd").unwrap_or("").to_owned();
+        let ack = match cx.state.get_mut::<SmState>() {
+            Some(st) => apply_ack(st, h),
+            None => return Ok(Flow::Continue),
+        };
+        if let Err(e) = ack {
+            cx.push(Action::Close(e));
+            return Ok(Flow::Continue);
+        }
+        // 'h' in <resumed/> acknowledges the client's stanzas: durable first.
+        cx.env.hooks.durable(cx.env).await;
+        let st = cx.state.get_mut::<SmState>().expect("checked above");
+        st.requested = false;
+        let resumed = Element::builder("resumed", NS_SM)
+            .attr("h", st.h_in.to_string())
+            .attr("previd", previd)
+            .build();
+        let again: Vec<Element> = st.unacked.iter().map(|s| s.el.clone()).collect();
+        cx.send(resumed);
+        for el in again {
+            cx.push(Action::Resend(el));
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl SessionClosedHandler for StreamManagement {
+    async fn session_closed(&self, cx: &mut SessionCtx<'_>) -> HookResult {
+        let Some(st) = cx.state.remove::<SmState>() else {
+            return Ok(Flow::Continue);
+        };
+        if let Some(id) = &st.resume_id {
+            let mut reg = self.registry();
+            if reg.get(id).is_some_and(|(_, s)| s.id == cx.info.id) {
+                reg.remove(id);
+            }
+        }
+        let domain = cx.info.domain.clone();
+        let mut rerouted = 0usize;
+        for sent in st.unacked {
+            if let Some(stanza) = unacked_to_reroute(sent, &domain) {
+                rerouted += 1;
+                cx.push(Action::Reroute(stanza));
+            }
+        }
+        if rerouted > 0 {
+            tracing::info!(session = cx.info.id, jid = %cx.jid(), rerouted, "unacknowledged stanzas handed back to the router");
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+/// What becomes of one unacknowledged stanza when its session ends (§4).
+fn unacked_to_reroute(sent: Sent, domain: &str) -> Option<Stanza> {
+    let Sent { mut el, at } = sent;
+    match el.name() {
+        "message" => {
+            let copy = el.has_child("received", NS_CARBONS)
+                || el.has_child("sent", NS_CARBONS)
+                || el.has_child("result", NS_MAM);
+            if copy || matches!(el.attr("type"), Some("error")) {
+                return None;
+            }
+            if !el.has_child("delay", NS_DELAY) {
+                let millis = at
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis());
+                el.append_child(
+                    Element::builder("delay", NS_DELAY)
+                        .attr("from", domain)
+                        .attr("stamp", xep0082_datetime(millis))
+                        .build(),
+                );
+            }
+        }
+        "iq" if matches!(el.attr("type"), Some("get" | "set")) => {}
+        _ => return None,
+    }
+    Stanza::from_element(el).ok()
+}
+
+impl StreamFeatureProvider for StreamManagement {
+    fn stream_features(
+        &self,
+        _env: &Env,
+        _info: &SessionInfo,
+        stage: FeatureStage,
+        out: &mut Vec<Element>,
+    ) {
+        if stage == FeatureStage::PostAuth {
+            out.push(Element::new("sm", NS_SM));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(sent: u32, acked: u32, unacked: usize) -> SmState {
+        SmState {
+            h_in: 0,
+            sent,
+            acked,
+            unacked: (0..unacked)
+                .map(|_| Sent {
+                    el: Element::new("message", ns::CLIENT),
+                    at: SystemTime::now(),
+                })
+                .collect(),
+            requested: false,
+            resume_id: None,
+            keep: Duration::ZERO,
+            overflow: false,
+        }
+    }
+
+    #[test]
+    fn ack_arithmetic_wraps_at_2_pow_32() {
+        // §4: h goes from 2^32-1 back to 0.
+        let mut st = state(1, u32::MAX - 1, 3);
+        assert!(apply_ack(&mut st, 0).is_ok());
+        assert_eq!(st.unacked.len(), 1);
+        assert_eq!(st.acked, 0);
+        assert!(apply_ack(&mut st, 1).is_ok());
+        assert!(st.unacked.is_empty());
+    }
+
+    #[test]
+    fn ack_above_sent_is_handled_count_too_high() {
+        // §6: h above the send count → undefined-condition + handled-count-too-high.
+        let mut st = state(8, 5, 3);
+        let e = apply_ack(&mut st, 10).unwrap_err();
+        assert_eq!(e.condition, StreamErrorCondition::UndefinedCondition);
+        let app = e.app.expect("application condition");
+        assert_eq!(app.name(), "handled-count-too-high");
+        assert_eq!(app.attr("h"), Some("10"));
+        assert_eq!(app.attr("send-count"), Some("8"));
+        assert_eq!(st.unacked.len(), 3, "nothing dropped");
+        // Repeating the last h changes nothing.
+        assert!(apply_ack(&mut st, 5).is_ok());
+        assert_eq!(st.unacked.len(), 3);
+    }
+
+    #[test]
+    fn carbons_presence_and_errors_are_not_rerouted() {
+        let sent = |el: Element| Sent {
+            el,
+            at: SystemTime::now(),
+        };
+        let mut carbon = Element::new("message", ns::CLIENT);
+        carbon.append_child(Element::new("received", NS_CARBONS));
+        assert!(unacked_to_reroute(sent(carbon), "x").is_none());
+        assert!(unacked_to_reroute(sent(Element::new("presence", ns::CLIENT)), "x").is_none());
+        let mut msg = Element::new("message", ns::CLIENT);
+        msg.set_attr("to", "a@x/r");
+        msg.set_attr("from", "b@x/r");
+        let s = unacked_to_reroute(sent(msg), "x").expect("rerouted");
+        assert!(s.element().has_child("delay", NS_DELAY));
+        let mut result = Element::new("iq", ns::CLIENT);
+        result.set_attr("type", "result");
+        result.set_attr("id", "1");
+        assert!(unacked_to_reroute(sent(result), "x").is_none());
+    }
+}
