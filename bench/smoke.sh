@@ -43,6 +43,9 @@ shutdown_timeout_secs = 2
 address = "127.0.0.1:$port"
 tls = "starttls"
 
+[http]
+listen = []
+
 [c2s]
 require_tls = false
 max_bytes_per_second = 0

@@ -12,12 +12,12 @@ if [ ! -x "$bin" ]; then
   (cd "$root" && cargo build -q -p starling-server)
 fi
 
-# Two distinct free ports: both sockets are bound at once, so the kernel cannot
-# hand out the same port twice.
-read -r p1 p2 < <(python3 -c 'import socket
-a, b = socket.socket(), socket.socket()
-a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
-print(a.getsockname()[1], b.getsockname()[1])')
+# Three distinct free ports: the sockets are bound at once, so the kernel
+# cannot hand out the same port twice.
+read -r p1 p2 p3 < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(3)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
 work="$(mktemp -d)"
 cat > "$work/starling.toml" <<CFG
 [server]
@@ -30,6 +30,10 @@ tls = "starttls"
 [[listen]]
 address = "127.0.0.1:$p2"
 tls = "direct"
+
+[[http.listen]]
+address = "127.0.0.1:$p3"
+tls = false
 
 [modules.register]
 enabled = true
@@ -53,6 +57,7 @@ wait_ready "$work/server.log" "$pid" 60
 # crates/server/tests/negotiation.rs.
 rc=0
 XMPP_HOST=127.0.0.1 XMPP_DOMAIN=localhost XMPP_STARTTLS_PORT="$p1" XMPP_TLS_PORT="$p2" \
+  XMPP_WS_URL="ws://127.0.0.1:$p3/xmpp-websocket" \
   XMPP_SKIP_TLS_UNIQUE=1 XMPP_CA_FILE="$work/data/tls/cert.pem" \
   "$here/run.sh" || rc=$?
 if [ "$rc" -ne 0 ]; then

@@ -32,3 +32,5 @@ pub const REGISTER_FEATURE: &str = "http://jabber.org/features/iq-register";
 pub const DATA_FORMS: &str = "jabber:x:data";
 /// XEP-0066: out of band data (used in registration instructions).
 pub const OOB: &str = "jabber:x:oob";
+/// RFC 7395 §3.3.2: the framing namespace of XMPP over WebSocket (`<open/>`, `<close/>`).
+pub const FRAMING: &str = "urn:ietf:params:xml:ns:xmpp-framing";

@@ -21,6 +21,8 @@ pub struct Config {
     pub tls: TlsSection,
     /// `[[listen]]`
     pub listen: Vec<Listener>,
+    /// `[http]`: WebSocket and host-meta listeners
+    pub http: HttpSection,
     /// `[c2s]`
     pub c2s: C2sSection,
     /// `[auth]`
@@ -47,6 +49,7 @@ impl Default for Config {
                     tls: TlsMode::Direct,
                 },
             ],
+            http: HttpSection::default(),
             c2s: C2sSection::default(),
             auth: AuthSection::default(),
             storage: StorageSection::default(),
@@ -135,6 +138,49 @@ pub struct TlsSection {
     pub certificate: Option<PathBuf>,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub private_key: Option<PathBuf>,
+}
+
+/// `[http]`: HTTP listeners for XMPP over WebSocket (RFC 7395, path
+/// `/xmpp-websocket`) and XEP-0156 discovery (`/.well-known/host-meta`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSection {
+    /// The listeners (`[[http.listen]]`); empty for none.
+    pub listen: Vec<HttpListener>,
+    /// Plain (`ws:`) connections from loopback addresses count as
+    /// encrypted for `[c2s] require_tls`: a browser on this machine, or a
+    /// TLS-terminating proxy in front of Starling.
+    pub secure_loopback: bool,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        HttpSection {
+            listen: vec![
+                HttpListener {
+                    address: "[::]:5280".parse().expect("literal address"),
+                    tls: false,
+                },
+                HttpListener {
+                    address: "[::]:5443".parse().expect("literal address"),
+                    tls: true,
+                },
+            ],
+            secure_loopback: true,
+        }
+    }
+}
+
+/// `[[http.listen]]`: one HTTP listener.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpListener {
+    /// IP address and port.
+    #[serde(deserialize_with = "socket_addr")]
+    pub address: SocketAddr,
+    /// HTTPS with the server's certificate (`wss:`) when true.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 /// How a listener secures its connections.

@@ -14,6 +14,7 @@
 pub mod accounts;
 mod c2s;
 pub mod config;
+mod http;
 pub mod limiter;
 pub mod modules;
 pub mod router;

@@ -23,6 +23,8 @@ pub struct RunningServer {
     /// Bound client listeners and their TLS mode (actual ports, also when
     /// the configuration asked for port 0).
     pub c2s_addrs: Vec<(SocketAddr, TlsMode)>,
+    /// Bound HTTP listeners (WebSocket, host-meta) and whether they use TLS.
+    pub http_addrs: Vec<(SocketAddr, bool)>,
     shutdown_tx: watch::Sender<bool>,
     done_tx: Option<mpsc::Sender<()>>,
     done_rx: mpsc::Receiver<()>,
@@ -168,7 +170,7 @@ fn bind_listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     };
     result.map_err(|(a, e)| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-            "another process (another Starling?) is listening on this port: stop it, or change the [[listen]] address in the configuration"
+            "another process (another Starling?) is listening on this port: stop it, or change the [[listen]] (or [[http.listen]]) address in the configuration"
         } else if e.kind() == std::io::ErrorKind::PermissionDenied {
             "ports below 1024 need privileges: use a higher port, or grant CAP_NET_BIND_SERVICE"
         } else {
@@ -195,6 +197,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     let mut bound = Vec::new();
     for l in &cfg.listen {
         bound.push((bind_listener(l.address)?, l.tls));
+    }
+    let mut http_bound = Vec::new();
+    for l in &cfg.http.listen {
+        http_bound.push((bind_listener(l.address)?, l.tls));
     }
     starling_storage::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
         format!(
@@ -226,6 +232,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
         metrics,
         pressure,
     });
+    let http_tls = tls.http.clone();
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (done_tx, done_rx) = mpsc::channel(1);
@@ -250,6 +257,22 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
             keepalive,
         )));
     }
+    let mut http_addrs = Vec::new();
+    for (listener, tls) in http_bound {
+        let local = listener.local_addr()?;
+        let scheme = if tls { "wss" } else { "ws" };
+        tracing::info!(address = %local, url = %format!("{scheme}://{local}{}", crate::http::WEBSOCKET_PATH), "listening for WebSocket clients");
+        http_addrs.push((local, tls));
+        listeners.push(tokio::spawn(crate::http::accept_loop(
+            listener,
+            tls.then(|| http_tls.clone()),
+            shared.clone(),
+            shutdown_rx.clone(),
+            done_tx.clone(),
+            limit.clone(),
+            cfg.http.secure_loopback,
+        )));
+    }
     tracing::info!(
         domains = ?domains,
         storage = %env.storage.backend.describe(),
@@ -259,6 +282,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     Ok(RunningServer {
         env,
         c2s_addrs,
+        http_addrs,
         shutdown_tx,
         done_tx: Some(done_tx),
         done_rx,

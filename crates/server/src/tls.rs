@@ -22,6 +22,8 @@ pub struct TlsContext {
     pub starttls: TlsAcceptor,
     /// Acceptor for direct TLS, offering ALPN `xmpp-client` (XEP-0368).
     pub direct: TlsAcceptor,
+    /// Acceptor for the HTTPS listeners (ALPN `http/1.1`).
+    pub http: TlsAcceptor,
     /// RFC 5929 tls-server-end-point data: the hash of our certificate.
     pub server_end_point: Vec<u8>,
     /// Where the certificate came from, for logs.
@@ -72,7 +74,10 @@ impl TlsContext {
             })?;
         let mut direct = base.clone();
         direct.alpn_protocols = vec![b"xmpp-client".to_vec()];
+        let mut http = base.clone();
+        http.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(TlsContext {
+            http: TlsAcceptor::from(Arc::new(http)),
             starttls: TlsAcceptor::from(Arc::new(base)),
             direct: TlsAcceptor::from(Arc::new(direct)),
             server_end_point,

@@ -22,7 +22,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use sha2::Digest;
 use starling_proto::sasl::{ChannelBindingType, Mechanism, ScramClient};
-use starling_server::config::{Config, Listener, TlsMode};
+use starling_server::config::{Config, HttpListener, Listener, TlsMode};
 use starling_server::RunningServer;
 use starling_xml::{Element, Limits, StreamEvent, StreamParser};
 use std::io;
@@ -36,6 +36,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+use tokio_tungstenite::WebSocketStream;
 
 pub use starling_server;
 pub use starling_xml;
@@ -50,6 +51,18 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The test domain.
 pub const DOMAIN: &str = "localhost";
+
+/// How a test client connects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// STARTTLS on the c2s listener.
+    Tcp,
+    /// RFC 7395 WebSocket on an HTTP listener (`wss:` if `tls`).
+    WebSocket {
+        /// Over TLS.
+        tls: bool,
+    },
+}
 
 /// A Starling running in this process on loopback with ephemeral ports and
 /// a fresh data directory.
@@ -77,6 +90,16 @@ pub fn test_config() -> Config {
         Listener {
             address: "127.0.0.1:0".parse().unwrap(),
             tls: TlsMode::Direct,
+        },
+    ];
+    cfg.http.listen = vec![
+        HttpListener {
+            address: "127.0.0.1:0".parse().unwrap(),
+            tls: false,
+        },
+        HttpListener {
+            address: "127.0.0.1:0".parse().unwrap(),
+            tls: true,
         },
     ];
     cfg.modules.register.enabled = true;
@@ -127,6 +150,16 @@ impl TestServer {
             .expect("direct TLS listener")
     }
 
+    /// The HTTP listener (WebSocket) with or without TLS.
+    pub fn http_addr(&self, tls: bool) -> SocketAddr {
+        self.server
+            .http_addrs
+            .iter()
+            .find(|(_, t)| *t == tls)
+            .map(|(a, _)| *a)
+            .expect("HTTP listener")
+    }
+
     /// Creates an account `user@localhost` with password `password`.
     pub async fn create_user(&self, user: &str, password: &str) {
         let jid = starling_proto::BareJid::new(&format!("{user}@{DOMAIN}")).unwrap();
@@ -139,6 +172,11 @@ impl TestServer {
     /// SCRAM-SHA-256, binds a resource, sends initial presence and consumes
     /// its echo. Other resources of the same user receive that presence.
     pub async fn login(&self, user: &str) -> Client {
+        self.login_over(user, Transport::Tcp).await
+    }
+
+    /// Like [`TestServer::login`], over `transport`.
+    pub async fn login_over(&self, user: &str, transport: Transport) -> Client {
         let password = format!("pw-{user}");
         if !self
             .server
@@ -151,8 +189,16 @@ impl TestServer {
         {
             self.create_user(user, &password).await;
         }
-        let mut c = Client::connect(self.starttls_addr()).await;
-        c.negotiate_tls().await;
+        let mut c = match transport {
+            Transport::Tcp => {
+                let mut c = Client::connect(self.starttls_addr()).await;
+                c.negotiate_tls().await;
+                c
+            }
+            Transport::WebSocket { tls } => {
+                Client::connect_websocket(self.http_addr(tls), tls).await
+            }
+        };
         c.auth(Mechanism::ScramSha256, user, &password)
             .await
             .expect("login succeeds");
@@ -337,6 +383,8 @@ fn tls_connector(alpn: bool) -> TlsConnector {
 enum Conn {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+    /// RFC 7395: one element per text message, over TCP or TLS.
+    Ws(Box<WebSocketStream<Conn>>),
     Gone,
 }
 
@@ -349,7 +397,7 @@ impl AsyncRead for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Conn::Gone => Poll::Ready(Ok(())),
+            Conn::Ws(_) | Conn::Gone => Poll::Ready(Ok(())),
         }
     }
 }
@@ -363,21 +411,21 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Conn::Gone => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+            Conn::Ws(_) | Conn::Gone => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Conn::Gone => Poll::Ready(Ok(())),
+            Conn::Ws(_) | Conn::Gone => Poll::Ready(Ok(())),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Conn::Gone => Poll::Ready(Ok(())),
+            Conn::Ws(_) | Conn::Gone => Poll::Ready(Ok(())),
         }
     }
 }
@@ -415,6 +463,16 @@ fn client_parser() -> StreamParser {
     })
 }
 
+/// A parser for WebSocket messages: primed with a stream header of its
+/// own, then fed one element per message.
+fn ws_parser() -> StreamParser {
+    let mut p = client_parser();
+    let mut prime: &[u8] =
+        b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
+    let _ = p.push(&mut prime);
+    p
+}
+
 impl Client {
     /// Connects over plain TCP (for STARTTLS, or plaintext tests).
     pub async fn connect(addr: SocketAddr) -> Client {
@@ -427,6 +485,81 @@ impl Client {
             features: None,
             mechanism_used: None,
         }
+    }
+
+    /// Connects to an RFC 7395 WebSocket endpoint (`ws_addr` is an HTTP
+    /// listener; `tls` for `wss:`) offering `protocols` (normally
+    /// `["xmpp"]`). Returns the HTTP status if the upgrade is refused. The
+    /// stream is not opened yet.
+    pub async fn connect_websocket_with(
+        addr: SocketAddr,
+        tls: bool,
+        protocols: &[&str],
+    ) -> Result<Client, u16> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let conn = if tls {
+            let tls = tls_connector(false)
+                .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+                .await
+                .expect("TLS handshake");
+            Conn::Tls(Box::new(tls))
+        } else {
+            Conn::Plain(tcp)
+        };
+        let scheme = if tls { "wss" } else { "ws" };
+        let mut req = format!("{scheme}://{DOMAIN}:{}/xmpp-websocket", addr.port())
+            .into_client_request()
+            .expect("request");
+        if !protocols.is_empty() {
+            req.headers_mut().insert(
+                "Sec-WebSocket-Protocol",
+                protocols.join(", ").parse().unwrap(),
+            );
+        }
+        match tokio_tungstenite::client_async(req, conn).await {
+            Ok((ws, _)) => Ok(Client {
+                conn: Conn::Ws(Box::new(ws)),
+                parser: ws_parser(),
+                buf: Vec::new(),
+                jid: String::new(),
+                features: None,
+                mechanism_used: None,
+            }),
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
+            Err(e) => panic!("WebSocket handshake failed: {e}"),
+        }
+    }
+
+    /// Connects over WebSocket with the `xmpp` subprotocol and opens the
+    /// stream (RFC 7395 §3.3.2).
+    pub async fn connect_websocket(addr: SocketAddr, tls: bool) -> Client {
+        let mut c = Self::connect_websocket_with(addr, tls, &["xmpp"])
+            .await
+            .expect("WebSocket upgrade accepted");
+        c.open_stream().await;
+        c
+    }
+
+    /// True on a WebSocket connection.
+    pub fn is_websocket(&self) -> bool {
+        matches!(self.conn, Conn::Ws(_))
+    }
+
+    /// Sends one WebSocket message of raw bytes (a text frame, or a
+    /// binary one if `binary`).
+    pub async fn send_ws_frame(&mut self, bytes: &[u8], binary: bool) -> bool {
+        use futures_util::SinkExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let Conn::Ws(ws) = &mut self.conn else {
+            panic!("not a WebSocket connection");
+        };
+        let msg = if binary {
+            Message::Binary(bytes.to_vec().into())
+        } else {
+            Message::Text(String::from_utf8(bytes.to_vec()).expect("UTF-8").into())
+        };
+        ws.send(msg).await.is_ok()
     }
 
     /// Connects with direct TLS (XEP-0368) and opens the stream.
@@ -448,8 +581,12 @@ impl Client {
         c
     }
 
-    /// Writes raw bytes.
+    /// Writes raw bytes (over WebSocket: as one text message).
     pub async fn send_raw(&mut self, bytes: &[u8]) {
+        if self.is_websocket() {
+            assert!(self.send_ws_frame(bytes, false).await, "write");
+            return;
+        }
         self.conn.write_all(bytes).await.expect("write");
         self.conn.flush().await.expect("flush");
     }
@@ -461,6 +598,9 @@ impl Client {
 
     /// Writes raw bytes, ignoring errors (the server may already be gone).
     pub async fn try_send_raw(&mut self, bytes: &[u8]) -> bool {
+        if self.is_websocket() {
+            return self.send_ws_frame(bytes, false).await;
+        }
         self.conn.write_all(bytes).await.is_ok() && self.conn.flush().await.is_ok()
     }
 
@@ -475,12 +615,32 @@ impl Client {
                 let consumed = before - input.len();
                 self.buf.drain(..consumed);
                 match ev {
+                    Ok(Some(StreamEvent::Stanza(el))) if el.ns() == ns::FRAMING => {
+                        return Some(match el.name() {
+                            "open" => Event::Header,
+                            _ => Event::Close,
+                        })
+                    }
                     Ok(Some(StreamEvent::Open(_))) => return Some(Event::Header),
                     Ok(Some(StreamEvent::Stanza(el))) => return Some(Event::Element(el)),
                     Ok(Some(StreamEvent::Close)) => return Some(Event::Close),
                     Ok(None) => {}
                     Err(e) => panic!("server sent bad XML: {e}"),
                 }
+            }
+            if let Conn::Ws(ws) = &mut self.conn {
+                use futures_util::StreamExt;
+                use tokio_tungstenite::tungstenite::Message;
+                match tokio::time::timeout_at(deadline, ws.next()).await {
+                    Err(_) => return None,
+                    Ok(Some(Ok(Message::Text(t)))) => self.buf.extend_from_slice(t.as_bytes()),
+                    Ok(Some(Ok(Message::Binary(_)))) => panic!("the server sent a binary message"),
+                    Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => {
+                        return Some(Event::Eof)
+                    }
+                    Ok(Some(Ok(_))) => {}
+                }
+                continue;
             }
             let mut chunk = [0u8; 16384];
             let n = match tokio::time::timeout_at(deadline, self.conn.read(&mut chunk)).await {
@@ -556,11 +716,18 @@ impl Client {
     /// Sends a stream header to [`DOMAIN`] and reads the server's header and
     /// features.
     pub async fn open_stream(&mut self) -> Element {
-        self.send(&format!(
-            "<?xml version='1.0'?><stream:stream to='{DOMAIN}' version='1.0' \
+        if self.is_websocket() {
+            self.send(&format!(
+                "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='{DOMAIN}' version='1.0'/>"
+            ))
+            .await;
+        } else {
+            self.send(&format!(
+                "<?xml version='1.0'?><stream:stream to='{DOMAIN}' version='1.0' \
              xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>"
-        ))
-        .await;
+            ))
+            .await;
+        }
         match self.next_event().await {
             Event::Header => {}
             other => panic!("expected stream header, got {other:?}"),
@@ -702,7 +869,11 @@ impl Client {
                 .expect("server signature verifies");
         }
         self.mechanism_used = Some(mechanism);
-        self.parser = client_parser();
+        self.parser = if self.is_websocket() {
+            ws_parser()
+        } else {
+            client_parser()
+        };
         self.open_stream().await;
         Ok(())
     }
@@ -784,7 +955,12 @@ impl Client {
 
     /// Closes the stream politely and waits for the server's close.
     pub async fn close(mut self) {
-        self.send("</stream:stream>").await;
+        if self.is_websocket() {
+            self.send("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>")
+                .await;
+        } else {
+            self.send("</stream:stream>").await;
+        }
         let _ = self.next_event_within(Duration::from_secs(2)).await;
     }
 }
@@ -806,7 +982,7 @@ pub fn write_binary_config(dir: &std::path::Path, starttls_port: u16, tls_port: 
     let cfg = dir.join("starling.toml");
     let data = dir.join("data");
     let mut text = format!(
-        "[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n",
+        "[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n\n[[http.listen]]\naddress = \"127.0.0.1:0\"\n",
     );
     if let Some(admin) = test_pg_admin_url() {
         // Callers may be inside a runtime or not: set up on a thread of its own.

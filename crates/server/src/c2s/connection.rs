@@ -12,12 +12,15 @@
 //! * [`XmlStream`] — an RFC 6120 XML stream over TCP, with STARTTLS or
 //!   direct TLS (XEP-0368): one long-lived XML document per direction,
 //!   restarted after STARTTLS and SASL.
+//! * [`WsConn`] — RFC 7395 over WebSocket (`websocket.rs`): one element
+//!   per message, `<open/>`/`<close/>` framing, no STARTTLS.
 //!
 //! Every method is cancel-safe where the session's `select!` loop needs it
 //! ([`Connection::read`]): whatever was read is kept in the connection, so a
 //! read that loses the race to a mailbox message loses no bytes.
 
 use super::transport::Transport;
+use super::websocket::WsConn;
 use crate::tls::TlsContext;
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{ns, StreamError, StreamErrorCondition};
@@ -84,6 +87,9 @@ pub(crate) struct ReadLimits {
 pub(crate) enum Connection {
     /// An RFC 6120 XML stream over TCP or TLS.
     Stream(XmlStream),
+    /// RFC 7395 XMPP over WebSocket (boxed: TCP sessions should not pay
+    /// for its size).
+    WebSocket(Box<WsConn>),
     /// No connection.
     None,
 }
@@ -99,6 +105,7 @@ impl Connection {
         match self {
             Connection::None => false,
             Connection::Stream(s) => s.is_secure(),
+            Connection::WebSocket(w) => w.is_secure(),
         }
     }
 
@@ -107,6 +114,7 @@ impl Connection {
         match self {
             Connection::None => false,
             Connection::Stream(s) => s.read_paused_until.is_none(),
+            Connection::WebSocket(_) => true,
         }
     }
 
@@ -119,6 +127,7 @@ impl Connection {
                 .into_iter()
                 .flatten()
                 .min(),
+            Connection::WebSocket(_) => None,
         }
     }
 
@@ -126,7 +135,7 @@ impl Connection {
     /// time has come.
     pub(crate) fn on_deadline(&mut self, now: Instant) {
         match self {
-            Connection::None => {}
+            Connection::None | Connection::WebSocket(_) => {}
             Connection::Stream(s) => s.on_deadline(now),
         }
     }
@@ -137,6 +146,7 @@ impl Connection {
         match self {
             Connection::None => std::future::pending().await,
             Connection::Stream(s) => s.read().await,
+            Connection::WebSocket(w) => w.read().await,
         }
     }
 
@@ -146,6 +156,7 @@ impl Connection {
         match self {
             Connection::None => Ok(None),
             Connection::Stream(s) => s.next_event(),
+            Connection::WebSocket(w) => w.next_event(),
         }
     }
 
@@ -154,6 +165,7 @@ impl Connection {
         match self {
             Connection::None => {}
             Connection::Stream(s) => s.open_stream(id, from),
+            Connection::WebSocket(w) => w.open_stream(id, from),
         }
     }
 
@@ -168,6 +180,7 @@ impl Connection {
                 }
                 s.wbuf.extend_from_slice(b"</stream:features>");
             }
+            Connection::WebSocket(w) => w.send_features(features),
         }
     }
 
@@ -176,6 +189,7 @@ impl Connection {
         match self {
             Connection::None => {}
             Connection::Stream(s) => el.write_to(&mut s.wbuf, ns::CLIENT),
+            Connection::WebSocket(w) => w.send(el),
         }
     }
 
@@ -189,13 +203,14 @@ impl Connection {
                 s.parser = StreamParser::new(s.limits);
                 s.header_sent = false;
             }
+            Connection::WebSocket(w) => w.restart(),
         }
     }
 
     /// True if this connection can be upgraded with STARTTLS now.
     pub(crate) fn can_starttls(&self) -> bool {
         match self {
-            Connection::None => false,
+            Connection::None | Connection::WebSocket(_) => false,
             Connection::Stream(s) => matches!(s.transport, Transport::Plain(_)),
         }
     }
@@ -211,7 +226,7 @@ impl Connection {
         write_timeout: Duration,
     ) -> Result<ChannelBindings, IoEnd> {
         match self {
-            Connection::None => Err(IoEnd::Tls),
+            Connection::None | Connection::WebSocket(_) => Err(IoEnd::Tls),
             Connection::Stream(s) => s.starttls(tls, timeout, write_timeout).await,
         }
     }
@@ -220,6 +235,10 @@ impl Connection {
     pub(crate) async fn refuse_starttls(&mut self, write_timeout: Duration) {
         match self {
             Connection::None => {}
+            Connection::WebSocket(w) => {
+                w.send(&Element::new("failure", ns::TLS));
+                w.close(Closing::Close, write_timeout).await;
+            }
             Connection::Stream(s) => {
                 s.wbuf.extend_from_slice(
                     b"<failure xmlns='urn:ietf:params:xml:ns:xmpp-tls'/></stream:stream>",
@@ -232,7 +251,9 @@ impl Connection {
     /// The channel bindings of a TLS connection (empty on plain TCP).
     pub(crate) fn channel_bindings(&self, tls: &TlsContext) -> ChannelBindings {
         match self {
-            Connection::None => ChannelBindings::default(),
+            // tls-server-end-point over wss would need the HTTP layer's TLS
+            // stream; -PLUS is not offered there.
+            Connection::None | Connection::WebSocket(_) => ChannelBindings::default(),
             Connection::Stream(s) => match &s.transport {
                 Transport::Tls(t) => tls.bindings(t),
                 _ => ChannelBindings::default(),
@@ -245,6 +266,7 @@ impl Connection {
         match self {
             Connection::None => Ok(()),
             Connection::Stream(s) => s.flush(timeout).await,
+            Connection::WebSocket(w) => w.flush(timeout).await,
         }
     }
 
@@ -255,6 +277,7 @@ impl Connection {
         match self {
             Connection::None => {}
             Connection::Stream(s) => s.close(how, timeout).await,
+            Connection::WebSocket(w) => w.close(how, timeout).await,
         }
     }
 
@@ -263,6 +286,7 @@ impl Connection {
         match self {
             Connection::None => {}
             Connection::Stream(s) => s.wbuf = Vec::new(),
+            Connection::WebSocket(w) => w.discard_output(),
         }
     }
 }

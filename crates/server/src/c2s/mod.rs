@@ -11,6 +11,7 @@ mod connection;
 mod sasl;
 pub(crate) mod session;
 mod transport;
+mod websocket;
 
 use crate::config::Config;
 use crate::limiter::IpLimiter;

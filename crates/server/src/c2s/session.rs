@@ -20,6 +20,7 @@
 
 use super::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
 use super::transport::Transport;
+use super::websocket::WsConn;
 use super::C2sShared;
 use crate::c2s::sasl::SaslState;
 use starling_core::hooks::{ElementStage, FeatureStage};
@@ -152,6 +153,26 @@ pub(crate) async fn run(
     let exit = session.run_loop(&mut shutdown).await;
     // `finish` counts the connection out if the session still has one (a
     // detached session lost it earlier, a resumed one handed it on).
+    Box::pin(session.finish(exit)).await;
+}
+
+/// Runs one RFC 7395 WebSocket connection to completion. `secure`: the
+/// WebSocket came over TLS, or from a peer the HTTP listener trusts as
+/// such (see `http.rs`).
+pub(crate) async fn run_websocket(
+    shared: Arc<C2sShared>,
+    ws: axum::extract::ws::WebSocket,
+    peer: SocketAddr,
+    secure: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let metrics = &shared.env.metrics;
+    metrics.connections.inc();
+    metrics.connections_total.inc();
+    let conn = Connection::WebSocket(Box::new(WsConn::new(ws, shared.limits, secure)));
+    let mut session = Session::new(shared.clone(), conn, peer);
+    session.info.secure = secure;
+    let exit = session.run_loop(&mut shutdown).await;
     Box::pin(session.finish(exit)).await;
 }
 
@@ -458,7 +479,8 @@ impl Session {
 
     fn write_features(&mut self) {
         let mut features = Vec::new();
-        let tls_available = self.shared.tls.is_some() && !self.info.secure;
+        let tls_available =
+            self.shared.tls.is_some() && !self.info.secure && self.conn.can_starttls();
         if !self.info.state.is_authenticated() {
             if tls_available {
                 let mut starttls = Element::new("starttls", ns::TLS);

@@ -1,0 +1,245 @@
+//! HTTP listeners: XMPP over WebSocket (RFC 7395) at `/xmpp-websocket` and
+//! connection-method discovery (XEP-0156) at `/.well-known/host-meta` and
+//! `/.well-known/host-meta.json`.
+//!
+//! The stack is axum on hyper (HTTP/1.1), chosen because later issues put
+//! BOSH, metrics, the admin API and file upload on the same listeners
+//! (ARCHITECTURE.md, "Dependency choices"). Each accepted TCP connection
+//! is served by its own task (TLS first on a `tls = true` listener); an
+//! upgraded WebSocket becomes an ordinary c2s session
+//! ([`session::run_websocket`]) with the same negotiation, modules and
+//! shutdown as a TCP one.
+//!
+//! Plain `ws:` connections count as encrypted for `[c2s] require_tls` only
+//! from loopback addresses and only when `[http] secure_loopback` is on
+//! (the default): a browser on the same machine, or a TLS-terminating proxy
+//! in front of Starling. From anywhere else a plain WebSocket gets no SASL
+//! mechanisms while TLS is required; use the `tls = true` listener.
+
+use crate::c2s::{session, C2sShared};
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
+
+/// The path of the WebSocket endpoint.
+pub const WEBSOCKET_PATH: &str = "/xmpp-websocket";
+
+/// What every HTTP request handler can reach.
+#[derive(Clone)]
+struct HttpState {
+    c2s: Arc<C2sShared>,
+    shutdown: watch::Receiver<bool>,
+    /// Held by every session; shutdown waits until all are dropped.
+    done: mpsc::Sender<()>,
+    limit: Arc<Semaphore>,
+    secure_loopback: bool,
+}
+
+/// Whether a request came over TLS (a per-connection request extension).
+#[derive(Clone, Copy)]
+struct Tls(bool);
+
+/// Serves one HTTP listener until the task is aborted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    c2s: Arc<C2sShared>,
+    shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+    limit: Arc<Semaphore>,
+    secure_loopback: bool,
+) {
+    let state = HttpState {
+        c2s,
+        shutdown,
+        done,
+        limit,
+        secure_loopback,
+    };
+    let router = Router::new()
+        .route(WEBSOCKET_PATH, get(websocket))
+        .route("/.well-known/host-meta", get(host_meta_xml))
+        .route("/.well-known/host-meta.json", get(host_meta_json))
+        .with_state(state.clone());
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => {
+                backoff = Duration::from_millis(5);
+                x
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP accept failed; backing off");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let secure = tls.is_some();
+        let app = router
+            .clone()
+            .layer(Extension(ConnectInfo(peer)))
+            .layer(Extension(Tls(secure)));
+        let tls = tls.clone();
+        let negotiation = state.c2s.negotiation_timeout;
+        tokio::spawn(async move {
+            let service = TowerToHyperService::new(app);
+            let builder = hyper::server::conn::http1::Builder::new();
+            let result = match tls {
+                None => {
+                    builder
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .with_upgrades()
+                        .await
+                }
+                Some(acceptor) => {
+                    let stream = match tokio::time::timeout(negotiation, acceptor.accept(tcp)).await
+                    {
+                        Ok(Ok(s)) => s,
+                        _ => {
+                            tracing::debug!(%peer, "HTTPS handshake failed or timed out");
+                            return;
+                        }
+                    };
+                    builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+}
+
+/// `GET /xmpp-websocket`: the RFC 7395 opening handshake. The client must
+/// offer the `xmpp` subprotocol (§3.1).
+async fn websocket(
+    State(st): State<HttpState>,
+    Extension(ConnectInfo(peer)): Extension<ConnectInfo<SocketAddr>>,
+    Extension(Tls(tls)): Extension<Tls>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let ws = ws.protocols(["xmpp"]);
+    if ws.selected_protocol().is_none() {
+        return (
+            StatusCode::BAD_REQUEST,
+            "XMPP over WebSocket needs the 'xmpp' subprotocol (Sec-WebSocket-Protocol: xmpp, RFC 7395 §3.1)\n",
+        )
+            .into_response();
+    }
+    if *st.shutdown.borrow() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down\n",
+        )
+            .into_response();
+    }
+    let Ok(permit) = st.limit.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many connections; try again later\n",
+        )
+            .into_response();
+    };
+    let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
+    let max = st.c2s.limits.max_stanza_bytes;
+    // Small buffers: an idle session should not hold tungstenite's 128 KiB
+    // defaults. Messages up to twice the stanza limit are read (and then
+    // refused with <policy-violation/>); larger ones end the connection.
+    ws.read_buffer_size(4096)
+        .write_buffer_size(0)
+        .max_message_size(max.saturating_mul(2))
+        .max_frame_size(max.saturating_mul(2))
+        .on_upgrade(move |socket| serve(st, socket, peer, secure, permit))
+}
+
+async fn serve(
+    st: HttpState,
+    socket: axum::extract::ws::WebSocket,
+    peer: SocketAddr,
+    secure: bool,
+    permit: OwnedSemaphorePermit,
+) {
+    session::run_websocket(st.c2s, socket, peer, secure, st.shutdown).await;
+    drop(permit);
+    drop(st.done);
+}
+
+/// The WebSocket URL for a request, from its Host header (XEP-0156 §3).
+fn websocket_url(headers: &HeaderMap, tls: bool) -> Option<String> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let ok = !host.is_empty()
+        && host.len() <= 255
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
+    ok.then(|| {
+        let scheme = if tls { "wss" } else { "ws" };
+        format!("{scheme}://{host}{WEBSOCKET_PATH}")
+    })
+}
+
+/// `GET /.well-known/host-meta` (XEP-0156 §3, XRD).
+async fn host_meta_xml(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) -> Response {
+    let Some(url) = websocket_url(&headers, tls) else {
+        return (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response();
+    };
+    let body = format!(
+        "<?xml version='1.0' encoding='utf-8'?>\n<XRD xmlns='http://docs.oasis-open.org/ns/xri/xrd-1.0'>\n  <Link rel='urn:xmpp:alt-connections:websocket' href='{url}'/>\n</XRD>\n"
+    );
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/xrd+xml"),
+            ),
+            (
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /.well-known/host-meta.json` (XEP-0156 §3, JRD).
+async fn host_meta_json(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) -> Response {
+    let Some(url) = websocket_url(&headers, tls) else {
+        return (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response();
+    };
+    // The URL holds only the characters checked above: no JSON escaping.
+    let body = format!(
+        "{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{url}\"}}]}}\n"
+    );
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}

@@ -1,0 +1,258 @@
+//! XMPP over WebSocket (RFC 7395) and connection discovery (XEP-0156) over
+//! real sockets: the upgrade and its subprotocol (§3.1), `<open/>` /
+//! `<close/>` framing (§3.3.2), one element per message (§3.3.3), stream
+//! errors followed by `<close/>` (§3.6), login and chat with TCP clients,
+//! `ws:` and `wss:`, bad frames, and stream-management resumption from a
+//! WebSocket session onto a TCP connection.
+
+use starling_proto::sasl::Mechanism;
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{ns, Client, Event, TestServer, Transport};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const SM: &str = "urn:xmpp:sm:3";
+const WS: Transport = Transport::WebSocket { tls: false };
+const WSS: Transport = Transport::WebSocket { tls: true };
+
+fn body(m: &Element) -> String {
+    m.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+/// A plain HTTP/1.1 GET; returns the status line and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    let status = out.lines().next().unwrap_or_default().to_owned();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn host_meta_advertises_the_websocket_endpoint() {
+    // XEP-0156 §3: XRD and JRD, URL taken from the Host the client used.
+    let server = TestServer::start().await;
+    let addr = server.http_addr(false);
+    let url = format!("ws://{addr}/xmpp-websocket");
+    let (status, xml) = http_get(addr, "/.well-known/host-meta").await;
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        xml.contains("rel='urn:xmpp:alt-connections:websocket'"),
+        "{xml}"
+    );
+    assert!(xml.contains(&format!("href='{url}'")), "{xml}");
+    let (status, json) = http_get(addr, "/.well-known/host-meta.json").await;
+    assert!(status.contains("200"), "{status}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["links"][0]["rel"], "urn:xmpp:alt-connections:websocket");
+    assert_eq!(v["links"][0]["href"], url.as_str());
+    let (status, _) = http_get(addr, "/nothing-here").await;
+    assert!(status.contains("404"), "{status}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn upgrade_without_the_xmpp_subprotocol_is_refused() {
+    // RFC 7395 §3.1: the client must offer "xmpp".
+    let server = TestServer::start().await;
+    let addr = server.http_addr(false);
+    let status = Client::connect_websocket_with(addr, false, &[]).await.err();
+    assert_eq!(status, Some(400));
+    let status = Client::connect_websocket_with(addr, false, &["chat"])
+        .await
+        .err();
+    assert_eq!(status, Some(400));
+    // The listener still serves a proper client.
+    let mut ok = Client::connect_websocket(addr, false).await;
+    assert!(ok.features.is_some());
+    ok.send("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>")
+        .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_and_tcp_users_chat_both_ways_over_ws_and_wss() {
+    let server = TestServer::start().await;
+    for transport in [WS, WSS] {
+        let mut web = server.login_over("alice", transport).await;
+        let mut tcp = server.login("bob").await;
+        // No STARTTLS inside a WebSocket (§3.2): features after <open/>.
+        let probe = Client::connect_websocket(server.http_addr(false), false).await;
+        let f = probe.features.clone().unwrap();
+        assert!(!f.has_child("starttls", ns::TLS), "{f}");
+        assert!(
+            f.has_child("mechanisms", ns::SASL),
+            "loopback ws may log in: {f}"
+        );
+        probe.close().await;
+
+        web.send(&format!(
+            "<message to='{}' type='chat' id='w1'><body>from the web</body></message>",
+            tcp.jid
+        ))
+        .await;
+        let m = tcp.recv_message().await;
+        assert_eq!(body(&m), "from the web");
+        assert_eq!(m.attr("from"), Some(web.jid.as_str()));
+        tcp.send(&format!(
+            "<message to='{}' type='chat' id='t1'><body>from tcp</body></message>",
+            web.jid
+        ))
+        .await;
+        let m = web.recv_message().await;
+        assert_eq!(body(&m), "from tcp");
+        // An iq round trip, answered by the server.
+        let r = web
+            .iq(
+                "<iq type='get' id='ping1' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>",
+                "ping1",
+            )
+            .await;
+        assert_eq!(r.attr("type"), Some("result"));
+        // §3.3.2 / §3.6: <close/> is answered with <close/>.
+        web.send("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>")
+            .await;
+        loop {
+            match web.next_event().await {
+                Event::Close | Event::Eof => break,
+                Event::Element(_) | Event::Header => continue,
+            }
+        }
+        tcp.close().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn plain_websocket_from_loopback_is_not_trusted_when_configured() {
+    let server = TestServer::start_with(|c| c.http.secure_loopback = false).await;
+    let c = Client::connect_websocket(server.http_addr(false), false).await;
+    let f = c.features.clone().unwrap();
+    assert!(
+        !f.has_child("mechanisms", ns::SASL),
+        "no SASL over plain ws while TLS is required: {f}"
+    );
+    // wss still works.
+    let mut s = Client::connect_websocket(server.http_addr(true), true).await;
+    server.create_user("carol", "pw-carol").await;
+    s.auth(Mechanism::ScramSha256, "carol", "pw-carol")
+        .await
+        .expect("login over wss");
+    c.close().await;
+    server.stop().await;
+}
+
+/// Sends `frame` as one message on a fresh WebSocket stream and expects
+/// the stream error `condition` followed by `<close/>`.
+async fn expect_error_for(server: &TestServer, frame: &[u8], binary: bool, condition: &str) {
+    let mut c = Client::connect_websocket(server.http_addr(false), false).await;
+    assert!(c.send_ws_frame(frame, binary).await);
+    let err = c.recv_until(|e| e.is("error", ns::STREAMS)).await;
+    assert!(
+        err.has_child(condition, ns::STREAM_ERRORS),
+        "expected {condition}: {err}"
+    );
+    match c.next_event().await {
+        Event::Close | Event::Eof => {}
+        other => panic!("expected <close/> after the error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_frames_get_their_stream_errors_and_others_keep_working() {
+    let server = TestServer::start_with(|c| c.c2s.max_stanza_bytes = 10_000).await;
+    let mut bystander = server.login_over("bob", WS).await;
+    // §3.2: text messages only.
+    expect_error_for(&server, b"<presence/>", true, "bad-format").await;
+    // Over the stanza limit.
+    let big = format!("<message><body>{}</body></message>", "x".repeat(12_000));
+    expect_error_for(&server, big.as_bytes(), false, "policy-violation").await;
+    // §3.3.3: an element split over two messages.
+    expect_error_for(&server, b"<message><body>half", false, "not-well-formed").await;
+    // Not XML at all.
+    expect_error_for(&server, b"<<<>>>", false, "not-well-formed").await;
+    // A stream header instead of <open/>: an unclosed element.
+    expect_error_for(
+        &server,
+        b"<stream:stream xmlns:stream='http://etherx.jabber.org/streams' xmlns='jabber:client' to='localhost' version='1.0'>",
+        false,
+        "not-well-formed",
+    )
+    .await;
+    // A closing stream tag instead of <close/> (§3.3.2).
+    expect_error_for(&server, b"</stream:stream>", false, "bad-format").await;
+    // Far over the limit: the WebSocket layer drops the connection.
+    let mut c = Client::connect_websocket(server.http_addr(false), false).await;
+    let huge = "y".repeat(100_000);
+    let _ = c.send_ws_frame(huge.as_bytes(), false).await;
+    loop {
+        match c.next_event_within(Duration::from_secs(5)).await {
+            Some(Event::Eof) | None => break,
+            Some(_) => continue,
+        }
+    }
+    // The logged-in WebSocket user was not affected.
+    let r = bystander
+        .iq(
+            "<iq type='get' id='p2' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "p2",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_websocket_session_resumes_over_tcp() {
+    // XEP-0198 §5 across transports: the session outlives its WebSocket.
+    let server = TestServer::start().await;
+    let mut bob = server.login("bob").await;
+    let mut web = server.login_over("alice", WS).await;
+    web.send(&format!("<enable xmlns='{SM}' resume='true'/>"))
+        .await;
+    let enabled = web.recv_until(|e| e.is("enabled", SM)).await;
+    let id = enabled.attr("id").expect("resumption id").to_owned();
+    let full = web.jid.clone();
+    bob.send(&format!(
+        "<message to='{full}' type='chat' id='m1'><body>one</body></message>"
+    ))
+    .await;
+    assert_eq!(body(&web.recv_message().await), "one");
+    drop(web); // the browser tab dies: no <close/>, no ack
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bob.send(&format!(
+        "<message to='{full}' type='chat' id='m2'><body>two</body></message>"
+    ))
+    .await;
+
+    let mut tcp = Client::connect(server.starttls_addr()).await;
+    tcp.negotiate_tls().await;
+    tcp.auth(Mechanism::ScramSha256, "alice", "pw-alice")
+        .await
+        .unwrap();
+    tcp.send(&format!("<resume xmlns='{SM}' previd='{id}' h='0'/>"))
+        .await;
+    let resumed = tcp.recv().await;
+    assert!(resumed.is("resumed", SM), "{resumed}");
+    let mut bodies = Vec::new();
+    while let Some(Event::Element(el)) = tcp.next_event_within(Duration::from_millis(500)).await {
+        if el.name() == "message" {
+            assert_eq!(el.attr("to"), Some(full.as_str()));
+            bodies.push(body(&el));
+        }
+    }
+    assert_eq!(bodies, ["one", "two"], "unacked and queued, each once");
+    server.stop().await;
+}
