@@ -366,6 +366,8 @@ pub struct ModulesSection {
     pub offline: OfflineConfig,
     /// `[modules.carbons]`
     pub carbons: EnabledConfig,
+    /// `[modules.csi]` (documented in `modules/csi.rs`)
+    pub csi: crate::modules::csi::CsiConfig,
     /// `[modules.stream_management]` (documented in `modules/sm.rs`)
     pub stream_management: crate::modules::sm::SmConfig,
     /// `[modules.mam]`

@@ -5,6 +5,7 @@
 
 pub mod blocking;
 pub mod carbons;
+pub mod csi;
 pub mod disco;
 pub mod inbox;
 pub mod last;
@@ -67,6 +68,9 @@ pub async fn build_hooks(
     }
     if m.offline.enabled {
         offline::Offline::register(&m.offline, &mut reg);
+    }
+    if m.csi.enabled {
+        csi::Csi::register(&m.csi, &mut reg);
     }
     if m.stream_management.enabled {
         sm::StreamManagement::register(&m.stream_management, &mut reg);
