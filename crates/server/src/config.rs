@@ -151,6 +151,13 @@ pub struct HttpSection {
     /// encrypted for `[c2s] require_tls`: a browser on this machine, or a
     /// TLS-terminating proxy in front of Starling.
     pub secure_loopback: bool,
+    /// Serve the Converse.js web chat at `/`, configured for the first
+    /// domain and this listener's WebSocket.
+    pub web_client: bool,
+    /// Where Converse.js's `dist` directory is (installed by
+    /// `scripts/fetch-webclient.sh`), relative to the working directory
+    /// unless absolute.
+    pub web_client_dir: PathBuf,
 }
 
 impl Default for HttpSection {
@@ -167,6 +174,8 @@ impl Default for HttpSection {
                 },
             ],
             secure_loopback: true,
+            web_client: true,
+            web_client_dir: PathBuf::from("web/node_modules/converse.js/dist"),
         }
     }
 }

@@ -18,6 +18,7 @@
 
 use crate::c2s::{session, C2sShared};
 use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::Path as UrlPath;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -26,6 +27,7 @@ use axum::{Extension, Router};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -44,6 +46,16 @@ struct HttpState {
     done: mpsc::Sender<()>,
     limit: Arc<Semaphore>,
     secure_loopback: bool,
+    /// The web chat's files, when it is served.
+    web_client: Option<Arc<WebClient>>,
+}
+
+/// The Converse.js web chat (`[http] web_client`).
+pub(crate) struct WebClient {
+    /// Converse.js's `dist` directory.
+    pub dir: PathBuf,
+    /// The domain its login form is locked to.
+    pub domain: String,
 }
 
 /// Whether a request came over TLS (a per-connection request extension).
@@ -60,6 +72,7 @@ pub(crate) async fn accept_loop(
     done: mpsc::Sender<()>,
     limit: Arc<Semaphore>,
     secure_loopback: bool,
+    web_client: Option<Arc<WebClient>>,
 ) {
     let state = HttpState {
         c2s,
@@ -67,8 +80,15 @@ pub(crate) async fn accept_loop(
         done,
         limit,
         secure_loopback,
+        web_client,
     };
-    let router = Router::new()
+    let mut router = Router::new();
+    if state.web_client.is_some() {
+        router = router
+            .route("/", get(web_index))
+            .route("/converse/{*path}", get(web_file));
+    }
+    let router = router
         .route(WEBSOCKET_PATH, get(websocket))
         .route("/.well-known/host-meta", get(host_meta_xml))
         .route("/.well-known/host-meta.json", get(host_meta_json))
@@ -242,4 +262,152 @@ async fn host_meta_json(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap)
         body,
     )
         .into_response()
+}
+
+/// `GET /`: the web chat page, configured for our domain and the
+/// WebSocket of the listener the browser used.
+async fn web_index(State(st): State<HttpState>) -> Response {
+    let Some(web) = st.web_client.as_ref() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let html_headers = [
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        ),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+    ];
+    if !web.dir.join("converse.min.js").is_file() {
+        let body = format!(
+            "<!doctype html><meta charset='utf-8'><title>Starling</title><p>The web chat's files are not installed here ({}). Run <code>scripts/fetch-webclient.sh</code> (it needs npm) in the Starling source directory, or set <code>[http] web_client_dir</code>, then reload this page.</p>",
+            html_escape(&web.dir.display().to_string())
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, html_headers, body).into_response();
+    }
+    // The domain is a validated JID domain (no quotes or markup).
+    let domain = &web.domain;
+    let body = format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Starling web chat — {domain}</title>
+<link rel="stylesheet" href="/converse/converse.min.css">
+<script src="/converse/converse.min.js"></script>
+</head>
+<body class="converse-fullscreen">
+<noscript>The web chat needs JavaScript.</noscript>
+<script>
+converse.initialize({{
+  assets_path: "/converse/",
+  websocket_url: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "{WEBSOCKET_PATH}",
+  discover_connection_methods: false,
+  locked_domain: "{domain}",
+  view_mode: "fullscreen",
+  allow_non_roster_messaging: true,
+  auto_reconnect: true,
+  theme: "dracula",
+  loglevel: "warn"
+}});
+</script>
+</body>
+</html>
+"#
+    );
+    (html_headers, body).into_response()
+}
+
+/// `GET /converse/…`: a file of Converse.js's `dist` directory. Only plain
+/// path segments are accepted: no `..`, no hidden files, no backslashes.
+async fn web_file(State(st): State<HttpState>, UrlPath(path): UrlPath<String>) -> Response {
+    let Some(web) = st.web_client.as_ref() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Some(rel) = safe_relative_path(&path) else {
+        return (StatusCode::BAD_REQUEST, "bad path\n").into_response();
+    };
+    let file = web.dir.join(rel);
+    match tokio::fs::read(&file).await {
+        Ok(bytes) => (
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(content_type(&path)),
+                ),
+                (
+                    header::CACHE_CONTROL,
+                    HeaderValue::from_static("public, max-age=3600"),
+                ),
+            ],
+            bytes,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::NOT_FOUND, "not found\n").into_response(),
+    }
+}
+
+/// `path` (already percent-decoded) as a relative path of plain segments,
+/// or `None` if any segment could leave the directory or is hidden.
+fn safe_relative_path(path: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for seg in path.split('/') {
+        let plain = !seg.is_empty() && !seg.starts_with('.') && !seg.contains(['\\', '\0', ':']);
+        if !plain {
+            return None;
+        }
+        out.push(seg);
+    }
+    (!out.as_os_str().is_empty()).then_some(out)
+}
+
+fn content_type(path: &str) -> &'static str {
+    match path.rsplit('.').next().unwrap_or("") {
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "json" | "map" => "application/json",
+        "html" => "text/html; charset=utf-8",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "ico" => "image/x-icon",
+        "woff2" => "font/woff2",
+        "woff" => "font/woff",
+        "ttf" => "font/ttf",
+        "wasm" => "application/wasm",
+        "mp3" => "audio/mpeg",
+        "ogg" => "audio/ogg",
+        _ => "application/octet-stream",
+    }
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_relative_paths_are_served() {
+        assert_eq!(
+            safe_relative_path("webfonts/icons.woff2"),
+            Some(PathBuf::from("webfonts/icons.woff2"))
+        );
+        for bad in [
+            "../etc/passwd",
+            "a/../../b",
+            "./x",
+            ".hidden",
+            "a//b",
+            "",
+            "a\\..\\b",
+            "/etc/passwd",
+            "c:/x",
+        ] {
+            assert_eq!(safe_relative_path(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -257,12 +257,25 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
             keepalive,
         )));
     }
+    let web_client = cfg.http.web_client.then(|| {
+        Arc::new(crate::http::WebClient {
+            dir: cfg.http.web_client_dir.clone(),
+            domain: domains.first().cloned().unwrap_or_default(),
+        })
+    });
     let mut http_addrs = Vec::new();
     for (listener, tls) in http_bound {
         let local = listener.local_addr()?;
         let scheme = if tls { "wss" } else { "ws" };
         tracing::info!(address = %local, url = %format!("{scheme}://{local}{}", crate::http::WEBSOCKET_PATH), "listening for WebSocket clients");
         http_addrs.push((local, tls));
+        if let Some(web) = web_client.as_ref().filter(|_| !tls) {
+            if web.dir.join("converse.min.js").is_file() {
+                tracing::info!(url = %format!("http://{local}/"), "web chat (Converse.js) served");
+            } else {
+                tracing::warn!(dir = %web.dir.display(), "web chat files not found; run scripts/fetch-webclient.sh (needs npm) or set [http] web_client_dir");
+            }
+        }
         listeners.push(tokio::spawn(crate::http::accept_loop(
             listener,
             tls.then(|| http_tls.clone()),
@@ -271,6 +284,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
             done_tx.clone(),
             limit.clone(),
             cfg.http.secure_loopback,
+            web_client.clone(),
         )));
     }
     tracing::info!(
