@@ -3,7 +3,8 @@
 # (unit, conformance, scenario tests over real sockets), the storage
 # conformance suite and the storage-touching scenario tests again on
 # PostgreSQL, the third-party client interop suites (slixmpp, @xmpp/client)
-# against a real Starling, and the load generator's smoke run. Needs Rust,
+# against a real Starling, the web chat (Converse.js) in Debian's headless
+# chromium, and the load generator's smoke run. Needs Rust,
 # Python 3, Node.js and the PostgreSQL server binaries; Python and Node
 # packages are installed on first use (tests/interop/run.sh).
 #
@@ -45,6 +46,9 @@ target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 step "interop: slixmpp and @xmpp/client against Starling"
 cargo build -q -p starling-server
 STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
+
+step "browser: the Converse.js web chat in headless chromium (tests/browser)"
+STARLING_BIN="$target_dir/debug/starling" tests/browser/run.sh
 
 step "load generator smoke run (starling-bench against a short-lived Starling)"
 cargo build -q -p starling-server -p starling-bench

@@ -294,11 +294,11 @@ async fn web_index(State(st): State<HttpState>) -> Response {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Starling web chat — {domain}</title>
 <link rel="stylesheet" href="/converse/converse.min.css">
-<script src="/converse/converse.min.js"></script>
+<script type="module" src="/converse/converse.min.js"></script>
 </head>
 <body class="converse-fullscreen">
 <noscript>The web chat needs JavaScript.</noscript>
-<script>
+<script type="module">
 converse.initialize({{
   assets_path: "/converse/",
   websocket_url: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "{WEBSOCKET_PATH}",

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The web chat in a real browser: starts a short-lived Starling on loopback
+# (fresh data dir, free ports, the Converse.js web chat on), creates two
+# accounts, and runs the playwright-core tests in test/ against it with
+# Debian's chromium (CHROMIUM, default /usr/bin/chromium; no browser is
+# downloaded). Screenshots of failed tests are kept in ARTIFACTS
+# (default tests/browser/artifacts). Stops the server whatever happens.
+#
+#   STARLING_BIN  the binary to test (default: target/debug/starling, built if missing)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+bin="${STARLING_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/starling}"
+if [ ! -x "$bin" ]; then
+  (cd "$root" && cargo build -q -p starling-server)
+fi
+export CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
+[ -x "$CHROMIUM" ] || { echo "browser tests: $CHROMIUM not found (apt-get install chromium)" >&2; exit 2; }
+"$root/scripts/fetch-webclient.sh"
+if [ ! -d "$here/node_modules/playwright-core" ]; then
+  (cd "$here" && npm ci --no-audit --no-fund --ignore-scripts --silent)
+fi
+
+read -r p1 p2 < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+work="$(mktemp -d)"
+cat > "$work/starling.toml" <<CFG
+[server]
+data_dir = "$work/data"
+
+[[listen]]
+address = "127.0.0.1:$p1"
+tls = "starttls"
+
+[http]
+web_client_dir = "$root/web/node_modules/converse.js/dist"
+
+[[http.listen]]
+address = "127.0.0.1:$p2"
+tls = false
+CFG
+for u in alice bob carol; do
+  echo "pw-$u" | "$bin" --config "$work/starling.toml" user add "$u@localhost" >/dev/null
+done
+"$bin" --config "$work/starling.toml" > "$work/server.log" 2>&1 &
+pid=$!
+cleanup() {
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+. "$root/scripts/ready.sh"
+wait_ready "$work/server.log" "$pid" 60
+
+export WEBCHAT_URL="http://localhost:$p2/"
+export ARTIFACTS="${ARTIFACTS:-$here/artifacts}"
+mkdir -p "$ARTIFACTS"
+rc=0
+(cd "$here" && npm test --silent) || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "--- last server log lines ---" >&2
+  tail -n 40 "$work/server.log" >&2
+  echo "screenshots: $ARTIFACTS" >&2
+fi
+exit "$rc"
