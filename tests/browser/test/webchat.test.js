@@ -49,13 +49,21 @@ async function login(user) {
 }
 
 async function openChat(page, jid) {
+  // Converse's own route; if the chat does not show (the route can race
+  // with a chat box that an incoming message created), click the contact.
   await page.evaluate((j) => { location.hash = `converse/chat?jid=${j}`; }, jid);
-  await page.waitForSelector("textarea.chat-textarea", { timeout: STEP });
+  try {
+    await page.waitForSelector("textarea.chat-textarea:visible", { timeout: 4000 });
+  } catch {
+    await page.locator("converse-roster a", { hasText: jid }).first().click({ timeout: STEP });
+    await page.waitForSelector("textarea.chat-textarea:visible", { timeout: STEP });
+  }
 }
 
 async function say(page, text) {
-  await page.fill("textarea.chat-textarea", text);
-  await page.press("textarea.chat-textarea", "Enter");
+  const box = page.locator("textarea.chat-textarea:visible").first();
+  await box.fill(text);
+  await box.press("Enter");
 }
 
 async function waitForText(page, text) {
