@@ -16,16 +16,19 @@
 //! in front of Starling. From anywhere else a plain WebSocket gets no SASL
 //! mechanisms while TLS is required; use the `tls = true` listener.
 
+use crate::c2s::bosh::{self, BoshRegistry, NS_HTTPBIND};
 use crate::c2s::{session, C2sShared};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::Path as UrlPath;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Extension, Router};
+use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use starling_xml::{Limits, StreamEvent};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,6 +39,8 @@ use tokio_rustls::TlsAcceptor;
 
 /// The path of the WebSocket endpoint.
 pub const WEBSOCKET_PATH: &str = "/xmpp-websocket";
+/// The path of the BOSH endpoint (XEP-0206).
+pub const BOSH_PATH: &str = "/http-bind";
 
 /// What every HTTP request handler can reach.
 #[derive(Clone)]
@@ -48,6 +53,8 @@ struct HttpState {
     secure_loopback: bool,
     /// The web chat's files, when it is served.
     web_client: Option<Arc<WebClient>>,
+    /// BOSH sessions by sid.
+    bosh: Arc<BoshRegistry>,
 }
 
 /// The Converse.js web chat (`[http] web_client`).
@@ -73,8 +80,10 @@ pub(crate) async fn accept_loop(
     limit: Arc<Semaphore>,
     secure_loopback: bool,
     web_client: Option<Arc<WebClient>>,
+    bosh: Arc<BoshRegistry>,
 ) {
     let state = HttpState {
+        bosh,
         c2s,
         shutdown,
         done,
@@ -90,6 +99,10 @@ pub(crate) async fn accept_loop(
     }
     let router = router
         .route(WEBSOCKET_PATH, get(websocket))
+        .route(
+            BOSH_PATH,
+            post(bosh_request).get(bosh_info).options(bosh_preflight),
+        )
         .route("/.well-known/host-meta", get(host_meta_xml))
         .route("/.well-known/host-meta.json", get(host_meta_json))
         .with_state(state.clone());
@@ -201,6 +214,17 @@ async fn serve(
     drop(st.done);
 }
 
+/// The BOSH URL for a request, from its Host header (XEP-0156 §3).
+fn bosh_url(headers: &HeaderMap, tls: bool) -> Option<String> {
+    let ws = websocket_url(headers, tls)?;
+    let rest = ws
+        .strip_prefix("wss://")
+        .or_else(|| ws.strip_prefix("ws://"))?;
+    let host = rest.strip_suffix(WEBSOCKET_PATH)?;
+    let scheme = if tls { "https" } else { "http" };
+    Some(format!("{scheme}://{host}{BOSH_PATH}"))
+}
+
 /// The WebSocket URL for a request, from its Host header (XEP-0156 §3).
 fn websocket_url(headers: &HeaderMap, tls: bool) -> Option<String> {
     let host = headers.get(header::HOST)?.to_str().ok()?;
@@ -217,11 +241,11 @@ fn websocket_url(headers: &HeaderMap, tls: bool) -> Option<String> {
 
 /// `GET /.well-known/host-meta` (XEP-0156 §3, XRD).
 async fn host_meta_xml(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) -> Response {
-    let Some(url) = websocket_url(&headers, tls) else {
+    let (Some(url), Some(bosh)) = (websocket_url(&headers, tls), bosh_url(&headers, tls)) else {
         return (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response();
     };
     let body = format!(
-        "<?xml version='1.0' encoding='utf-8'?>\n<XRD xmlns='http://docs.oasis-open.org/ns/xri/xrd-1.0'>\n  <Link rel='urn:xmpp:alt-connections:websocket' href='{url}'/>\n</XRD>\n"
+        "<?xml version='1.0' encoding='utf-8'?>\n<XRD xmlns='http://docs.oasis-open.org/ns/xri/xrd-1.0'>\n  <Link rel='urn:xmpp:alt-connections:websocket' href='{url}'/>\n  <Link rel='urn:xmpp:alt-connections:xbosh' href='{bosh}'/>\n</XRD>\n"
     );
     (
         [
@@ -241,12 +265,12 @@ async fn host_meta_xml(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) 
 
 /// `GET /.well-known/host-meta.json` (XEP-0156 §3, JRD).
 async fn host_meta_json(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) -> Response {
-    let Some(url) = websocket_url(&headers, tls) else {
+    let (Some(url), Some(bosh)) = (websocket_url(&headers, tls), bosh_url(&headers, tls)) else {
         return (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response();
     };
     // The URL holds only the characters checked above: no JSON escaping.
     let body = format!(
-        "{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{url}\"}}]}}\n"
+        "{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{url}\"}},{{\"rel\":\"urn:xmpp:alt-connections:xbosh\",\"href\":\"{bosh}\"}}]}}\n"
     );
     (
         [
@@ -384,6 +408,112 @@ fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+fn bosh_reply(body: String) -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/xml; charset=utf-8"),
+            ),
+            (
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `POST /http-bind`: one BOSH request (XEP-0124, XEP-0206; see
+/// `c2s/bosh.rs`). Errors are `type='terminate'` bodies with their
+/// condition (§17.2), over HTTP 200.
+async fn bosh_request(
+    State(st): State<HttpState>,
+    Extension(ConnectInfo(peer)): Extension<ConnectInfo<SocketAddr>>,
+    Extension(Tls(tls)): Extension<Tls>,
+    body: Bytes,
+) -> Response {
+    let terminate = |c: &str| {
+        bosh_reply(format!(
+            "<body xmlns='{NS_HTTPBIND}' type='terminate' condition='{c}'/>"
+        ))
+    };
+    // A body holds payloads of up to the stanza limit; some room for
+    // several small ones.
+    let limit = st.c2s.limits.max_stanza_bytes.saturating_mul(2);
+    if body.len() > limit {
+        return terminate("policy-violation");
+    }
+    let mut parser = crate::c2s::websocket::primed(Limits {
+        max_stanza_bytes: limit,
+        ..st.c2s.limits
+    });
+    let mut input: &[u8] = &body;
+    let el = match parser.push(&mut input) {
+        Ok(Some(StreamEvent::Stanza(el))) if el.is("body", NS_HTTPBIND) => el,
+        _ => return terminate("bad-request"),
+    };
+    let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
+    let env = st.c2s.env.clone();
+    let (session, rid, start) =
+        match bosh::handle_request(&st.bosh, &el, |d| env.hosts.is_local(d), secure) {
+            Ok(x) => x,
+            Err(t) => return bosh_reply(t),
+        };
+    let creation = start.is_some();
+    if let Some(conn) = start {
+        if *st.shutdown.borrow() {
+            return terminate("system-shutdown");
+        }
+        let Ok(permit) = st.limit.clone().try_acquire_owned() else {
+            return terminate("remote-connection-failed");
+        };
+        let (c2s, shutdown, done) = (st.c2s.clone(), st.shutdown.clone(), st.done.clone());
+        tokio::spawn(async move {
+            session::run_bosh(c2s, conn, peer, shutdown).await;
+            drop(permit);
+            drop(done);
+        });
+    }
+    bosh_reply(bosh::respond(&session, rid, &el, creation).await)
+}
+
+/// `GET /http-bind`: what this is, for a person who opens it.
+async fn bosh_info() -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"))],
+        "This is Starling's BOSH endpoint (XEP-0124/XEP-0206): XMPP clients POST <body/> elements here.\n",
+    )
+        .into_response()
+}
+
+/// CORS preflight for browser clients on other origins.
+async fn bosh_preflight() -> Response {
+    (
+        [
+            (
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            ),
+            (
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, POST, OPTIONS"),
+            ),
+            (
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static("Content-Type"),
+            ),
+            (
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("86400"),
+            ),
+        ],
+        "",
+    )
+        .into_response()
 }
 
 #[cfg(test)]

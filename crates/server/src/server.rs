@@ -263,6 +263,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
             domain: domains.first().cloned().unwrap_or_default(),
         })
     });
+    let bosh_sessions = Arc::new(crate::c2s::bosh::BoshRegistry::default());
     let mut http_addrs = Vec::new();
     for (listener, tls) in http_bound {
         let local = listener.local_addr()?;
@@ -285,6 +286,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
             limit.clone(),
             cfg.http.secure_loopback,
             web_client.clone(),
+            bosh_sessions.clone(),
         )));
     }
     tracing::info!(

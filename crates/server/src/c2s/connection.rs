@@ -14,11 +14,14 @@
 //!   restarted after STARTTLS and SASL.
 //! * [`WsConn`] — RFC 7395 over WebSocket (`websocket.rs`): one element
 //!   per message, `<open/>`/`<close/>` framing, no STARTTLS.
+//! * [`BoshConn`] — XEP-0124/0206 BOSH (`bosh.rs`): payloads arrive in
+//!   HTTP requests in rid order, output waits for the next held request.
 //!
 //! Every method is cancel-safe where the session's `select!` loop needs it
 //! ([`Connection::read`]): whatever was read is kept in the connection, so a
 //! read that loses the race to a mailbox message loses no bytes.
 
+use super::bosh::BoshConn;
 use super::transport::Transport;
 use super::websocket::WsConn;
 use crate::tls::TlsContext;
@@ -90,6 +93,8 @@ pub(crate) enum Connection {
     /// RFC 7395 XMPP over WebSocket (boxed: TCP sessions should not pay
     /// for its size).
     WebSocket(Box<WsConn>),
+    /// XEP-0124/0206 BOSH: many HTTP requests.
+    Bosh(Box<BoshConn>),
     /// No connection.
     None,
 }
@@ -106,6 +111,7 @@ impl Connection {
             Connection::None => false,
             Connection::Stream(s) => s.is_secure(),
             Connection::WebSocket(w) => w.is_secure(),
+            Connection::Bosh(b) => b.is_secure(),
         }
     }
 
@@ -114,7 +120,7 @@ impl Connection {
         match self {
             Connection::None => false,
             Connection::Stream(s) => s.read_paused_until.is_none(),
-            Connection::WebSocket(_) => true,
+            Connection::WebSocket(_) | Connection::Bosh(_) => true,
         }
     }
 
@@ -127,7 +133,7 @@ impl Connection {
                 .into_iter()
                 .flatten()
                 .min(),
-            Connection::WebSocket(_) => None,
+            Connection::WebSocket(_) | Connection::Bosh(_) => None,
         }
     }
 
@@ -135,7 +141,7 @@ impl Connection {
     /// time has come.
     pub(crate) fn on_deadline(&mut self, now: Instant) {
         match self {
-            Connection::None | Connection::WebSocket(_) => {}
+            Connection::None | Connection::WebSocket(_) | Connection::Bosh(_) => {}
             Connection::Stream(s) => s.on_deadline(now),
         }
     }
@@ -147,6 +153,7 @@ impl Connection {
             Connection::None => std::future::pending().await,
             Connection::Stream(s) => s.read().await,
             Connection::WebSocket(w) => w.read().await,
+            Connection::Bosh(b) => b.read().await,
         }
     }
 
@@ -157,6 +164,7 @@ impl Connection {
             Connection::None => Ok(None),
             Connection::Stream(s) => s.next_event(),
             Connection::WebSocket(w) => w.next_event(),
+            Connection::Bosh(b) => b.next_event(),
         }
     }
 
@@ -166,6 +174,7 @@ impl Connection {
             Connection::None => {}
             Connection::Stream(s) => s.open_stream(id, from),
             Connection::WebSocket(w) => w.open_stream(id, from),
+            Connection::Bosh(b) => b.open_stream(id, from),
         }
     }
 
@@ -181,6 +190,7 @@ impl Connection {
                 s.wbuf.extend_from_slice(b"</stream:features>");
             }
             Connection::WebSocket(w) => w.send_features(features),
+            Connection::Bosh(b) => b.send_features(features),
         }
     }
 
@@ -190,6 +200,7 @@ impl Connection {
             Connection::None => {}
             Connection::Stream(s) => el.write_to(&mut s.wbuf, ns::CLIENT),
             Connection::WebSocket(w) => w.send(el),
+            Connection::Bosh(b) => b.send(el),
         }
     }
 
@@ -204,13 +215,14 @@ impl Connection {
                 s.header_sent = false;
             }
             Connection::WebSocket(w) => w.restart(),
+            Connection::Bosh(_) => {}
         }
     }
 
     /// True if this connection can be upgraded with STARTTLS now.
     pub(crate) fn can_starttls(&self) -> bool {
         match self {
-            Connection::None | Connection::WebSocket(_) => false,
+            Connection::None | Connection::WebSocket(_) | Connection::Bosh(_) => false,
             Connection::Stream(s) => matches!(s.transport, Transport::Plain(_)),
         }
     }
@@ -226,7 +238,7 @@ impl Connection {
         write_timeout: Duration,
     ) -> Result<ChannelBindings, IoEnd> {
         match self {
-            Connection::None | Connection::WebSocket(_) => Err(IoEnd::Tls),
+            Connection::None | Connection::WebSocket(_) | Connection::Bosh(_) => Err(IoEnd::Tls),
             Connection::Stream(s) => s.starttls(tls, timeout, write_timeout).await,
         }
     }
@@ -238,6 +250,10 @@ impl Connection {
             Connection::WebSocket(w) => {
                 w.send(&Element::new("failure", ns::TLS));
                 w.close(Closing::Close, write_timeout).await;
+            }
+            Connection::Bosh(b) => {
+                b.send(&Element::new("failure", ns::TLS));
+                b.close(Closing::Close);
             }
             Connection::Stream(s) => {
                 s.wbuf.extend_from_slice(
@@ -253,7 +269,9 @@ impl Connection {
         match self {
             // tls-server-end-point over wss would need the HTTP layer's TLS
             // stream; -PLUS is not offered there.
-            Connection::None | Connection::WebSocket(_) => ChannelBindings::default(),
+            Connection::None | Connection::WebSocket(_) | Connection::Bosh(_) => {
+                ChannelBindings::default()
+            }
             Connection::Stream(s) => match &s.transport {
                 Transport::Tls(t) => tls.bindings(t),
                 _ => ChannelBindings::default(),
@@ -267,6 +285,10 @@ impl Connection {
             Connection::None => Ok(()),
             Connection::Stream(s) => s.flush(timeout).await,
             Connection::WebSocket(w) => w.flush(timeout).await,
+            Connection::Bosh(b) => {
+                b.flush();
+                Ok(())
+            }
         }
     }
 
@@ -278,6 +300,7 @@ impl Connection {
             Connection::None => {}
             Connection::Stream(s) => s.close(how, timeout).await,
             Connection::WebSocket(w) => w.close(how, timeout).await,
+            Connection::Bosh(b) => b.close(how),
         }
     }
 
@@ -287,6 +310,7 @@ impl Connection {
             Connection::None => {}
             Connection::Stream(s) => s.wbuf = Vec::new(),
             Connection::WebSocket(w) => w.discard_output(),
+            Connection::Bosh(b) => b.discard_output(),
         }
     }
 }

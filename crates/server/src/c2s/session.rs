@@ -176,6 +176,23 @@ pub(crate) async fn run_websocket(
     Box::pin(session.finish(exit)).await;
 }
 
+/// Runs one BOSH session (XEP-0206) to completion; see `bosh.rs`.
+pub(crate) async fn run_bosh(
+    shared: Arc<C2sShared>,
+    conn: super::bosh::BoshConn,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let metrics = &shared.env.metrics;
+    metrics.connections.inc();
+    metrics.connections_total.inc();
+    let secure = conn.is_secure();
+    let mut session = Session::new(shared.clone(), Connection::Bosh(Box::new(conn)), peer);
+    session.info.secure = secure;
+    let exit = session.run_loop(&mut shutdown).await;
+    Box::pin(session.finish(exit)).await;
+}
+
 impl Session {
     fn new(shared: Arc<C2sShared>, conn: Connection, peer: SocketAddr) -> Session {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);

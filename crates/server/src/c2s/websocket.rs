@@ -41,7 +41,9 @@ pub struct WsConn {
     header_sent: bool,
 }
 
-fn primed(limits: Limits) -> StreamParser {
+/// A parser primed with a stream header of its own (default namespace
+/// `jabber:client`), ready for standalone elements.
+pub(crate) fn primed(limits: Limits) -> StreamParser {
     let mut p = StreamParser::new(limits);
     let mut input = PRIME;
     // The header is ours and well-formed: its Open event is dropped.

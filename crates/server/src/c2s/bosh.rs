@@ -1,0 +1,488 @@
+//! BOSH (XEP-0124) carrying XMPP (XEP-0206), as a
+//! [`Connection`](super::connection::Connection) kind.
+//!
+//! A BOSH session is many HTTP requests over time. Each `POST /http-bind`
+//! (handled in `http.rs` by [`handle_request`]) carries a `<body/>` with a
+//! request id (`rid`) and zero or more payload elements; the payloads go to
+//! the session task **in rid order** (§7; a request that arrives early
+//! waits, within the window of `requests` rids, for the ones before it),
+//! and the request is held until the session has something to send or
+//! `wait` seconds passed (§7). At most `hold` requests are held: when one
+//! more arrives, the oldest is answered at once (§7). More than `requests`
+//! simultaneous requests end the session with `policy-violation` (§11).
+//! The last `requests` responses are kept, so a client that lost one
+//! (broken connection, §14.3) gets the same answer for the same rid; an
+//! older or far-ahead rid ends the session with `item-not-found`.
+//!
+//! XEP-0206: the creation response carries the stream features and
+//! `xmpp:version`; `xmpp:restart='true'` restarts the stream after SASL;
+//! `type='terminate'` closes it (§6). With no request held for
+//! `inactivity` seconds (or the client's `pause`, up to `maxpause`, §10)
+//! the connection counts as lost — a stream-management session is then
+//! detached and can resume on any transport.
+//!
+//! The session task sees this connection like any other: `read` waits for
+//! payloads, `send` queues elements for the next response, `close` ends
+//! the BOSH session with `type='terminate'` (and the stream error, if any).
+
+use super::connection::{Closing, Inbound, IoEnd};
+use starling_proto::{ns, StreamError};
+use starling_xml::{Element, StreamHeader};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// XEP-0124's namespace.
+pub const NS_HTTPBIND: &str = "http://jabber.org/protocol/httpbind";
+/// XEP-0206's namespace (`xmpp:version`, `xmpp:restart`).
+pub const NS_XBOSH: &str = "urn:xmpp:xbosh";
+
+/// The longest `wait` granted, in seconds.
+pub const MAX_WAIT: u64 = 60;
+/// Seconds without a request before the connection counts as lost.
+pub const INACTIVITY: u64 = 60;
+/// The longest `pause` granted, in seconds (§10).
+pub const MAX_PAUSE: u64 = 120;
+/// Requests held at once (`hold`).
+pub const MAX_HOLD: u64 = 1;
+
+/// How a BOSH session ended (the `type='terminate'` response's condition).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Normally (client or server closed the stream).
+    Normal,
+    /// With a stream error, sent inside the body.
+    StreamError,
+    /// With a binding condition (XEP-0124 §17.2): `item-not-found`…
+    Binding(&'static str),
+}
+
+struct State {
+    inbound: VecDeque<Inbound>,
+    /// Serialized payload elements for the next response.
+    outbound: Vec<u8>,
+    next_rid: u64,
+    held: BTreeSet<u64>,
+    /// Requests being processed (held, or waiting for their turn).
+    active: usize,
+    responses: VecDeque<(u64, String)>,
+    ended: Option<Ended>,
+    /// The HTTP side lost the session (bad rid, overactivity): the session
+    /// task's read ends.
+    lost: bool,
+    last_request: Instant,
+    idle_allowed: Duration,
+    stream_id: String,
+}
+
+/// One BOSH session, shared by its session task and its HTTP requests.
+pub(crate) struct BoshSession {
+    pub sid: String,
+    pub wait: Duration,
+    pub hold: u64,
+    pub requests: u64,
+    pub domain: String,
+    state: Mutex<State>,
+    /// Payloads (or an end) for the session task.
+    to_session: Notify,
+    /// Output, rid progress or an end, for the HTTP requests.
+    to_http: Notify,
+}
+
+impl BoshSession {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The sessions of this node by sid.
+#[derive(Default)]
+pub(crate) struct BoshRegistry {
+    sessions: Mutex<HashMap<String, Arc<BoshSession>>>,
+}
+
+impl BoshRegistry {
+    fn get(&self, sid: &str) -> Option<Arc<BoshSession>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sid)
+            .cloned()
+    }
+
+    fn insert(&self, s: Arc<BoshSession>) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(s.sid.clone(), s);
+    }
+
+    fn remove(&self, sid: &str) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(sid);
+    }
+}
+
+/// The session task's side of a BOSH session.
+pub struct BoshConn {
+    session: Arc<BoshSession>,
+    registry: Arc<BoshRegistry>,
+    secure: bool,
+}
+
+impl Drop for BoshConn {
+    fn drop(&mut self) {
+        {
+            let mut st = self.session.lock();
+            if st.ended.is_none() {
+                st.ended = Some(Ended::Normal);
+            }
+        }
+        self.session.to_http.notify_waiters();
+        self.registry.remove(&self.session.sid);
+    }
+}
+
+impl BoshConn {
+    pub(crate) fn is_secure(&self) -> bool {
+        self.secure
+    }
+
+    /// Waits for payloads. Cancel-safe: nothing is taken until
+    /// [`BoshConn::next_event`].
+    pub(crate) async fn read(&mut self) -> Result<(), IoEnd> {
+        loop {
+            let notified = self.session.to_session.notified();
+            let deadline = {
+                let st = self.session.lock();
+                if !st.inbound.is_empty() {
+                    return Ok(());
+                }
+                if st.lost || st.ended.is_some() {
+                    return Err(IoEnd::Eof);
+                }
+                if st.active == 0 {
+                    let at = st.last_request + st.idle_allowed;
+                    if Instant::now() >= at {
+                        return Err(IoEnd::Eof);
+                    }
+                    Some(at)
+                } else {
+                    None
+                }
+            };
+            match deadline {
+                Some(at) => {
+                    let _ = tokio::time::timeout_at(at.into(), notified).await;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    pub(crate) fn next_event(&mut self) -> Result<Option<Inbound>, StreamError> {
+        Ok(self.session.lock().inbound.pop_front())
+    }
+
+    pub(crate) fn open_stream(&mut self, id: &str, _from: &str) {
+        self.session.lock().stream_id = id.to_owned();
+    }
+
+    pub(crate) fn send_features(&mut self, features: &[Element]) {
+        let mut st = self.session.lock();
+        st.outbound.extend_from_slice(
+            b"<stream:features xmlns:stream='http://etherx.jabber.org/streams'>",
+        );
+        for f in features {
+            f.write_to(&mut st.outbound, "");
+        }
+        st.outbound.extend_from_slice(b"</stream:features>");
+    }
+
+    pub(crate) fn send(&mut self, el: &Element) {
+        el.write_to(&mut self.session.lock().outbound, "");
+    }
+
+    pub(crate) fn flush(&mut self) {
+        if !self.session.lock().outbound.is_empty() {
+            self.session.to_http.notify_waiters();
+        }
+    }
+
+    pub(crate) fn close(&mut self, how: Closing<'_>) {
+        {
+            let mut st = self.session.lock();
+            match how {
+                Closing::Error(e) => {
+                    st.outbound.extend_from_slice(
+                        b"<stream:error xmlns:stream='http://etherx.jabber.org/streams'>",
+                    );
+                    for child in e.to_element().children() {
+                        child.write_to(&mut st.outbound, "");
+                    }
+                    st.outbound.extend_from_slice(b"</stream:error>");
+                    st.ended.get_or_insert(Ended::StreamError);
+                }
+                Closing::Close => {
+                    st.ended.get_or_insert(Ended::Normal);
+                }
+            }
+        }
+        self.session.to_http.notify_waiters();
+    }
+
+    pub(crate) fn discard_output(&mut self) {
+        self.session.lock().outbound = Vec::new();
+    }
+}
+
+fn terminate(condition: &str) -> String {
+    format!("<body xmlns='{NS_HTTPBIND}' type='terminate' condition='{condition}'/>")
+}
+
+fn header(domain: &str) -> StreamHeader {
+    StreamHeader {
+        name: "stream".into(),
+        ns: ns::STREAMS.into(),
+        default_ns: Some(ns::CLIENT.into()),
+        attrs: vec![
+            ("to".into(), domain.into()),
+            ("version".into(), "1.0".into()),
+        ],
+    }
+}
+
+/// Handles one `<body/>` (already parsed). `is_local` says whether a
+/// domain is served here. For a creation request the caller starts the
+/// session task with the returned connection, then calls [`respond`].
+pub(crate) fn handle_request(
+    registry: &Arc<BoshRegistry>,
+    body: &Element,
+    is_local: impl Fn(&str) -> bool,
+    secure: bool,
+) -> Result<(Arc<BoshSession>, u64, Option<BoshConn>), String> {
+    let Some(rid) = body.attr("rid").and_then(|r| r.trim().parse::<u64>().ok()) else {
+        return Err(terminate("bad-request"));
+    };
+    match body.attr("sid") {
+        None => {
+            let to = body.attr("to").unwrap_or("");
+            if !is_local(to) {
+                return Err(terminate("host-unknown"));
+            }
+            let num = |name: &str, max: u64, default: u64| {
+                body.attr(name)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map_or(default, |v| v.min(max))
+            };
+            let wait = num("wait", MAX_WAIT, MAX_WAIT);
+            let hold = num("hold", MAX_HOLD, MAX_HOLD);
+            let session = Arc::new(BoshSession {
+                sid: starling_proto::random_id(32),
+                wait: Duration::from_secs(wait),
+                hold,
+                requests: hold + 1,
+                domain: to.to_owned(),
+                state: Mutex::new(State {
+                    inbound: VecDeque::from([Inbound::Open(header(to))]),
+                    outbound: Vec::new(),
+                    next_rid: rid,
+                    held: BTreeSet::new(),
+                    active: 0,
+                    responses: VecDeque::new(),
+                    ended: None,
+                    lost: false,
+                    last_request: Instant::now(),
+                    idle_allowed: Duration::from_secs(INACTIVITY),
+                    stream_id: String::new(),
+                }),
+                to_session: Notify::new(),
+                to_http: Notify::new(),
+            });
+            registry.insert(session.clone());
+            let conn = BoshConn {
+                session: session.clone(),
+                registry: registry.clone(),
+                secure,
+            };
+            Ok((session, rid, Some(conn)))
+        }
+        Some(sid) => match registry.get(sid) {
+            Some(s) => Ok((s, rid, None)),
+            None => Err(terminate("item-not-found")),
+        },
+    }
+}
+
+/// Waits for `rid`'s turn, hands its payloads to the session, holds the
+/// request until there is output (or `wait`), and returns the response.
+pub(crate) async fn respond(
+    s: &Arc<BoshSession>,
+    rid: u64,
+    body: &Element,
+    creation: bool,
+) -> String {
+    // In rid order (§7): wait for the requests before this one.
+    let deadline = tokio::time::Instant::now() + s.wait;
+    {
+        let mut st = s.lock();
+        if rid < st.next_rid {
+            // A retransmission (§14.3): the same answer, if still kept.
+            if let Some((_, r)) = st.responses.iter().find(|(r, _)| *r == rid) {
+                return r.clone();
+            }
+            drop(st);
+            return lose(s, "item-not-found");
+        }
+        if st.ended.is_some() {
+            // The session is over (§13): as if unknown.
+            return terminate("item-not-found");
+        }
+        if rid >= st.next_rid + s.requests {
+            drop(st);
+            return lose(s, "item-not-found");
+        }
+        if st.active as u64 >= s.requests {
+            drop(st);
+            return lose(s, "policy-violation");
+        }
+        st.active += 1;
+    }
+    let result = serve(s, rid, body, creation, deadline).await;
+    {
+        let mut st = s.lock();
+        st.active -= 1;
+        st.held.remove(&rid);
+        st.last_request = Instant::now();
+    }
+    s.to_session.notify_one();
+    s.to_http.notify_waiters();
+    result
+}
+
+fn lose(s: &Arc<BoshSession>, condition: &'static str) -> String {
+    {
+        let mut st = s.lock();
+        st.lost = true;
+        st.ended.get_or_insert(Ended::Binding(condition));
+    }
+    s.to_session.notify_one();
+    s.to_http.notify_waiters();
+    terminate(condition)
+}
+
+async fn serve(
+    s: &Arc<BoshSession>,
+    rid: u64,
+    body: &Element,
+    creation: bool,
+    deadline: tokio::time::Instant,
+) -> String {
+    // Our turn.
+    loop {
+        let notified = s.to_http.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let st = s.lock();
+            if st.next_rid == rid || st.ended.is_some() {
+                break;
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return lose(s, "item-not-found");
+        }
+    }
+    let mut immediate = false;
+    let mut terminating = false;
+    {
+        let mut st = s.lock();
+        if st.ended.is_none() {
+            st.next_rid = rid + 1;
+            if !creation {
+                if body.attr(&format!("{{{NS_XBOSH}}}restart")) == Some("true") {
+                    st.inbound.push_back(Inbound::Open(header(&s.domain)));
+                }
+                for child in body.children() {
+                    st.inbound.push_back(Inbound::Element(child.clone()));
+                }
+                if body.attr("type") == Some("terminate") {
+                    st.inbound.push_back(Inbound::Close);
+                    terminating = true;
+                }
+                if let Some(p) = body.attr("pause").and_then(|p| p.parse::<u64>().ok()) {
+                    st.idle_allowed = Duration::from_secs(p.min(MAX_PAUSE));
+                    immediate = true;
+                } else {
+                    st.idle_allowed = Duration::from_secs(INACTIVITY);
+                }
+            }
+            st.held.insert(rid);
+        }
+    }
+    s.to_session.notify_one();
+    s.to_http.notify_waiters();
+    // Held until there is output, a newer request pushes us out, or `wait`.
+    loop {
+        let notified = s.to_http.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut st = s.lock();
+            let pushed_out = st.held.len() as u64 > s.hold && st.held.first() == Some(&rid);
+            let has_output = !st.outbound.is_empty();
+            // The creation response waits for the features.
+            let ready = if terminating {
+                // Answered once the stream is closed (§13).
+                st.ended.is_some()
+            } else {
+                has_output || st.ended.is_some() || (!creation && (immediate || pushed_out))
+            };
+            if ready || tokio::time::Instant::now() >= deadline {
+                let out = std::mem::take(&mut st.outbound);
+                let reply = compose(s, &st, out, creation);
+                st.responses.push_back((rid, reply.clone()));
+                while st.responses.len() as u64 > s.requests {
+                    st.responses.pop_front();
+                }
+                return reply;
+            }
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+fn compose(s: &BoshSession, st: &State, out: Vec<u8>, creation: bool) -> String {
+    let mut head =
+        format!("<body xmlns='{NS_HTTPBIND}' xmlns:stream='http://etherx.jabber.org/streams'");
+    if creation {
+        head.push_str(&format!(
+            " xmlns:xmpp='{NS_XBOSH}' xmpp:version='1.0' xmpp:restartlogic='true' sid='{}' wait='{}' hold='{}' requests='{}' inactivity='{INACTIVITY}' polling='2' maxpause='{MAX_PAUSE}' ver='1.11' from='{}' authid='{}'",
+            s.sid,
+            s.wait.as_secs(),
+            s.hold,
+            s.requests,
+            s.domain,
+            st.stream_id
+        ));
+    }
+    match &st.ended {
+        None => {}
+        Some(Ended::Normal) => head.push_str(" type='terminate'"),
+        Some(Ended::StreamError) => {
+            head.push_str(" type='terminate' condition='remote-stream-error'")
+        }
+        Some(Ended::Binding(c)) => head.push_str(&format!(" type='terminate' condition='{c}'")),
+    }
+    if out.is_empty() {
+        head.push_str("/>");
+        return head;
+    }
+    head.push('>');
+    head.push_str(&String::from_utf8_lossy(&out));
+    head.push_str("</body>");
+    head
+}

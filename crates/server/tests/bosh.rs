@@ -1,0 +1,295 @@
+//! BOSH (XEP-0124) carrying XMPP (XEP-0206) over real HTTP requests:
+//! session creation with the stream features (XEP-0206 §5), SASL and the
+//! restart (§6), binding and chatting with a TCP user in both directions
+//! with long polling (XEP-0124 §7), a retransmitted rid answered the same
+//! (§14.3), unknown sids and out-of-window rids (`item-not-found`, §17.2),
+//! too many simultaneous requests (`policy-violation`, §11), bad bodies
+//! (`bad-request`), and terminate (§13). Other users are never affected.
+
+use base64::Engine;
+use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamParser};
+use starling_testkit::{ns, TestServer};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BIND: &str = "http://jabber.org/protocol/httpbind";
+const XBOSH: &str = "urn:xmpp:xbosh";
+
+/// POSTs `body` to /http-bind and parses the `<body/>` answer.
+async fn post(addr: SocketAddr, body: &str) -> Element {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST /http-bind HTTP/1.1\r\nHost: {addr}\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut raw))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let xml = text.split_once("\r\n\r\n").unwrap().1;
+    parse(xml)
+}
+
+fn parse(xml: &str) -> Element {
+    let mut p = StreamParser::new(Limits::default());
+    let mut prime: &[u8] =
+        b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
+    let _ = p.push(&mut prime);
+    let mut input = xml.as_bytes();
+    match p.push(&mut input) {
+        Ok(Some(StreamEvent::Stanza(el))) => el,
+        other => panic!("not a body: {other:?} in {xml}"),
+    }
+}
+
+struct Bosh {
+    addr: SocketAddr,
+    sid: String,
+    rid: u64,
+}
+
+impl Bosh {
+    /// Creates a session (wait seconds) and returns it with the features.
+    async fn create(addr: SocketAddr, wait: u32) -> (Bosh, Element) {
+        let rid = 1_000_000;
+        let r = post(
+            addr,
+            &format!("<body xmlns='{BIND}' rid='{rid}' to='localhost' wait='{wait}' hold='1' ver='1.6' xml:lang='en' xmpp:version='1.0' xmlns:xmpp='{XBOSH}'/>"),
+        )
+        .await;
+        assert!(r.is("body", BIND), "{r}");
+        assert_eq!(r.attr("type"), None, "{r}");
+        let sid = r.attr("sid").expect("sid").to_owned();
+        assert_eq!(r.attr("hold"), Some("1"));
+        assert_eq!(r.attr("requests"), Some("2"));
+        assert_eq!(r.attr(&format!("{{{XBOSH}}}version")), Some("1.0"), "{r}");
+        let features = r
+            .get_child("features", ns::STREAMS)
+            .expect("features in the creation response")
+            .clone();
+        (
+            Bosh {
+                addr,
+                sid,
+                rid: rid + 1,
+            },
+            features,
+        )
+    }
+
+    fn body(&mut self, attrs: &str, payload: &str) -> (u64, String) {
+        let rid = self.rid;
+        self.rid += 1;
+        (
+            rid,
+            format!("<body xmlns='{BIND}' xmlns:xmpp='{XBOSH}' sid='{}' rid='{rid}' {attrs}>{payload}</body>", self.sid),
+        )
+    }
+
+    async fn send(&mut self, attrs: &str, payload: &str) -> Element {
+        let (_, b) = self.body(attrs, payload);
+        post(self.addr, &b).await
+    }
+
+    /// Logs in with PLAIN and binds; returns the full JID.
+    async fn login(&mut self, user: &str) -> String {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0pw-{user}"));
+        let r = self
+            .send(
+                "",
+                &format!(
+                    "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='PLAIN'>{b64}</auth>"
+                ),
+            )
+            .await;
+        assert!(r.has_child("success", ns::SASL), "{r}");
+        let r = self.send("xmpp:restart='true' to='localhost'", "").await;
+        let f = r
+            .get_child("features", ns::STREAMS)
+            .expect("features after restart");
+        assert!(f.has_child("bind", ns::BIND), "{f}");
+        let r = self
+            .send("", "<iq xmlns='jabber:client' type='set' id='b1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'/></iq>")
+            .await;
+        r.get_child("iq", ns::CLIENT)
+            .and_then(|iq| iq.get_child("bind", ns::BIND))
+            .and_then(|b| b.get_child("jid", ns::BIND))
+            .map(|j| j.text())
+            .unwrap_or_else(|| panic!("bind result: {r}"))
+    }
+}
+
+fn condition(r: &Element) -> (Option<&str>, Option<&str>) {
+    (r.attr("type"), r.attr("condition"))
+}
+
+#[tokio::test]
+async fn bosh_login_and_chat_with_a_tcp_user_both_ways() {
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let mut tcp = server.login("bob").await;
+    let (mut b, features) = Bosh::create(server.http_addr(false), 5).await;
+    assert!(!features.has_child("starttls", ns::TLS), "{features}");
+    assert!(
+        features.has_child("mechanisms", ns::SASL),
+        "loopback counts as secure: {features}"
+    );
+    let full = b.login("alice").await;
+    assert!(full.starts_with("alice@localhost/"), "{full}");
+
+    // Client → server: the payload of a request.
+    b.send(
+        "",
+        &format!(
+            "<message xmlns='jabber:client' to='{}' type='chat'><body>over bosh</body></message>",
+            tcp.jid
+        ),
+    )
+    .await;
+    let m = tcp.recv_message().await;
+    assert_eq!(m.get_child("body", ns::CLIENT).unwrap().text(), "over bosh");
+    assert_eq!(m.attr("from"), Some(full.as_str()));
+
+    // Server → client: a held (empty) request is answered when a message arrives.
+    let (rid, poll) = b.body("", "");
+    let addr = b.addr;
+    let held = tokio::spawn(async move { post(addr, &poll).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !held.is_finished(),
+        "an empty request is held (long polling)"
+    );
+    tcp.send(&format!(
+        "<message to='{full}' type='chat'><body>to bosh</body></message>"
+    ))
+    .await;
+    let r = held.await.unwrap();
+    let m = r
+        .get_child("message", ns::CLIENT)
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(m.get_child("body", ns::CLIENT).unwrap().text(), "to bosh");
+
+    // §14.3: the same rid again gets the same answer.
+    let again = post(
+        b.addr,
+        &format!("<body xmlns='{BIND}' sid='{}' rid='{rid}'/>", b.sid),
+    )
+    .await;
+    assert_eq!(again.to_string(), r.to_string());
+
+    // With nothing to say, a request returns empty after `wait`.
+    let t = std::time::Instant::now();
+    let r = b.send("", "").await;
+    assert!(r.children().next().is_none(), "{r}");
+    assert!(t.elapsed() >= Duration::from_secs(4), "held for wait='5'");
+
+    // §13: terminate.
+    let r = b
+        .send(
+            "type='terminate'",
+            "<presence xmlns='jabber:client' type='unavailable'/>",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("terminate"), "{r}");
+    let r = b.send("", "").await;
+    assert_eq!(condition(&r), (Some("terminate"), Some("item-not-found")));
+    tcp.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_sids_rids_bodies_and_overactivity_end_only_their_session() {
+    let server = TestServer::start().await;
+    let mut bystander = server.login("carol").await;
+    let addr = server.http_addr(false);
+
+    // Unknown sid.
+    let r = post(addr, &format!("<body xmlns='{BIND}' sid='nope' rid='5'/>")).await;
+    assert_eq!(condition(&r), (Some("terminate"), Some("item-not-found")));
+    // Not a body / not XML / no rid.
+    for bad in [
+        "<message/>",
+        "<<<",
+        &format!("<body xmlns='{BIND}' to='localhost'/>"),
+    ] {
+        let r = post(addr, bad).await;
+        assert_eq!(
+            condition(&r),
+            (Some("terminate"), Some("bad-request")),
+            "{bad}"
+        );
+    }
+    // A domain we do not serve.
+    let r = post(
+        addr,
+        &format!("<body xmlns='{BIND}' rid='9' to='elsewhere.example' wait='5' hold='1'/>"),
+    )
+    .await;
+    assert_eq!(condition(&r), (Some("terminate"), Some("host-unknown")));
+
+    // A rid far outside the window ends the session.
+    let (mut b, _) = Bosh::create(addr, 5).await;
+    b.rid += 10;
+    let r = b.send("", "").await;
+    assert_eq!(condition(&r), (Some("terminate"), Some("item-not-found")));
+
+    // Overactivity (§11): requests='2'; a third simultaneous request (here
+    // all for the next rid but one, waiting for its turn) ends the session
+    // with policy-violation.
+    let (mut b, _) = Bosh::create(addr, 5).await;
+    b.rid += 1;
+    let (_, early) = b.body("", "");
+    let (e1, e2) = (early.clone(), early.clone());
+    let h1 = tokio::spawn(async move { post(addr, &e1).await });
+    let h2 = tokio::spawn(async move { post(addr, &e2).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = post(addr, &early).await;
+    assert_eq!(
+        condition(&r),
+        (Some("terminate"), Some("policy-violation")),
+        "{r}"
+    );
+    let _ = (h1.await, h2.await);
+
+    // Nobody else noticed.
+    let r = bystander
+        .iq(
+            "<iq type='get' id='p' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>",
+            "p",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn host_meta_advertises_bosh() {
+    let server = TestServer::start().await;
+    let addr = server.http_addr(false);
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "GET /.well-known/host-meta.json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    assert!(
+        out.contains(&format!("\"href\":\"http://{addr}/http-bind\"")),
+        "{out}"
+    );
+    assert!(out.contains("urn:xmpp:alt-connections:xbosh"), "{out}");
+    server.stop().await;
+}
