@@ -323,9 +323,13 @@ async fn web_index(State(st): State<HttpState>) -> Response {
 <body class="converse-fullscreen">
 <noscript>The web chat needs JavaScript.</noscript>
 <script type="module">
+// WebSocket, or BOSH with "?bosh" in the address.
+const endpoint = new URLSearchParams(location.search).has("bosh")
+  ? {{ bosh_service_url: location.origin + "{BOSH_PATH}" }}
+  : {{ websocket_url: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "{WEBSOCKET_PATH}" }};
 converse.initialize({{
+  ...endpoint,
   assets_path: "/converse/",
-  websocket_url: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "{WEBSOCKET_PATH}",
   discover_connection_methods: false,
   locked_domain: "{domain}",
   view_mode: "fullscreen",

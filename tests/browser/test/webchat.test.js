@@ -2,7 +2,8 @@
 // chromium, headless, driven by playwright-core: two people log in in two
 // pages, exchange messages both ways, and one of them logs in again in a
 // fresh browser profile and still sees the conversation (history from the
-// server's archive, XEP-0313, not from the browser's storage). Screenshots
+// server's archive, XEP-0313, not from the browser's storage); a third
+// person logs in over BOSH and chats with her. Screenshots
 // of every page are written to ARTIFACTS when a test fails.
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
@@ -35,12 +36,16 @@ async function screenshots(name) {
   }
 }
 
-/** Logs `user` in, in a new browser profile, and waits for the roster. */
-async function login(user) {
+/** Logs `user` in, in a new browser profile (over BOSH if `bosh`), and
+ * waits for the roster. */
+async function login(user, { bosh = false } = {}) {
   const ctx = await (await launch()).newContext();
   const page = await ctx.newPage();
   pages.push({ who: user, page });
-  await page.goto(URL);
+  const sockets = [];
+  page.on("websocket", (ws) => sockets.push(ws.url()));
+  page.sockets = sockets;
+  await page.goto(bosh ? `${URL}?bosh` : URL);
   await page.fill("#converse-login-jid", user, { timeout: STEP });
   await page.fill("#converse-login-password", `pw-${user}`);
   await page.click("button[type=submit]");
@@ -48,20 +53,29 @@ async function login(user) {
   return page;
 }
 
+/** The message box of the chat with `jid`, once it is shown. */
+function chatBox(page, jid) {
+  return page
+    .locator(`converse-chat:has(converse-chat-heading[jid="${jid}"]) textarea.chat-textarea:visible`)
+    .first();
+}
+
 async function openChat(page, jid) {
   // Converse's own route; if the chat does not show (the route can race
   // with a chat box that an incoming message created), click the contact.
   await page.evaluate((j) => { location.hash = `converse/chat?jid=${j}`; }, jid);
   try {
-    await page.waitForSelector("textarea.chat-textarea:visible", { timeout: 4000 });
+    await chatBox(page, jid).waitFor({ timeout: 4000 });
   } catch {
     await page.locator("converse-roster a", { hasText: jid }).first().click({ timeout: STEP });
-    await page.waitForSelector("textarea.chat-textarea:visible", { timeout: STEP });
+    await chatBox(page, jid).waitFor({ timeout: STEP });
   }
+  page.chatWith = jid;
 }
 
+/** Sends `text` in the chat last opened with openChat. */
 async function say(page, text) {
-  const box = page.locator("textarea.chat-textarea:visible").first();
+  const box = chatBox(page, page.chatWith);
   await box.fill(text);
   await box.press("Enter");
 }
@@ -74,7 +88,7 @@ async function waitForText(page, text) {
   );
 }
 
-test("two browsers chat over WebSocket; history survives a new login", { timeout: 120000 }, async (t) => {
+test("browsers chat over WebSocket and BOSH; history survives a new login", { timeout: 120000 }, async (t) => {
   assert.ok(URL, "WEBCHAT_URL is not set (run tests/browser/run.sh)");
   try {
     const alice = await login("alice");
@@ -94,6 +108,18 @@ test("two browsers chat over WebSocket; history survives a new login", { timeout
     await openChat(again, "bob@localhost");
     await waitForText(again, hello);
     await waitForText(again, reply);
+
+    // A third person over BOSH (XEP-0206), chatting with alice.
+    const carol = await login("carol", { bosh: true });
+    assert.deepEqual(carol.sockets, [], "no WebSocket: the BOSH page uses /http-bind");
+    const ping = `hello carol ${Date.now()}`;
+    await openChat(again, "carol@localhost");
+    await say(again, ping);
+    await openChat(carol, "alice@localhost");
+    await waitForText(carol, ping);
+    const pong = `hi from bosh ${Date.now()}`;
+    await say(carol, pong);
+    await waitForText(again, pong);
   } catch (err) {
     await screenshots(t.name.replace(/\W+/g, "_"));
     throw err;
