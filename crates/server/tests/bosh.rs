@@ -293,3 +293,59 @@ async fn host_meta_advertises_bosh() {
     assert!(out.contains("urn:xmpp:alt-connections:xbosh"), "{out}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_paused_bosh_session_that_never_returns_resumes_over_tcp() {
+    // XEP-0124 §10: pause='1' allows one second without requests; past it
+    // the connection counts as lost, and XEP-0198 keeps the session for a
+    // resumption on another transport.
+    const SM: &str = "urn:xmpp:sm:3";
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let mut bob = server.login("bob").await;
+    let (mut b, _) = Bosh::create(server.http_addr(false), 2).await;
+    let full = b.login("alice").await;
+    let r = b
+        .send("", &format!("<enable xmlns='{SM}' resume='true'/>"))
+        .await;
+    let id = r
+        .get_child("enabled", SM)
+        .and_then(|e| e.attr("id"))
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_owned();
+    let r = b.send("pause='1'", "").await;
+    assert_eq!(
+        r.attr("type"),
+        None,
+        "a pause does not end the session: {r}"
+    );
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    bob.send(&format!(
+        "<message to='{full}' type='chat'><body>while paused</body></message>"
+    ))
+    .await;
+
+    let mut tcp = starling_testkit::Client::connect(server.starttls_addr()).await;
+    tcp.negotiate_tls().await;
+    tcp.auth(
+        starling_proto::sasl::Mechanism::ScramSha256,
+        "alice",
+        "pw-alice",
+    )
+    .await
+    .unwrap();
+    tcp.send(&format!("<resume xmlns='{SM}' previd='{id}' h='0'/>"))
+        .await;
+    let resumed = tcp.recv().await;
+    assert!(resumed.is("resumed", SM), "{resumed}");
+    let m = tcp.recv_message().await;
+    assert_eq!(
+        m.get_child("body", ns::CLIENT).unwrap().text(),
+        "while paused"
+    );
+    assert_eq!(m.attr("to"), Some(full.as_str()));
+    // The BOSH session is gone.
+    let r = b.send("", "").await;
+    assert_eq!(r.attr("type"), Some("terminate"), "{r}");
+    server.stop().await;
+}
