@@ -22,7 +22,10 @@ for b in "$STARLING_BIN" "$BENCH_BIN"; do
 done
 
 # A free loopback port (the kernel picks it; tiny race window, fine for CI).
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+read -r port hport < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
 work=$(mktemp -d "${TMPDIR:-/tmp}/starling-smoke.XXXXXX")
 pid=
 cleanup() {
@@ -43,8 +46,9 @@ shutdown_timeout_secs = 2
 address = "127.0.0.1:$port"
 tls = "starttls"
 
-[http]
-listen = []
+[[http.listen]]
+address = "127.0.0.1:$hport"
+tls = false
 
 [c2s]
 require_tls = false
@@ -76,6 +80,13 @@ wait_ready "$work/server.log" "$pid" 60 || { echo "smoke: the server did not sta
 "$BENCH_BIN" connect --port "$port" --users "$USERS" --password 'pw{n}' \
     --tls plain --mechanism SCRAM-SHA-1 --require-ratio 1 --quiet >"$work/bench.log" 2>&1 \
     || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: connect run failed" >&2; exit 1; }
+
+# RFC 7395 WebSocket on the HTTP listener: the o2o scenario again.
+"$BENCH_BIN" o2o --port "$hport" --transport websocket --tls plain --users "$USERS" \
+    --password 'pw{n}' --mechanism SCRAM-SHA-256 \
+    --rates 20 --step-secs 2 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --quiet >"$work/bench.log" 2>&1 \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: o2o over WebSocket failed" >&2; exit 1; }
 
 python3 - "$work/result.json" <<'PY'
 import json, sys

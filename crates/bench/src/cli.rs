@@ -1,6 +1,6 @@
 //! Command-line options.
 
-use crate::client::{Mech, TlsMode};
+use crate::client::{Carrier, Mech, TlsMode};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -52,6 +52,11 @@ pub struct ConnArgs {
     /// Transport security.
     #[arg(long, value_enum, default_value_t = TlsMode::Starttls)]
     pub tls: TlsMode,
+    /// How XML travels: an XML stream over TCP, or RFC 7395 WebSocket
+    /// (`--port` is then the server's HTTP listener, e.g. 5280, and
+    /// `--tls` is plain for ws: or direct for wss:).
+    #[arg(long, value_enum, default_value_t = Carrier::Tcp)]
+    pub transport: Carrier,
     /// SASL mechanism.
     #[arg(long, value_enum, default_value_t = Mech::ScramSha256)]
     pub mechanism: Mech,

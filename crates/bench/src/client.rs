@@ -30,6 +30,7 @@ const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
 const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
 const NS_BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
 const NS_REGISTER: &str = "jabber:iq:register";
+const NS_FRAMING: &str = "urn:ietf:params:xml:ns:xmpp-framing";
 
 /// Size of the per-read scratch buffer. Kept small: a load generator holds
 /// tens of thousands of connections.
@@ -45,6 +46,18 @@ pub enum TlsMode {
     Starttls,
     /// TLS from the first byte (XEP-0368).
     Direct,
+}
+
+/// How XML reaches the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Carrier {
+    /// An RFC 6120 XML stream over TCP (with `--tls`).
+    #[default]
+    Tcp,
+    /// RFC 7395 XMPP over WebSocket at `/xmpp-websocket` (`--tls plain`:
+    /// `ws:`, `--tls direct`: `wss:`).
+    Websocket,
 }
 
 /// The SASL mechanism to log in with.
@@ -141,6 +154,8 @@ pub struct Target {
     pub domain: String,
     /// Transport security.
     pub tls: TlsMode,
+    /// TCP stream or WebSocket.
+    pub carrier: Carrier,
     /// SASL mechanism.
     pub mech: Mech,
     /// Local source addresses, used round-robin by connection index.
@@ -218,6 +233,80 @@ pub enum Transport {
     Plain(TcpStream),
     /// TLS over TCP (boxed: the rustls state is large).
     Tls(Box<TlsStream<TcpStream>>),
+    /// RFC 7395 over either of the above, as a byte stream: each write is
+    /// one text message (the callers write whole elements), reads return
+    /// the text of the messages received.
+    Ws(Box<WsIo>),
+}
+
+/// A WebSocket seen as a byte stream (see [`Transport::Ws`]).
+pub struct WsIo {
+    ws: tokio_tungstenite::WebSocketStream<Transport>,
+    /// Received text not yet read.
+    rest: Vec<u8>,
+}
+
+impl AsyncRead for WsIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        use futures_util::Stream;
+        use tokio_tungstenite::tungstenite::Message;
+        let this = self.get_mut();
+        loop {
+            if !this.rest.is_empty() {
+                let n = this.rest.len().min(buf.remaining());
+                buf.put_slice(&this.rest[..n]);
+                this.rest.drain(..n);
+                return Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut this.ws).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) | Poll::Ready(Some(Ok(Message::Close(_)))) => {
+                    return Poll::Ready(Ok(()))
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(io::Error::other(e))),
+                Poll::Ready(Some(Ok(Message::Text(t)))) => this.rest = t.as_bytes().to_vec(),
+                Poll::Ready(Some(Ok(_))) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for WsIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        use futures_util::Sink;
+        use tokio_tungstenite::tungstenite::Message;
+        let this = self.get_mut();
+        match Pin::new(&mut this.ws).poll_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(io::Error::other(e))),
+            Poll::Ready(Ok(())) => {}
+        }
+        let text = String::from_utf8_lossy(buf).into_owned();
+        match Pin::new(&mut this.ws).start_send(Message::Text(text.into())) {
+            Ok(()) => Poll::Ready(Ok(buf.len())),
+            Err(e) => Poll::Ready(Err(io::Error::other(e))),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        use futures_util::Sink;
+        Pin::new(&mut self.get_mut().ws)
+            .poll_flush(cx)
+            .map_err(io::Error::other)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        use futures_util::Sink;
+        Pin::new(&mut self.get_mut().ws)
+            .poll_close(cx)
+            .map_err(io::Error::other)
+    }
 }
 
 impl AsyncRead for Transport {
@@ -229,6 +318,7 @@ impl AsyncRead for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Transport::Ws(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -242,18 +332,21 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Transport::Ws(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Transport::Ws(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Transport::Ws(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -294,6 +387,21 @@ impl Default for Inbound {
     fn default() -> Self {
         Inbound {
             parser: parser(),
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl Inbound {
+    /// For RFC 7395: the parser is primed with a stream header of its own
+    /// and then sees one element per message (`<open/>` included).
+    fn websocket() -> Inbound {
+        let mut parser = parser();
+        let mut prime: &[u8] =
+            b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
+        let _ = parser.push(&mut prime);
+        Inbound {
+            parser,
             pending: Vec::new(),
         }
     }
@@ -355,7 +463,11 @@ impl Conn {
     }
 
     fn restart(&mut self) {
-        self.inbound = Inbound::default();
+        self.inbound = if matches!(self.io, Transport::Ws(_)) {
+            Inbound::websocket()
+        } else {
+            Inbound::default()
+        };
     }
 }
 
@@ -386,6 +498,11 @@ async fn expect_element(conn: &mut Conn, t: Duration, what: &str) -> Result<Elem
         let label = format!("waiting for {what}");
         match step_named(t, Cause::Stream, &label, conn.next_event()).await? {
             Event::Header => continue,
+            // RFC 7395 framing: <open/> is the header.
+            Event::Element(el) if el.ns() == NS_FRAMING && el.name() == "open" => continue,
+            Event::Element(el) if el.ns() == NS_FRAMING => {
+                return fail(Cause::Closed, format!("closed before {what}"))
+            }
             Event::Element(el) if el.is("error", NS_STREAMS) => {
                 let cond: Vec<_> = el.children().map(|c| c.name().to_owned()).collect();
                 return fail(
@@ -400,11 +517,18 @@ async fn expect_element(conn: &mut Conn, t: Duration, what: &str) -> Result<Elem
 }
 
 async fn open_stream(conn: &mut Conn, target: &Target) -> Result<Element, SetupError> {
-    let header = format!(
-        "<?xml version='1.0'?><stream:stream to='{}' version='1.0' xml:lang='en' \
+    let header = if target.carrier == Carrier::Websocket {
+        format!(
+            "<open xmlns='{NS_FRAMING}' to='{}' version='1.0' xml:lang='en'/>",
+            target.domain
+        )
+    } else {
+        format!(
+            "<?xml version='1.0'?><stream:stream to='{}' version='1.0' xml:lang='en' \
          xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>",
-        target.domain
-    );
+            target.domain
+        )
+    };
     step(target.step_timeout, Cause::Closed, async {
         Ok(conn.send(header.as_bytes()).await?)
     })
@@ -458,6 +582,47 @@ pub async fn connect_stream(
     } else {
         Transport::Plain(tcp)
     };
+    if target.carrier == Carrier::Websocket {
+        if target.tls == TlsMode::Starttls {
+            return fail(
+                Cause::Tls,
+                "WebSocket has no STARTTLS: use --tls plain (ws:) or --tls direct (wss:)",
+            );
+        }
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let scheme = if target.tls == TlsMode::Direct {
+            "wss"
+        } else {
+            "ws"
+        };
+        let mut req = format!("{scheme}://{}/xmpp-websocket", target.addr)
+            .into_client_request()
+            .map_err(|e| SetupError {
+                cause: Cause::Connect,
+                detail: format!("WebSocket request: {e}"),
+            })?;
+        req.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            "xmpp".parse().expect("header value"),
+        );
+        let f = async { Ok(tokio_tungstenite::client_async(req, io).await?.0) };
+        let ws = step_named(
+            target.step_timeout,
+            Cause::Connect,
+            "in WebSocket upgrade",
+            f,
+        )
+        .await?;
+        let mut conn = Conn {
+            io: Transport::Ws(Box::new(WsIo {
+                ws,
+                rest: Vec::new(),
+            })),
+            inbound: Inbound::websocket(),
+        };
+        let features = open_stream(&mut conn, target).await?;
+        return Ok((conn, features));
+    }
     let mut conn = Conn {
         io,
         inbound: Inbound::default(),

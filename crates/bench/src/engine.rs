@@ -190,6 +190,7 @@ pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
         addr: std::net::SocketAddr::new(args.conn.host, args.conn.port),
         domain: args.conn.domain.clone(),
         tls: args.conn.tls,
+        carrier: args.conn.transport,
         mech: args.conn.mechanism,
         sources: args.conn.source_list(args.conn.users),
         step_timeout: Duration::from_secs_f64(args.conn.step_timeout),

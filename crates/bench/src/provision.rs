@@ -99,6 +99,7 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         addr: std::net::SocketAddr::new(c.host, c.port),
         domain: c.domain.clone(),
         tls: c.tls,
+        carrier: c.transport,
         mech: c.mechanism,
         sources: c.source_list(c.users),
         step_timeout: Duration::from_secs_f64(c.step_timeout),

@@ -195,7 +195,7 @@ async fn websocket(
     // Small buffers: an idle session should not hold tungstenite's 128 KiB
     // defaults. Messages up to twice the stanza limit are read (and then
     // refused with <policy-violation/>); larger ones end the connection.
-    ws.read_buffer_size(4096)
+    ws.read_buffer_size(1024)
         .write_buffer_size(0)
         .max_message_size(max.saturating_mul(2))
         .max_frame_size(max.saturating_mul(2))
