@@ -220,6 +220,10 @@ async fn bad_sids_rids_bodies_and_overactivity_end_only_their_session() {
         "<message/>",
         "<<<",
         &format!("<body xmlns='{BIND}' to='localhost'/>"),
+        // §14.1: above 2^53 - 1 (near u64::MAX, rid + 1 would overflow).
+        &format!(
+            "<body xmlns='{BIND}' rid='18446744073709551615' to='localhost' wait='5' hold='1'/>"
+        ),
     ] {
         let r = post(addr, bad).await;
         assert_eq!(

@@ -44,6 +44,8 @@ pub const MAX_WAIT: u64 = 60;
 pub const INACTIVITY: u64 = 60;
 /// The longest `pause` granted, in seconds (§10).
 pub const MAX_PAUSE: u64 = 120;
+/// The largest request id a client may use (XEP-0124 §14.1).
+pub const MAX_RID: u64 = (1 << 53) - 1;
 /// Requests held at once (`hold`).
 pub const MAX_HOLD: u64 = 1;
 
@@ -264,7 +266,12 @@ pub(crate) fn handle_request(
     is_local: impl Fn(&str) -> bool,
     secure: bool,
 ) -> Result<(Arc<BoshSession>, u64, Option<BoshConn>), String> {
-    let Some(rid) = body.attr("rid").and_then(|r| r.trim().parse::<u64>().ok()) else {
+    // §14.1: rids never exceed 2^53 - 1, so rid arithmetic cannot overflow.
+    let Some(rid) = body
+        .attr("rid")
+        .and_then(|r| r.trim().parse::<u64>().ok())
+        .filter(|r| *r <= MAX_RID)
+    else {
         return Err(terminate("bad-request"));
     };
     match body.attr("sid") {
