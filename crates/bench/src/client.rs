@@ -376,11 +376,15 @@ pub struct Conn {
     pub inbound: Inbound,
 }
 
-fn parser() -> StreamParser {
-    StreamParser::new(Limits {
+fn limits() -> Limits {
+    Limits {
         max_stanza_bytes: 1024 * 1024,
         ..Limits::default()
-    })
+    }
+}
+
+fn parser() -> StreamParser {
+    StreamParser::new(limits())
 }
 
 impl Default for Inbound {
@@ -396,12 +400,8 @@ impl Inbound {
     /// For RFC 7395: the parser is primed with a stream header of its own
     /// and then sees one element per message (`<open/>` included).
     fn websocket() -> Inbound {
-        let mut parser = parser();
-        let mut prime: &[u8] =
-            b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
-        let _ = parser.push(&mut prime);
         Inbound {
-            parser,
+            parser: StreamParser::for_elements(limits()),
             pending: Vec::new(),
         }
     }

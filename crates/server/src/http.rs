@@ -28,7 +28,7 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use starling_xml::{Limits, StreamEvent};
+use starling_xml::{Limits, StreamEvent, StreamParser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -451,7 +451,7 @@ async fn bosh_request(
     if body.len() > limit {
         return terminate("policy-violation");
     }
-    let mut parser = crate::c2s::websocket::primed(Limits {
+    let mut parser = StreamParser::for_elements(Limits {
         max_stanza_bytes: limit,
         ..st.c2s.limits
     });

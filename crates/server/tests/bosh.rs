@@ -40,10 +40,7 @@ async fn post(addr: SocketAddr, body: &str) -> Element {
 }
 
 fn parse(xml: &str) -> Element {
-    let mut p = StreamParser::new(Limits::default());
-    let mut prime: &[u8] =
-        b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
-    let _ = p.push(&mut prime);
+    let mut p = StreamParser::for_elements(Limits::default());
     let mut input = xml.as_bytes();
     match p.push(&mut input) {
         Ok(Some(StreamEvent::Stanza(el))) => el,

@@ -456,21 +456,15 @@ pub struct Client {
     pub mechanism_used: Option<Mechanism>,
 }
 
-fn client_parser() -> StreamParser {
-    StreamParser::new(Limits {
+fn client_limits() -> Limits {
+    Limits {
         max_stanza_bytes: 16 * 1024 * 1024,
         ..Limits::default()
-    })
+    }
 }
 
-/// A parser for WebSocket messages: primed with a stream header of its
-/// own, then fed one element per message.
-fn ws_parser() -> StreamParser {
-    let mut p = client_parser();
-    let mut prime: &[u8] =
-        b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
-    let _ = p.push(&mut prime);
-    p
+fn client_parser() -> StreamParser {
+    StreamParser::new(client_limits())
 }
 
 impl Client {
@@ -520,7 +514,7 @@ impl Client {
         match tokio_tungstenite::client_async(req, conn).await {
             Ok((ws, _)) => Ok(Client {
                 conn: Conn::Ws(Box::new(ws)),
-                parser: ws_parser(),
+                parser: StreamParser::for_elements(client_limits()),
                 buf: Vec::new(),
                 jid: String::new(),
                 features: None,
@@ -870,7 +864,7 @@ impl Client {
         }
         self.mechanism_used = Some(mechanism);
         self.parser = if self.is_websocket() {
-            ws_parser()
+            StreamParser::for_elements(client_limits())
         } else {
             client_parser()
         };

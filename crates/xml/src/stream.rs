@@ -167,6 +167,19 @@ impl StreamParser {
         }
     }
 
+    /// Create a parser for standalone top-level elements, as XMPP over WebSocket (RFC 7395)
+    /// and BOSH (XEP-0124) carry them: it is primed with a stream header of its own
+    /// (default namespace `jabber:client`), so every element pushed afterwards comes out as
+    /// [`StreamEvent::Stanza`], with the same `limits`.
+    pub fn for_elements(limits: Limits) -> Self {
+        let mut p = StreamParser::new(limits);
+        let mut prime: &[u8] = b"<stream:stream xmlns='jabber:client' \
+            xmlns:stream='http://etherx.jabber.org/streams'>";
+        // Our own header: well-formed, within any limits; its Open event is dropped.
+        let _ = p.push(&mut prime);
+        p
+    }
+
     /// Consume bytes from `input` (advancing the slice) until one event is complete and
     /// return it.
     ///

@@ -12,7 +12,7 @@ mod connection;
 mod sasl;
 pub(crate) mod session;
 mod transport;
-pub(crate) mod websocket;
+mod websocket;
 
 use crate::config::Config;
 use crate::limiter::IpLimiter;

@@ -9,9 +9,8 @@
 //! after SASL are a new `<open/>` (§3.3.2). Our output is one element per
 //! message as well; stream errors are followed by `<close/>` (§3.6).
 //!
-//! Parsing reuses the stream parser and its limits: it is primed with a
-//! stream header of its own (default namespace `jabber:client`) and fed
-//! each message; a message must leave it between elements, so an element
+//! Parsing reuses the stream parser and its limits
+//! ([`StreamParser::for_elements`]), fed each message; a message must leave it between elements, so an element
 //! split over two messages is `<not-well-formed/>`.
 
 use super::connection::{Closing, Inbound, IoEnd};
@@ -20,10 +19,6 @@ use futures_util::SinkExt;
 use starling_proto::{ns, StreamError, StreamErrorCondition};
 use starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
 use std::time::Duration;
-
-/// What the parser is primed with (never sent by anyone).
-const PRIME: &[u8] =
-    b"<stream:stream xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>";
 
 /// An RFC 7395 WebSocket connection.
 pub struct WsConn {
@@ -41,23 +36,13 @@ pub struct WsConn {
     header_sent: bool,
 }
 
-/// A parser primed with a stream header of its own (default namespace
-/// `jabber:client`), ready for standalone elements.
-pub(crate) fn primed(limits: Limits) -> StreamParser {
-    let mut p = StreamParser::new(limits);
-    let mut input = PRIME;
-    // The header is ours and well-formed: its Open event is dropped.
-    let _ = p.push(&mut input);
-    p
-}
-
 impl WsConn {
     /// A connection over an upgraded WebSocket; `secure` if it came over
     /// TLS (`wss:`).
     pub(crate) fn new(ws: WebSocket, limits: Limits, secure: bool) -> WsConn {
         WsConn {
             ws,
-            parser: primed(limits),
+            parser: StreamParser::for_elements(limits),
             limits,
             pending: Vec::new(),
             pos: 0,
@@ -177,7 +162,7 @@ impl WsConn {
     }
 
     pub(crate) fn restart(&mut self) {
-        self.parser = primed(self.limits);
+        self.parser = StreamParser::for_elements(self.limits);
         self.header_sent = false;
     }
 
