@@ -214,78 +214,72 @@ async fn serve(
     drop(st.done);
 }
 
-/// The BOSH URL for a request, from its Host header (XEP-0156 §3).
-fn bosh_url(headers: &HeaderMap, tls: bool) -> Option<String> {
-    let ws = websocket_url(headers, tls)?;
-    let rest = ws
-        .strip_prefix("wss://")
-        .or_else(|| ws.strip_prefix("ws://"))?;
-    let host = rest.strip_suffix(WEBSOCKET_PATH)?;
-    let scheme = if tls { "https" } else { "http" };
-    Some(format!("{scheme}://{host}{BOSH_PATH}"))
-}
-
-/// The WebSocket URL for a request, from its Host header (XEP-0156 §3).
-fn websocket_url(headers: &HeaderMap, tls: bool) -> Option<String> {
+/// The WebSocket and BOSH URLs for a request, from its Host header
+/// (XEP-0156 §3); `None` unless the host holds only host-name, IP-literal
+/// and port characters (so the URLs need no escaping in XML or JSON).
+fn endpoint_urls(headers: &HeaderMap, tls: bool) -> Option<(String, String)> {
     let host = headers.get(header::HOST)?.to_str().ok()?;
     let ok = !host.is_empty()
         && host.len() <= 255
         && host
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
+    let (ws, http) = if tls {
+        ("wss", "https")
+    } else {
+        ("ws", "http")
+    };
     ok.then(|| {
-        let scheme = if tls { "wss" } else { "ws" };
-        format!("{scheme}://{host}{WEBSOCKET_PATH}")
+        (
+            format!("{ws}://{host}{WEBSOCKET_PATH}"),
+            format!("{http}://{host}{BOSH_PATH}"),
+        )
     })
+}
+
+/// A cross-origin readable response with this content type.
+fn public(content_type: &'static str, body: String) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn bad_host() -> Response {
+    (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response()
 }
 
 /// `GET /.well-known/host-meta` (XEP-0156 §3, XRD).
 async fn host_meta_xml(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) -> Response {
-    let (Some(url), Some(bosh)) = (websocket_url(&headers, tls), bosh_url(&headers, tls)) else {
-        return (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response();
+    let Some((ws, bosh)) = endpoint_urls(&headers, tls) else {
+        return bad_host();
     };
-    let body = format!(
-        "<?xml version='1.0' encoding='utf-8'?>\n<XRD xmlns='http://docs.oasis-open.org/ns/xri/xrd-1.0'>\n  <Link rel='urn:xmpp:alt-connections:websocket' href='{url}'/>\n  <Link rel='urn:xmpp:alt-connections:xbosh' href='{bosh}'/>\n</XRD>\n"
-    );
-    (
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/xrd+xml"),
-            ),
-            (
-                header::ACCESS_CONTROL_ALLOW_ORIGIN,
-                HeaderValue::from_static("*"),
-            ),
-        ],
-        body,
+    public(
+        "application/xrd+xml",
+        format!(
+            "<?xml version='1.0' encoding='utf-8'?>\n<XRD xmlns='http://docs.oasis-open.org/ns/xri/xrd-1.0'>\n  <Link rel='urn:xmpp:alt-connections:websocket' href='{ws}'/>\n  <Link rel='urn:xmpp:alt-connections:xbosh' href='{bosh}'/>\n</XRD>\n"
+        ),
     )
-        .into_response()
 }
 
 /// `GET /.well-known/host-meta.json` (XEP-0156 §3, JRD).
 async fn host_meta_json(Extension(Tls(tls)): Extension<Tls>, headers: HeaderMap) -> Response {
-    let (Some(url), Some(bosh)) = (websocket_url(&headers, tls), bosh_url(&headers, tls)) else {
-        return (StatusCode::BAD_REQUEST, "a valid Host header is needed\n").into_response();
+    let Some((ws, bosh)) = endpoint_urls(&headers, tls) else {
+        return bad_host();
     };
-    // The URL holds only the characters checked above: no JSON escaping.
-    let body = format!(
-        "{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{url}\"}},{{\"rel\":\"urn:xmpp:alt-connections:xbosh\",\"href\":\"{bosh}\"}}]}}\n"
-    );
-    (
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            ),
-            (
-                header::ACCESS_CONTROL_ALLOW_ORIGIN,
-                HeaderValue::from_static("*"),
-            ),
-        ],
-        body,
+    public(
+        "application/json",
+        format!(
+            "{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{ws}\"}},{{\"rel\":\"urn:xmpp:alt-connections:xbosh\",\"href\":\"{bosh}\"}}]}}\n"
+        ),
     )
-        .into_response()
 }
 
 /// `GET /`: the web chat page, configured for our domain and the
@@ -415,20 +409,7 @@ fn html_escape(s: &str) -> String {
 }
 
 fn bosh_reply(body: String) -> Response {
-    (
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/xml; charset=utf-8"),
-            ),
-            (
-                header::ACCESS_CONTROL_ALLOW_ORIGIN,
-                HeaderValue::from_static("*"),
-            ),
-        ],
-        body,
-    )
-        .into_response()
+    public("text/xml; charset=utf-8", body)
 }
 
 /// `POST /http-bind`: one BOSH request (XEP-0124, XEP-0206; see
