@@ -107,9 +107,8 @@ pub(crate) async fn run(
     direct_tls: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    count_connection(&shared);
     let metrics = &shared.env.metrics;
-    metrics.connections.inc();
-    metrics.connections_total.inc();
     let transport = if direct_tls {
         let Some(tls) = shared.tls.as_ref() else {
             metrics.connections.dec();
@@ -144,16 +143,10 @@ pub(crate) async fn run(
     };
     let conn = Connection::Stream(XmlStream::new(transport, shared.limits, read_limits));
     let mut session = Session::new(shared.clone(), conn, peer);
-    if session.conn.is_secure() {
-        if let Some(ctx) = shared.tls.as_ref() {
-            session.bindings = session.conn.channel_bindings(ctx);
-        }
-        session.info.secure = true;
+    if let Some(ctx) = shared.tls.as_ref().filter(|_| session.info.secure) {
+        session.bindings = session.conn.channel_bindings(ctx);
     }
-    let exit = session.run_loop(&mut shutdown).await;
-    // `finish` counts the connection out if the session still has one (a
-    // detached session lost it earlier, a resumed one handed it on).
-    Box::pin(session.finish(exit)).await;
+    session.run_to_end(&mut shutdown).await;
 }
 
 /// Runs one RFC 7395 WebSocket connection to completion. `secure`: the
@@ -166,14 +159,11 @@ pub(crate) async fn run_websocket(
     secure: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let metrics = &shared.env.metrics;
-    metrics.connections.inc();
-    metrics.connections_total.inc();
+    count_connection(&shared);
     let conn = Connection::WebSocket(Box::new(WsConn::new(ws, shared.limits, secure)));
-    let mut session = Session::new(shared.clone(), conn, peer);
-    session.info.secure = secure;
-    let exit = session.run_loop(&mut shutdown).await;
-    Box::pin(session.finish(exit)).await;
+    Session::new(shared, conn, peer)
+        .run_to_end(&mut shutdown)
+        .await;
 }
 
 /// Runs one BOSH session (XEP-0206) to completion; see `bosh.rs`.
@@ -183,14 +173,16 @@ pub(crate) async fn run_bosh(
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let metrics = &shared.env.metrics;
-    metrics.connections.inc();
-    metrics.connections_total.inc();
-    let secure = conn.is_secure();
-    let mut session = Session::new(shared.clone(), Connection::Bosh(Box::new(conn)), peer);
-    session.info.secure = secure;
-    let exit = session.run_loop(&mut shutdown).await;
-    Box::pin(session.finish(exit)).await;
+    count_connection(&shared);
+    Session::new(shared, Connection::Bosh(Box::new(conn)), peer)
+        .run_to_end(&mut shutdown)
+        .await;
+}
+
+/// Counts a new client connection in (`finish` counts it out).
+fn count_connection(shared: &C2sShared) {
+    shared.env.metrics.connections.inc();
+    shared.env.metrics.connections_total.inc();
 }
 
 impl Session {
@@ -198,6 +190,7 @@ impl Session {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (handle, mailbox) = mailbox(id, shared.mailbox_size);
         let now = Instant::now();
+        let secure = conn.is_secure();
         Session {
             conn,
             info: SessionInfo {
@@ -205,7 +198,7 @@ impl Session {
                 stream_id: String::new(),
                 peer,
                 domain: String::new(),
-                secure: false,
+                secure,
                 state: SessionState::PreAuth,
                 user: None,
                 jid: None,
@@ -223,6 +216,14 @@ impl Session {
             timers: Vec::new(),
             overflow: false,
         }
+    }
+
+    /// Runs the session until it ends, then cleans up. `finish` counts the
+    /// connection out if the session still has one (a detached session
+    /// lost it earlier, a resumed one handed it on).
+    async fn run_to_end(mut self, shutdown: &mut watch::Receiver<bool>) {
+        let exit = self.run_loop(shutdown).await;
+        Box::pin(self.finish(exit)).await;
     }
 
     /// The earliest instant at which something time-based must happen.
