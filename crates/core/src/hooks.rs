@@ -14,6 +14,7 @@
 //! and the connection stays up (invariant 3).
 
 use crate::routing::SessionRef;
+use crate::storage::ArchiveId;
 use crate::{disco::DiscoRegistry, Env, Extensions};
 use async_trait::async_trait;
 use starling_proto::{BareJid, FullJid, Stanza, StanzaError, StreamError};
@@ -335,6 +336,33 @@ pub trait DurabilityHandler: Send + Sync + 'static {
     async fn durable(&self, env: &Env);
 }
 
+/// One copy of a message the archive kept (XEP-0313): `owner`'s archive
+/// got message `id`, exchanged with `peer`.
+pub struct Archived<'a> {
+    /// Whose archive.
+    pub owner: &'a BareJid,
+    /// The other party (bare JID).
+    pub peer: &'a BareJid,
+    /// The archive id of this copy.
+    pub id: ArchiveId,
+    /// The owner sent it (true) or received it (false).
+    pub outgoing: bool,
+    /// How it counts (instant message, correction, other).
+    pub kind: starling_proto::mam::Kind,
+    /// The message as archived.
+    pub element: &'a Element,
+}
+
+/// Follows what the archive keeps: the inbox counts unread messages from
+/// it. Called by the archive module for each archived copy, after it is
+/// queued for writing (it may not be committed yet; [`Hooks::durable`]
+/// waits for that).
+#[async_trait]
+pub trait ArchivedHandler: Send + Sync + 'static {
+    /// `msg` was archived.
+    async fn archived(&self, env: &Env, msg: &Archived<'_>);
+}
+
 /// When in negotiation stream features are offered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FeatureStage {
@@ -550,6 +578,8 @@ pub struct Hooks {
     pub attached: Chain<dyn AttachHandler>,
     /// [`DurabilityHandler`]s.
     pub durability: Vec<Arc<dyn DurabilityHandler>>,
+    /// [`ArchivedHandler`]s.
+    pub archived: Chain<dyn ArchivedHandler>,
     /// [`ElementHandler`]s by (stage, namespace).
     elements: Vec<ElementEntry>,
     timers: HashMap<&'static str, Arc<dyn TimerHandler>>,
@@ -580,6 +610,13 @@ impl Hooks {
     pub async fn durable(&self, env: &Env) {
         for h in &self.durability {
             h.durable(env).await;
+        }
+    }
+
+    /// Tells every [`ArchivedHandler`] about an archived copy.
+    pub async fn archived(&self, env: &Env, msg: &Archived<'_>) {
+        for (_, h) in self.archived.iter() {
+            h.archived(env, msg).await;
         }
     }
 
@@ -682,6 +719,11 @@ impl HookRegistry {
     /// Registers a [`DurabilityHandler`].
     pub fn durability(&mut self, h: Arc<dyn DurabilityHandler>) {
         self.hooks.durability.push(h);
+    }
+
+    /// Registers an [`ArchivedHandler`].
+    pub fn archived(&mut self, module: &'static str, priority: i32, h: Arc<dyn ArchivedHandler>) {
+        self.hooks.archived.add(priority, module, h);
     }
 
     /// Registers the [`ElementHandler`] for namespace `ns` at `stage`.

@@ -16,6 +16,9 @@
 //!   interfaces; the local implementations live in the server crate and a
 //!   clustered one can be added beside them without touching modules.
 //! - [`storage`]: per-concern storage traits; only backends see SQL.
+//! - [`roster::SessionRoster`]: a session's roster cache, the contract
+//!   between the roster and presence modules.
+//! - [`module::Module`]: what a module declares (name, config, hooks).
 //! - [`Metrics`]: the metrics registry and pre-resolved hot-path handles.
 //!
 //! Architecture invariant: this crate has no I/O of its own and no knowledge
@@ -27,6 +30,7 @@ mod extensions;
 pub mod hooks;
 mod metrics;
 mod pressure;
+pub mod roster;
 mod routing;
 pub mod storage;
 pub mod throttle;

@@ -8,8 +8,12 @@
 //! - [`StanzaError`] / [`StreamError`]: the error conditions of RFC 6120
 //!   §8.3 and §4.9, mapped to XML in one place.
 //! - [`sasl`]: SASL mechanisms (SCRAM-SHA-1/256/512 and -PLUS, PLAIN).
+//! - [`datetime`]: XEP-0082 date-times; [`mam`]: archive vocabulary shared
+//!   by the archive and the inbox (message classification, result sets).
 
+pub mod datetime;
 pub mod error;
+pub mod mam;
 pub mod ns;
 pub mod sasl;
 mod stanza;

@@ -58,6 +58,25 @@ pub struct Stanza {
 }
 
 impl Stanza {
+    /// A server-generated `<presence/>` of type `kind` (none: available).
+    pub fn presence(kind: Option<&str>, from: Jid, to: Jid) -> Stanza {
+        let mut el = Element::new("presence", ns::CLIENT);
+        if let Some(t) = kind {
+            el.set_attr("type", t);
+        }
+        Stanza::new(el, Some(from), Some(to))
+    }
+
+    /// The `<priority/>` of a presence (RFC 6121 §4.7.2.3): an integer
+    /// clamped to -128..=127, 0 when absent or malformed.
+    pub fn priority(&self) -> i8 {
+        self.element()
+            .get_child("priority", ns::CLIENT)
+            .and_then(|p| p.text().trim().parse::<i64>().ok())
+            .map(|p| p.clamp(-128, 127) as i8)
+            .unwrap_or(0)
+    }
+
     /// Takes a top-level element received on a `jabber:client` stream.
     pub fn from_element(el: Element) -> Result<Stanza, StanzaParseError> {
         Self::from_element_in(el, ns::CLIENT)

@@ -389,7 +389,7 @@ async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
             let before = match before {
                 None => None,
                 Some(t) => {
-                    let micros = starling_server::modules::time::parse_xep0082(&t).with_context(
+                    let micros = starling_proto::datetime::parse_xep0082(&t).with_context(
                         || format!("--before {t:?} is not a XEP-0082 DateTime like 2026-01-31T00:00:00Z"),
                     )?;
                     Some(ArchiveId::lower_bound(micros))

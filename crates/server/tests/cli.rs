@@ -176,7 +176,7 @@ async fn archive_purge_and_retention_commands() {
         out.contains("localhost: deleted 2 message(s) older than 30 day(s)"),
         "{out}"
     );
-    let before = starling_server::modules::time::xep0082_datetime(((now - 5 * day) / 1000) as u128);
+    let before = starling_proto::datetime::xep0082_datetime(((now - 5 * day) / 1000) as u128);
     let (ok, out, err) = run(&["archive", "purge", "alice@localhost", "--before", &before]);
     assert!(ok, "{err}");
     assert!(

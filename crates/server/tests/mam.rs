@@ -332,7 +332,7 @@ async fn with_and_time_filters() {
     converse(&mut alice, &mut bob, 2).await;
     let mid = Duration::from_millis(30);
     tokio::time::sleep(mid).await;
-    let t = starling_server::modules::time::xep0082_datetime(
+    let t = starling_proto::datetime::xep0082_datetime(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -2,9 +2,9 @@
 //! over real sockets: storage, quota, hints, delivery at the next available
 //! presence, durability across a restart and a SIGKILL, account deletion.
 
+use starling_proto::datetime::xep0082_datetime;
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
-use starling_server::modules::time::xep0082_datetime;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -39,6 +39,12 @@ impl ArchiveId {
         self.0 >> 8
     }
 
+    /// When the message was archived as a XEP-0082 `DateTime` (the
+    /// `<delay stamp/>` of archive results).
+    pub fn stamp(self) -> String {
+        starling_proto::datetime::xep0082_datetime((self.micros() / 1000).max(0) as u128)
+    }
+
     /// The id as clients see it: 13 base-32 digits, zero-padded, so that
     /// string order equals time order.
     pub fn encode(self) -> String {

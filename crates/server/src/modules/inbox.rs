@@ -40,18 +40,17 @@
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
 use crate::config::InboxConfig;
-use crate::modules::mam::{
-    origin_id, result_message, rsm_first_last, Kind, Mam, NS_MARKERS, NS_RSM,
-};
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
-    HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler, UserSendHandler,
+    Archived, ArchivedHandler, HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler,
+    UserSendHandler,
 };
 use starling_core::storage::{
     ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
 };
 use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
+use starling_proto::mam::{origin_id, result_message, rsm_first_last, Kind, NS_MARKERS, NS_RSM};
 use starling_proto::{
     BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -73,7 +72,6 @@ fn conversation_key(owner: &BareJid, peer: &BareJid) -> String {
 pub struct Inbox {
     store: Arc<dyn InboxStore>,
     queue: WriteBehind<InboxUpdate>,
-    mam: Arc<Mam>,
     default_page: u32,
     max_page: u32,
     /// Origin id of the newest instant message each conversation received
@@ -105,7 +103,6 @@ impl Inbox {
         storage: &Storage,
         metrics: &Metrics,
         pressure: &Arc<Pressure>,
-        mam: Arc<Mam>,
         reg: &mut HookRegistry,
     ) {
         let store = storage.inbox.clone();
@@ -119,12 +116,11 @@ impl Inbox {
         let m = Arc::new(Inbox {
             store,
             queue,
-            mam: mam.clone(),
             default_page: cfg.default_page_size,
             max_page: cfg.max_page_size,
             newest: Mutex::new(HashMap::new()),
         });
-        mam.attach_inbox(m.clone());
+        reg.archived(NAME, 50, m.clone());
         reg.user_send(NAME, 46, m.clone());
         // After the archive's shutdown (90): sessions are gone by then, so
         // nothing pushes updates any more.
@@ -139,8 +135,9 @@ impl Inbox {
     }
 
     /// The owner sent an archived message `id` to `peer`.
-    pub async fn outgoing(
+    async fn outgoing(
         &self,
+        env: &Env,
         owner: &BareJid,
         peer: &BareJid,
         id: ArchiveId,
@@ -168,7 +165,7 @@ impl Inbox {
                     let n = if newest {
                         0
                     } else {
-                        self.unread_after(owner, peer, marked).await
+                        self.unread_after(env, owner, peer, marked).await
                     };
                     self.push(owner, peer, None, UnreadChange::Set(n)).await;
                 }
@@ -178,7 +175,7 @@ impl Inbox {
     }
 
     /// The owner received an archived message `id` from `peer`.
-    pub async fn incoming(
+    async fn incoming(
         &self,
         owner: &BareJid,
         peer: &BareJid,
@@ -221,9 +218,10 @@ impl Inbox {
 
     /// Received instant messages from `peer` after the one with origin id
     /// `marked` (XEP-0430 §4: a marker reads everything before it).
-    async fn unread_after(&self, owner: &BareJid, peer: &BareJid, marked: &str) -> u32 {
-        self.mam.flush().await;
-        let store = self.mam.store();
+    async fn unread_after(&self, env: &Env, owner: &BareJid, peer: &BareJid, marked: &str) -> u32 {
+        // Read-your-writes: the archive's queued rows first.
+        env.hooks.durable(env).await;
+        let store = &env.storage.archive;
         let r = async {
             match store
                 .find_by_origin(owner, peer.as_str(), marked, false)
@@ -245,6 +243,7 @@ impl Inbox {
 
     async fn run_query(
         &self,
+        env: &Env,
         owner: &BareJid,
         requester: &FullJid,
         iq: &Stanza,
@@ -303,7 +302,7 @@ impl Inbox {
             }
         }
         // The listing joins the archive: both queues are written first.
-        self.mam.flush().await;
+        env.hooks.durable(env).await;
         self.queue.flush().await;
         let backend = |e: starling_core::storage::StorageError| {
             tracing::error!(module = NAME, user = %owner, error = %e, "inbox query failed");
@@ -331,7 +330,14 @@ impl Inbox {
                 .build();
             if messages {
                 if let Some(Ok(stored)) = e.last_stanza.as_deref().map(str::parse::<Element>) {
-                    let r = result_message(owner, requester, queryid, e.last_id, stored);
+                    let r = result_message(
+                        owner,
+                        requester,
+                        queryid,
+                        &e.last_id.encode(),
+                        &e.last_id.stamp(),
+                        stored,
+                    );
                     let result = r.children().next().cloned();
                     if let Some(result) = result {
                         msg.append_child(result);
@@ -343,8 +349,8 @@ impl Inbox {
         let mut set = Element::new("set", NS_RSM);
         rsm_first_last(
             &mut set,
-            entries.first().map(|e| e.last_id),
-            entries.last().map(|e| e.last_id),
+            entries.first().map(|e| e.last_id.encode()),
+            entries.last().map(|e| e.last_id.encode()),
         );
         set.append_child(
             Element::builder("count", NS_RSM)
@@ -379,6 +385,19 @@ impl Inbox {
 }
 
 #[async_trait]
+impl ArchivedHandler for Inbox {
+    async fn archived(&self, env: &Env, msg: &Archived<'_>) {
+        if msg.outgoing {
+            self.outgoing(env, msg.owner, msg.peer, msg.id, msg.kind, msg.element)
+                .await;
+        } else {
+            self.incoming(msg.owner, msg.peer, msg.id, msg.kind, msg.element)
+                .await;
+        }
+    }
+}
+
+#[async_trait]
 impl UserSendHandler for Inbox {
     async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
         if stanza.kind() != StanzaKind::Iq || stanza.type_attr() != Some("get") {
@@ -395,7 +414,7 @@ impl UserSendHandler for Inbox {
         {
             return Ok(Flow::Continue); // someone else's: the iq handler refuses it
         }
-        match self.run_query(&owner, &me, stanza).await {
+        match self.run_query(cx.env, &owner, &me, stanza).await {
             Ok((entries, fin)) => {
                 for e in entries {
                     cx.send(e);
@@ -423,7 +442,7 @@ impl IqHandler for Inbox {
         }
         let p = iq.payload().expect("routed by payload");
         match (p.name(), iq.type_attr()) {
-            ("inbox", Some("get")) => match self.run_query(&owner, &from, iq).await {
+            ("inbox", Some("get")) => match self.run_query(env, &owner, &from, iq).await {
                 Ok((entries, fin)) => {
                     for e in entries.into_iter().chain(std::iter::once(fin)) {
                         if let Ok(s) = Stanza::from_element(e) {

@@ -62,12 +62,10 @@
 //! Config: `[modules.mam]`, `server.node_id`.
 
 use crate::config::MamConfig;
-use crate::modules::inbox::Inbox;
-use crate::modules::time::{parse_xep0082, xep0082_datetime};
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
-    DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
+    Archived, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
     OfflineCompanions, OfflineMessageHandler, ShutdownHandler, UserSendHandler,
 };
 use starling_core::storage::{
@@ -75,6 +73,10 @@ use starling_core::storage::{
     Storage, StorageResult, WithFilter, FLAG_BODY,
 };
 use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
+use starling_proto::datetime::{parse_xep0082, xep0082_datetime};
+use starling_proto::mam::{
+    classify, origin_id, result_message, rsm_first_last, Kind, NS_MAM, NS_RETRACT, NS_RSM, NS_SID,
+};
 use starling_proto::{
     ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -85,29 +87,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const NAME: &str = "mam";
-/// XEP-0313 namespace.
-pub const NS_MAM: &str = "urn:xmpp:mam:2";
 const NS_MAM_EXTENDED: &str = "urn:xmpp:mam:2#extended";
-/// XEP-0059 namespace.
-pub const NS_RSM: &str = "http://jabber.org/protocol/rsm";
-/// XEP-0359 namespace.
-pub const NS_SID: &str = "urn:xmpp:sid:0";
-/// XEP-0424 namespace.
-pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
 const NS_RETRACT_TOMBSTONE: &str = "urn:xmpp:message-retract:1#tombstone";
-/// XEP-0297 namespace.
-pub const NS_FORWARD: &str = "urn:xmpp:forward:0";
-/// XEP-0203 namespace.
-pub const NS_DELAY: &str = "urn:xmpp:delay";
-const NS_HINTS: &str = "urn:xmpp:hints";
-const NS_RECEIPTS: &str = "urn:xmpp:receipts";
-/// XEP-0333 namespace.
-pub const NS_MARKERS: &str = "urn:xmpp:chat-markers:0";
-const NS_CARBONS: &str = "urn:xmpp:carbons:2";
-const NS_OMEMO: &str = "eu.siacs.conversations.axolotl";
-const NS_OMEMO2: &str = "urn:xmpp:omemo:2";
-/// XEP-0308 namespace.
-pub const NS_CORRECT: &str = "urn:xmpp:message-correct:0";
 const NS_XDATA_VALIDATE: &str = "http://jabber.org/protocol/xdata-validate";
 const PREFS_CACHE_MAX: usize = 100_000;
 const PREFS_TTL: Duration = Duration::from_secs(60);
@@ -123,7 +104,6 @@ pub struct Mam {
     max_page: u32,
     /// Preferences by bare JID, with when they were loaded.
     prefs_cache: Mutex<HashMap<String, (std::time::Instant, Arc<ArchivePrefs>)>>,
-    inbox: Mutex<Option<Arc<Inbox>>>,
     retention: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -152,72 +132,8 @@ fn now_micros() -> i64 {
         .unwrap_or(0)
 }
 
-fn stamp(id: ArchiveId) -> String {
-    xep0082_datetime((id.micros() / 1000).max(0) as u128)
-}
-
 fn err(c: StanzaErrorCondition, text: &str) -> StanzaError {
     StanzaError::new(c).with_text(text)
-}
-
-/// How a message counts for the archive and the inbox.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Not archived.
-    Skip,
-    /// An instant message (has a body).
-    Instant,
-    /// A correction (XEP-0308) carrying the new body.
-    Correction,
-    /// Archived, but not a message a user reads (receipts, markers,
-    /// retractions, bodiless encrypted payloads).
-    Other,
-}
-
-/// Classifies `el` (XEP-0313 §5.1.1, XEP-0334).
-pub fn classify(el: &Element) -> Kind {
-    let t = el.attr("type").unwrap_or("normal");
-    if !matches!(t, "chat" | "normal") {
-        return Kind::Skip;
-    }
-    if el.has_child("no-store", NS_HINTS)
-        || el.has_child("no-permanent-store", NS_HINTS)
-        || el.has_child("received", NS_CARBONS)
-        || el.has_child("sent", NS_CARBONS)
-        || el.has_child("result", NS_MAM)
-    {
-        return Kind::Skip;
-    }
-    if el.has_child("retract", NS_RETRACT) {
-        return Kind::Other;
-    }
-    if el.has_child("body", ns::CLIENT) {
-        return if el.has_child("replace", NS_CORRECT) {
-            Kind::Correction
-        } else {
-            Kind::Instant
-        };
-    }
-    let other = el.children().any(|c| {
-        c.is("store", NS_HINTS)
-            || c.ns() == NS_MARKERS
-            || c.is("received", NS_RECEIPTS)
-            || c.ns() == NS_OMEMO
-            || c.ns() == NS_OMEMO2
-    });
-    if other {
-        Kind::Other
-    } else {
-        Kind::Skip
-    }
-}
-
-/// The sender-chosen id of a message: XEP-0359 origin-id, else `id`.
-pub fn origin_id(el: &Element) -> Option<String> {
-    el.get_child("origin-id", NS_SID)
-        .and_then(|o| o.attr("id"))
-        .or_else(|| el.attr("id"))
-        .map(str::to_owned)
 }
 
 impl Mam {
@@ -257,7 +173,6 @@ impl Mam {
             default_page: cfg.default_page_size,
             max_page: cfg.max_page_size,
             prefs_cache: Mutex::new(HashMap::new()),
-            inbox: Mutex::new(None),
             retention: Mutex::new(None),
         });
         // Each configured domain: its own retention, else the global one.
@@ -296,20 +211,6 @@ impl Mam {
             .feature(IqScope::Account, NS_RETRACT)
             .feature(IqScope::Account, NS_RETRACT_TOMBSTONE);
         m
-    }
-
-    /// Lets the inbox follow what is archived.
-    pub fn attach_inbox(&self, inbox: Arc<Inbox>) {
-        *self.inbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(inbox);
-    }
-
-    fn inbox(&self) -> Option<Arc<Inbox>> {
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The archive store (for the inbox's unread counts).
-    pub fn store(&self) -> &Arc<dyn ArchiveStore> {
-        &self.store
     }
 
     /// A new id: its microsecond part is strictly greater than that of
@@ -399,10 +300,11 @@ impl Mam {
     }
 
     /// Queues one archived copy (`xml`, serialized before any stanza-id was
-    /// added) and tells the inbox.
+    /// added) and tells the [`ArchivedHandler`]s (the inbox).
     #[allow(clippy::too_many_arguments)]
     async fn keep(
         &self,
+        env: &Env,
         owner: &BareJid,
         peer: &BareJid,
         remote: &Jid,
@@ -424,13 +326,19 @@ impl Mam {
                 stanza: xml,
             })
             .await;
-        if let Some(inbox) = self.inbox() {
-            if outgoing {
-                inbox.outgoing(owner, peer, id, kind, el).await;
-            } else {
-                inbox.incoming(owner, peer, id, kind, el).await;
-            }
-        }
+        env.hooks
+            .archived(
+                env,
+                &Archived {
+                    owner,
+                    peer,
+                    id,
+                    outgoing,
+                    kind,
+                    element: el,
+                },
+            )
+            .await;
     }
 
     /// XEP-0424: replaces the message `origin` that `author` sent to
@@ -688,8 +596,8 @@ impl Mam {
                 self.store.query(owner, &query).await.map_err(backend)?;
             rsm_first_last(
                 &mut set,
-                messages.first().map(|m| m.id),
-                messages.last().map(|m| m.id),
+                messages.first().map(|m| m.id.encode()),
+                messages.last().map(|m| m.id.encode()),
             );
             if complete {
                 fin.set_attr("complete", "true");
@@ -699,7 +607,14 @@ impl Mam {
                     tracing::error!(module = NAME, user = %owner, id = m.id.0, "archived stanza does not parse; skipped");
                     continue;
                 };
-                results.push(result_message(owner, requester, queryid, m.id, stored));
+                results.push(result_message(
+                    owner,
+                    requester,
+                    queryid,
+                    &m.id.encode(),
+                    &m.id.stamp(),
+                    stored,
+                ));
             }
             if flip {
                 results.reverse();
@@ -758,7 +673,7 @@ impl Mam {
                     md.append_child(
                         Element::builder(name, NS_MAM)
                             .attr("id", id.encode())
-                            .attr("timestamp", stamp(id))
+                            .attr("timestamp", id.stamp())
                             .build(),
                     );
                 }
@@ -832,42 +747,6 @@ impl Mam {
                 .build(),
         ))
     }
-}
-
-/// Adds RSM `<first/>` and `<last/>` (XEP-0059 §2.6) to `set` for a
-/// non-empty page.
-pub fn rsm_first_last(set: &mut Element, first: Option<ArchiveId>, last: Option<ArchiveId>) {
-    if let (Some(f), Some(l)) = (first, last) {
-        set.append_child(Element::builder("first", NS_RSM).text(f.encode()).build());
-        set.append_child(Element::builder("last", NS_RSM).text(l.encode()).build());
-    }
-}
-
-/// `<message><result queryid id><forwarded><delay/>(stored)</forwarded></result></message>`.
-pub fn result_message(
-    owner: &BareJid,
-    to: &FullJid,
-    queryid: Option<&str>,
-    id: ArchiveId,
-    stored: Element,
-) -> Element {
-    let mut result = Element::builder("result", NS_MAM).attr("id", id.encode());
-    if let Some(q) = queryid {
-        result = result.attr("queryid", q);
-    }
-    let forwarded = Element::builder("forwarded", NS_FORWARD)
-        .append(
-            Element::builder("delay", NS_DELAY)
-                .attr("stamp", stamp(id))
-                .build(),
-        )
-        .append(stored)
-        .build();
-    Element::builder("message", ns::CLIENT)
-        .attr("from", owner.as_str())
-        .attr("to", to.as_str())
-        .append(result.append(forwarded).build())
-        .build()
 }
 
 async fn retention_task(store: Arc<dyn ArchiveStore>, rules: Vec<(String, u32)>) {
@@ -989,8 +868,18 @@ impl UserSendHandler for Mam {
                 .attr("id", id.encode())
                 .build(),
         );
-        self.keep(&owner, &peer, &to, true, id, kind, xml, stanza.element())
-            .await;
+        self.keep(
+            cx.env,
+            &owner,
+            &peer,
+            &to,
+            true,
+            id,
+            kind,
+            xml,
+            stanza.element(),
+        )
+        .await;
         Ok(Flow::Continue)
     }
 }
@@ -1068,8 +957,18 @@ impl InboundHandler for Mam {
                 .build(),
         );
         let xml = stanza.element().to_string_in("");
-        self.keep(&owner, &peer, &from, false, id, kind, xml, stanza.element())
-            .await;
+        self.keep(
+            env,
+            &owner,
+            &peer,
+            &from,
+            false,
+            id,
+            kind,
+            xml,
+            stanza.element(),
+        )
+        .await;
         Ok(Flow::Continue)
     }
 }

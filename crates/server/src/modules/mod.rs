@@ -79,7 +79,7 @@ pub async fn build_hooks(
         carbons::Carbons::register(&mut reg);
     }
     if m.mam.enabled {
-        let mam = mam::Mam::register(
+        mam::Mam::register(
             &m.mam,
             &cfg.server.domains,
             cfg.server.node_id,
@@ -96,7 +96,6 @@ pub async fn build_hooks(
                 storage,
                 metrics,
                 pressure,
-                mam,
                 &mut reg,
             );
         }

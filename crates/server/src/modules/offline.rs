@@ -51,8 +51,6 @@
 //! Hooks: `offline_message` (50), `user_send` (35), timer. Storage:
 //! offline. Config: `[modules.offline]` enabled, max_messages_per_user.
 
-use super::presence::priority_of;
-use super::time::xep0082_datetime;
 use crate::config::OfflineConfig;
 use starling_core::hooks::{
     HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, TimerHandler, TimerKey,
@@ -60,6 +58,7 @@ use starling_core::hooks::{
 };
 use starling_core::storage::OfflineStoreError;
 use starling_core::{async_trait, Action, Env, Flow, HookResult, SessionCtx};
+use starling_proto::datetime::xep0082_datetime;
 use starling_proto::{ns, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
 use starling_xml::Element;
 use std::sync::Arc;
@@ -237,7 +236,7 @@ impl UserSendHandler for Offline {
             return Ok(Flow::Continue);
         }
         let was_deliverable = matches!(cx.info.priority, Some(p) if p >= 0);
-        if !was_deliverable && priority_of(stanza) >= 0 {
+        if !was_deliverable && stanza.priority() >= 0 {
             // After the presence module's actions (echo, availability).
             cx.push(Action::SetTimer(key(DELIVER), Duration::ZERO));
         }

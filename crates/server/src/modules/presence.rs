@@ -50,13 +50,13 @@
 //! `inbound` (45, probes; with the roster module). Storage: roster
 //! (probe authorisation). Config: `[modules.presence]` enabled.
 
-use super::roster::{presence, SessionRoster};
 use starling_core::hooks::{
     HookRegistry, InboundHandler, SessionClosedHandler, TimerHandler, UserReceiveHandler,
     UserSendHandler,
 };
+use starling_core::roster::SessionRoster;
 use starling_core::{async_trait, run_chain, Action, Env, Flow, HookResult, SessionCtx, TimerKey};
-use starling_proto::{ns, BareJid, Jid, Stanza, StanzaKind};
+use starling_proto::{BareJid, Jid, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -106,17 +106,6 @@ impl Presence {
     }
 }
 
-/// The priority of an available presence: the `<priority/>` child as an
-/// integer in -128..=127 (RFC 6121 §4.7.2.3), 0 when absent or invalid.
-pub fn priority_of(stanza: &Stanza) -> i8 {
-    stanza
-        .element()
-        .get_child("priority", ns::CLIENT)
-        .and_then(|p| p.text().trim().parse::<i64>().ok())
-        .map(|p| p.clamp(-128, 127) as i8)
-        .unwrap_or(0)
-}
-
 fn subscribers(cx: &SessionCtx<'_>) -> Vec<BareJid> {
     cx.state
         .get::<SessionRoster>()
@@ -128,7 +117,7 @@ impl Presence {
     /// Presence with no 'to': availability for broadcast.
     async fn broadcast(&self, cx: &mut SessionCtx<'_>, stanza: &Stanza, available: bool) {
         let was_available = cx.info.priority.is_some();
-        let record = available.then(|| (priority_of(stanza), Arc::new(stanza.element().clone())));
+        let record = available.then(|| (stanza.priority(), Arc::new(stanza.element().clone())));
         if available && !was_available {
             // Visible as available before the contacts are looked up (see
             // the module doc); the action below updates the session's own
@@ -318,7 +307,7 @@ impl SessionClosedHandler for Presence {
         // §4.5.2: gracefully or not, an available resource that goes away
         // is announced unavailable; §4.6.3: so are directed-presence targets.
         let me = cx.jid().clone();
-        let unavailable = |to: Jid| presence(Some("unavailable"), me.clone().into(), to);
+        let unavailable = |to: Jid| Stanza::presence(Some("unavailable"), me.clone().into(), to);
         let mut sent: HashSet<BareJid> = HashSet::new();
         if cx.info.priority.is_some() {
             for other in cx.env.sessions.resources(&me.to_bare()) {
@@ -364,8 +353,12 @@ impl InboundHandler for Presence {
             };
         if !authorized {
             // Rule 1: unsubscribed from the bare JID (no presence leak).
-            env.route(presence(Some("unsubscribed"), owner.into(), prober.into()))
-                .await;
+            env.route(Stanza::presence(
+                Some("unsubscribed"),
+                owner.into(),
+                prober.into(),
+            ))
+            .await;
             return Ok(Flow::Stop);
         }
         let id = stanza.id().map(str::to_owned);
@@ -374,7 +367,7 @@ impl InboundHandler for Presence {
                 // Only that resource, and only the fact that it is available.
                 let available = env.sessions.get(full).is_some_and(|e| e.priority.is_some());
                 let kind = (!available).then_some("unavailable");
-                let mut reply = presence(kind, full.clone().into(), from.clone());
+                let mut reply = Stanza::presence(kind, full.clone().into(), from.clone());
                 if let Some(id) = &id {
                     reply.element_mut().set_attr("id", id.as_str());
                 }
@@ -396,7 +389,7 @@ impl InboundHandler for Presence {
                 }
                 if !any {
                     // Rule 3: unavailable from the bare JID.
-                    env.route(presence(Some("unavailable"), owner.into(), from))
+                    env.route(Stanza::presence(Some("unavailable"), owner.into(), from))
                         .await;
                 }
             }

@@ -62,6 +62,7 @@ use starling_core::hooks::{
     FeatureStage, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
     StreamFeatureProvider, UserReceiveHandler, UserSendHandler,
 };
+use starling_core::roster::SessionRoster;
 use starling_core::storage::{RosterChange, RosterItem, StorageError, Subscription};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionInfo};
 use starling_proto::{
@@ -69,7 +70,6 @@ use starling_proto::{
     StanzaKind,
 };
 use starling_xml::Element;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 const NAME: &str = "roster";
@@ -86,56 +86,6 @@ pub const MAX_NAME_BYTES: usize = 1023;
 pub struct Roster {
     max_items: u64,
     versioning: bool,
-}
-
-/// Per-session roster state.
-#[derive(Default)]
-pub struct SessionRoster {
-    /// The session asked for the roster (RFC 6121 §2.2): it gets pushes.
-    pub interested: bool,
-    /// The roster's subscription states, once loaded (roster get or
-    /// initial presence) and kept current by pushes.
-    pub contacts: Option<HashMap<BareJid, Subscription>>,
-    /// The roster version the cache reflects.
-    version: u64,
-}
-
-impl SessionRoster {
-    /// Contacts that receive the user's presence (subscription from/both).
-    pub fn subscribers(&self) -> impl Iterator<Item = &BareJid> {
-        self.contacts
-            .iter()
-            .flatten()
-            .filter(|(_, s)| s.has_from())
-            .map(|(j, _)| j)
-    }
-
-    /// Contacts whose presence the user receives (subscription to/both).
-    pub fn subscriptions(&self) -> impl Iterator<Item = &BareJid> {
-        self.contacts
-            .iter()
-            .flatten()
-            .filter(|(_, s)| s.has_to())
-            .map(|(j, _)| j)
-    }
-
-    /// True if `contact` receives the user's presence.
-    pub fn is_subscriber(&self, contact: &BareJid) -> bool {
-        self.contacts
-            .as_ref()
-            .and_then(|c| c.get(contact))
-            .is_some_and(|s| s.has_from())
-    }
-
-    fn load(&mut self, version: u64, items: &[RosterItem]) {
-        self.version = version;
-        self.contacts = Some(
-            items
-                .iter()
-                .map(|i| (i.jid.clone(), i.subscription))
-                .collect(),
-        );
-    }
 }
 
 impl Roster {
@@ -239,15 +189,6 @@ pub async fn push_all(env: &Env, owner: &BareJid, item: Element, ver: u64) {
     }
 }
 
-/// A server-generated presence stanza.
-pub fn presence(kind: Option<&str>, from: Jid, to: Jid) -> Stanza {
-    let mut el = Element::new("presence", ns::CLIENT);
-    if let Some(t) = kind {
-        el.set_attr("type", t);
-    }
-    Stanza::new(el, Some(from), Some(to))
-}
-
 /// Hands `stanza` to every bound resource of `owner` through the router
 /// (without its inbound chain, which already ran): the receive hook
 /// decides which sessions show it.
@@ -282,7 +223,7 @@ pub async fn send_current_presence(env: &Env, owner: &BareJid, to: &BareJid) {
 pub async fn send_unavailable(env: &Env, owner: &BareJid, to: &BareJid) {
     for e in env.sessions.resources(owner) {
         if e.priority.is_some() {
-            env.route(presence(
+            env.route(Stanza::presence(
                 Some("unavailable"),
                 e.session.jid.into(),
                 to.clone().into(),
@@ -546,15 +487,20 @@ impl Roster {
         let them: Jid = contact.clone().into();
         // §2.5.2 rule 1 (and a pending request of ours is withdrawn too).
         if item.subscription.has_to() || item.ask {
-            env.route(presence(Some("unsubscribe"), me.clone(), them.clone()))
-                .await;
+            env.route(Stanza::presence(
+                Some("unsubscribe"),
+                me.clone(),
+                them.clone(),
+            ))
+            .await;
         }
         // §2.5.2 rule 2 (and a pending request from the contact is denied).
         if item.subscription.has_from() || pending_in {
             if item.subscription.has_from() {
                 send_unavailable(env, owner, contact).await;
             }
-            env.route(presence(Some("unsubscribed"), me, them)).await;
+            env.route(Stanza::presence(Some("unsubscribed"), me, them))
+                .await;
         }
         Ok(())
     }
@@ -704,7 +650,7 @@ impl Roster {
             // No such account (§8.5.1): refuse on its behalf, so the
             // requester's pending ask is cleared (§3.2.3, A.3.4) instead of
             // staying forever.
-            env.route(presence(
+            env.route(Stanza::presence(
                 Some("unsubscribed"),
                 owner.clone().into(),
                 contact.clone().into(),
@@ -727,7 +673,8 @@ impl Roster {
             SubType::Subscribe => {
                 if sub.has_from() {
                     // A.3.1 [2] / §3.1.3 rule 2: auto-reply, don't deliver.
-                    env.route(presence(Some("subscribed"), me, them)).await;
+                    env.route(Stanza::presence(Some("subscribed"), me, them))
+                        .await;
                     send_current_presence(env, owner, contact).await;
                 } else if let Some(mut it) = item.filter(|i| i.approved) {
                     // A.3.1 [1] / §3.4: pre-approved.
@@ -735,7 +682,8 @@ impl Roster {
                     it.approved = false;
                     it.pending_in = false;
                     let ver = store.put_item(owner, &it).await?;
-                    env.route(presence(Some("subscribed"), me, them)).await;
+                    env.route(Stanza::presence(Some("subscribed"), me, them))
+                        .await;
                     push_all(env, owner, item_element(&it), ver).await;
                     send_current_presence(env, owner, contact).await;
                 } else if !pending_in {
@@ -766,7 +714,8 @@ impl Roster {
                     send_unavailable(env, owner, contact).await;
                 }
                 // A.3.2 [1]: auto-reply.
-                env.route(presence(Some("unsubscribed"), me, them)).await;
+                env.route(Stanza::presence(Some("unsubscribed"), me, them))
+                    .await;
             }
             SubType::Subscribed => {
                 let Some(mut it) = item.filter(|_| ask) else {

@@ -44,7 +44,6 @@
 //! (detaching), attach (resuming), session-closed (re-routing), a stream
 //! feature. Config: `[modules.stream_management]` ([`SmConfig`]).
 
-use super::time::xep0082_datetime;
 use serde::Deserialize;
 use starling_core::hooks::{
     AttachHandler, ConnectionLostHandler, ElementHandler, ElementStage, FeatureStage, HookRegistry,
@@ -53,6 +52,7 @@ use starling_core::hooks::{
 use starling_core::{
     async_trait, Action, Env, Extensions, Flow, HookResult, SessionCtx, SessionInfo, SessionRef,
 };
+use starling_proto::datetime::xep0082_datetime;
 use starling_proto::{
     ns, random_id, BareJid, Stanza, StanzaErrorCondition, StreamError, StreamErrorCondition,
 };
