@@ -29,6 +29,7 @@ mod env;
 mod extensions;
 pub mod hooks;
 mod metrics;
+pub mod module;
 mod pressure;
 pub mod roster;
 mod routing;

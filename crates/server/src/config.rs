@@ -5,6 +5,7 @@
 //! Unknown keys are errors (a typo must not silently fall back to a
 //! default); `starling check-config FILE` reports them with line and column.
 
+pub use crate::modules::ModulesSection;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,8 @@ pub struct Config {
     pub auth: AuthSection,
     /// `[storage]`
     pub storage: StorageSection,
-    /// `[modules.*]`
+    /// `[modules.*]`: one table per module, each documented beside its
+    /// module (`crate::modules`).
     pub modules: ModulesSection,
 }
 
@@ -349,295 +351,6 @@ impl Default for StorageSection {
 /// unset (keeps a password out of the configuration file).
 pub const DATABASE_URL_ENV: &str = "STARLING_DATABASE_URL";
 
-/// `[modules]`: one table per module.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ModulesSection {
-    /// `[modules.ping]`
-    pub ping: PingConfig,
-    /// `[modules.disco]`
-    pub disco: DiscoConfig,
-    /// `[modules.register]`
-    pub register: RegisterConfig,
-    /// `[modules.presence]`
-    pub presence: PresenceConfig,
-    /// `[modules.roster]`
-    pub roster: RosterConfig,
-    /// `[modules.blocking]`
-    pub blocking: EnabledConfig,
-    /// `[modules.vcard]`
-    pub vcard: SizeLimitedConfig,
-    /// `[modules.private]`
-    pub private: SizeLimitedConfig,
-    /// `[modules.last]`
-    pub last: EnabledConfig,
-    /// `[modules.offline]`
-    pub offline: OfflineConfig,
-    /// `[modules.carbons]`
-    pub carbons: EnabledConfig,
-    /// `[modules.csi]` (documented in `modules/csi.rs`)
-    pub csi: crate::modules::csi::CsiConfig,
-    /// `[modules.stream_management]` (documented in `modules/sm.rs`)
-    pub stream_management: crate::modules::sm::SmConfig,
-    /// `[modules.mam]`
-    pub mam: MamConfig,
-    /// `[modules.inbox]`
-    pub inbox: InboxConfig,
-    /// `[modules.version]`
-    pub version: VersionConfig,
-    /// `[modules.time]`
-    pub time: EnabledConfig,
-}
-
-/// A module whose only setting is whether it runs.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EnabledConfig {
-    /// Run the module.
-    pub enabled: bool,
-}
-
-impl Default for EnabledConfig {
-    fn default() -> Self {
-        EnabledConfig { enabled: true }
-    }
-}
-
-/// `[modules.offline]`: offline message storage (XEP-0160).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct OfflineConfig {
-    /// Run the module (without it, messages to offline users bounce with
-    /// `<service-unavailable/>`).
-    pub enabled: bool,
-    /// Most messages stored per user; beyond it senders get
-    /// `<service-unavailable/>`.
-    pub max_messages_per_user: u32,
-}
-
-impl Default for OfflineConfig {
-    fn default() -> Self {
-        OfflineConfig {
-            enabled: true,
-            max_messages_per_user: 1000,
-        }
-    }
-}
-
-/// `[modules.mam]`: message archive (XEP-0313, XEP-0359, XEP-0441,
-/// XEP-0424 tombstones).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MamConfig {
-    /// Run the module.
-    pub enabled: bool,
-    /// Archiving default for users who set no preference: "always",
-    /// "roster" or "never".
-    pub default_mode: String,
-    /// Page size when a query gives no RSM `<max/>`.
-    pub default_page_size: u32,
-    /// Largest page a query may ask for.
-    pub max_page_size: u32,
-    /// Days messages are kept (0: forever).
-    pub retention_days: u32,
-    /// Per-domain retention overriding `retention_days`.
-    pub domain_retention_days: std::collections::BTreeMap<String, u32>,
-    /// Write-behind queue: records waiting at most before senders wait.
-    pub queue_capacity: usize,
-    /// Write-behind queue: records per database transaction at most.
-    pub batch_size: usize,
-    /// Write-behind queue: milliseconds a small batch waits for more.
-    pub batch_delay_ms: u64,
-}
-
-impl Default for MamConfig {
-    fn default() -> Self {
-        MamConfig {
-            enabled: true,
-            default_mode: "always".into(),
-            default_page_size: 50,
-            max_page_size: 250,
-            retention_days: 0,
-            domain_retention_days: Default::default(),
-            queue_capacity: 100_000,
-            batch_size: 20_000,
-            batch_delay_ms: 500,
-        }
-    }
-}
-
-/// `[modules.inbox]`: conversation list with unread counts (XEP-0430).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct InboxConfig {
-    /// Run the module (needs `[modules.mam]`).
-    pub enabled: bool,
-    /// Conversations per query when it gives no RSM `<max/>`.
-    pub default_page_size: u32,
-    /// Largest page a query may ask for.
-    pub max_page_size: u32,
-}
-
-impl Default for InboxConfig {
-    fn default() -> Self {
-        InboxConfig {
-            enabled: true,
-            default_page_size: 50,
-            max_page_size: 250,
-        }
-    }
-}
-
-/// `[modules.roster]`: RFC 6121 roster and subscriptions, XEP-0237.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RosterConfig {
-    /// Run the module (without it there are no contacts or subscriptions).
-    pub enabled: bool,
-    /// Most items in one roster; adding more fails with
-    /// `<not-allowed/>` and a text saying so.
-    pub max_items: u32,
-    /// Offer roster versioning (XEP-0237).
-    pub versioning: bool,
-}
-
-impl Default for RosterConfig {
-    fn default() -> Self {
-        RosterConfig {
-            enabled: true,
-            max_items: 1000,
-            versioning: true,
-        }
-    }
-}
-
-/// A module storing per-user documents up to a size.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SizeLimitedConfig {
-    /// Run the module.
-    pub enabled: bool,
-    /// Largest document stored, in bytes of serialized XML.
-    pub max_bytes: usize,
-}
-
-impl Default for SizeLimitedConfig {
-    fn default() -> Self {
-        SizeLimitedConfig {
-            enabled: true,
-            max_bytes: 64 * 1024,
-        }
-    }
-}
-
-/// `[modules.version]`: XEP-0092.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct VersionConfig {
-    /// Answer software version queries.
-    pub enabled: bool,
-    /// Include the operating system in the answer.
-    pub show_os: bool,
-}
-
-impl Default for VersionConfig {
-    fn default() -> Self {
-        VersionConfig {
-            enabled: true,
-            show_os: false,
-        }
-    }
-}
-
-/// `[modules.ping]`: XEP-0199.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PingConfig {
-    /// Answer pings and ping idle clients.
-    pub enabled: bool,
-    /// Seconds without any data from a client before the server pings it.
-    /// 0 disables server-initiated pings (pings are still answered).
-    pub interval_secs: u64,
-    /// Seconds to wait for any data after a ping before the session is
-    /// closed with `<connection-timeout/>`.
-    pub timeout_secs: u64,
-}
-
-impl Default for PingConfig {
-    fn default() -> Self {
-        PingConfig {
-            enabled: true,
-            interval_secs: 120,
-            timeout_secs: 30,
-        }
-    }
-}
-
-/// `[modules.disco]`: XEP-0030.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DiscoConfig {
-    /// Answer service discovery queries.
-    pub enabled: bool,
-    /// Name shown in the server identity.
-    pub server_name: String,
-}
-
-impl Default for DiscoConfig {
-    fn default() -> Self {
-        DiscoConfig {
-            enabled: true,
-            server_name: "Starling".into(),
-        }
-    }
-}
-
-/// `[modules.register]`: XEP-0077.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RegisterConfig {
-    /// Allow anyone who can connect to create an account (off by default).
-    pub enabled: bool,
-    /// Accounts one IP address may create within `window_secs`.
-    pub max_per_ip: u32,
-    /// The registration rate-limit window, in seconds.
-    pub window_secs: u64,
-    /// Let logged-in users change their password in-band.
-    pub allow_password_change: bool,
-    /// Let logged-in users delete their account in-band.
-    pub allow_cancel: bool,
-    /// Shortest password accepted.
-    pub min_password_length: usize,
-}
-
-impl Default for RegisterConfig {
-    fn default() -> Self {
-        RegisterConfig {
-            enabled: false,
-            max_per_ip: 5,
-            window_secs: 600,
-            allow_password_change: true,
-            allow_cancel: true,
-            min_password_length: 4,
-        }
-    }
-}
-
-/// `[modules.presence]`: RFC 6121 presence (availability and priority).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PresenceConfig {
-    /// Track availability and priority from the client's presence. Turning
-    /// it off leaves every session unavailable for bare-JID delivery.
-    pub enabled: bool,
-}
-
-impl Default for PresenceConfig {
-    fn default() -> Self {
-        PresenceConfig { enabled: true }
-    }
-}
-
 /// A configuration problem, with what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -715,48 +428,8 @@ impl Config {
                 }
             }
         }
-        let mam = &self.modules.mam;
-        if starling_core::storage::PrefsDefault::parse(&mam.default_mode).is_none() {
-            return Err(invalid(
-                "modules.mam.default_mode",
-                format!(
-                    "{:?} is not one of \"always\", \"roster\", \"never\"",
-                    mam.default_mode
-                ),
-            ));
-        }
-        if mam.default_page_size == 0 || mam.default_page_size > mam.max_page_size {
-            return Err(invalid(
-                "modules.mam.default_page_size",
-                "must be at least 1 and at most max_page_size".into(),
-            ));
-        }
-        if mam.queue_capacity == 0 || mam.batch_size == 0 {
-            return Err(invalid(
-                "modules.mam.queue_capacity",
-                "queue_capacity and batch_size must be at least 1".into(),
-            ));
-        }
-        for d in mam.domain_retention_days.keys() {
-            if !self.server.domains.iter().any(|x| x == d) {
-                return Err(invalid(
-                    "modules.mam.domain_retention_days",
-                    format!("{d:?} is not one of server.domains"),
-                ));
-            }
-        }
-        let inbox = &self.modules.inbox;
-        if inbox.enabled && !mam.enabled {
-            return Err(invalid(
-                "modules.inbox.enabled",
-                "the inbox needs the archive: enable [modules.mam] or set [modules.inbox] enabled = false".into(),
-            ));
-        }
-        if inbox.default_page_size == 0 || inbox.default_page_size > inbox.max_page_size {
-            return Err(invalid(
-                "modules.inbox.default_page_size",
-                "must be at least 1 and at most max_page_size".into(),
-            ));
+        if let Err((key, message)) = self.modules.validate(&self.server.domains) {
+            return Err(invalid(&key, message));
         }
         if self.listen.is_empty() {
             return Err(invalid(
@@ -910,6 +583,80 @@ mod tests {
             .to_string();
         assert!(err.contains("max_stanza_bites"), "{err}");
         assert!(err.contains("line 2"), "{err}");
+    }
+
+    /// Each module parses its own `[modules.<name>]` table into its own
+    /// struct; unknown modules and unknown keys inside a module are refused
+    /// with what is known; a module's checks and the modules it needs are
+    /// enforced at load time.
+    #[test]
+    fn config_modules_are_parsed_and_checked_by_each_module() {
+        use crate::modules::{Inbox, Mam, Roster};
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        let c = parse(
+            "[modules.roster]
+max_items = 7
+[modules.inbox]
+batch_size = 3
+",
+        )
+        .unwrap();
+        assert_eq!(c.modules.get::<Roster>().max_items, 7);
+        assert!(
+            c.modules.get::<Roster>().versioning,
+            "other keys keep defaults"
+        );
+        assert_eq!(c.modules.get::<Inbox>().batch_size, 3);
+        assert_eq!(c.modules.get::<Mam>().batch_size, 20_000);
+        let err = parse(
+            "[modules.rooster]
+enabled = true
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("unknown module `rooster`") && err.contains("roster"),
+            "{err}"
+        );
+        let err = parse(
+            "[modules.roster]
+max_itemz = 1
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("[modules.roster]") && err.contains("max_itemz"),
+            "{err}"
+        );
+        let err = parse(
+            "[modules.mam]
+default_mode = \"sometimes\"
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("modules.mam.default_mode"), "{err}");
+        let err = parse(
+            "[modules.mam]
+enabled = false
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("modules.inbox.enabled") && err.contains("needs the mam module"),
+            "{err}"
+        );
+        parse(
+            "[modules.mam]
+enabled = false
+[modules.inbox]
+enabled = false
+",
+        )
+        .unwrap();
     }
 
     #[test]

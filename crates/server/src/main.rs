@@ -400,7 +400,7 @@ async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ArchiveCommand::Retention => {
-            let mam = &cfg.modules.mam;
+            let mam = cfg.modules.get::<starling_server::modules::Mam>();
             for d in &cfg.server.domains {
                 let days = mam
                     .domain_retention_days

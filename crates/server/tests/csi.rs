@@ -7,6 +7,7 @@ mod im_common;
 
 use im_common::{login_full, set_state, sync, St};
 use starling_proto::sasl::Mechanism;
+use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
 
@@ -133,7 +134,7 @@ async fn inactive_holds_presence_and_chat_states_newest_per_sender() {
 
 #[tokio::test]
 async fn iqs_are_never_held_and_what_is_held_is_bounded() {
-    let server = TestServer::start_with(|c| c.modules.csi.max_held = 2).await;
+    let server = TestServer::start_with(|c| c.modules.get_mut::<modules::Csi>().max_held = 2).await;
     friends(&server).await;
     let mut alice = login_full(&server, "alice").await;
     enable_sm(&mut alice).await;

@@ -5,6 +5,7 @@
 use starling_proto::datetime::xep0082_datetime;
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
+use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -165,7 +166,12 @@ async fn unknown_payload_survives_storage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
     // XEP-0160 §5 / RFC 6121 §8.5.2.1.1: not stored → error to the sender.
-    let server = TestServer::start_with(|c| c.modules.offline.max_messages_per_user = 2).await;
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<modules::Offline>()
+            .max_messages_per_user = 2
+    })
+    .await;
     server.create_user("bob", "pw-bob").await;
     let mut alice = server.login("alice").await;
     for i in 1..=2 {

@@ -4,6 +4,7 @@
 
 use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::BareJid;
+use starling_server::modules;
 use starling_testkit::{error_condition, TestServer};
 use std::time::Duration;
 
@@ -50,7 +51,8 @@ async fn vcard_set_own_and_fetch_from_anyone() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn vcard_others_and_oversized_rejected_without_change() {
-    let server = TestServer::start_with(|c| c.modules.vcard.max_bytes = 1000).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Vcard>().max_bytes = 1000).await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
@@ -100,7 +102,8 @@ async fn vcard_others_and_oversized_rejected_without_change() {
 #[tokio::test(flavor = "multi_thread")]
 async fn private_storage_roundtrip_and_errors() {
     // XEP-0049 §2 (store/retrieve), §3 (errors).
-    let server = TestServer::start_with(|c| c.modules.private.max_bytes = 500).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Private>().max_bytes = 500).await;
     let mut alice = server.login("alice").await;
     let r = alice
         .iq("<iq type='set' id='p1'><query xmlns='jabber:iq:private'><prefs xmlns='urn:example:prefs'><theme>dark</theme></prefs></query></iq>", "p1")
@@ -308,9 +311,9 @@ async fn disco_advertises_each_enabled_im_module() {
         assert!(vars.iter().any(|v| v == f), "{f} missing from {vars:?}");
     }
     let server2 = TestServer::start_with(|c| {
-        c.modules.blocking.enabled = false;
-        c.modules.vcard.enabled = false;
-        c.modules.time.enabled = false;
+        c.modules.get_mut::<modules::Blocking>().enabled = false;
+        c.modules.get_mut::<modules::Vcard>().enabled = false;
+        c.modules.get_mut::<modules::Time>().enabled = false;
     })
     .await;
     let mut bob = server2.login("bob").await;

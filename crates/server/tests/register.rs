@@ -1,6 +1,7 @@
 //! In-band registration (XEP-0077) over real sockets.
 
 use starling_proto::sasl::Mechanism;
+use starling_server::modules;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
 async fn tls_stream(server: &TestServer) -> Client {
@@ -82,7 +83,8 @@ async fn register_missing_fields_or_bad_name_rejected() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn register_rate_limited_per_ip() {
-    let server = TestServer::start_with(|c| c.modules.register.max_per_ip = 2).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Register>().max_per_ip = 2).await;
     let mut c = tls_stream(&server).await;
     for i in 0..2 {
         let r = register(&mut c, &format!("user{i}"), "password").await;
@@ -95,7 +97,8 @@ async fn register_rate_limited_per_ip() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn register_disabled_means_no_feature_and_not_authorized() {
-    let server = TestServer::start_with(|c| c.modules.register.enabled = false).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Register>().enabled = false).await;
     let mut c = Client::connect(server.starttls_addr()).await;
     let f = c.negotiate_tls().await;
     assert!(!f.has_child("register", ns::REGISTER_FEATURE));

@@ -5,6 +5,7 @@ mod im_common;
 
 use im_common::*;
 use starling_core::storage::Subscription;
+use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, TestServer};
 
@@ -900,7 +901,8 @@ async fn bad_roster_sets_are_rejected_and_change_nothing() {
 async fn roster_size_limit() {
     // [modules.roster] max_items: not-allowed with a text, for sets and for
     // subscription requests that would add an item.
-    let server = TestServer::start_with(|c| c.modules.roster.max_items = 2).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Roster>().max_items = 2).await;
     let mut alice = login_full(&server, "alice").await;
     let _bob = login_full(&server, "bob").await;
     for j in ["a@localhost", "b@localhost"] {
@@ -1071,7 +1073,8 @@ async fn roster_versioning() {
 #[tokio::test(flavor = "multi_thread")]
 async fn versioning_off_means_no_ver_anywhere() {
     // RFC 6121 §2.6.1: the feature is advertised only when supported.
-    let server = TestServer::start_with(|c| c.modules.roster.versioning = false).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Roster>().versioning = false).await;
     let mut alice = login_full(&server, "alice").await;
     let f = alice.features.clone().unwrap();
     assert!(f.get_child("ver", "urn:xmpp:features:rosterver").is_none());
@@ -1092,7 +1095,8 @@ async fn versioning_off_means_no_ver_anywhere() {
 #[tokio::test(flavor = "multi_thread")]
 async fn roster_disabled_registers_nothing() {
     // ARCHITECTURE.md invariant 1: a disabled module runs no code.
-    let server = TestServer::start_with(|c| c.modules.roster.enabled = false).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Roster>().enabled = false).await;
     let mut alice = server.login("alice").await;
     let f = alice.features.clone().unwrap();
     assert!(f

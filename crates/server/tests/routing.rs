@@ -1,6 +1,7 @@
 //! Routing between local sessions: RFC 6120 §8.1.2.1 (from stamping), §10
 //! (server rules), RFC 6121 §8.5 (local user delivery rules).
 
+use starling_server::modules;
 use starling_testkit::{error_condition, ns, TestServer};
 use std::time::Duration;
 
@@ -153,7 +154,8 @@ async fn headline_to_bare_jid_goes_to_all_non_negative_resources() {
 async fn chat_to_user_without_available_resource_gets_service_unavailable() {
     // RFC 6121 §8.5.2.1.1 without offline storage / §8.5.2.2 (with it:
     // tests/offline.rs).
-    let server = TestServer::start_with(|c| c.modules.offline.enabled = false).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Offline>().enabled = false).await;
     server.create_user("bob", "pw").await;
     let mut alice = server.login("alice").await;
     alice
@@ -173,7 +175,8 @@ async fn chat_to_user_without_available_resource_gets_service_unavailable() {
 async fn negative_priority_only_counts_as_unavailable_for_bare_messages() {
     // RFC 6121 §8.5.2.1.1: resources with negative priority get no bare-JID
     // messages (without offline storage: an error; with it, tests/offline.rs).
-    let server = TestServer::start_with(|c| c.modules.offline.enabled = false).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::Offline>().enabled = false).await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     bob.send("<presence><priority>-5</priority></presence>")
@@ -419,8 +422,8 @@ async fn ping_server_and_own_account_answered() {
 async fn server_pings_idle_client_and_drops_silent_one() {
     // XEP-0199 §4.1: server-to-client ping; no answer → connection-timeout.
     let server = TestServer::start_with(|c| {
-        c.modules.ping.interval_secs = 1;
-        c.modules.ping.timeout_secs = 1;
+        c.modules.get_mut::<modules::Ping>().interval_secs = 1;
+        c.modules.get_mut::<modules::Ping>().timeout_secs = 1;
     })
     .await;
     let mut alive = server.login("alice").await;
@@ -499,10 +502,12 @@ async fn disco_info_lists_declared_features_only() {
     }
     // A disabled module is not advertised.
     let server2 = TestServer::start_with(|c| {
-        c.modules.ping.enabled = false;
-        c.modules.register.enabled = false;
-        c.modules.register.allow_cancel = false;
-        c.modules.register.allow_password_change = false;
+        c.modules.get_mut::<modules::Ping>().enabled = false;
+        c.modules.get_mut::<modules::Register>().enabled = false;
+        c.modules.get_mut::<modules::Register>().allow_cancel = false;
+        c.modules
+            .get_mut::<modules::Register>()
+            .allow_password_change = false;
     })
     .await;
     let mut carol = server2.login("carol").await;
@@ -561,10 +566,10 @@ async fn disco_server_advertises_archive_and_inbox_when_enabled() {
     }
     // Disabled modules advertise nothing, in either scope (invariant 1).
     let server2 = TestServer::start_with(|c| {
-        c.modules.mam.enabled = false;
-        c.modules.inbox.enabled = false;
-        c.modules.carbons.enabled = false;
-        c.modules.blocking.enabled = false;
+        c.modules.get_mut::<modules::Mam>().enabled = false;
+        c.modules.get_mut::<modules::Inbox>().enabled = false;
+        c.modules.get_mut::<modules::Carbons>().enabled = false;
+        c.modules.get_mut::<modules::Blocking>().enabled = false;
     })
     .await;
     let mut carol = server2.login("carol").await;

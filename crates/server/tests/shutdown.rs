@@ -7,6 +7,7 @@
 //! docs/durability.md.
 
 use starling_proto::BareJid;
+use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{Client, Event, TestServer};
 use std::collections::{HashMap, HashSet};
@@ -61,12 +62,14 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
     let server = TestServer::start_with(|cfg| {
         // Small queues and batches: the archive queue is congested most of
         // the time, so sessions pause reading and resume over and over.
-        cfg.modules.mam.queue_capacity = 400;
-        cfg.modules.mam.batch_size = 100;
-        cfg.modules.mam.batch_delay_ms = 50;
+        cfg.modules.get_mut::<modules::Mam>().queue_capacity = 400;
+        cfg.modules.get_mut::<modules::Mam>().batch_size = 100;
+        cfg.modules.get_mut::<modules::Mam>().batch_delay_ms = 50;
         // No bounce for a full mailbox: every accepted message must land.
         cfg.c2s.mailbox_size = 1_000_000;
-        cfg.modules.offline.max_messages_per_user = 1_000_000;
+        cfg.modules
+            .get_mut::<modules::Offline>()
+            .max_messages_per_user = 1_000_000;
         cfg.server.shutdown_timeout_secs = 30;
     })
     .await;

@@ -6,6 +6,7 @@
 //! (§4: another resource or offline storage, archived once).
 
 use starling_proto::sasl::Mechanism;
+use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
     error_condition, free_port, ns, write_binary_config, Client, Event, TestServer,
@@ -404,7 +405,9 @@ async fn without_resumption_unacked_messages_go_to_another_resource_or_offline()
 
 #[tokio::test]
 async fn a_client_that_never_acks_is_ended_at_the_queue_bound_and_loses_nothing() {
-    let server = TestServer::start_with(|c| c.modules.stream_management.max_queue = 5).await;
+    let server =
+        TestServer::start_with(|c| c.modules.get_mut::<modules::StreamManagement>().max_queue = 5)
+            .await;
     let mut bob = server.login("bob").await;
     let mut a = server.login("alice").await;
     enable(&mut a, "resume='true'").await;

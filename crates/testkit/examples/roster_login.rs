@@ -12,6 +12,7 @@
 use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
+use starling_server::modules;
 use starling_testkit::{Client, TestServer};
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ async fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20);
     let server = TestServer::start_with(|c| {
         c.c2s.max_bytes_per_second = 0;
-        c.modules.roster.max_items = (contacts as u32).max(1000);
+        c.modules.get_mut::<modules::Roster>().max_items = (contacts as u32).max(1000);
     })
     .await;
     let storage = server.server.env.storage.clone();

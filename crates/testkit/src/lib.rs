@@ -23,6 +23,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use sha2::Digest;
 use starling_proto::sasl::{ChannelBindingType, Mechanism, ScramClient};
 use starling_server::config::{Config, HttpListener, Listener, TlsMode};
+use starling_server::modules;
 use starling_server::RunningServer;
 use starling_xml::{Element, Limits, StreamEvent, StreamParser};
 use std::io;
@@ -102,8 +103,8 @@ pub fn test_config() -> Config {
             tls: true,
         },
     ];
-    cfg.modules.register.enabled = true;
-    cfg.modules.register.max_per_ip = 1000;
+    cfg.modules.get_mut::<modules::Register>().enabled = true;
+    cfg.modules.get_mut::<modules::Register>().max_per_ip = 1000;
     cfg.server.shutdown_timeout_secs = 5;
     cfg
 }

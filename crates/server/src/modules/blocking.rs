@@ -27,6 +27,7 @@ use starling_core::hooks::{
     HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, UserReceiveHandler,
     UserSendHandler,
 };
+use starling_core::module::{EnabledConfig, Module, ModuleCtx};
 use starling_core::storage::StorageResult;
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
 use starling_proto::{ns, BareJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
@@ -394,5 +395,20 @@ impl UserReceiveHandler for Blocking {
             return Ok(Flow::Stop);
         }
         Ok(Flow::Continue)
+    }
+}
+
+impl Module for Blocking {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0191 blocking command";
+    type Config = EnabledConfig;
+    const STORAGE: &'static [&'static str] = &["blocking", "roster"];
+
+    fn enabled(cfg: &EnabledConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Blocking::register(reg);
     }
 }

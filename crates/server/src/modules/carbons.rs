@@ -50,6 +50,7 @@ use starling_core::hooks::{
     HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, UserReceiveHandler,
     UserSendHandler,
 };
+use starling_core::module::{EnabledConfig, Module, ModuleCtx};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionEntry};
 use starling_proto::{ns, BareJid, FullJid, Jid, Stanza, StanzaErrorCondition, StanzaKind};
 use starling_xml::Element;
@@ -279,5 +280,19 @@ impl OfflineMessageHandler for Carbons {
             return Ok(Flow::Stop);
         }
         Ok(Flow::Continue)
+    }
+}
+
+impl Module for Carbons {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0280 message carbons";
+    type Config = EnabledConfig;
+
+    fn enabled(cfg: &EnabledConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Carbons::register(reg);
     }
 }

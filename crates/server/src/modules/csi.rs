@@ -30,6 +30,7 @@ use starling_core::hooks::{
     ElementHandler, ElementStage, FeatureStage, HookRegistry, StreamFeatureProvider,
     UserReceiveHandler,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, Action, Env, Flow, HookResult, SessionCtx, SessionInfo};
 use starling_proto::{Stanza, StanzaKind};
 use starling_xml::Element;
@@ -179,5 +180,19 @@ impl StreamFeatureProvider for Csi {
         if stage == FeatureStage::PostAuth {
             out.push(Element::new("csi", NS_CSI));
         }
+    }
+}
+
+impl Module for Csi {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0352 client state indication";
+    type Config = CsiConfig;
+
+    fn enabled(cfg: &CsiConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &CsiConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Csi::register(cfg, reg);
     }
 }

@@ -13,13 +13,32 @@
 //! Hooks: iq handlers for `disco#info` and `disco#items`, server and account
 //! scope. Storage: accounts (existence). Config: `[modules.disco]`.
 
-use crate::config::DiscoConfig;
 use starling_core::disco::Scopes;
 use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, Env};
 use starling_proto::{ns, Stanza, StanzaErrorCondition};
 use starling_xml::Element;
 use std::sync::Arc;
+
+/// `[modules.disco]`: XEP-0030.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoConfig {
+    /// Answer service discovery queries.
+    pub enabled: bool,
+    /// Name shown in the server identity.
+    pub server_name: String,
+}
+
+impl Default for DiscoConfig {
+    fn default() -> Self {
+        DiscoConfig {
+            enabled: true,
+            server_name: "Starling".into(),
+        }
+    }
+}
 
 const NAME: &str = "disco";
 
@@ -89,5 +108,19 @@ impl IqHandler for Disco {
         }
         // disco#items: no services or account items yet.
         IqResponse::Result(Some(out))
+    }
+}
+
+impl Module for Disco {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0030 service discovery of the server and accounts";
+    type Config = DiscoConfig;
+
+    fn enabled(cfg: &DiscoConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &DiscoConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Disco::register(cfg, reg);
     }
 }

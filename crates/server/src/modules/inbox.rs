@@ -39,13 +39,13 @@
 //! and the server. Storage: `InboxStore`.
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
-use crate::config::InboxConfig;
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
     Archived, ArchivedHandler, HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler,
     UserSendHandler,
 };
+use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
     ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
 };
@@ -57,6 +57,37 @@ use starling_proto::{
 use starling_xml::Element;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// `[modules.inbox]`: conversation list with unread counts (XEP-0430).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InboxConfig {
+    /// Run the module (needs `[modules.mam]`).
+    pub enabled: bool,
+    /// Conversations per query when it gives no RSM `<max/>`.
+    pub default_page_size: u32,
+    /// Largest page a query may ask for.
+    pub max_page_size: u32,
+    /// Write-behind queue: updates waiting at most before senders wait.
+    pub queue_capacity: usize,
+    /// Write-behind queue: updates per database transaction at most.
+    pub batch_size: usize,
+    /// Write-behind queue: milliseconds a small batch waits for more.
+    pub batch_delay_ms: u64,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        InboxConfig {
+            enabled: true,
+            default_page_size: 50,
+            max_page_size: 250,
+            queue_capacity: 100_000,
+            batch_size: 20_000,
+            batch_delay_ms: 500,
+        }
+    }
+}
 
 const NAME: &str = "inbox";
 /// XEP-0430 namespace.
@@ -95,11 +126,10 @@ impl BatchSink<InboxUpdate> for Sink {
 }
 
 impl Inbox {
-    /// Registers the module and attaches it to the archive.
-    /// Its write-behind queue is sized like the archive's (`queue`).
-    pub fn register(
+    /// Registers the module; it follows the archive through the
+    /// `archived` hook.
+    fn register(
         cfg: &InboxConfig,
-        queue: WriteBehindConfig,
         storage: &Storage,
         metrics: &Metrics,
         pressure: &Arc<Pressure>,
@@ -109,7 +139,11 @@ impl Inbox {
         let queue = WriteBehind::spawn(
             "inbox",
             Arc::new(Sink(store.clone())),
-            queue,
+            WriteBehindConfig {
+                capacity: cfg.queue_capacity,
+                max_batch: cfg.batch_size,
+                max_delay: std::time::Duration::from_millis(cfg.batch_delay_ms),
+            },
             metrics.write_behind.queue("inbox"),
             pressure.clone(),
         );
@@ -463,5 +497,37 @@ impl IqHandler for Inbox {
 impl ShutdownHandler for Inbox {
     async fn shutdown(&self, _env: &Env) {
         self.queue.close().await;
+    }
+}
+
+impl Module for Inbox {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0430 inbox: conversations with unread counts";
+    type Config = InboxConfig;
+    const STORAGE: &'static [&'static str] = &["inbox", "archive"];
+    const NEEDS: &'static [&'static str] = &["mam"];
+
+    fn enabled(cfg: &InboxConfig) -> bool {
+        cfg.enabled
+    }
+
+    fn validate(cfg: &InboxConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
+        if cfg.default_page_size == 0 || cfg.default_page_size > cfg.max_page_size {
+            return Err(ConfigProblem::new(
+                "default_page_size",
+                "must be at least 1 and at most max_page_size",
+            ));
+        }
+        if cfg.queue_capacity == 0 || cfg.batch_size == 0 {
+            return Err(ConfigProblem::new(
+                "queue_capacity",
+                "queue_capacity and batch_size must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn start(cfg: &InboxConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Inbox::register(cfg, ctx.storage, ctx.metrics, ctx.pressure, reg);
     }
 }

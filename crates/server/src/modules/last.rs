@@ -17,6 +17,7 @@
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, SessionClosedHandler, UserSendHandler,
 };
+use starling_core::module::{EnabledConfig, Module, ModuleCtx};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
 use starling_proto::{ns, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
 use starling_xml::Element;
@@ -160,5 +161,20 @@ impl SessionClosedHandler for Last {
             .set(&owner, now_unix(), &status)
             .await?;
         Ok(Flow::Continue)
+    }
+}
+
+impl Module for Last {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0012 last activity";
+    type Config = EnabledConfig;
+    const STORAGE: &'static [&'static str] = &["last_activity", "roster", "accounts"];
+
+    fn enabled(cfg: &EnabledConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Last::register(reg);
     }
 }

@@ -61,13 +61,13 @@
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]`, `server.node_id`.
 
-use crate::config::MamConfig;
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
     Archived, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
     OfflineCompanions, OfflineMessageHandler, ShutdownHandler, UserSendHandler,
 };
+use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore, PrefsDefault,
     Storage, StorageResult, WithFilter, FLAG_BODY,
@@ -85,6 +85,48 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `[modules.mam]`: message archive (XEP-0313, XEP-0359, XEP-0441,
+/// XEP-0424 tombstones).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MamConfig {
+    /// Run the module.
+    pub enabled: bool,
+    /// Archiving default for users who set no preference: "always",
+    /// "roster" or "never".
+    pub default_mode: String,
+    /// Page size when a query gives no RSM `<max/>`.
+    pub default_page_size: u32,
+    /// Largest page a query may ask for.
+    pub max_page_size: u32,
+    /// Days messages are kept (0: forever).
+    pub retention_days: u32,
+    /// Per-domain retention overriding `retention_days`.
+    pub domain_retention_days: std::collections::BTreeMap<String, u32>,
+    /// Write-behind queue: records waiting at most before senders wait.
+    pub queue_capacity: usize,
+    /// Write-behind queue: records per database transaction at most.
+    pub batch_size: usize,
+    /// Write-behind queue: milliseconds a small batch waits for more.
+    pub batch_delay_ms: u64,
+}
+
+impl Default for MamConfig {
+    fn default() -> Self {
+        MamConfig {
+            enabled: true,
+            default_mode: "always".into(),
+            default_page_size: 50,
+            max_page_size: 250,
+            retention_days: 0,
+            domain_retention_days: Default::default(),
+            queue_capacity: 100_000,
+            batch_size: 20_000,
+            batch_delay_ms: 500,
+        }
+    }
+}
 
 const NAME: &str = "mam";
 const NS_MAM_EXTENDED: &str = "urn:xmpp:mam:2#extended";
@@ -116,8 +158,8 @@ impl BatchSink<ArchiveRecord> for Sink {
     }
 }
 
-/// The write-behind sizing of `[modules.mam]` (also used by the inbox).
-pub fn queue_config(cfg: &MamConfig) -> WriteBehindConfig {
+/// The write-behind sizing of `[modules.mam]`.
+fn queue_config(cfg: &MamConfig) -> WriteBehindConfig {
     WriteBehindConfig {
         capacity: cfg.queue_capacity,
         max_batch: cfg.batch_size,
@@ -1072,6 +1114,64 @@ impl ShutdownHandler for Mam {
             t.abort();
         }
         self.queue.close().await;
+    }
+}
+
+impl Module for Mam {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str =
+        "XEP-0313 message archive with XEP-0359 stanza ids, XEP-0441 preferences, XEP-0424 retraction tombstones";
+    type Config = MamConfig;
+    const STORAGE: &'static [&'static str] = &["archive", "roster"];
+
+    fn enabled(cfg: &MamConfig) -> bool {
+        cfg.enabled
+    }
+
+    fn validate(cfg: &MamConfig, domains: &[String]) -> Result<(), ConfigProblem> {
+        if PrefsDefault::parse(&cfg.default_mode).is_none() {
+            return Err(ConfigProblem::new(
+                "default_mode",
+                format!(
+                    "{:?} is not one of \"always\", \"roster\", \"never\"",
+                    cfg.default_mode
+                ),
+            ));
+        }
+        if cfg.default_page_size == 0 || cfg.default_page_size > cfg.max_page_size {
+            return Err(ConfigProblem::new(
+                "default_page_size",
+                "must be at least 1 and at most max_page_size",
+            ));
+        }
+        if cfg.queue_capacity == 0 || cfg.batch_size == 0 {
+            return Err(ConfigProblem::new(
+                "queue_capacity",
+                "queue_capacity and batch_size must be at least 1",
+            ));
+        }
+        for d in cfg.domain_retention_days.keys() {
+            if !domains.iter().any(|x| x == d) {
+                return Err(ConfigProblem::new(
+                    "domain_retention_days",
+                    format!("{d:?} is not one of server.domains"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn start(cfg: &MamConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Mam::register(
+            cfg,
+            ctx.domains,
+            ctx.node_id,
+            ctx.storage,
+            ctx.metrics,
+            ctx.pressure,
+            reg,
+        )
+        .await;
     }
 }
 

@@ -1,7 +1,11 @@
-//! Built-in modules, one file per module. Each file's top comment lists the
-//! specifications it implements, the hooks it handles, the storage it needs
-//! and its configuration keys. A module that is not enabled registers
-//! nothing and runs no code.
+//! Built-in modules, one file per module. Each implements
+//! [`starling_core::module::Module`]: its name, its configuration struct
+//! (defined and documented in its file, parsed from `[modules.<name>]`),
+//! the storage it uses, the modules it needs, and `start`, which registers
+//! its hooks. [`MODULES`] is the one list of them; [`ModulesSection`] holds
+//! each one's parsed configuration. A module that is not enabled registers
+//! nothing and runs no code, and no module imports another (they cooperate
+//! through hooks and the contract types of `starling-core`).
 
 pub mod blocking;
 pub mod carbons;
@@ -21,13 +25,277 @@ pub mod time;
 pub mod vcard;
 pub mod version;
 
+pub use blocking::Blocking;
+pub use carbons::Carbons;
+pub use csi::Csi;
+pub use disco::Disco;
+pub use inbox::Inbox;
+pub use last::Last;
+pub use mam::Mam;
+pub use offline::Offline;
+pub use ping::Ping;
+pub use presence::Presence;
+pub use private::Private;
+pub use register::Register;
+pub use roster::Roster;
+pub use sm::StreamManagement;
+pub use time::Time;
+pub use vcard::Vcard;
+pub use version::Version;
+
 use crate::config::Config;
 use starling_core::hooks::{HookRegistry, Hooks};
+use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::Storage;
 use starling_core::{Metrics, Pressure};
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::Arc;
 
-/// Registers every enabled module and freezes the hooks. Modules with
+/// Every module the server knows, in registration order (handlers of equal
+/// priority run in this order). Adding a module is one line here.
+pub static MODULES: &[&dyn ModuleEntry] = &[
+    &Entry::<Presence>(PhantomData),
+    &Entry::<Roster>(PhantomData),
+    &Entry::<Ping>(PhantomData),
+    &Entry::<Disco>(PhantomData),
+    &Entry::<Register>(PhantomData),
+    &Entry::<Blocking>(PhantomData),
+    &Entry::<Vcard>(PhantomData),
+    &Entry::<Private>(PhantomData),
+    &Entry::<Last>(PhantomData),
+    &Entry::<Offline>(PhantomData),
+    &Entry::<Csi>(PhantomData),
+    &Entry::<StreamManagement>(PhantomData),
+    &Entry::<Carbons>(PhantomData),
+    &Entry::<Mam>(PhantomData),
+    &Entry::<Inbox>(PhantomData),
+    &Entry::<Version>(PhantomData),
+    &Entry::<Time>(PhantomData),
+];
+
+/// A module's configuration, type-erased so the `[modules]` section can
+/// hold every module's own struct.
+pub trait AnyConfig: Any + fmt::Debug + Send + Sync {
+    /// A boxed copy.
+    fn clone_box(&self) -> Box<dyn AnyConfig>;
+    /// For downcasting to the module's struct.
+    fn as_any(&self) -> &dyn Any;
+    /// For downcasting to the module's struct.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: Any + fmt::Debug + Clone + Send + Sync> AnyConfig for T {
+    fn clone_box(&self) -> Box<dyn AnyConfig> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+type StartFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// A [`Module`] seen through a type-erased entry of [`MODULES`].
+pub trait ModuleEntry: Sync {
+    /// [`Module::NAME`].
+    fn name(&self) -> &'static str;
+    /// [`Module::SUMMARY`].
+    fn summary(&self) -> &'static str;
+    /// [`Module::STORAGE`].
+    fn storage(&self) -> &'static [&'static str];
+    /// [`Module::NEEDS`].
+    fn needs(&self) -> &'static [&'static str];
+    /// The default configuration.
+    fn default_config(&self) -> Box<dyn AnyConfig>;
+    /// Parses the module's `[modules.<name>]` table.
+    fn parse(&self, table: toml::Value) -> Result<Box<dyn AnyConfig>, String>;
+    /// [`Module::enabled`].
+    fn enabled(&self, cfg: &dyn AnyConfig) -> bool;
+    /// [`Module::validate`].
+    fn validate(&self, cfg: &dyn AnyConfig, domains: &[String]) -> Result<(), ConfigProblem>;
+    /// [`Module::start`].
+    fn start<'a>(
+        &'a self,
+        cfg: &'a dyn AnyConfig,
+        ctx: &'a ModuleCtx<'a>,
+        reg: &'a mut HookRegistry,
+    ) -> StartFuture<'a>;
+}
+
+struct Entry<M>(PhantomData<fn() -> M>);
+
+fn downcast<M: Module>(cfg: &dyn AnyConfig) -> &M::Config {
+    cfg.as_any()
+        .downcast_ref::<M::Config>()
+        .expect("each module's entry holds its own configuration type")
+}
+
+impl<M: Module> ModuleEntry for Entry<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+    fn summary(&self) -> &'static str {
+        M::SUMMARY
+    }
+    fn storage(&self) -> &'static [&'static str] {
+        M::STORAGE
+    }
+    fn needs(&self) -> &'static [&'static str] {
+        M::NEEDS
+    }
+    fn default_config(&self) -> Box<dyn AnyConfig> {
+        Box::new(M::Config::default())
+    }
+    fn parse(&self, table: toml::Value) -> Result<Box<dyn AnyConfig>, String> {
+        M::Config::deserialize(table)
+            .map(|c| Box::new(c) as Box<dyn AnyConfig>)
+            .map_err(|e| e.to_string())
+    }
+    fn enabled(&self, cfg: &dyn AnyConfig) -> bool {
+        M::enabled(downcast::<M>(cfg))
+    }
+    fn validate(&self, cfg: &dyn AnyConfig, domains: &[String]) -> Result<(), ConfigProblem> {
+        M::validate(downcast::<M>(cfg), domains)
+    }
+    fn start<'a>(
+        &'a self,
+        cfg: &'a dyn AnyConfig,
+        ctx: &'a ModuleCtx<'a>,
+        reg: &'a mut HookRegistry,
+    ) -> StartFuture<'a> {
+        Box::pin(M::start(downcast::<M>(cfg), ctx, reg))
+    }
+}
+
+use serde::Deserialize as _;
+
+/// `[modules]`: one table per module of [`MODULES`], each parsed into that
+/// module's own configuration struct (documented beside the module).
+pub struct ModulesSection {
+    /// In [`MODULES`] order.
+    configs: Vec<Box<dyn AnyConfig>>,
+}
+
+impl ModulesSection {
+    fn index(name: &str) -> usize {
+        MODULES
+            .iter()
+            .position(|m| m.name() == name)
+            .unwrap_or_else(|| panic!("module {name} is not in MODULES"))
+    }
+
+    /// Module `M`'s configuration.
+    pub fn get<M: Module>(&self) -> &M::Config {
+        downcast::<M>(&*self.configs[Self::index(M::NAME)])
+    }
+
+    /// Module `M`'s configuration, to change it (tests, tools).
+    pub fn get_mut<M: Module>(&mut self) -> &mut M::Config {
+        self.configs[Self::index(M::NAME)]
+            .as_any_mut()
+            .downcast_mut::<M::Config>()
+            .expect("each module's entry holds its own configuration type")
+    }
+
+    /// Whether the module called `name` is enabled (false for unknown names).
+    pub fn is_enabled(&self, name: &str) -> bool {
+        MODULES
+            .iter()
+            .zip(&self.configs)
+            .any(|(m, c)| m.name() == name && m.enabled(&**c))
+    }
+
+    /// Every module with its configuration, in [`MODULES`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static dyn ModuleEntry, &dyn AnyConfig)> {
+        MODULES
+            .iter()
+            .copied()
+            .zip(self.configs.iter().map(|c| &**c))
+    }
+
+    /// Checks each module's values and the modules each enabled one needs.
+    /// Errors are `(dotted key, message)`.
+    pub fn validate(&self, domains: &[String]) -> Result<(), (String, String)> {
+        for (m, c) in self.iter() {
+            if let Err(p) = m.validate(c, domains) {
+                return Err((format!("modules.{}.{}", m.name(), p.key), p.message));
+            }
+            if !m.enabled(c) {
+                continue;
+            }
+            for need in m.needs() {
+                if !self.is_enabled(need) {
+                    return Err((
+                        format!("modules.{}.enabled", m.name()),
+                        format!(
+                            "the {} module needs the {need} module: enable [modules.{need}] or set [modules.{}] enabled = false",
+                            m.name(),
+                            m.name()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for ModulesSection {
+    fn default() -> Self {
+        ModulesSection {
+            configs: MODULES.iter().map(|m| m.default_config()).collect(),
+        }
+    }
+}
+
+impl Clone for ModulesSection {
+    fn clone(&self) -> Self {
+        ModulesSection {
+            configs: self.configs.iter().map(|c| (**c).clone_box()).collect(),
+        }
+    }
+}
+
+impl fmt::Debug for ModulesSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(m, c)| (m.name(), c)))
+            .finish()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ModulesSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut tables = std::collections::BTreeMap::<String, toml::Value>::deserialize(d)?;
+        let mut configs = Vec::with_capacity(MODULES.len());
+        for m in MODULES {
+            configs.push(match tables.remove(m.name()) {
+                Some(t) => m
+                    .parse(t)
+                    .map_err(|e| D::Error::custom(format!("[modules.{}]: {e}", m.name())))?,
+                None => m.default_config(),
+            });
+        }
+        if let Some(unknown) = tables.keys().next() {
+            let known: Vec<&str> = MODULES.iter().map(|m| m.name()).collect();
+            return Err(D::Error::custom(format!(
+                "unknown module `{unknown}`; known modules: {}",
+                known.join(", ")
+            )));
+        }
+        Ok(ModulesSection { configs })
+    }
+}
+
+/// Starts every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
 /// the Tokio runtime.
 pub async fn build_hooks(
@@ -37,74 +305,20 @@ pub async fn build_hooks(
     pressure: &Arc<Pressure>,
 ) -> Hooks {
     let mut reg = HookRegistry::new();
-    let m = &cfg.modules;
-    // Subscriptions, probes and roster-based presence fan-out need the
-    // roster module; without it presence covers own resources and directed
-    // presence only.
-    if m.presence.enabled {
-        presence::Presence::register(m.roster.enabled, &mut reg);
-    }
-    if m.roster.enabled {
-        roster::Roster::register(&m.roster, &mut reg);
-    }
-    if m.ping.enabled {
-        ping::Ping::register(&m.ping, &mut reg);
-    }
-    if m.disco.enabled {
-        disco::Disco::register(&m.disco, &mut reg);
-    }
-    register::Register::register(&m.register, cfg.auth.scram_iterations, &mut reg);
-    if m.blocking.enabled {
-        blocking::Blocking::register(&mut reg);
-    }
-    if m.vcard.enabled {
-        vcard::Vcard::register(&m.vcard, &mut reg);
-    }
-    if m.private.enabled {
-        private::Private::register(&m.private, &mut reg);
-    }
-    if m.last.enabled {
-        last::Last::register(&mut reg);
-    }
-    if m.offline.enabled {
-        offline::Offline::register(&m.offline, &mut reg);
-    }
-    if m.csi.enabled {
-        csi::Csi::register(&m.csi, &mut reg);
-    }
-    if m.stream_management.enabled {
-        sm::StreamManagement::register(&m.stream_management, &mut reg);
-    }
-    if m.carbons.enabled {
-        carbons::Carbons::register(&mut reg);
-    }
-    if m.mam.enabled {
-        mam::Mam::register(
-            &m.mam,
-            &cfg.server.domains,
-            cfg.server.node_id,
-            storage,
-            metrics,
-            pressure,
-            &mut reg,
-        )
-        .await;
-        if m.inbox.enabled {
-            inbox::Inbox::register(
-                &m.inbox,
-                mam::queue_config(&m.mam),
-                storage,
-                metrics,
-                pressure,
-                &mut reg,
-            );
+    let is_enabled = |name: &str| cfg.modules.is_enabled(name);
+    let ctx = ModuleCtx {
+        domains: &cfg.server.domains,
+        node_id: cfg.server.node_id,
+        scram_iterations: cfg.auth.scram_iterations,
+        storage,
+        metrics,
+        pressure,
+        is_enabled: &is_enabled,
+    };
+    for (m, c) in cfg.modules.iter() {
+        if m.enabled(c) {
+            m.start(c, &ctx, &mut reg).await;
         }
-    }
-    if m.version.enabled {
-        version::Version::register(&m.version, &mut reg);
-    }
-    if m.time.enabled {
-        time::Time::register(&mut reg);
     }
     reg.build()
 }

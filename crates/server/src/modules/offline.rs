@@ -51,11 +51,11 @@
 //! Hooks: `offline_message` (50), `user_send` (35), timer. Storage:
 //! offline. Config: `[modules.offline]` enabled, max_messages_per_user.
 
-use crate::config::OfflineConfig;
 use starling_core::hooks::{
     HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, TimerHandler, TimerKey,
     UserSendHandler,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::storage::OfflineStoreError;
 use starling_core::{async_trait, Action, Env, Flow, HookResult, SessionCtx};
 use starling_proto::datetime::xep0082_datetime;
@@ -63,6 +63,27 @@ use starling_proto::{ns, ErrorType, Stanza, StanzaError, StanzaErrorCondition, S
 use starling_xml::Element;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `[modules.offline]`: offline message storage (XEP-0160).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OfflineConfig {
+    /// Run the module (without it, messages to offline users bounce with
+    /// `<service-unavailable/>`).
+    pub enabled: bool,
+    /// Most messages stored per user; beyond it senders get
+    /// `<service-unavailable/>`.
+    pub max_messages_per_user: u32,
+}
+
+impl Default for OfflineConfig {
+    fn default() -> Self {
+        OfflineConfig {
+            enabled: true,
+            max_messages_per_user: 1000,
+        }
+    }
+}
 
 const NAME: &str = "offline";
 /// The XEP-0160 disco feature.
@@ -279,6 +300,21 @@ impl TimerHandler for Offline {
             _ => {}
         }
         Ok(Flow::Continue)
+    }
+}
+
+impl Module for Offline {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0160 offline message storage";
+    type Config = OfflineConfig;
+    const STORAGE: &'static [&'static str] = &["offline"];
+
+    fn enabled(cfg: &OfflineConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &OfflineConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Offline::register(cfg, reg);
     }
 }
 

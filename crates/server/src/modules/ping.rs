@@ -12,12 +12,12 @@
 //! `user_send` (consumes our pongs), timers. Storage: none.
 //! Config: `[modules.ping]` enabled, interval_secs, timeout_secs.
 
-use crate::config::PingConfig;
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, SessionOpenedHandler, TimerHandler,
     UserSendHandler,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{
     async_trait, Action, Env, Flow, HookResult, SessionCtx, SessionState, TimerKey,
 };
@@ -25,6 +25,30 @@ use starling_proto::{ns, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// `[modules.ping]`: XEP-0199.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PingConfig {
+    /// Answer pings and ping idle clients.
+    pub enabled: bool,
+    /// Seconds without any data from a client before the server pings it.
+    /// 0 disables server-initiated pings (pings are still answered).
+    pub interval_secs: u64,
+    /// Seconds to wait for any data after a ping before the session is
+    /// closed with `<connection-timeout/>`.
+    pub timeout_secs: u64,
+}
+
+impl Default for PingConfig {
+    fn default() -> Self {
+        PingConfig {
+            enabled: true,
+            interval_secs: 120,
+            timeout_secs: 30,
+        }
+    }
+}
 
 const NAME: &str = "ping";
 const CHECK_IDLE: u64 = 1;
@@ -159,5 +183,19 @@ impl TimerHandler for Ping {
             _ => {}
         }
         Ok(Flow::Continue)
+    }
+}
+
+impl Module for Ping {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0199 ping: answers pings, pings idle clients";
+    type Config = PingConfig;
+
+    fn enabled(cfg: &PingConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &PingConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Ping::register(cfg, reg);
     }
 }

@@ -54,6 +54,7 @@ use starling_core::hooks::{
     HookRegistry, InboundHandler, SessionClosedHandler, TimerHandler, UserReceiveHandler,
     UserSendHandler,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::roster::SessionRoster;
 use starling_core::{async_trait, run_chain, Action, Env, Flow, HookResult, SessionCtx, TimerKey};
 use starling_proto::{BareJid, Jid, Stanza, StanzaKind};
@@ -61,6 +62,21 @@ use starling_xml::Element;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// `[modules.presence]`: RFC 6121 presence (availability and priority).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PresenceConfig {
+    /// Track availability and priority from the client's presence. Turning
+    /// it off leaves every session unavailable for bare-JID delivery.
+    pub enabled: bool,
+}
+
+impl Default for PresenceConfig {
+    fn default() -> Self {
+        PresenceConfig { enabled: true }
+    }
+}
 
 const NAME: &str = "presence";
 /// Most entities one session remembers having sent directed presence to.
@@ -395,5 +411,20 @@ impl InboundHandler for Presence {
             }
         }
         Ok(Flow::Stop)
+    }
+}
+
+impl Module for Presence {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str =
+        "RFC 6121 presence: availability, priority, broadcast, probes, directed presence";
+    type Config = PresenceConfig;
+
+    fn enabled(cfg: &PresenceConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(_cfg: &PresenceConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Presence::register((ctx.is_enabled)("roster"), reg);
     }
 }

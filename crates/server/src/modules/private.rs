@@ -11,12 +11,31 @@
 //! Hooks: iq handler `{jabber:iq:private}query` (account scope). Storage:
 //! user_data (kind "private"). Config: `[modules.private]`.
 
-use crate::config::SizeLimitedConfig;
 use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, Env};
 use starling_proto::{ErrorType, Stanza, StanzaError, StanzaErrorCondition};
 use starling_xml::Element;
 use std::sync::Arc;
+
+/// `[modules.private]`: XEP-0049 private XML storage.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivateConfig {
+    /// Run the module.
+    pub enabled: bool,
+    /// Largest document stored, in bytes of serialized XML.
+    pub max_bytes: usize,
+}
+
+impl Default for PrivateConfig {
+    fn default() -> Self {
+        PrivateConfig {
+            enabled: true,
+            max_bytes: 64 * 1024,
+        }
+    }
+}
 
 const NAME: &str = "private";
 /// XEP-0049 namespace.
@@ -29,7 +48,7 @@ pub struct Private {
 
 impl Private {
     /// Registers the module.
-    pub fn register(cfg: &SizeLimitedConfig, reg: &mut HookRegistry) {
+    pub fn register(cfg: &PrivateConfig, reg: &mut HookRegistry) {
         let m = Arc::new(Private {
             max_bytes: cfg.max_bytes,
         });
@@ -121,5 +140,20 @@ impl IqHandler for Private {
             }
             _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
         }
+    }
+}
+
+impl Module for Private {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0049 private XML storage";
+    type Config = PrivateConfig;
+    const STORAGE: &'static [&'static str] = &["user_data"];
+
+    fn enabled(cfg: &PrivateConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &PrivateConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Private::register(cfg, reg);
     }
 }

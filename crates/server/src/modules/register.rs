@@ -22,12 +22,12 @@
 //! Storage: accounts. Config: `[modules.register]`.
 
 use crate::accounts::{self, AccountError};
-use crate::config::RegisterConfig;
 use crate::limiter::IpLimiter;
 use starling_core::hooks::{
     FeatureStage, HookRegistry, IqHandler, IqResponse, IqScope, PreAuthHandler,
     StreamFeatureProvider,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, CloseReason, Env, Flow, HookResult, SessionCtx, SessionInfo};
 use starling_proto::{
     ns, BareJid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind, StreamError,
@@ -36,6 +36,37 @@ use starling_proto::{
 use starling_xml::Element;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// `[modules.register]`: XEP-0077.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegisterConfig {
+    /// Allow anyone who can connect to create an account (off by default).
+    pub enabled: bool,
+    /// Accounts one IP address may create within `window_secs`.
+    pub max_per_ip: u32,
+    /// The registration rate-limit window, in seconds.
+    pub window_secs: u64,
+    /// Let logged-in users change their password in-band.
+    pub allow_password_change: bool,
+    /// Let logged-in users delete their account in-band.
+    pub allow_cancel: bool,
+    /// Shortest password accepted.
+    pub min_password_length: usize,
+}
+
+impl Default for RegisterConfig {
+    fn default() -> Self {
+        RegisterConfig {
+            enabled: false,
+            max_per_ip: 5,
+            window_secs: 600,
+            allow_password_change: true,
+            allow_cancel: true,
+            min_password_length: 4,
+        }
+    }
+}
 
 const NAME: &str = "register";
 
@@ -290,5 +321,21 @@ impl IqHandler for Register {
             }
             _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
         }
+    }
+}
+
+impl Module for Register {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str =
+        "XEP-0077 in-band registration, password change and account removal";
+    type Config = RegisterConfig;
+    const STORAGE: &'static [&'static str] = &["accounts"];
+
+    fn enabled(_cfg: &RegisterConfig) -> bool {
+        true
+    }
+
+    async fn start(cfg: &RegisterConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Register::register(cfg, ctx.scram_iterations, reg);
     }
 }

@@ -57,11 +57,11 @@
 //! (rosterver, pre-approval). Storage: roster, accounts.
 //! Config: `[modules.roster]` enabled, max_items, versioning.
 
-use crate::config::RosterConfig;
 use starling_core::hooks::{
     FeatureStage, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
     StreamFeatureProvider, UserReceiveHandler, UserSendHandler,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::roster::SessionRoster;
 use starling_core::storage::{RosterChange, RosterItem, StorageError, Subscription};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionInfo};
@@ -71,6 +71,29 @@ use starling_proto::{
 };
 use starling_xml::Element;
 use std::sync::Arc;
+
+/// `[modules.roster]`: RFC 6121 roster and subscriptions, XEP-0237.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RosterConfig {
+    /// Run the module (without it there are no contacts or subscriptions).
+    pub enabled: bool,
+    /// Most items in one roster; adding more fails with
+    /// `<not-allowed/>` and a text saying so.
+    pub max_items: u32,
+    /// Offer roster versioning (XEP-0237).
+    pub versioning: bool,
+}
+
+impl Default for RosterConfig {
+    fn default() -> Self {
+        RosterConfig {
+            enabled: true,
+            max_items: 1000,
+            versioning: true,
+        }
+    }
+}
 
 const NAME: &str = "roster";
 /// The roster namespace (RFC 6121 §2).
@@ -951,6 +974,21 @@ impl StreamFeatureProvider for Roster {
             out.push(Element::new("ver", NS_ROSTERVER));
         }
         out.push(Element::new("sub", NS_PRE_APPROVAL));
+    }
+}
+
+impl Module for Roster {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "RFC 6121 roster and subscriptions, XEP-0237 roster versioning";
+    type Config = RosterConfig;
+    const STORAGE: &'static [&'static str] = &["roster", "accounts"];
+
+    fn enabled(cfg: &RosterConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &RosterConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Roster::register(cfg, reg);
     }
 }
 

@@ -49,6 +49,7 @@ use starling_core::hooks::{
     AttachHandler, ConnectionLostHandler, ElementHandler, ElementStage, FeatureStage, HookRegistry,
     SessionClosedHandler, StreamFeatureProvider, TrafficObserver,
 };
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{
     async_trait, Action, Env, Extensions, Flow, HookResult, SessionCtx, SessionInfo, SessionRef,
 };
@@ -472,6 +473,20 @@ impl StreamFeatureProvider for StreamManagement {
         if stage == FeatureStage::PostAuth {
             out.push(Element::new("sm", NS_SM));
         }
+    }
+}
+
+impl Module for StreamManagement {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0198 stream management with resumption";
+    type Config = SmConfig;
+
+    fn enabled(cfg: &SmConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &SmConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        StreamManagement::register(cfg, reg);
     }
 }
 

@@ -9,6 +9,7 @@
 //! Config: `[modules.time]`.
 
 use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
+use starling_core::module::{EnabledConfig, Module, ModuleCtx};
 use starling_core::{async_trait, Env};
 use starling_proto::datetime::xep0082_datetime;
 use starling_proto::{Stanza, StanzaErrorCondition};
@@ -49,5 +50,19 @@ impl IqHandler for Time {
                 .build(),
         );
         IqResponse::Result(Some(t))
+    }
+}
+
+impl Module for Time {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0202 entity time";
+    type Config = EnabledConfig;
+
+    fn enabled(cfg: &EnabledConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Time::register(reg);
     }
 }

@@ -11,12 +11,31 @@
 //! Hooks: iq handler `{vcard-temp}vCard` (account scope). Storage:
 //! user_data (kind "vcard"), accounts. Config: `[modules.vcard]`.
 
-use crate::config::SizeLimitedConfig;
 use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, Env};
 use starling_proto::{ErrorType, Stanza, StanzaError, StanzaErrorCondition};
 use starling_xml::Element;
 use std::sync::Arc;
+
+/// `[modules.vcard]`: XEP-0054 vCards.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VcardConfig {
+    /// Run the module.
+    pub enabled: bool,
+    /// Largest document stored, in bytes of serialized XML.
+    pub max_bytes: usize,
+}
+
+impl Default for VcardConfig {
+    fn default() -> Self {
+        VcardConfig {
+            enabled: true,
+            max_bytes: 64 * 1024,
+        }
+    }
+}
 
 const NAME: &str = "vcard";
 /// XEP-0054 namespace.
@@ -29,7 +48,7 @@ pub struct Vcard {
 
 impl Vcard {
     /// Registers the module.
-    pub fn register(cfg: &SizeLimitedConfig, reg: &mut HookRegistry) {
+    pub fn register(cfg: &VcardConfig, reg: &mut HookRegistry) {
         let m = Arc::new(Vcard {
             max_bytes: cfg.max_bytes,
         });
@@ -103,5 +122,20 @@ impl IqHandler for Vcard {
             }
             _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
         }
+    }
+}
+
+impl Module for Vcard {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0054 vcard-temp";
+    type Config = VcardConfig;
+    const STORAGE: &'static [&'static str] = &["user_data"];
+
+    fn enabled(cfg: &VcardConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &VcardConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Vcard::register(cfg, reg);
     }
 }

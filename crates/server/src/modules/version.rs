@@ -8,12 +8,31 @@
 //! Hooks: iq handler `{jabber:iq:version}query` (server scope).
 //! Config: `[modules.version]`.
 
-use crate::config::VersionConfig;
 use starling_core::hooks::{HookRegistry, IqHandler, IqResponse, IqScope};
+use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, Env};
 use starling_proto::{Stanza, StanzaErrorCondition};
 use starling_xml::Element;
 use std::sync::Arc;
+
+/// `[modules.version]`: XEP-0092.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VersionConfig {
+    /// Answer software version queries.
+    pub enabled: bool,
+    /// Include the operating system in the answer.
+    pub show_os: bool,
+}
+
+impl Default for VersionConfig {
+    fn default() -> Self {
+        VersionConfig {
+            enabled: true,
+            show_os: false,
+        }
+    }
+}
 
 const NAME: &str = "version";
 /// XEP-0092 namespace.
@@ -65,5 +84,19 @@ impl IqHandler for Version {
             q.append_child(Element::builder("os", NS_VERSION).text(os.clone()).build());
         }
         IqResponse::Result(Some(q))
+    }
+}
+
+impl Module for Version {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str = "XEP-0092 software version";
+    type Config = VersionConfig;
+
+    fn enabled(cfg: &VersionConfig) -> bool {
+        cfg.enabled
+    }
+
+    async fn start(cfg: &VersionConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Version::register(cfg, reg);
     }
 }

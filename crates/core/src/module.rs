@@ -1,0 +1,114 @@
+//! The [`Module`] trait: everything the server needs to know to run a
+//! module, declared in one place by the module itself.
+//!
+//! A module has a name (its `[modules.<name>]` configuration table), its
+//! own configuration struct (documented beside the module, deserialized
+//! from that table, with defaults for every key), the storage concerns it
+//! uses, the other modules it needs, and a `start` function that registers
+//! its hooks, element and iq handlers, disco features and background tasks
+//! in a [`HookRegistry`]. The server keeps one list of modules; adding a
+//! module is writing it and adding one line to that list.
+//!
+//! Modules never import each other. When they must cooperate they do it
+//! through hooks (the archive tells the inbox through
+//! [`crate::hooks::ArchivedHandler`]) or through a shared contract type in
+//! this crate ([`crate::roster::SessionRoster`]).
+
+use crate::hooks::HookRegistry;
+use crate::storage::Storage;
+use crate::{Metrics, Pressure};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+/// What a module gets at start-up besides its own configuration.
+pub struct ModuleCtx<'a> {
+    /// The served domains (`[server] domains`).
+    pub domains: &'a [String],
+    /// This node's id (`[server] node_id`), part of archive ids.
+    pub node_id: u8,
+    /// SCRAM iteration count for passwords set in-band (`[auth]`).
+    pub scram_iterations: u32,
+    /// Storage handles.
+    pub storage: &'a Storage,
+    /// Metrics registry.
+    pub metrics: &'a Metrics,
+    /// Storage back-pressure, for modules with write-behind queues.
+    pub pressure: &'a Arc<Pressure>,
+    /// Whether the module named so is enabled (for optional cooperation,
+    /// e.g. presence fan-out when the roster module runs).
+    pub is_enabled: &'a (dyn Fn(&str) -> bool + Sync),
+}
+
+/// A configuration value a module refused, with what to do about it.
+#[derive(Debug)]
+pub struct ConfigProblem {
+    /// The key inside the module's table (e.g. `default_page_size`).
+    pub key: &'static str,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl ConfigProblem {
+    /// A problem with `key`.
+    pub fn new(key: &'static str, message: impl Into<String>) -> Self {
+        ConfigProblem {
+            key,
+            message: message.into(),
+        }
+    }
+}
+
+/// A storage concern a module uses (documentation and `starling modules`).
+pub type StorageConcern = &'static str;
+
+/// A module of the server.
+pub trait Module: Send + Sync + 'static {
+    /// The module's name: its `[modules.<NAME>]` table and the `module`
+    /// field of its log lines.
+    const NAME: &'static str;
+    /// One line saying what it does (the specifications it implements).
+    const SUMMARY: &'static str;
+    /// Its configuration: a struct documented beside the module; every key
+    /// has a default and unknown keys are refused
+    /// (`#[serde(default, deny_unknown_fields)]`).
+    type Config: DeserializeOwned + Default + Clone + Debug + Send + Sync + 'static;
+    /// The storage concerns it reads or writes.
+    const STORAGE: &'static [StorageConcern] = &[];
+    /// Modules that must be enabled when this one is.
+    const NEEDS: &'static [&'static str] = &[];
+
+    /// Whether the configuration turns the module on. A module that is
+    /// off registers nothing and runs no code.
+    fn enabled(cfg: &Self::Config) -> bool;
+
+    /// Checks values that types alone cannot (`domains`: the served
+    /// domains, for per-domain settings).
+    fn validate(cfg: &Self::Config, domains: &[String]) -> Result<(), ConfigProblem> {
+        let _ = (cfg, domains);
+        Ok(())
+    }
+
+    /// Registers the module's handlers and starts its background tasks
+    /// (inside the Tokio runtime).
+    fn start(
+        cfg: &Self::Config,
+        ctx: &ModuleCtx<'_>,
+        reg: &mut HookRegistry,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// The configuration of a module whose only setting is whether it runs.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnabledConfig {
+    /// Run the module.
+    pub enabled: bool,
+}
+
+impl Default for EnabledConfig {
+    fn default() -> Self {
+        EnabledConfig { enabled: true }
+    }
+}
