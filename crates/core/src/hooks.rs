@@ -462,6 +462,26 @@ pub trait IqHandler: Send + Sync + 'static {
     async fn handle_iq(&self, env: &Env, scope: IqScope, iq: &Stanza) -> IqResponse;
 }
 
+/// Handles iq get/set requests a user sends to their own account: no `to`,
+/// or `to` their bare JID (RFC 6120 §10.3.3, RFC 6121 §2.1.3). These are
+/// answered inside the sending session, on one path: the handler sees the
+/// session (its per-session state, such as the roster cache) and what it
+/// sends goes straight to that session, never through a mailbox (large
+/// archive pages). Requests for another account's data go to the
+/// [`IqHandler`] of [`IqScope::Account`] instead.
+#[async_trait]
+pub trait OwnIqHandler: Send + Sync + 'static {
+    /// Handles one request; elements sent with `cx.send` precede the
+    /// answer.
+    async fn own_iq(&self, cx: &mut SessionCtx<'_>, iq: &Stanza) -> IqResponse;
+}
+
+struct OwnIqEntry {
+    name: String,
+    module: &'static str,
+    handler: Arc<dyn OwnIqHandler>,
+}
+
 struct IqEntry {
     scope: IqScope,
     name: String,
@@ -586,6 +606,8 @@ pub struct Hooks {
     /// namespace → (scope, element name, module, handler); looked up by
     /// `&str` so routing an iq allocates nothing.
     iq: HashMap<String, Vec<IqEntry>>,
+    /// namespace → own-account handlers.
+    own_iq: HashMap<String, Vec<OwnIqEntry>>,
     /// Features and identities for service discovery, declared by modules.
     pub disco: DiscoRegistry,
 }
@@ -623,6 +645,15 @@ impl Hooks {
     /// The timer handler of `module`.
     pub fn timer(&self, module: &str) -> Option<&Arc<dyn TimerHandler>> {
         self.timers.get(module)
+    }
+
+    /// The own-account handler for a payload `{ns}name`.
+    pub fn own_iq_handler(&self, name: &str, ns: &str) -> Option<&Arc<dyn OwnIqHandler>> {
+        self.own_iq
+            .get(ns)?
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| &e.handler)
     }
 
     /// The iq handler for a payload `{ns}name` in `scope`.
@@ -789,6 +820,25 @@ impl HookRegistry {
         }
         entries.push(IqEntry {
             scope,
+            name: name.to_owned(),
+            module,
+            handler: h,
+        });
+    }
+
+    /// Registers the [`OwnIqHandler`] for payload `{ns}name`.
+    ///
+    /// # Panics
+    /// If another module already handles that payload.
+    pub fn own_iq(&mut self, module: &'static str, name: &str, ns: &str, h: Arc<dyn OwnIqHandler>) {
+        let entries = self.hooks.own_iq.entry(ns.to_owned()).or_default();
+        if let Some(other) = entries.iter().find(|e| e.name == name) {
+            panic!(
+                "modules {} and {module} both handle own-account {{{ns}}}{name}",
+                other.module
+            );
+        }
+        entries.push(OwnIqEntry {
             name: name.to_owned(),
             module,
             handler: h,

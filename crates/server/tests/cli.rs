@@ -681,7 +681,7 @@ fn listener_on_unspecified_ipv6_accepts_both_stacks() {
     while !answers_a_stream(p1) {
         std::thread::sleep(Duration::from_millis(50));
         waited += 1;
-        assert!(waited < 200, "server did not start on IPv4");
+        assert!(waited < 1200, "server did not start on IPv4 within 60 s");
     }
     for addr in [
         format!("[::1]:{p1}"),

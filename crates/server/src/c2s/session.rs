@@ -23,7 +23,7 @@ use super::transport::Transport;
 use super::websocket::WsConn;
 use super::C2sShared;
 use crate::c2s::sasl::SaslState;
-use starling_core::hooks::{ElementStage, FeatureStage};
+use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, OwnIqHandler};
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, Mailbox, SessionCtx,
     SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
@@ -831,9 +831,49 @@ impl Session {
         };
         self.apply(actions).await?;
         if flow == Flow::Continue {
+            if let Some(handler) = self.own_iq_handler(&stanza) {
+                return self.answer_own_iq(handler, &stanza).await;
+            }
             self.shared.env.route(stanza).await;
         }
         Ok(())
+    }
+
+    /// The handler of an iq request to the user's own account (no `to`,
+    /// or `to` the bare JID), if a module answers that payload in-session.
+    fn own_iq_handler(&self, stanza: &Stanza) -> Option<Arc<dyn OwnIqHandler>> {
+        if stanza.kind() != StanzaKind::Iq || !stanza.is_iq_request() {
+            return None;
+        }
+        if let Some(to) = stanza.to() {
+            let me = self.info.jid.as_ref()?;
+            if to.resource().is_some() || to.to_bare() != me.to_bare() {
+                return None;
+            }
+        }
+        let p = stanza.payload()?;
+        self.shared
+            .env
+            .hooks
+            .own_iq_handler(p.name(), p.ns())
+            .cloned()
+    }
+
+    async fn answer_own_iq(
+        &mut self,
+        handler: Arc<dyn OwnIqHandler>,
+        iq: &Stanza,
+    ) -> Result<(), Exit> {
+        let mut actions = Vec::new();
+        {
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+            match handler.own_iq(&mut cx, iq).await {
+                IqResponse::Result(p) => cx.send(iq.iq_result(p).into_element()),
+                IqResponse::Error(e) => cx.reply_error(iq, e),
+                IqResponse::Handled => {}
+            }
+        }
+        self.apply(actions).await
     }
 
     async fn on_mailbox(&mut self, msg: SessionMsg) -> Result<(), Exit> {

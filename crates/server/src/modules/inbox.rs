@@ -33,27 +33,26 @@
 //!   updates per conversation into multi-row statements; queries flush the
 //!   queue first.
 //!
-//! Hooks: called by the archive (`mam`), `user_send` (46) for own-inbox
-//! queries, `shutdown`; iq handlers `{urn:xmpp:inbox:1}inbox`,
-//! `{…#conversation}reset` (account scope); disco features on the account
+//! Hooks: `archived` (what the archive keeps), `shutdown`; own-account iq
+//! handlers `{urn:xmpp:inbox:1}inbox` and `{…#conversation}reset`
+//! (answered in the requesting session; other accounts' requests get
+//! `forbidden`); disco features on the account
 //! and the server. Storage: `InboxStore`.
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
-    Archived, ArchivedHandler, HookRegistry, IqHandler, IqResponse, IqScope, ShutdownHandler,
-    UserSendHandler,
+    Archived, ArchivedHandler, HookRegistry, IqHandler, IqResponse, IqScope, OwnIqHandler,
+    ShutdownHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
     ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
 };
-use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
+use starling_core::{async_trait, Env, Metrics, Pressure, SessionCtx};
 use starling_proto::mam::{origin_id, result_message, rsm_first_last, Kind, NS_MARKERS, NS_RSM};
-use starling_proto::{
-    BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
-};
+use starling_proto::{BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition};
 use starling_xml::Element;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -155,12 +154,25 @@ impl Inbox {
             newest: Mutex::new(HashMap::new()),
         });
         reg.archived(NAME, 50, m.clone());
-        reg.user_send(NAME, 46, m.clone());
         // After the archive's shutdown (90): sessions are gone by then, so
         // nothing pushes updates any more.
         reg.shutdown(NAME, 95, m.clone());
-        reg.iq(NAME, IqScope::Account, "inbox", NS_INBOX, m.clone());
-        reg.iq(NAME, IqScope::Account, "reset", NS_CONVERSATION, m.clone());
+        reg.own_iq(NAME, "inbox", NS_INBOX, m.clone());
+        reg.own_iq(NAME, "reset", NS_CONVERSATION, m.clone());
+        reg.iq(
+            NAME,
+            IqScope::Account,
+            "inbox",
+            NS_INBOX,
+            Arc::new(NotYourInbox),
+        );
+        reg.iq(
+            NAME,
+            IqScope::Account,
+            "reset",
+            NS_CONVERSATION,
+            Arc::new(NotYourInbox),
+        );
         // On the account and, as MongooseIM does, on the server, where
         // clients look for it (XEP-0430 §2.1 names no JID).
         reg.disco()
@@ -432,57 +444,19 @@ impl ArchivedHandler for Inbox {
 }
 
 #[async_trait]
-impl UserSendHandler for Inbox {
-    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
-        if stanza.kind() != StanzaKind::Iq || stanza.type_attr() != Some("get") {
-            return Ok(Flow::Continue);
-        }
-        if !stanza.payload().is_some_and(|p| p.is("inbox", NS_INBOX)) {
-            return Ok(Flow::Continue);
-        }
+impl OwnIqHandler for Inbox {
+    async fn own_iq(&self, cx: &mut SessionCtx<'_>, iq: &Stanza) -> IqResponse {
         let me = cx.jid().clone();
         let owner = me.to_bare();
-        if !stanza
-            .to()
-            .is_none_or(|t| t.to_bare() == owner && t.resource().is_none())
-        {
-            return Ok(Flow::Continue); // someone else's: the iq handler refuses it
-        }
-        match self.run_query(cx.env, &owner, &me, stanza).await {
-            Ok((entries, fin)) => {
-                for e in entries {
-                    cx.send(e);
-                }
-                cx.send(fin);
-            }
-            Err(e) => cx.reply_error(stanza, e),
-        }
-        Ok(Flow::Stop)
-    }
-}
-
-#[async_trait]
-impl IqHandler for Inbox {
-    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
-        let Some(from) = iq.from().and_then(|f| f.try_as_full().ok()).cloned() else {
-            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
-        };
-        let owner = from.to_bare();
-        if iq.to().is_some_and(|t| t.to_bare() != owner) {
-            return IqResponse::Error(
-                StanzaError::new(StanzaErrorCondition::Forbidden)
-                    .with_text("only the owner of an inbox can use it"),
-            );
-        }
-        let p = iq.payload().expect("routed by payload");
+        let p = iq.payload().expect("dispatched by payload");
         match (p.name(), iq.type_attr()) {
-            ("inbox", Some("get")) => match self.run_query(env, &owner, &from, iq).await {
+            // Straight to this session, like archive pages.
+            ("inbox", Some("get")) => match self.run_query(cx.env, &owner, &me, iq).await {
                 Ok((entries, fin)) => {
-                    for e in entries.into_iter().chain(std::iter::once(fin)) {
-                        if let Ok(s) = Stanza::from_element(e) {
-                            env.route(s).await;
-                        }
+                    for e in entries {
+                        cx.send(e);
                     }
+                    cx.send(fin);
                     IqResponse::Handled
                 }
                 Err(e) => IqResponse::Error(e),
@@ -490,6 +464,19 @@ impl IqHandler for Inbox {
             ("reset", Some("set")) => self.reset(&owner, iq).await,
             _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
         }
+    }
+}
+
+/// Requests for someone else's inbox (own ones are answered in-session).
+struct NotYourInbox;
+
+#[async_trait]
+impl IqHandler for NotYourInbox {
+    async fn handle_iq(&self, _env: &Env, _scope: IqScope, _iq: &Stanza) -> IqResponse {
+        IqResponse::Error(
+            StanzaError::new(StanzaErrorCondition::Forbidden)
+                .with_text("only the owner of an inbox can use it"),
+        )
     }
 }
 

@@ -65,7 +65,7 @@ use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
     Archived, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
-    OfflineCompanions, OfflineMessageHandler, ShutdownHandler, UserSendHandler,
+    OfflineCompanions, OfflineMessageHandler, OwnIqHandler, ShutdownHandler, UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
@@ -242,7 +242,14 @@ impl Mam {
         reg.shutdown(NAME, 90, m.clone());
         reg.durability(m.clone());
         for name in ["query", "prefs", "metadata"] {
-            reg.iq(NAME, IqScope::Account, name, NS_MAM, m.clone());
+            reg.own_iq(NAME, name, NS_MAM, m.clone());
+            reg.iq(
+                NAME,
+                IqScope::Account,
+                name,
+                NS_MAM,
+                Arc::new(NotYourArchive),
+            );
         }
         // §7: on the archiving JID (the account); also on the server,
         // where clients look for it first (as Prosody and ejabberd do).
@@ -827,28 +834,6 @@ impl UserSendHandler for Mam {
     async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
         let me = cx.jid().clone();
         let owner = me.to_bare();
-        if stanza.kind() == StanzaKind::Iq {
-            // Own-archive queries are answered here, straight to this
-            // session, so large pages never pass through a mailbox.
-            let is_query = stanza.type_attr() == Some("set")
-                && stanza.payload().is_some_and(|p| p.is("query", NS_MAM));
-            let own = stanza
-                .to()
-                .is_none_or(|t| t.to_bare() == owner && t.resource().is_none());
-            if !(is_query && own) {
-                return Ok(Flow::Continue);
-            }
-            match self.run_query(&owner, &me, stanza).await {
-                Ok((results, fin)) => {
-                    for r in results {
-                        cx.send(r);
-                    }
-                    cx.send(fin);
-                }
-                Err(e) => cx.reply_error(stanza, e),
-            }
-            return Ok(Flow::Stop);
-        }
         if stanza.kind() != StanzaKind::Message {
             return Ok(Flow::Continue);
         }
@@ -1060,34 +1045,22 @@ impl OfflineMessageHandler for Mam {
 }
 
 #[async_trait]
-impl IqHandler for Mam {
-    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
-        let Some(from) = iq.from().and_then(|f| f.try_as_full().ok()).cloned() else {
-            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
-        };
-        let owner = from.to_bare();
-        let target = iq.to().map_or_else(|| owner.clone(), |t| t.to_bare());
-        if target != owner {
-            return IqResponse::Error(err(
-                StanzaErrorCondition::Forbidden,
-                "only the owner of an archive can use it",
-            ));
-        }
-        let p = iq.payload().expect("routed by payload");
+impl OwnIqHandler for Mam {
+    async fn own_iq(&self, cx: &mut SessionCtx<'_>, iq: &Stanza) -> IqResponse {
+        let me = cx.jid().clone();
+        let owner = me.to_bare();
+        let env = cx.env;
+        let p = iq.payload().expect("dispatched by payload");
         match (p.name(), iq.type_attr()) {
             ("query", Some("get")) => IqResponse::Result(Some(Self::query_form())),
-            ("query", Some("set")) => match self.run_query(&owner, &from, iq).await {
-                // Reached when a query is routed rather than sent by the
-                // owner's own session (the user_send hook answers those).
+            // Results go straight to this session: large pages never pass
+            // through a mailbox.
+            ("query", Some("set")) => match self.run_query(&owner, &me, iq).await {
                 Ok((results, fin)) => {
                     for r in results {
-                        if let Ok(s) = Stanza::from_element(r) {
-                            env.route(s).await;
-                        }
+                        cx.send(r);
                     }
-                    if let Ok(s) = Stanza::from_element(fin) {
-                        env.route(s).await;
-                    }
+                    cx.send(fin);
                     IqResponse::Handled
                 }
                 Err(e) => IqResponse::Error(e),
@@ -1099,6 +1072,19 @@ impl IqHandler for Mam {
             ("prefs", Some("get" | "set")) => self.prefs_iq(env, &owner, iq).await,
             _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
         }
+    }
+}
+
+/// Requests for someone else's archive (own ones are answered in-session).
+struct NotYourArchive;
+
+#[async_trait]
+impl IqHandler for NotYourArchive {
+    async fn handle_iq(&self, _env: &Env, _scope: IqScope, _iq: &Stanza) -> IqResponse {
+        IqResponse::Error(err(
+            StanzaErrorCondition::Forbidden,
+            "only the owner of an archive can use it",
+        ))
     }
 }
 

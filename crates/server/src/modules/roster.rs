@@ -58,7 +58,7 @@
 //! Config: `[modules.roster]` enabled, max_items, versioning.
 
 use starling_core::hooks::{
-    FeatureStage, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
+    FeatureStage, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OwnIqHandler,
     StreamFeatureProvider, UserReceiveHandler, UserSendHandler,
 };
 use starling_core::module::{Module, ModuleCtx};
@@ -121,6 +121,7 @@ impl Roster {
         reg.user_send(NAME, 30, m.clone());
         reg.user_receive(NAME, 30, m.clone());
         reg.inbound(NAME, 50, m.clone());
+        reg.own_iq(NAME, "query", NS_ROSTER, m.clone());
         reg.iq(NAME, IqScope::Account, "query", NS_ROSTER, m.clone());
         reg.stream_features(m);
     }
@@ -816,26 +817,7 @@ impl Roster {
 impl UserSendHandler for Roster {
     async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
         match stanza.kind() {
-            StanzaKind::Iq => {
-                if !stanza.is_iq_request()
-                    || !stanza.payload().is_some_and(|p| p.is("query", NS_ROSTER))
-                {
-                    return Ok(Flow::Continue);
-                }
-                let own = cx.jid().to_bare();
-                if stanza.to().is_some_and(|t| t.as_str() != own.as_str()) {
-                    return Ok(Flow::Continue); // someone else's roster: refused by the iq handler
-                }
-                let r = if stanza.type_attr() == Some("get") {
-                    self.roster_get(cx, stanza).await
-                } else {
-                    self.roster_set(cx, stanza).await
-                };
-                if let Err(e) = r {
-                    cx.reply_error(stanza, e);
-                }
-                Ok(Flow::Stop)
-            }
+            StanzaKind::Iq | StanzaKind::Message => Ok(Flow::Continue),
             StanzaKind::Presence => {
                 if let Some(kind) = SubType::of(stanza) {
                     if stanza.to().is_none() {
@@ -854,7 +836,23 @@ impl UserSendHandler for Roster {
                 }
                 Ok(Flow::Continue)
             }
-            StanzaKind::Message => Ok(Flow::Continue),
+        }
+    }
+}
+
+/// The user's own roster (§2.1.3: no `to`, or the bare JID), answered in
+/// the session whose cache and interest flag it updates.
+#[async_trait]
+impl OwnIqHandler for Roster {
+    async fn own_iq(&self, cx: &mut SessionCtx<'_>, iq: &Stanza) -> IqResponse {
+        let r = if iq.type_attr() == Some("get") {
+            self.roster_get(cx, iq).await
+        } else {
+            self.roster_set(cx, iq).await
+        };
+        match r {
+            Ok(()) => IqResponse::Handled,
+            Err(e) => IqResponse::Error(e),
         }
     }
 }
