@@ -476,6 +476,35 @@ pub trait OwnIqHandler: Send + Sync + 'static {
     async fn own_iq(&self, cx: &mut SessionCtx<'_>, iq: &Stanza) -> IqResponse;
 }
 
+/// The address a local service owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceAddress {
+    /// `<label>.<domain>` for every served domain (`conference` gives
+    /// `conference.example.org` on a server for `example.org`).
+    Subdomain(&'static str),
+    /// One fixed domain.
+    Domain(String),
+}
+
+/// A local service: it owns a domain (see [`ServiceAddress`]) and gets
+/// every stanza addressed to that domain or to a JID in it (rooms,
+/// occupants, nodes), with `from` already stamped by the sender's session.
+/// Group chat, pubsub, upload and components are services; the router
+/// knows them only through this registry.
+#[async_trait]
+pub trait Service: Send + Sync + 'static {
+    /// Handles one stanza. Replies go out through `env.route`; errors are
+    /// the service's to send (a stanza it ignores is dropped).
+    async fn handle(&self, env: &Env, stanza: Stanza);
+}
+
+struct ServiceEntry {
+    address: ServiceAddress,
+    name: String,
+    module: &'static str,
+    service: Arc<dyn Service>,
+}
+
 struct OwnIqEntry {
     name: String,
     module: &'static str,
@@ -608,6 +637,8 @@ pub struct Hooks {
     iq: HashMap<String, Vec<IqEntry>>,
     /// namespace → own-account handlers.
     own_iq: HashMap<String, Vec<OwnIqEntry>>,
+    /// Local services.
+    services: Vec<ServiceEntry>,
     /// Features and identities for service discovery, declared by modules.
     pub disco: DiscoRegistry,
 }
@@ -645,6 +676,45 @@ impl Hooks {
     /// The timer handler of `module`.
     pub fn timer(&self, module: &str) -> Option<&Arc<dyn TimerHandler>> {
         self.timers.get(module)
+    }
+
+    /// The service owning `domain`, if any. `is_local` says which domains
+    /// are served (a subdomain service exists under each of them).
+    pub fn service_for(
+        &self,
+        domain: &str,
+        is_local: impl Fn(&str) -> bool,
+    ) -> Option<&Arc<dyn Service>> {
+        self.services
+            .iter()
+            .find(|e| match &e.address {
+                ServiceAddress::Domain(d) => d == domain,
+                ServiceAddress::Subdomain(label) => domain
+                    .strip_prefix(label)
+                    .and_then(|r| r.strip_prefix('.'))
+                    .is_some_and(&is_local),
+            })
+            .map(|e| &e.service)
+    }
+
+    /// The services under served domain `domain` with their names
+    /// (`disco#items` of the server, XEP-0030 §4).
+    pub fn services_of(&self, domain: &str) -> Vec<(String, &str)> {
+        self.services
+            .iter()
+            .filter_map(|e| {
+                let jid = match &e.address {
+                    ServiceAddress::Subdomain(label) => format!("{label}.{domain}"),
+                    ServiceAddress::Domain(d)
+                        if d.strip_suffix(domain).is_some_and(|p| p.ends_with('.')) =>
+                    {
+                        d.clone()
+                    }
+                    ServiceAddress::Domain(_) => return None,
+                };
+                Some((jid, e.name.as_str()))
+            })
+            .collect()
     }
 
     /// The own-account handler for a payload `{ns}name`.
@@ -826,6 +896,32 @@ impl HookRegistry {
         });
     }
 
+    /// Registers a local [`Service`] at `address`, listed in the server's
+    /// `disco#items` as `name`.
+    ///
+    /// # Panics
+    /// If another service already owns that address.
+    pub fn service(
+        &mut self,
+        module: &'static str,
+        address: ServiceAddress,
+        name: &str,
+        service: Arc<dyn Service>,
+    ) {
+        if let Some(other) = self.hooks.services.iter().find(|e| e.address == address) {
+            panic!(
+                "modules {} and {module} both claim the service address {address:?}",
+                other.module
+            );
+        }
+        self.hooks.services.push(ServiceEntry {
+            address,
+            name: name.to_owned(),
+            module,
+            service,
+        });
+    }
+
     /// Registers the [`OwnIqHandler`] for payload `{ns}name`.
     ///
     /// # Panics
@@ -885,6 +981,19 @@ mod tests {
         let hooks = reg.build();
         let names: Vec<_> = hooks.offline_message.iter().map(|(m, _)| m).collect();
         assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "both claim the service address")]
+    fn two_services_on_one_address_panic() {
+        struct S;
+        #[async_trait]
+        impl Service for S {
+            async fn handle(&self, _: &Env, _: Stanza) {}
+        }
+        let mut reg = HookRegistry::new();
+        reg.service("a", ServiceAddress::Subdomain("muc"), "", Arc::new(S));
+        reg.service("b", ServiceAddress::Subdomain("muc"), "", Arc::new(S));
     }
 
     #[test]

@@ -24,4 +24,4 @@ pub mod tls;
 pub mod write_behind;
 
 pub use config::Config;
-pub use server::{start, RunningServer};
+pub use server::{start, start_with, RunningServer};

@@ -2,6 +2,7 @@
 //!
 //! | `to`                           | message                              | presence                 | iq get/set                   |
 //! |--------------------------------|--------------------------------------|--------------------------|------------------------------|
+//! | a local service's domain (or a JID in it) | the service (`Service::handle`) | the service   | the service                  |
 //! | remote domain                  | `remote-server-not-found` (no s2s)   | dropped                  | `remote-server-not-found`    |
 //! | local domain (± resource)      | `service-unavailable`¹               | dropped                  | server iq handlers, else `service-unavailable` |
 //! | bare JID, no such account      | `service-unavailable` (§8.5.1)       | dropped                  | `service-unavailable`        |
@@ -247,6 +248,13 @@ impl Router for LocalRouter {
         };
         let to_account = stanza.to().is_none();
         if !env.hosts.is_local(to.domain().as_str()) {
+            // A local service (group chat, pubsub, …) owns the domain.
+            if let Some(service) = env
+                .hooks
+                .service_for(to.domain().as_str(), |d| env.hosts.is_local(d))
+            {
+                return service.handle(env, stanza).await;
+            }
             // No server-to-server connections yet.
             let cond = StanzaErrorCondition::RemoteServerNotFound;
             if stanza.kind() != StanzaKind::Presence {

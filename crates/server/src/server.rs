@@ -182,6 +182,15 @@ fn bind_listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// Starts a server from a validated configuration.
 pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
+    start_with(cfg, |_| {}).await
+}
+
+/// Like [`start`], with `extra` registering handlers and services besides
+/// the configured modules (for programs that embed Starling, and tests).
+pub async fn start_with(
+    cfg: Config,
+    extra: impl FnOnce(&mut starling_core::hooks::HookRegistry),
+) -> anyhow::Result<RunningServer> {
     let domains: Vec<String> = cfg
         .server
         .domains
@@ -221,7 +230,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
     tracing::info!(certificate = %tls.source, "TLS ready");
     let metrics = Metrics::new();
     let pressure = Arc::new(Pressure::new());
-    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics, &pressure).await;
+    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics, &pressure, extra).await;
     let table = Arc::new(SessionTable::new(cfg.server.node_id));
     let env = Arc::new(Env {
         router: Arc::new(LocalRouter::new(table.clone())),

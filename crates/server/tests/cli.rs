@@ -229,7 +229,7 @@ async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         waited += 1;
-        assert!(waited < 200, "server did not start");
+        assert!(waited < 1200, "server did not start within 60 s");
     }
     let mut c = Client::connect(addr).await;
     c.negotiate_tls().await;
@@ -269,7 +269,7 @@ fn run_until_ready_then_stop(
     while !answers_a_stream(port) {
         std::thread::sleep(Duration::from_millis(50));
         waited += 1;
-        assert!(waited < 200, "server did not start");
+        assert!(waited < 1200, "server did not start within 60 s");
     }
     server.stop()
 }
@@ -411,7 +411,7 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         waited += 1;
-        assert!(waited < 200, "server did not start");
+        assert!(waited < 1200, "server did not start within 60 s");
     }
     let login = |user: &'static str| async move {
         let mut c = Client::connect(addr).await;
@@ -716,7 +716,7 @@ fn data_dir_and_database_are_private() {
     while !answers_a_stream(p1) {
         std::thread::sleep(Duration::from_millis(50));
         waited += 1;
-        assert!(waited < 200, "server did not start");
+        assert!(waited < 1200, "server did not start within 60 s");
     }
     let mut checked = 0;
     for f in [

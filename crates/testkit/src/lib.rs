@@ -117,6 +117,15 @@ impl TestServer {
 
     /// Starts a server with [`test_config`] changed by `f`.
     pub async fn start_with(f: impl FnOnce(&mut Config)) -> TestServer {
+        Self::start_with_hooks(f, |_| {}).await
+    }
+
+    /// Starts a server with [`test_config`] changed by `f` and extra
+    /// handlers or services registered by `extra`.
+    pub async fn start_with_hooks(
+        f: impl FnOnce(&mut Config),
+        extra: impl FnOnce(&mut starling_core::hooks::HookRegistry),
+    ) -> TestServer {
         let mut cfg = test_config();
         f(&mut cfg);
         let dir = cfg.server.data_dir.clone();
@@ -129,7 +138,9 @@ impl TestServer {
             }
             _ => None,
         };
-        let server = starling_server::start(cfg).await.expect("server starts");
+        let server = starling_server::start_with(cfg, extra)
+            .await
+            .expect("server starts");
         TestServer {
             server,
             dir,

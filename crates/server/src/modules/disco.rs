@@ -106,7 +106,20 @@ impl IqHandler for Disco {
                 );
             }
         }
-        // disco#items: no services or account items yet.
+        // disco#items of the server: its local services (XEP-0030 §4.3).
+        if query.ns() == ns::DISCO_ITEMS && scope == IqScope::Server {
+            if let Some(domain) = iq.to().map(|t| t.domain().as_str().to_owned()) {
+                for (jid, name) in env.hooks.services_of(&domain) {
+                    let mut item = Element::builder("item", ns::DISCO_ITEMS)
+                        .attr("jid", jid)
+                        .build();
+                    if !name.is_empty() {
+                        item.set_attr("name", name);
+                    }
+                    out.append_child(item);
+                }
+            }
+        }
         IqResponse::Result(Some(out))
     }
 }

@@ -303,6 +303,7 @@ pub async fn build_hooks(
     storage: &Storage,
     metrics: &Metrics,
     pressure: &Arc<Pressure>,
+    extra: impl FnOnce(&mut HookRegistry),
 ) -> Hooks {
     let mut reg = HookRegistry::new();
     let is_enabled = |name: &str| cfg.modules.is_enabled(name);
@@ -320,5 +321,6 @@ pub async fn build_hooks(
             m.start(c, &ctx, &mut reg).await;
         }
     }
+    extra(&mut reg);
     reg.build()
 }
