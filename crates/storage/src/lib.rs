@@ -27,10 +27,10 @@
 //!
 //! 1. Declare the trait in `starling_core::storage` and add its handle to
 //!    `Storage` (and to `into_storage` in `shared/mod.rs`).
-//! 2. Add a migration with the same version and name to both backends
-//!    (`sqlite/000N_*.sql`, `postgres/000N_*.sql`): SQLite `INTEGER` where
-//!    PostgreSQL has `BIGINT`/`BOOLEAN`, and `COLLATE "C"` on PostgreSQL's
-//!    key columns.
+//! 2. Add a schema step: its name to `STEPS` in `migrate.rs`, its script
+//!    to both backends (`sqlite/000N_*.sql`, `postgres/000N_*.sql`, listed
+//!    in their `MIGRATIONS`): SQLite `INTEGER` where PostgreSQL has
+//!    `BIGINT`/`BOOLEAN`, and `COLLATE "C"` on PostgreSQL's key columns.
 //! 3. Implement the trait once, in a new file of `shared/` (declared in
 //!    `shared/mod.rs`): `$n` placeholders, `TRUE`/`FALSE`, upserts with
 //!    `excluded.`, `RETURNING`; `self.begin_write()` for a transaction

@@ -4,8 +4,9 @@
 //! is made explicit here (row locks and per-owner advisory locks, see
 //! [`PostgresStorage::lock_owner`]).
 //!
-//! Migrations (`000N_*.sql` in this directory) carry the same versions and
-//! names as SQLite's, so `starling_schema` means the same thing on both.
+//! Migrations (`000N_*.sql` in this directory) are the steps of
+//! [`crate::migrate`], with the same versions and names as SQLite's, so
+//! `starling_schema` means the same thing on both.
 //! They are applied at start-up in one transaction under an advisory lock,
 //! so nodes starting together neither race nor see a half-migrated schema.
 
@@ -19,7 +20,7 @@ mod dialect;
 )]
 mod shared;
 
-use crate::migrate::Migration;
+use crate::migrate;
 use crate::{now_secs, split, OpenError};
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -32,32 +33,13 @@ use std::time::Duration;
 /// This backend, for the shared stores (`shared/`).
 type Store = PostgresStorage;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "accounts",
-        sql: include_str!("0001_accounts.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "im-core",
-        sql: include_str!("0002_im.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "offline",
-        sql: include_str!("0003_offline.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "archive-inbox",
-        sql: include_str!("0004_archive.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "inbox-unindexed",
-        sql: include_str!("0005_inbox_unindexed.sql"),
-    },
+/// The SQL of each schema step ([`crate::migrate`]).
+const MIGRATIONS: migrate::Scripts = [
+    include_str!("0001_accounts.sql"),
+    include_str!("0002_im.sql"),
+    include_str!("0003_offline.sql"),
+    include_str!("0004_archive.sql"),
+    include_str!("0005_inbox_unindexed.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:
@@ -212,14 +194,13 @@ impl PostgresStorage {
             .await
             .map_err(fail)?
             .get(0);
-        let supported = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
-        if current > supported {
+        if current > migrate::SUPPORTED {
             return Err(OpenError::TooNew {
                 found: current,
-                supported,
+                supported: migrate::SUPPORTED,
             });
         }
-        for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        for m in migrate::pending(&MIGRATIONS, current) {
             let err = |source| OpenError::Migration {
                 version: m.version,
                 name: m.name,
@@ -277,19 +258,6 @@ impl StorageBackend for PostgresStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn migrations_match_sqlite_versions_and_names() {
-        let pg: Vec<_> = MIGRATIONS.iter().map(|m| (m.version, m.name)).collect();
-        let lite: Vec<_> = crate::sqlite::MIGRATIONS
-            .iter()
-            .map(|m| (m.version, m.name))
-            .collect();
-        assert_eq!(
-            pg, lite,
-            "starling_schema must mean the same on both backends"
-        );
-    }
 
     #[test]
     fn urls_are_shown_without_password() {

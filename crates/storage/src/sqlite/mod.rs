@@ -12,7 +12,7 @@ mod dialect;
 )]
 mod shared;
 
-use crate::migrate::Migration;
+use crate::migrate;
 use crate::{now_secs, OpenError};
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -24,32 +24,13 @@ use std::time::Duration;
 /// This backend, for the shared stores (`shared/`).
 type Store = SqliteStorage;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "accounts",
-        sql: include_str!("0001_accounts.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "im-core",
-        sql: include_str!("0002_im.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "offline",
-        sql: include_str!("0003_offline.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "archive-inbox",
-        sql: include_str!("0004_archive.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "inbox-unindexed",
-        sql: include_str!("0005_inbox_unindexed.sql"),
-    },
+/// The SQL of each schema step ([`crate::migrate`]).
+const MIGRATIONS: migrate::Scripts = [
+    include_str!("0001_accounts.sql"),
+    include_str!("0002_im.sql"),
+    include_str!("0003_offline.sql"),
+    include_str!("0004_archive.sql"),
+    include_str!("0005_inbox_unindexed.sql"),
 ];
 
 /// The SQLite backend.
@@ -138,14 +119,13 @@ impl SqliteStorage {
             .await
             .map_err(conn_err)?
             .get(0);
-        let supported = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
-        if current > supported {
+        if current > migrate::SUPPORTED {
             return Err(OpenError::TooNew {
                 found: current,
-                supported,
+                supported: migrate::SUPPORTED,
             });
         }
-        for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        for m in migrate::pending(&MIGRATIONS, current) {
             let err = |source| OpenError::Migration {
                 version: m.version,
                 name: m.name,
