@@ -94,7 +94,8 @@ where
 }
 
 /// One page of an inbox: `remote, last_id, stanza (joined from the
-/// owner's archive), unread`. A page towards newer conversations (`after`
+/// owner's archive), unread` (as `BIGINT`: SQLite's `INTEGER` and
+/// PostgreSQL's `INTEGER` then decode alike). A page towards newer conversations (`after`
 /// only) comes oldest first; callers present every page newest first.
 pub(crate) fn inbox_page<DB>(owner: &BareJid, q: &InboxQuery) -> QueryBuilder<DB>
 where
@@ -104,7 +105,7 @@ where
 {
     let (domain, user) = split(owner);
     let mut b = QueryBuilder::new(
-        "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+        "SELECT i.remote, i.last_id, a.stanza, CAST(i.unread AS BIGINT) FROM inbox i
          LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
          WHERE i.domain = ",
     );

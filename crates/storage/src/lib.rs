@@ -8,16 +8,52 @@
 //!
 //! Architecture invariant: SQL appears only in this crate, always with bound
 //! parameters, never with values formatted into the statement text.
+//!
+//! # Layout
+//!
+//! - `shared/`: the stores whose SQL is the same on both engines, written
+//!   once and compiled into each backend (where `Store` is that backend's
+//!   type). Statements use `$1…$n` placeholders, which both engines accept.
+//! - `dialect.rs`: the `Dialect` trait, the one list of what
+//!   differs (row locks, write transactions, the list column type, the
+//!   SQLite write turn, the batch writers), and why the rest does not.
+//! - `sqlite/dialect.rs`, `postgres/dialect.rs`: each engine's side of
+//!   that list; `sqlite/mod.rs`, `postgres/mod.rs`: opening, migrations,
+//!   lifecycle.
+//! - `dynsql.rs`: statements assembled at run time (archive and inbox
+//!   pages), from fixed fragments, for both engines.
+//!
+//! # How to add a store
+//!
+//! 1. Declare the trait in `starling_core::storage` and add its handle to
+//!    `Storage` (and to `into_storage` in `shared/mod.rs`).
+//! 2. Add a schema step: its name to `STEPS` in `migrate.rs`, its script
+//!    to both backends (`sqlite/000N_*.sql`, `postgres/000N_*.sql`, listed
+//!    in their `MIGRATIONS`): SQLite `INTEGER` where PostgreSQL has
+//!    `BIGINT`/`BOOLEAN`, and `COLLATE "C"` on PostgreSQL's key columns.
+//! 3. Implement the trait once, in a new file of `shared/` (declared in
+//!    `shared/mod.rs`): `$n` placeholders, `TRUE`/`FALSE`, upserts with
+//!    `excluded.`, `RETURNING`; `self.begin_write()` for a transaction
+//!    that reads before it writes, with `for_update!` on the rows it
+//!    protects; `self.write_turn()` if it is a hot-path writer.
+//! 4. Only where the engines really differ (a batch over arrays, an
+//!    advisory lock, a type with no common spelling), add a method to
+//!    `Dialect` and implement it in both `*/dialect.rs`.
+//! 5. Add a function to [`conformance`] and call it from `run_all`; it runs
+//!    on both engines (`tests/conformance_*.rs`).
 
 pub mod conformance;
+mod dialect;
 mod dynsql;
 pub mod fsperm;
 mod migrate;
 pub mod postgres;
 pub mod sqlite;
 
-use starling_core::storage::Storage;
+use starling_core::storage::{Storage, StorageError};
+use starling_proto::sasl::ScramHash;
 use starling_proto::BareJid;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// An account's key columns: `(domain, username)`.
 pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
@@ -25,6 +61,28 @@ pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
         jid.domain().as_str(),
         jid.node().map(|n| n.as_str()).unwrap_or(""),
     )
+}
+
+/// A driver error as a [`StorageError`] (the message is for logs).
+pub(crate) fn backend(e: sqlx::Error) -> StorageError {
+    StorageError::Backend(e.to_string())
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The `hash` column of a credentials row.
+pub(crate) fn hash_name(h: ScramHash) -> &'static str {
+    match h {
+        ScramHash::Sha1 => "sha1",
+        ScramHash::Sha256 => "sha256",
+        ScramHash::Sha512 => "sha512",
+    }
 }
 
 /// Which backend to open, and where.

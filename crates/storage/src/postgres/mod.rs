@@ -4,55 +4,42 @@
 //! is made explicit here (row locks and per-owner advisory locks, see
 //! [`PostgresStorage::lock_owner`]).
 //!
-//! Migrations (`000N_*.sql` in this directory) carry the same versions and
-//! names as SQLite's, so `starling_schema` means the same thing on both.
+//! Migrations (`000N_*.sql` in this directory) are the steps of
+//! [`crate::migrate`], with the same versions and names as SQLite's, so
+//! `starling_schema` means the same thing on both.
 //! They are applied at start-up in one transaction under an advisory lock,
 //! so nodes starting together neither race nor see a half-migrated schema.
 
 pub mod admin;
-mod archive;
-mod im;
-mod offline;
+mod dialect;
+/// The stores written once for both engines; see [`crate::dialect`].
+#[path = "../shared/mod.rs"]
+#[allow(
+    clippy::duplicate_mod,
+    reason = "compiled once per backend on purpose, see crate::dialect"
+)]
+mod shared;
 
-use crate::migrate::Migration;
-use crate::OpenError;
+use crate::migrate;
+use crate::{now_secs, split, OpenError};
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool, Row};
-use starling_core::storage::{AccountStore, Storage, StorageBackend, StorageError, StorageResult};
-use starling_proto::sasl::{ScramCredentials, ScramHash};
+use starling_core::storage::StorageBackend;
 use starling_proto::BareJid;
-use std::collections::HashSet;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "accounts",
-        sql: include_str!("0001_accounts.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "im-core",
-        sql: include_str!("0002_im.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "offline",
-        sql: include_str!("0003_offline.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "archive-inbox",
-        sql: include_str!("0004_archive.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "inbox-unindexed",
-        sql: include_str!("0005_inbox_unindexed.sql"),
-    },
+/// This backend, for the shared stores (`shared/`).
+type Store = PostgresStorage;
+
+/// The SQL of each schema step ([`crate::migrate`]).
+const MIGRATIONS: migrate::Scripts = [
+    include_str!("0001_accounts.sql"),
+    include_str!("0002_im.sql"),
+    include_str!("0003_offline.sql"),
+    include_str!("0004_archive.sql"),
+    include_str!("0005_inbox_unindexed.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:
@@ -78,28 +65,6 @@ pub struct PostgresStorage {
     pub(crate) pool: PgPool,
     target: String,
 }
-
-pub(crate) fn backend(e: sqlx::Error) -> StorageError {
-    StorageError::Backend(e.to_string())
-}
-
-pub(crate) fn now_secs() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-fn hash_name(h: ScramHash) -> &'static str {
-    match h {
-        ScramHash::Sha1 => "sha1",
-        ScramHash::Sha256 => "sha256",
-        ScramHash::Sha512 => "sha512",
-    }
-}
-
-/// The owner key of every table: (domain, username).
-pub(crate) use crate::split;
 
 /// `url` parsed into connection options. PostgreSQL's own environment
 /// variables (`PGPASSWORD`, `PGSSLMODE`…) and `~/.pgpass` fill what the URL
@@ -229,14 +194,13 @@ impl PostgresStorage {
             .await
             .map_err(fail)?
             .get(0);
-        let supported = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
-        if current > supported {
+        if current > migrate::SUPPORTED {
             return Err(OpenError::TooNew {
                 found: current,
-                supported,
+                supported: migrate::SUPPORTED,
             });
         }
-        for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        for m in migrate::pending(&MIGRATIONS, current) {
             let err = |source| OpenError::Migration {
                 version: m.version,
                 name: m.name,
@@ -256,39 +220,6 @@ impl PostgresStorage {
         }
         tx.commit().await.map_err(fail)?;
         let _ = conn.close().await;
-        Ok(())
-    }
-
-    /// Wraps the backend into the [`Storage`] handles.
-    pub fn into_storage(self) -> Storage {
-        let me = Arc::new(self);
-        Storage {
-            accounts: me.clone(),
-            roster: me.clone(),
-            blocking: me.clone(),
-            user_data: me.clone(),
-            last_activity: me.clone(),
-            offline: me.clone(),
-            archive: me.clone(),
-            inbox: me.clone(),
-            backend: me,
-        }
-    }
-
-    /// Runs `sql`, a statement whose only parameters are `domain = $1` and
-    /// `username = $2`, for `owner` (per-user deletions).
-    pub(crate) async fn exec_for_owner(
-        &self,
-        sql: &'static str,
-        owner: &BareJid,
-    ) -> StorageResult<()> {
-        let (domain, user) = split(owner);
-        sqlx::query(sql)
-            .bind(domain)
-            .bind(user)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
         Ok(())
     }
 
@@ -314,231 +245,6 @@ impl PostgresStorage {
 }
 
 #[async_trait]
-impl AccountStore for PostgresStorage {
-    async fn create(&self, jid: &BareJid, credentials: &[ScramCredentials]) -> StorageResult<()> {
-        let (domain, user) = split(jid);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let inserted = sqlx::query(
-            "INSERT INTO accounts (domain, username, created_at) VALUES ($1, $2, $3)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(now_secs())
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?
-        .rows_affected();
-        if inserted == 0 {
-            return Err(StorageError::Conflict);
-        }
-        insert_credentials(&mut tx, &[(jid, credentials)])
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)
-    }
-
-    async fn create_many(
-        &self,
-        accounts: &[(BareJid, Vec<ScramCredentials>)],
-    ) -> StorageResult<u64> {
-        if accounts.is_empty() {
-            return Ok(0);
-        }
-        let (domains, users): (Vec<&str>, Vec<&str>) =
-            accounts.iter().map(|(j, _)| split(j)).unzip();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        // One statement for the whole batch; existing accounts (and repeats
-        // within the batch) are skipped by ON CONFLICT.
-        let created: HashSet<(String, String)> = sqlx::query(
-            "INSERT INTO accounts (domain, username, created_at)
-             SELECT d, u, $3 FROM unnest($1::text[], $2::text[]) AS t(d, u)
-             ON CONFLICT DO NOTHING
-             RETURNING domain, username",
-        )
-        .bind(&domains)
-        .bind(&users)
-        .bind(now_secs())
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(backend)?
-        .into_iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-        // Credentials of the first occurrence of each created account.
-        let mut seen = HashSet::new();
-        let batch: Vec<(&BareJid, &[ScramCredentials])> = accounts
-            .iter()
-            .filter(|(j, _)| {
-                let (d, u) = split(j);
-                created.contains(&(d.to_owned(), u.to_owned())) && seen.insert(j.clone())
-            })
-            .map(|(j, c)| (j, c.as_slice()))
-            .collect();
-        insert_credentials(&mut tx, &batch).await.map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        Ok(created.len() as u64)
-    }
-
-    async fn exists(&self, jid: &BareJid) -> StorageResult<bool> {
-        let (domain, user) = split(jid);
-        let row = sqlx::query("SELECT 1 FROM accounts WHERE domain = $1 AND username = $2")
-            .bind(domain)
-            .bind(user)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(row.is_some())
-    }
-
-    async fn credentials(
-        &self,
-        jid: &BareJid,
-        hash: ScramHash,
-    ) -> StorageResult<Option<ScramCredentials>> {
-        let (domain, user) = split(jid);
-        let row = sqlx::query(
-            "SELECT salt, iterations, stored_key, server_key FROM account_credentials
-             WHERE domain = $1 AND username = $2 AND hash = $3",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(hash_name(hash))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(row.map(|r| ScramCredentials {
-            hash,
-            salt: r.get(0),
-            iterations: r.get::<i64, _>(1) as u32,
-            stored_key: r.get(2),
-            server_key: r.get(3),
-        }))
-    }
-
-    async fn set_credentials(
-        &self,
-        jid: &BareJid,
-        credentials: &[ScramCredentials],
-    ) -> StorageResult<bool> {
-        let (domain, user) = split(jid);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        // Lock the account row: a concurrent delete waits, or wins first.
-        let exists =
-            sqlx::query("SELECT 1 FROM accounts WHERE domain = $1 AND username = $2 FOR UPDATE")
-                .bind(domain)
-                .bind(user)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?
-                .is_some();
-        if !exists {
-            return Ok(false);
-        }
-        sqlx::query("DELETE FROM account_credentials WHERE domain = $1 AND username = $2")
-            .bind(domain)
-            .bind(user)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        insert_credentials(&mut tx, &[(jid, credentials)])
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        Ok(true)
-    }
-
-    async fn delete(&self, jid: &BareJid) -> StorageResult<bool> {
-        // Credentials go with the account (ON DELETE CASCADE).
-        let (domain, user) = split(jid);
-        let n = sqlx::query("DELETE FROM accounts WHERE domain = $1 AND username = $2")
-            .bind(domain)
-            .bind(user)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-        Ok(n > 0)
-    }
-
-    async fn list(
-        &self,
-        domain: &str,
-        after: Option<&str>,
-        limit: u32,
-    ) -> StorageResult<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT username FROM accounts WHERE domain = $1 AND username > $2
-             ORDER BY username LIMIT $3",
-        )
-        .bind(domain)
-        .bind(after.unwrap_or(""))
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    async fn count(&self, domain: &str) -> StorageResult<u64> {
-        let n: i64 = sqlx::query("SELECT COUNT(*) FROM accounts WHERE domain = $1")
-            .bind(domain)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(backend)?
-            .get(0);
-        Ok(n as u64)
-    }
-}
-
-/// Inserts the credentials of several accounts in one statement: the
-/// batched-write pattern of this backend (one array parameter per column,
-/// `unnest` turns them back into rows).
-async fn insert_credentials(
-    tx: &mut PgConnection,
-    accounts: &[(&BareJid, &[ScramCredentials])],
-) -> Result<(), sqlx::Error> {
-    let mut domains = Vec::new();
-    let mut users = Vec::new();
-    let mut hashes = Vec::new();
-    let mut salts = Vec::new();
-    let mut iterations = Vec::new();
-    let mut stored = Vec::new();
-    let mut server = Vec::new();
-    for (jid, creds) in accounts {
-        let (domain, user) = split(jid);
-        for c in creds.iter() {
-            domains.push(domain);
-            users.push(user);
-            hashes.push(hash_name(c.hash));
-            salts.push(c.salt.as_slice());
-            iterations.push(i64::from(c.iterations));
-            stored.push(c.stored_key.as_slice());
-            server.push(c.server_key.as_slice());
-        }
-    }
-    if domains.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO account_credentials
-         (domain, username, hash, salt, iterations, stored_key, server_key)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[],
-                              $5::bigint[], $6::bytea[], $7::bytea[])",
-    )
-    .bind(&domains)
-    .bind(&users)
-    .bind(&hashes)
-    .bind(&salts)
-    .bind(&iterations)
-    .bind(&stored)
-    .bind(&server)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
-}
-
-#[async_trait]
 impl StorageBackend for PostgresStorage {
     async fn close(&self) {
         self.pool.close().await;
@@ -552,19 +258,6 @@ impl StorageBackend for PostgresStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn migrations_match_sqlite_versions_and_names() {
-        let pg: Vec<_> = MIGRATIONS.iter().map(|m| (m.version, m.name)).collect();
-        let lite: Vec<_> = crate::sqlite::MIGRATIONS
-            .iter()
-            .map(|m| (m.version, m.name))
-            .collect();
-        assert_eq!(
-            pg, lite,
-            "starling_schema must mean the same on both backends"
-        );
-    }
 
     #[test]
     fn urls_are_shown_without_password() {

@@ -3,48 +3,34 @@
 //! transactions), foreign keys on, a small connection pool (SQLite admits one
 //! writer at a time; readers proceed in parallel under WAL).
 
-mod archive;
-mod im;
-mod offline;
+mod dialect;
+/// The stores written once for both engines; see [`crate::dialect`].
+#[path = "../shared/mod.rs"]
+#[allow(
+    clippy::duplicate_mod,
+    reason = "compiled once per backend on purpose, see crate::dialect"
+)]
+mod shared;
 
-use crate::migrate::Migration;
-use crate::OpenError;
+use crate::migrate;
+use crate::{now_secs, OpenError};
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
-use starling_core::storage::{AccountStore, Storage, StorageBackend, StorageError, StorageResult};
-use starling_proto::sasl::{ScramCredentials, ScramHash};
-use starling_proto::BareJid;
+use starling_core::storage::StorageBackend;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "accounts",
-        sql: include_str!("0001_accounts.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "im-core",
-        sql: include_str!("0002_im.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "offline",
-        sql: include_str!("0003_offline.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "archive-inbox",
-        sql: include_str!("0004_archive.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "inbox-unindexed",
-        sql: include_str!("0005_inbox_unindexed.sql"),
-    },
+/// This backend, for the shared stores (`shared/`).
+type Store = SqliteStorage;
+
+/// The SQL of each schema step ([`crate::migrate`]).
+const MIGRATIONS: migrate::Scripts = [
+    include_str!("0001_accounts.sql"),
+    include_str!("0002_im.sql"),
+    include_str!("0003_offline.sql"),
+    include_str!("0004_archive.sql"),
+    include_str!("0005_inbox_unindexed.sql"),
 ];
 
 /// The SQLite backend.
@@ -63,45 +49,7 @@ pub struct SqliteStorage {
     checkpointer: std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
-pub(crate) fn backend(e: sqlx::Error) -> StorageError {
-    StorageError::Backend(e.to_string())
-}
-
-pub(crate) fn now_secs() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-fn hash_name(h: ScramHash) -> &'static str {
-    match h {
-        ScramHash::Sha1 => "sha1",
-        ScramHash::Sha256 => "sha256",
-        ScramHash::Sha512 => "sha512",
-    }
-}
-
-pub(crate) use crate::split;
-
 impl SqliteStorage {
-    /// Runs `sql`, a statement whose only parameters are `domain = ?` and
-    /// `username = ?` in that order, for `owner` (per-user deletions).
-    pub(crate) async fn exec_for_owner(
-        &self,
-        sql: &'static str,
-        owner: &BareJid,
-    ) -> StorageResult<()> {
-        let (domain, user) = split(owner);
-        sqlx::query(sql)
-            .bind(domain)
-            .bind(user)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(())
-    }
-
     /// Opens (creating if needed) the database at `path` and migrates it.
     pub async fn open(path: &Path, pool_size: u32) -> Result<Self, OpenError> {
         let target = format!("sqlite:{}", path.display());
@@ -171,14 +119,13 @@ impl SqliteStorage {
             .await
             .map_err(conn_err)?
             .get(0);
-        let supported = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
-        if current > supported {
+        if current > migrate::SUPPORTED {
             return Err(OpenError::TooNew {
                 found: current,
-                supported,
+                supported: migrate::SUPPORTED,
             });
         }
-        for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        for m in migrate::pending(&MIGRATIONS, current) {
             let err = |source| OpenError::Migration {
                 version: m.version,
                 name: m.name,
@@ -197,212 +144,6 @@ impl SqliteStorage {
             tracing::info!(version = m.version, name = m.name, db = %self.target, "applied schema migration");
         }
         Ok(())
-    }
-
-    /// Wraps the backend into the [`Storage`] handles.
-    pub fn into_storage(self) -> Storage {
-        let me = Arc::new(self);
-        Storage {
-            accounts: me.clone(),
-            roster: me.clone(),
-            blocking: me.clone(),
-            user_data: me.clone(),
-            last_activity: me.clone(),
-            offline: me.clone(),
-            archive: me.clone(),
-            inbox: me.clone(),
-            backend: me,
-        }
-    }
-
-    async fn insert_credentials(
-        tx: &mut sqlx::SqliteConnection,
-        jid: &BareJid,
-        credentials: &[ScramCredentials],
-    ) -> Result<(), sqlx::Error> {
-        let (domain, user) = split(jid);
-        for c in credentials {
-            sqlx::query(
-                "INSERT INTO account_credentials
-                 (domain, username, hash, salt, iterations, stored_key, server_key)
-                 VALUES (?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(domain)
-            .bind(user)
-            .bind(hash_name(c.hash))
-            .bind(&c.salt)
-            .bind(c.iterations as i64)
-            .bind(&c.stored_key)
-            .bind(&c.server_key)
-            .execute(&mut *tx)
-            .await?;
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl AccountStore for SqliteStorage {
-    async fn create(&self, jid: &BareJid, credentials: &[ScramCredentials]) -> StorageResult<()> {
-        let (domain, user) = split(jid);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let inserted = sqlx::query(
-            "INSERT INTO accounts (domain, username, created_at) VALUES (?, ?, ?)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(now_secs())
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?
-        .rows_affected();
-        if inserted == 0 {
-            return Err(StorageError::Conflict);
-        }
-        Self::insert_credentials(&mut tx, jid, credentials)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)
-    }
-
-    async fn create_many(
-        &self,
-        accounts: &[(BareJid, Vec<ScramCredentials>)],
-    ) -> StorageResult<u64> {
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let mut created = 0;
-        let now = now_secs();
-        for (jid, creds) in accounts {
-            let (domain, user) = split(jid);
-            let n = sqlx::query(
-                "INSERT INTO accounts (domain, username, created_at) VALUES (?, ?, ?)
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(domain)
-            .bind(user)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-            if n == 1 {
-                Self::insert_credentials(&mut tx, jid, creds)
-                    .await
-                    .map_err(backend)?;
-                created += 1;
-            }
-        }
-        tx.commit().await.map_err(backend)?;
-        Ok(created)
-    }
-
-    async fn exists(&self, jid: &BareJid) -> StorageResult<bool> {
-        let (domain, user) = split(jid);
-        let row = sqlx::query("SELECT 1 FROM accounts WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(row.is_some())
-    }
-
-    async fn credentials(
-        &self,
-        jid: &BareJid,
-        hash: ScramHash,
-    ) -> StorageResult<Option<ScramCredentials>> {
-        let (domain, user) = split(jid);
-        let row = sqlx::query(
-            "SELECT salt, iterations, stored_key, server_key FROM account_credentials
-             WHERE domain = ? AND username = ? AND hash = ?",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(hash_name(hash))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(row.map(|r| ScramCredentials {
-            hash,
-            salt: r.get(0),
-            iterations: r.get::<i64, _>(1) as u32,
-            stored_key: r.get(2),
-            server_key: r.get(3),
-        }))
-    }
-
-    async fn set_credentials(
-        &self,
-        jid: &BareJid,
-        credentials: &[ScramCredentials],
-    ) -> StorageResult<bool> {
-        if !self.exists(jid).await? {
-            return Ok(false);
-        }
-        let (domain, user) = split(jid);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        sqlx::query("DELETE FROM account_credentials WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        Self::insert_credentials(&mut tx, jid, credentials)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        Ok(true)
-    }
-
-    async fn delete(&self, jid: &BareJid) -> StorageResult<bool> {
-        let (domain, user) = split(jid);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        sqlx::query("DELETE FROM account_credentials WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let n = sqlx::query("DELETE FROM accounts WHERE domain = ? AND username = ?")
-            .bind(domain)
-            .bind(user)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-        tx.commit().await.map_err(backend)?;
-        Ok(n > 0)
-    }
-
-    async fn list(
-        &self,
-        domain: &str,
-        after: Option<&str>,
-        limit: u32,
-    ) -> StorageResult<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT username FROM accounts WHERE domain = ? AND username > ?
-             ORDER BY username LIMIT ?",
-        )
-        .bind(domain)
-        .bind(after.unwrap_or(""))
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    async fn count(&self, domain: &str) -> StorageResult<u64> {
-        let n: i64 = sqlx::query("SELECT COUNT(*) FROM accounts WHERE domain = ?")
-            .bind(domain)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(backend)?
-            .get(0);
-        Ok(n as u64)
     }
 }
 

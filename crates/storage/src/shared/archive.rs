@@ -1,97 +1,44 @@
-//! [`ArchiveStore`] and [`InboxStore`] on PostgreSQL, with the same
-//! semantics as the SQLite implementation. Batches are single statements
-//! over arrays (`INSERT … SELECT * FROM unnest(…)`), whatever their size.
-//! Every statement text is fixed or assembled from fixed fragments; all
-//! values are bound.
+//! [`ArchiveStore`] and [`InboxStore`]. The batch writers fed by the
+//! write-behind queue are each engine's own ([`Dialect::insert_archive`],
+//! [`Dialect::upsert_inbox`]); pages, counts and id lookups are assembled
+//! in [`crate::dynsql`]; everything else is below, once.
 
-use super::{backend, split, PostgresStorage};
+use super::{backend, split, Db, Dialect, Store};
 use crate::dynsql;
 use async_trait::async_trait;
-use sqlx::{Postgres, QueryBuilder, Row};
+use sqlx::{Database, Row};
 use starling_core::storage::{
-    coalesce_inbox_updates, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord,
-    ArchiveStore, ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate,
-    PrefsDefault, StorageResult, UnreadChange, FLAG_BODY,
+    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
+    ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
+    StorageResult, FLAG_BODY,
 };
 use starling_proto::BareJid;
 
-fn message(r: &sqlx::postgres::PgRow) -> ArchivedMessage {
+/// SQLite's separator of the JIDs in `always` and `never`.
+const JID_SEP: char = '\n';
+
+/// A row of `id, with_bare, outgoing, flags, stanza`.
+fn message(r: &<Db as Database>::Row) -> ArchivedMessage {
     ArchivedMessage {
         id: ArchiveId(r.get(0)),
         with_bare: r.get(1),
-        outgoing: r.get::<bool, _>(2),
-        flags: r.get::<i32, _>(3),
+        outgoing: r.get(2),
+        flags: r.get(3),
         stanza: r.get(4),
     }
 }
 
-/// Inserts archive rows (idempotent by id) on the caller's connection or
-/// transaction; shared by [`ArchiveStore::append`] and the offline store,
-/// which writes a message's archive rows with it.
-pub(super) async fn insert_archive_rows(
-    conn: &mut sqlx::PgConnection,
-    records: &[ArchiveRecord],
-) -> StorageResult<()> {
-    if records.is_empty() {
-        return Ok(());
-    }
-    let n = records.len();
-    let (mut ids, mut domains, mut users, mut withs, mut remotes) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut outs, mut origins, mut flags, mut stanzas) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for r in records {
-        let (domain, user) = split(&r.owner);
-        ids.push(r.id.0);
-        domains.push(domain);
-        users.push(user);
-        withs.push(r.with_bare.as_str());
-        remotes.push(r.remote.as_str());
-        outs.push(r.outgoing);
-        origins.push(r.origin_id.as_deref());
-        flags.push(r.flags);
-        stanzas.push(r.stanza.as_str());
-    }
-    sqlx::query(
-        "INSERT INTO archive
-         (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza)
-         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
-                              $6::boolean[], $7::text[], $8::int[], $9::text[])
-         ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(&ids)
-    .bind(&domains)
-    .bind(&users)
-    .bind(&withs)
-    .bind(&remotes)
-    .bind(&outs)
-    .bind(&origins)
-    .bind(&flags)
-    .bind(&stanzas)
-    .execute(&mut *conn)
-    .await
-    .map_err(backend)?;
-    Ok(())
-}
-
 #[async_trait]
-impl ArchiveStore for PostgresStorage {
+impl ArchiveStore for Store {
     async fn append(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
-        let mut conn = self.pool.acquire().await.map_err(backend)?;
-        insert_archive_rows(&mut conn, records).await
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.insert_archive(records).await
     }
 
     async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {
-        let rows = dynsql::archive_page::<Postgres>(owner, q)
+        let rows = dynsql::archive_page::<Db>(owner, q)
             .build()
             .fetch_all(&self.pool)
             .await
@@ -106,7 +53,7 @@ impl ArchiveStore for PostgresStorage {
     }
 
     async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64> {
-        let n: i64 = dynsql::archive_count::<Postgres>(owner, q)
+        let n: i64 = dynsql::archive_count::<Db>(owner, q)
             .build()
             .fetch_one(&self.pool)
             .await
@@ -119,7 +66,7 @@ impl ArchiveStore for PostgresStorage {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = dynsql::archive_existing::<Postgres>(owner, ids)
+        let rows = dynsql::archive_existing::<Db>(owner, ids)
             .build()
             .fetch_all(&self.pool)
             .await
@@ -189,7 +136,7 @@ impl ArchiveStore for PostgresStorage {
     async fn replace(&self, owner: &BareJid, id: ArchiveId, stanza: &str) -> StorageResult<bool> {
         let (domain, user) = split(owner);
         let n = sqlx::query(
-            "UPDATE archive SET stanza = $1, flags = flags & ~$2::int
+            "UPDATE archive SET stanza = $1, flags = flags & ~$2
              WHERE id = $3 AND domain = $4 AND username = $5",
         )
         .bind(stanza)
@@ -214,7 +161,7 @@ impl ArchiveStore for PostgresStorage {
         let n: i64 = sqlx::query(
             "SELECT COUNT(*) FROM archive
              WHERE domain = $1 AND username = $2 AND with_bare = $3 AND id > $4
-               AND NOT outgoing AND (flags & $5::int) != 0",
+               AND NOT outgoing AND (flags & $5) != 0",
         )
         .bind(domain)
         .bind(user)
@@ -264,8 +211,8 @@ impl ArchiveStore for PostgresStorage {
         .map_err(backend)?;
         Ok(row.map(|r| ArchivePrefs {
             default: PrefsDefault::parse(r.get::<&str, _>(0)).unwrap_or(PrefsDefault::Always),
-            always: r.get(1),
-            never: r.get(2),
+            always: Store::decode_list(r.get(1), JID_SEP),
+            never: Store::decode_list(r.get(2), JID_SEP),
         }))
     }
 
@@ -280,8 +227,8 @@ impl ArchiveStore for PostgresStorage {
         .bind(domain)
         .bind(user)
         .bind(prefs.default.as_str())
-        .bind(&prefs.always)
-        .bind(&prefs.never)
+        .bind(Store::encode_list(&prefs.always, JID_SEP))
+        .bind(Store::encode_list(&prefs.never, JID_SEP))
         .execute(&self.pool)
         .await
         .map_err(backend)?;
@@ -302,98 +249,28 @@ impl ArchiveStore for PostgresStorage {
     }
 }
 
-fn entry(r: &sqlx::postgres::PgRow) -> InboxEntry {
+/// A row of `remote, last_id, stanza, unread` (`unread` cast to `BIGINT`,
+/// which decodes alike on both engines).
+fn entry(r: &<Db as Database>::Row) -> InboxEntry {
     InboxEntry {
         remote: r.get(0),
         last_id: ArchiveId(r.get(1)),
         last_stanza: r.get(2),
-        unread: r.get::<i32, _>(3).max(0) as u32,
+        unread: r.get::<i64, _>(3).clamp(0, i64::from(u32::MAX)) as u32,
     }
 }
 
 #[async_trait]
-impl InboxStore for PostgresStorage {
+impl InboxStore for Store {
     async fn apply(&self, updates: &[InboxUpdate]) -> StorageResult<()> {
         if updates.is_empty() {
             return Ok(());
         }
-        // One row per conversation (an upsert may not touch a row twice),
-        // so the groups below can run in any order.
-        let merged = coalesce_inbox_updates(updates);
-        let (with_last, count_only): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) =
-            merged.iter().partition(|u| u.last.is_some());
-        let (setting, adding): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) = with_last
-            .into_iter()
-            .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        for (group, sql) in [
-            (&adding, "i.unread + excluded.unread"),
-            (&setting, "excluded.unread"),
-        ] {
-            if group.is_empty() {
-                continue;
-            }
-            let (mut domains, mut users, mut remotes, mut ids, mut counts) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for u in group.iter() {
-                let (domain, user) = split(&u.owner);
-                let id = u.last.expect("partitioned on last");
-                domains.push(domain);
-                users.push(user);
-                remotes.push(u.remote.as_str());
-                ids.push(id.0);
-                counts.push(match u.unread {
-                    UnreadChange::Keep => 0i32,
-                    UnreadChange::Add(n) | UnreadChange::Set(n) => n.min(i32::MAX as u32) as i32,
-                });
-            }
-            let mut b = QueryBuilder::<Postgres>::new(
-                "INSERT INTO inbox AS i (domain, username, remote, last_id, unread)
-                 SELECT * FROM unnest(",
-            );
-            b.push_bind(&domains)
-                .push("::text[], ")
-                .push_bind(&users)
-                .push("::text[], ")
-                .push_bind(&remotes)
-                .push("::text[], ")
-                .push_bind(&ids)
-                .push("::bigint[], ")
-                .push_bind(&counts)
-                .push(
-                    "::int[])
-                 ON CONFLICT (domain, username, remote) DO UPDATE SET
-                   last_id = GREATEST(i.last_id, excluded.last_id),
-                   unread = ",
-                )
-                .push(sql);
-            b.build().execute(&mut *tx).await.map_err(backend)?;
-        }
-        for u in count_only {
-            let (domain, user) = split(&u.owner);
-            let (set, value) = match u.unread {
-                UnreadChange::Keep => continue,
-                UnreadChange::Add(n) => (false, n.min(i32::MAX as u32) as i32),
-                UnreadChange::Set(n) => (true, n.min(i32::MAX as u32) as i32),
-            };
-            sqlx::query(
-                "UPDATE inbox SET unread = CASE WHEN $1 THEN $2 ELSE unread + $2 END
-                 WHERE domain = $3 AND username = $4 AND remote = $5",
-            )
-            .bind(set)
-            .bind(value)
-            .bind(domain)
-            .bind(user)
-            .bind(u.remote.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        }
-        tx.commit().await.map_err(backend)
+        self.upsert_inbox(updates).await
     }
 
     async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
-        let rows = dynsql::inbox_page::<Postgres>(owner, q)
+        let rows = dynsql::inbox_page::<Db>(owner, q)
             .build()
             .fetch_all(&self.pool)
             .await
@@ -406,7 +283,7 @@ impl InboxStore for PostgresStorage {
     async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>> {
         let (domain, user) = split(owner);
         let row = sqlx::query(
-            "SELECT i.remote, i.last_id, a.stanza, i.unread FROM inbox i
+            "SELECT i.remote, i.last_id, a.stanza, CAST(i.unread AS BIGINT) FROM inbox i
              LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
              WHERE i.domain = $1 AND i.username = $2 AND i.remote = $3",
         )
@@ -422,7 +299,7 @@ impl InboxStore for PostgresStorage {
     async fn totals(&self, owner: &BareJid) -> StorageResult<InboxTotals> {
         let (domain, user) = split(owner);
         let r = sqlx::query(
-            "SELECT COUNT(*), COUNT(*) FILTER (WHERE unread > 0), COALESCE(SUM(unread), 0)::bigint
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE unread > 0), COALESCE(SUM(unread), 0)
              FROM inbox WHERE domain = $1 AND username = $2",
         )
         .bind(domain)

@@ -1,23 +1,30 @@
-//! PostgreSQL implementation of the instant-messaging storage traits.
+//! The instant-messaging stores: roster, blocking, user data, last
+//! activity.
 //!
 //! Roster writes of one owner are serialized by that owner's
-//! `roster_versions` row: every writer locks it first (upsert or
-//! `FOR UPDATE`), so versions are gap-free in commit order and lock order is
-//! the same everywhere (version row, then item rows).
+//! `roster_versions` row: every writer locks it first (the version upsert,
+//! or `FOR UPDATE` on PostgreSQL; SQLite has one writer anyway), so
+//! versions are gap-free in commit order and the lock order is the same
+//! everywhere (version row, then item rows). Reads of the version and the
+//! items are one statement, hence one snapshot.
 
-use super::{backend, now_secs, split, PostgresStorage};
+use super::{backend, split, Db, Dialect, Store};
+use crate::dialect::Conn;
+use crate::now_secs;
 use async_trait::async_trait;
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::{Database, Row};
 use starling_core::storage::{
     BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, StorageResult,
     Subscription, UserDataStore,
 };
 use starling_proto::BareJid;
 
+/// SQLite's separator of group names, a character XML text cannot contain.
+const GROUP_SEP: char = '\u{1f}';
+
 /// The item of a row; `None` for the all-NULL side of an outer join (and
 /// for a contact that is no longer a valid JID).
-fn item_from_row(r: &PgRow) -> Option<RosterItem> {
+fn item_from_row(r: &<Db as Database>::Row) -> Option<RosterItem> {
     let jid = BareJid::new(r.get::<Option<&str>, _>("contact")?).ok()?;
     Some(RosterItem {
         jid,
@@ -26,13 +33,13 @@ fn item_from_row(r: &PgRow) -> Option<RosterItem> {
         ask: r.get("ask"),
         pending_in: r.get("pending_in"),
         approved: r.get("approved"),
-        groups: r.get("groups"),
+        groups: Store::decode_list(r.get("groups"), GROUP_SEP),
     })
 }
 
 /// Increments `owner`'s roster version (creating it at 1) and returns it;
 /// the row stays locked until the transaction ends.
-async fn bump_version(tx: &mut PgConnection, domain: &str, user: &str) -> Result<u64, sqlx::Error> {
+async fn bump_version(tx: &mut Conn<Store>, domain: &str, user: &str) -> Result<u64, sqlx::Error> {
     let v: i64 = sqlx::query(
         "INSERT INTO roster_versions AS v (domain, username, version) VALUES ($1, $2, 1)
          ON CONFLICT (domain, username) DO UPDATE SET version = v.version + 1
@@ -47,11 +54,10 @@ async fn bump_version(tx: &mut PgConnection, domain: &str, user: &str) -> Result
 }
 
 #[async_trait]
-impl RosterStore for PostgresStorage {
+impl RosterStore for Store {
     async fn get_roster(&self, owner: &BareJid) -> StorageResult<(u64, Vec<RosterItem>)> {
         let (domain, user) = split(owner);
-        // One statement, hence one snapshot, for the items and the version
-        // describing them; an empty roster still yields its version row.
+        // An empty roster still yields its version row.
         let rows = sqlx::query(
             "SELECT v.version AS current, i.contact, i.name, i.subscription, i.ask,
                     i.pending_in, i.approved, i.groups
@@ -98,7 +104,7 @@ impl RosterStore for PostgresStorage {
 
     async fn put_item(&self, owner: &BareJid, item: &RosterItem) -> StorageResult<u64> {
         let (domain, user) = split(owner);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.begin_write().await.map_err(backend)?;
         let version = bump_version(&mut tx, domain, user).await.map_err(backend)?;
         sqlx::query(
             "INSERT INTO roster_items
@@ -117,7 +123,7 @@ impl RosterStore for PostgresStorage {
         .bind(item.ask)
         .bind(item.pending_in)
         .bind(item.approved)
-        .bind(&item.groups)
+        .bind(Store::encode_list(&item.groups, GROUP_SEP))
         .bind(version as i64)
         .execute(&mut *tx)
         .await
@@ -128,18 +134,17 @@ impl RosterStore for PostgresStorage {
 
     async fn remove_item(&self, owner: &BareJid, contact: &BareJid) -> StorageResult<Option<u64>> {
         let (domain, user) = split(owner);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.begin_write().await.map_err(backend)?;
         // Lock order: the version row, then the item (as put_item does).
-        let locked = sqlx::query(
-            "SELECT 1 FROM roster_versions WHERE domain = $1 AND username = $2 FOR UPDATE",
-        )
+        let roster = sqlx::query(for_update!(
+            "SELECT 1 FROM roster_versions WHERE domain = $1 AND username = $2"
+        ))
         .bind(domain)
         .bind(user)
         .fetch_optional(&mut *tx)
         .await
-        .map_err(backend)?
-        .is_some();
-        if !locked {
+        .map_err(backend)?;
+        if roster.is_none() {
             return Ok(None); // no roster at all
         }
         let exists = sqlx::query(
@@ -160,10 +165,11 @@ impl RosterStore for PostgresStorage {
         // Keep a tombstone so versioned clients learn about the removal.
         sqlx::query(
             "UPDATE roster_items SET removed = TRUE, version = $1, subscription = 'none',
-             ask = FALSE, pending_in = FALSE, approved = FALSE, groups = '{}', name = NULL
-             WHERE domain = $2 AND username = $3 AND contact = $4",
+             ask = FALSE, pending_in = FALSE, approved = FALSE, groups = $2, name = NULL
+             WHERE domain = $3 AND username = $4 AND contact = $5",
         )
         .bind(version as i64)
+        .bind(Store::encode_list(&[], GROUP_SEP))
         .bind(domain)
         .bind(user)
         .bind(contact.as_str())
@@ -180,7 +186,6 @@ impl RosterStore for PostgresStorage {
         version: u64,
     ) -> StorageResult<Option<(u64, Vec<RosterChange>)>> {
         let (domain, user) = split(owner);
-        // Current version and changes from one snapshot (see get_roster).
         let rows = sqlx::query(
             "SELECT v.version AS current, i.contact, i.name, i.subscription, i.ask,
                     i.pending_in, i.approved, i.groups, i.removed
@@ -291,7 +296,7 @@ impl RosterStore for PostgresStorage {
 
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
         let (domain, user) = split(owner);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.begin_write().await.map_err(backend)?;
         // The version row first: the lock order of every roster writer.
         for sql in [
             "DELETE FROM roster_versions WHERE domain = $1 AND username = $2",
@@ -310,7 +315,7 @@ impl RosterStore for PostgresStorage {
 }
 
 #[async_trait]
-impl BlockingStore for PostgresStorage {
+impl BlockingStore for Store {
     async fn blocklist(&self, owner: &BareJid) -> StorageResult<Vec<String>> {
         let (domain, user) = split(owner);
         let rows = sqlx::query(
@@ -325,66 +330,31 @@ impl BlockingStore for PostgresStorage {
     }
 
     async fn block(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        // One statement; WITH ORDINALITY keeps the caller's order, and
-        // repeats within `jids` are inserted (and reported) once.
-        let rows = sqlx::query(
-            "WITH added AS (
-                 INSERT INTO blocklist (domain, username, jid)
-                 SELECT $1, $2, j FROM unnest($3::text[]) AS t(j)
-                 ON CONFLICT DO NOTHING
-                 RETURNING jid)
-             SELECT t.j FROM unnest($3::text[]) WITH ORDINALITY AS t(j, n)
-             JOIN added a ON a.jid = t.j
-             GROUP BY t.j ORDER BY MIN(t.n)",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(jids)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        self.insert_blocked(owner, jids).await
     }
 
     async fn unblock(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        let rows = sqlx::query(
-            "WITH gone AS (
-                 DELETE FROM blocklist
-                 WHERE domain = $1 AND username = $2 AND jid = ANY($3::text[])
-                 RETURNING jid)
-             SELECT t.j FROM unnest($3::text[]) WITH ORDINALITY AS t(j, n)
-             JOIN gone g ON g.jid = t.j
-             GROUP BY t.j ORDER BY MIN(t.n)",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(jids)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        self.delete_blocked(owner, jids).await
     }
 
     async fn unblock_all(&self, owner: &BareJid) -> StorageResult<Vec<String>> {
         let (domain, user) = split(owner);
-        let rows = sqlx::query(
-            "WITH gone AS (
-                 DELETE FROM blocklist WHERE domain = $1 AND username = $2 RETURNING jid)
-             SELECT jid FROM gone ORDER BY jid",
-        )
-        .bind(domain)
-        .bind(user)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        let rows =
+            sqlx::query("DELETE FROM blocklist WHERE domain = $1 AND username = $2 RETURNING jid")
+                .bind(domain)
+                .bind(user)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        // RETURNING gives no order guarantee.
+        let mut v: Vec<String> = rows.into_iter().map(|r| r.get(0)).collect();
+        v.sort();
+        Ok(v)
     }
 }
 
 #[async_trait]
-impl UserDataStore for PostgresStorage {
+impl UserDataStore for Store {
     async fn get(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<Option<String>> {
         let (domain, user) = split(owner);
         let row = sqlx::query(
@@ -443,7 +413,7 @@ impl UserDataStore for PostgresStorage {
 }
 
 #[async_trait]
-impl LastActivityStore for PostgresStorage {
+impl LastActivityStore for Store {
     async fn get(&self, owner: &BareJid) -> StorageResult<Option<(u64, String)>> {
         let (domain, user) = split(owner);
         let row =
@@ -458,6 +428,8 @@ impl LastActivityStore for PostgresStorage {
 
     async fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()> {
         let (domain, user) = split(owner);
+        // Every logout writes here: a hot-path writer.
+        let _turn = self.write_turn().await;
         sqlx::query(
             "INSERT INTO last_activity (domain, username, at, status) VALUES ($1, $2, $3, $4)
              ON CONFLICT (domain, username) DO UPDATE SET at = excluded.at, status = excluded.status",

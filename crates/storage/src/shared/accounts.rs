@@ -1,0 +1,155 @@
+//! [`AccountStore`]. Credentials are inserted, and bulk imports run, by
+//! each engine's batch writer ([`Dialect::insert_credentials`],
+//! [`Dialect::insert_accounts`]); deleting an account deletes its
+//! credentials by `ON DELETE CASCADE` (SQLite's foreign keys are on).
+
+use super::{Dialect, Store};
+use crate::{backend, hash_name, now_secs, split};
+use async_trait::async_trait;
+use sqlx::Row;
+use starling_core::storage::{AccountStore, StorageError, StorageResult};
+use starling_proto::sasl::{ScramCredentials, ScramHash};
+use starling_proto::BareJid;
+
+#[async_trait]
+impl AccountStore for Store {
+    async fn create(&self, jid: &BareJid, credentials: &[ScramCredentials]) -> StorageResult<()> {
+        let (domain, user) = split(jid);
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        let inserted = sqlx::query(
+            "INSERT INTO accounts (domain, username, created_at) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(now_secs())
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        if inserted == 0 {
+            return Err(StorageError::Conflict);
+        }
+        Store::insert_credentials(&mut tx, &[(jid, credentials)])
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn create_many(
+        &self,
+        accounts: &[(BareJid, Vec<ScramCredentials>)],
+    ) -> StorageResult<u64> {
+        self.insert_accounts(accounts).await
+    }
+
+    async fn exists(&self, jid: &BareJid) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let row = sqlx::query("SELECT 1 FROM accounts WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(row.is_some())
+    }
+
+    async fn credentials(
+        &self,
+        jid: &BareJid,
+        hash: ScramHash,
+    ) -> StorageResult<Option<ScramCredentials>> {
+        let (domain, user) = split(jid);
+        let row = sqlx::query(
+            "SELECT salt, iterations, stored_key, server_key FROM account_credentials
+             WHERE domain = $1 AND username = $2 AND hash = $3",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(hash_name(hash))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.map(|r| ScramCredentials {
+            hash,
+            salt: r.get(0),
+            iterations: r.get::<i64, _>(1) as u32,
+            stored_key: r.get(2),
+            server_key: r.get(3),
+        }))
+    }
+
+    async fn set_credentials(
+        &self,
+        jid: &BareJid,
+        credentials: &[ScramCredentials],
+    ) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        // Lock the account row: a concurrent delete waits, or wins first.
+        let exists = sqlx::query(for_update!(
+            "SELECT 1 FROM accounts WHERE domain = $1 AND username = $2"
+        ))
+        .bind(domain)
+        .bind(user)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?
+        .is_some();
+        if !exists {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM account_credentials WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        Store::insert_credentials(&mut tx, &[(jid, credentials)])
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(true)
+    }
+
+    async fn delete(&self, jid: &BareJid) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let n = sqlx::query("DELETE FROM accounts WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn list(
+        &self,
+        domain: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StorageResult<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT username FROM accounts WHERE domain = $1 AND username > $2
+             ORDER BY username LIMIT $3",
+        )
+        .bind(domain)
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn count(&self, domain: &str) -> StorageResult<u64> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM accounts WHERE domain = $1")
+            .bind(domain)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?
+            .get(0);
+        Ok(n as u64)
+    }
+}

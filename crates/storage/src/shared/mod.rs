@@ -1,0 +1,67 @@
+//! The stores whose SQL is the same on both engines, written once.
+//!
+//! This module is compiled into each backend (`sqlite/mod.rs` and
+//! `postgres/mod.rs` declare it with `#[path]`), where `Store` is that
+//! backend's type; see [`crate::dialect`] for why, and for the few hooks
+//! (`Store::…` calls from the [`Dialect`] trait) where the engines differ.
+//! Statements use `$1…$n` placeholders, `TRUE`/`FALSE`, and
+//! `for_update!` where PostgreSQL must lock a row.
+
+/// `$sql` with ` FOR UPDATE` appended where the engine has row locks
+/// ([`Dialect::ROW_LOCKS`]); both texts are literals, chosen at compile
+/// time.
+macro_rules! for_update {
+    ($sql:literal) => {
+        if <Store as crate::dialect::Dialect>::ROW_LOCKS {
+            concat!($sql, " FOR UPDATE")
+        } else {
+            $sql
+        }
+    };
+}
+
+mod accounts;
+mod archive;
+mod im;
+mod offline;
+
+use super::Store;
+use crate::dialect::Dialect;
+use crate::{backend, split};
+use starling_core::storage::{Storage, StorageResult};
+use starling_proto::BareJid;
+use std::sync::Arc;
+
+/// The driver of this backend.
+type Db = <Store as Dialect>::Db;
+
+impl Store {
+    /// Wraps the backend into the [`Storage`] handles.
+    pub fn into_storage(self) -> Storage {
+        let me = Arc::new(self);
+        Storage {
+            accounts: me.clone(),
+            roster: me.clone(),
+            blocking: me.clone(),
+            user_data: me.clone(),
+            last_activity: me.clone(),
+            offline: me.clone(),
+            archive: me.clone(),
+            inbox: me.clone(),
+            backend: me,
+        }
+    }
+
+    /// Runs `sql`, a statement whose only parameters are `domain = $1` and
+    /// `username = $2`, for `owner` (per-user deletions).
+    async fn exec_for_owner(&self, sql: &'static str, owner: &BareJid) -> StorageResult<()> {
+        let (domain, user) = split(owner);
+        sqlx::query(sql)
+            .bind(domain)
+            .bind(user)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+}
