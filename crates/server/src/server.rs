@@ -4,8 +4,8 @@
 
 use crate::c2s::{session, C2sShared};
 use crate::config::{Config, TlsMode};
-use crate::router::LocalRouter;
-use crate::sessions::SessionTable;
+use crate::routing::router::LocalRouter;
+use crate::routing::sessions::SessionTable;
 use crate::tls::TlsContext;
 use anyhow::Context;
 use starling_core::{Env, Hosts, Metrics, Pressure};
@@ -267,17 +267,17 @@ pub async fn start_with(
         )));
     }
     let web_client = cfg.http.web_client.then(|| {
-        Arc::new(crate::http::WebClient {
+        Arc::new(crate::transport::http::WebClient {
             dir: cfg.http.web_client_dir.clone(),
             domain: domains.first().cloned().unwrap_or_default(),
         })
     });
-    let bosh_sessions = Arc::new(crate::c2s::bosh::BoshRegistry::default());
+    let bosh_sessions = Arc::new(crate::transport::bosh::BoshRegistry::default());
     let mut http_addrs = Vec::new();
     for (listener, tls) in http_bound {
         let local = listener.local_addr()?;
         let scheme = if tls { "wss" } else { "ws" };
-        tracing::info!(address = %local, url = %format!("{scheme}://{local}{}", crate::http::WEBSOCKET_PATH), "listening for WebSocket clients");
+        tracing::info!(address = %local, url = %format!("{scheme}://{local}{}", crate::transport::http::WEBSOCKET_PATH), "listening for WebSocket clients");
         http_addrs.push((local, tls));
         if let Some(web) = web_client.as_ref().filter(|_| !tls) {
             if web.dir.join("converse.min.js").is_file() {
@@ -286,7 +286,7 @@ pub async fn start_with(
                 tracing::warn!(dir = %web.dir.display(), "web chat files not found; run scripts/fetch-webclient.sh (needs npm) or set [http] web_client_dir");
             }
         }
-        listeners.push(tokio::spawn(crate::http::accept_loop(
+        listeners.push(tokio::spawn(crate::transport::http::accept_loop(
             listener,
             tls.then(|| http_tls.clone()),
             shared.clone(),

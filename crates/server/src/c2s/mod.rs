@@ -7,12 +7,8 @@
 //! legacy session iq — and hands every stanza to the hooks. It knows no XEP
 //! (invariant 1): presence, ping, disco, registration… are modules.
 
-pub(crate) mod bosh;
-mod connection;
 mod sasl;
 pub(crate) mod session;
-mod transport;
-mod websocket;
 
 use crate::config::Config;
 use crate::limiter::IpLimiter;

@@ -18,9 +18,9 @@
 //! through `user_receive` and then to the socket. Modules request effects
 //! ([`Action`]s) which this task applies; no module ever holds the socket.
 
-use super::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
-use super::transport::Transport;
-use super::websocket::WsConn;
+use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
+use crate::transport::tcp::Transport;
+use crate::transport::websocket::WsConn;
 use super::C2sShared;
 use crate::c2s::sasl::SaslState;
 use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, OwnIqHandler};
@@ -151,7 +151,7 @@ pub(crate) async fn run(
 
 /// Runs one RFC 7395 WebSocket connection to completion. `secure`: the
 /// WebSocket came over TLS, or from a peer the HTTP listener trusts as
-/// such (see `http.rs`).
+/// such (see `transport/http.rs`).
 pub(crate) async fn run_websocket(
     shared: Arc<C2sShared>,
     ws: axum::extract::ws::WebSocket,
@@ -169,7 +169,7 @@ pub(crate) async fn run_websocket(
 /// Runs one BOSH session (XEP-0206) to completion; see `bosh.rs`.
 pub(crate) async fn run_bosh(
     shared: Arc<C2sShared>,
-    conn: super::bosh::BoshConn,
+    conn: crate::transport::bosh::BoshConn,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) {

@@ -22,7 +22,7 @@
 //! read that loses the race to a mailbox message loses no bytes.
 
 use super::bosh::BoshConn;
-use super::transport::Transport;
+use super::tcp::Transport;
 use super::websocket::WsConn;
 use crate::tls::TlsContext;
 use starling_proto::sasl::ChannelBindings;

@@ -16,7 +16,7 @@
 //! in front of Starling. From anywhere else a plain WebSocket gets no SASL
 //! mechanisms while TLS is required; use the `tls = true` listener.
 
-use crate::c2s::bosh::{self, BoshRegistry, NS_HTTPBIND};
+use super::bosh::{self, BoshRegistry, NS_HTTPBIND};
 use crate::c2s::{session, C2sShared};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::Path as UrlPath;
@@ -413,7 +413,7 @@ fn bosh_reply(body: String) -> Response {
 }
 
 /// `POST /http-bind`: one BOSH request (XEP-0124, XEP-0206; see
-/// `c2s/bosh.rs`). Errors are `type='terminate'` bodies with their
+/// `transport/bosh.rs`). Errors are `type='terminate'` bodies with their
 /// condition (§17.2), over HTTP 200.
 async fn bosh_request(
     State(st): State<HttpState>,

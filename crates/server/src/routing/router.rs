@@ -20,7 +20,7 @@
 //! or to a bare JID are dropped: modules that issue requests consume the
 //! answers in their own hooks.
 
-use crate::sessions::SessionTable;
+use super::sessions::SessionTable;
 use async_trait::async_trait;
 use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions};
 use starling_core::{
