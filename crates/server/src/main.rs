@@ -76,6 +76,11 @@ enum Command {
         #[arg(hide = true)]
         file: Option<PathBuf>,
     },
+    /// List the modules this build has, whether the configuration enables
+    /// each, what it implements, the storage it uses and the modules it
+    /// needs. Each one's settings are its [modules.<name>] table, documented
+    /// in docs/configuration.md.
+    Modules,
     /// Manage accounts (works while the server runs).
     #[command(subcommand)]
     User(UserCommand),
@@ -232,8 +237,36 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(run(cfg))
         }
         Command::CheckConfig { .. } => unreachable!("handled above"),
+        Command::Modules => {
+            list_modules(&cfg);
+            Ok(())
+        }
         Command::User(cmd) => rt.block_on(user(cfg, cmd)),
         Command::Archive(cmd) => rt.block_on(archive(cfg, cmd)),
+    }
+}
+
+/// `modules`: one line per module, in registration order.
+fn list_modules(cfg: &Config) {
+    let width = starling_server::modules::MODULES
+        .iter()
+        .map(|m| m.name().len())
+        .max()
+        .unwrap_or(0);
+    for (m, c) in cfg.modules.iter() {
+        let mut line = format!(
+            "{:<width$}  {:<3}  {}",
+            m.name(),
+            if m.enabled(c) { "on" } else { "off" },
+            m.summary()
+        );
+        if !m.storage().is_empty() {
+            line.push_str(&format!(" [storage: {}]", m.storage().join(", ")));
+        }
+        if !m.needs().is_empty() {
+            line.push_str(&format!(" [needs: {}]", m.needs().join(", ")));
+        }
+        println!("{line}");
     }
 }
 

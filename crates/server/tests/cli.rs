@@ -764,3 +764,51 @@ fn missing_config_said_once_and_check_config_has_one_way() {
         "{err}"
     );
 }
+
+/// `starling modules` lists every module with its state from the
+/// configuration, what it implements, its storage and what it needs; a
+/// configuration naming an unknown module is refused with the known ones.
+#[test]
+fn modules_lists_each_module_with_its_state() {
+    let dir = temp_dir();
+    let cfg = dir.join("starling.toml");
+    std::fs::write(&cfg, "[modules.carbons]\nenabled = false\n").unwrap();
+    let out = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("modules")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{text}"))
+            .to_owned()
+    };
+    assert!(line("carbons").contains(" off "), "{text}");
+    assert!(
+        line("mam").contains(" on ") && line("mam").contains("XEP-0313"),
+        "{text}"
+    );
+    assert!(line("inbox").contains("[needs: mam]"), "{text}");
+    assert_eq!(text.lines().count(), 17, "{text}");
+    std::fs::write(&cfg, "[modules.carbon]\nenabled = false\n").unwrap();
+    let out = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("modules")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown module `carbon`") && err.contains("carbons"),
+        "{err}"
+    );
+}

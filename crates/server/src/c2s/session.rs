@@ -18,11 +18,11 @@
 //! through `user_receive` and then to the socket. Modules request effects
 //! ([`Action`]s) which this task applies; no module ever holds the socket.
 
+use super::C2sShared;
+use crate::c2s::sasl::SaslState;
 use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
 use crate::transport::tcp::Transport;
 use crate::transport::websocket::WsConn;
-use super::C2sShared;
-use crate::c2s::sasl::SaslState;
 use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, OwnIqHandler};
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, Mailbox, SessionCtx,

@@ -327,7 +327,7 @@ impl IqHandler for Register {
 impl Module for Register {
     const NAME: &'static str = NAME;
     const SUMMARY: &'static str =
-        "XEP-0077 in-band registration, password change and account removal";
+        "XEP-0077 in-band password change and account removal; open registration when enabled";
     type Config = RegisterConfig;
     const STORAGE: &'static [&'static str] = &["accounts"];
 
