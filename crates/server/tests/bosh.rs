@@ -2,7 +2,7 @@
 //! session creation with the stream features (XEP-0206 §5), SASL and the
 //! restart (§6), binding and chatting with a TCP user in both directions
 //! with long polling (XEP-0124 §7), a retransmitted rid answered the same
-//! (§14.3), unknown sids and out-of-window rids (`item-not-found`, §17.2),
+//! (§14.3), request and response acknowledgements (§9), unknown sids and out-of-window rids (`item-not-found`, §17.2),
 //! too many simultaneous requests (`policy-violation`, §11), bad bodies
 //! (`bad-request`), and terminate (§13). Other users are never affected.
 
@@ -57,14 +57,22 @@ struct Bosh {
 impl Bosh {
     /// Creates a session (wait seconds) and returns it with the features.
     async fn create(addr: SocketAddr, wait: u32) -> (Bosh, Element) {
+        Self::create_with(addr, wait, "").await
+    }
+
+    /// [`Bosh::create`] with more attributes on the creation request.
+    async fn create_with(addr: SocketAddr, wait: u32, attrs: &str) -> (Bosh, Element) {
         let rid = 1_000_000;
         let r = post(
             addr,
-            &format!("<body xmlns='{BIND}' rid='{rid}' to='localhost' wait='{wait}' hold='1' ver='1.6' xml:lang='en' xmpp:version='1.0' xmlns:xmpp='{XBOSH}'/>"),
+            &format!("<body xmlns='{BIND}' rid='{rid}' to='localhost' wait='{wait}' hold='1' ver='1.6' xml:lang='en' xmpp:version='1.0' xmlns:xmpp='{XBOSH}' {attrs}/>"),
         )
         .await;
         assert!(r.is("body", BIND), "{r}");
         assert_eq!(r.attr("type"), None, "{r}");
+        // XEP-0124 §9.1: a server that acknowledges requests does so from
+        // the creation response on.
+        assert_eq!(r.attr("ack"), Some("1000000"), "{r}");
         let sid = r.attr("sid").expect("sid").to_owned();
         assert_eq!(r.attr("hold"), Some("1"));
         assert_eq!(r.attr("requests"), Some("2"));
@@ -269,6 +277,57 @@ async fn bad_sids_rids_bodies_and_overactivity_end_only_their_session() {
         )
         .await;
     assert_eq!(r.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+/// XEP-0124 §9: the server acknowledges requests (`ack` on a response
+/// whose request was overtaken by a newer one, none when it would repeat
+/// the request's own rid), and a client that acknowledges responses
+/// (`ack='1'` at creation) and reports an older `ack` than what was sent
+/// is answered at once with `report` and `time`.
+#[tokio::test]
+async fn request_and_response_acknowledgements() {
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let (mut b, _) = Bosh::create_with(server.http_addr(false), 2, "ack='1'").await;
+    b.login("alice").await;
+
+    // A held request pushed out by the next one acknowledges that one.
+    let (rid_a, a) = b.body("", "");
+    let addr = b.addr;
+    let held_a = tokio::spawn(async move { post(addr, &a).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rid_b, bb) = b.body(&format!("ack='{}'", rid_a - 1), "");
+    let held_b = tokio::spawn(async move { post(addr, &bb).await });
+    let ra = held_a.await.unwrap();
+    assert_eq!(ra.attr("ack"), Some(rid_b.to_string().as_str()), "{ra}");
+    assert_eq!(ra.attr("report"), None, "{ra}");
+    // Answered after `wait` with nothing newer: its own rid, so no ack.
+    let rb = held_b.await.unwrap();
+    assert_eq!(rb.attr("ack"), None, "{rb}");
+
+    // §9.2: the client says it has responses only up to rid_a - 1 although
+    // rid_a and rid_b were answered: it is told at once which one it lacks.
+    let t = std::time::Instant::now();
+    let rc = b.send(&format!("ack='{}'", rid_a - 1), "").await;
+    assert!(t.elapsed() < Duration::from_secs(1), "answered immediately");
+    assert_eq!(rc.attr("report"), Some(rid_a.to_string().as_str()), "{rc}");
+    let ms: u64 = rc
+        .attr("time")
+        .expect("time")
+        .parse()
+        .expect("milliseconds");
+    assert!(
+        ms >= 1000,
+        "rid_a was answered before rid_b's wait: {ms} ms"
+    );
+    // The missing response is still there for the asking (§14.3).
+    let again = post(
+        b.addr,
+        &format!("<body xmlns='{BIND}' sid='{}' rid='{rid_a}'/>", b.sid),
+    )
+    .await;
+    assert_eq!(again.to_string(), ra.to_string());
     server.stop().await;
 }
 

@@ -14,6 +14,15 @@
 //! (broken connection, §14.3) gets the same answer for the same rid; an
 //! older or far-ahead rid ends the session with `item-not-found`.
 //!
+//! Acknowledgements (§9): every response carries `ack`, the highest rid
+//! received with all lower ones (the creation response always; later ones
+//! only when it differs from the rid answered). A client that sets
+//! `ack='1'` at creation acknowledges responses in turn: acknowledged
+//! responses are forgotten, unacknowledged ones are kept (up to 8) for
+//! retransmission, and a request whose `ack` is older than the last
+//! response sent is answered at once with `report` (the first missing rid)
+//! and `time` (ms since it was sent).
+//!
 //! XEP-0206: the creation response carries the stream features and
 //! `xmpp:version`; `xmpp:restart='true'` restarts the stream after SASL;
 //! `type='terminate'` closes it (§6). With no request held for
@@ -46,6 +55,8 @@ pub const INACTIVITY: u64 = 60;
 pub const MAX_PAUSE: u64 = 120;
 /// The largest request id a client may use (XEP-0124 §14.1).
 pub const MAX_RID: u64 = (1 << 53) - 1;
+/// Responses kept for a client that acknowledges them (§9) until it does.
+const MAX_UNACKED: usize = 8;
 /// Requests held at once (`hold`).
 pub const MAX_HOLD: u64 = 1;
 
@@ -68,7 +79,10 @@ struct State {
     held: BTreeSet<u64>,
     /// Requests being processed (held, or waiting for their turn).
     active: usize,
-    responses: VecDeque<(u64, String)>,
+    /// The last responses (rid, body, when sent), for retransmission.
+    responses: VecDeque<(u64, String, Instant)>,
+    /// The client acknowledges responses (`ack='1'` at creation, §9.1).
+    client_acks: bool,
     ended: Option<Ended>,
     /// The HTTP side lost the session (bad rid, overactivity): the session
     /// task's read ends.
@@ -300,6 +314,7 @@ pub(crate) fn handle_request(
                     held: BTreeSet::new(),
                     active: 0,
                     responses: VecDeque::new(),
+                    client_acks: body.attr("ack") == Some("1"),
                     ended: None,
                     lost: false,
                     last_request: Instant::now(),
@@ -338,7 +353,7 @@ pub(crate) async fn respond(
         let mut st = s.lock();
         if rid < st.next_rid {
             // A retransmission (§14.3): the same answer, if still kept.
-            if let Some((_, r)) = st.responses.iter().find(|(r, _)| *r == rid) {
+            if let Some((_, r, _)) = st.responses.iter().find(|(r, _, _)| *r == rid) {
                 return r.clone();
             }
             drop(st);
@@ -405,10 +420,29 @@ async fn serve(
     }
     let mut immediate = false;
     let mut terminating = false;
+    let mut report = None;
     {
         let mut st = s.lock();
         if st.ended.is_none() {
             st.next_rid = rid + 1;
+            if !creation && st.client_acks {
+                // §9.2: the client has every response up to `ack`; when it
+                // misses one we already sent, tell it at once (`report`,
+                // `time`) so it can ask again.
+                if let Some(ack) = body.attr("ack").and_then(|a| a.parse::<u64>().ok()) {
+                    let last_sent = st.responses.back().map(|(r, _, _)| *r);
+                    if last_sent.is_some_and(|l| ack < l) {
+                        if let Some((r, _, at)) =
+                            st.responses.iter().find(|(r, _, _)| *r == ack + 1)
+                        {
+                            report = Some((*r, at.elapsed().as_millis()));
+                            immediate = true;
+                        }
+                    }
+                    // What the client has, it will not ask for again.
+                    st.responses.retain(|(r, _, _)| *r > ack);
+                }
+            }
             if !creation {
                 if body.attr(&format!("{{{NS_XBOSH}}}restart")) == Some("true") {
                     st.inbound.push_back(Inbound::Open(header(&s.domain)));
@@ -450,9 +484,17 @@ async fn serve(
             };
             if ready || tokio::time::Instant::now() >= deadline {
                 let out = std::mem::take(&mut st.outbound);
-                let reply = compose(s, &st, out, creation);
-                st.responses.push_back((rid, reply.clone()));
-                while st.responses.len() as u64 > s.requests {
+                let reply = compose(s, &st, out, rid, creation, report);
+                st.responses.push_back((rid, reply.clone(), Instant::now()));
+                // §14.3 keeps the last `requests` responses; a client that
+                // acknowledges responses (§9) gets the ones it has not
+                // acknowledged kept too, up to a bound.
+                let keep = if st.client_acks {
+                    MAX_UNACKED
+                } else {
+                    s.requests as usize
+                };
+                while st.responses.len() > keep {
                     st.responses.pop_front();
                 }
                 return reply;
@@ -462,9 +504,28 @@ async fn serve(
     }
 }
 
-fn compose(s: &BoshSession, st: &State, out: Vec<u8>, creation: bool) -> String {
+/// The response `<body/>` to request `rid`. It acknowledges requests
+/// (§9.1): `ack` is the highest rid received with every lower one
+/// received, on the creation response always, later only when it differs
+/// from `rid`; `report` (rid, ms since sent) points the client at a
+/// response it missed (§9.2).
+fn compose(
+    s: &BoshSession,
+    st: &State,
+    out: Vec<u8>,
+    rid: u64,
+    creation: bool,
+    report: Option<(u64, u128)>,
+) -> String {
     let mut head =
         format!("<body xmlns='{NS_HTTPBIND}' xmlns:stream='http://etherx.jabber.org/streams'");
+    let acked = st.next_rid.saturating_sub(1);
+    if creation || acked != rid {
+        head.push_str(&format!(" ack='{acked}'"));
+    }
+    if let Some((r, ms)) = report {
+        head.push_str(&format!(" report='{r}' time='{ms}'"));
+    }
     if creation {
         head.push_str(&format!(
             " xmlns:xmpp='{NS_XBOSH}' xmpp:version='1.0' xmpp:restartlogic='true' sid='{}' wait='{}' hold='{}' requests='{}' inactivity='{INACTIVITY}' polling='2' maxpause='{MAX_PAUSE}' ver='1.11' from='{}' authid='{}'",
