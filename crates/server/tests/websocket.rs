@@ -2,8 +2,9 @@
 //! real sockets: the upgrade and its subprotocol (§3.1), `<open/>` /
 //! `<close/>` framing (§3.3.2), one element per message (§3.3.3), stream
 //! errors followed by `<close/>` (§3.6), login and chat with TCP clients,
-//! `ws:` and `wss:`, bad frames, and stream-management resumption from a
-//! WebSocket session onto a TCP connection.
+//! `ws:` and `wss:`, SCRAM -PLUS bound to the `wss:` TLS connection, bad
+//! frames, and stream-management resumption from a WebSocket session onto
+//! a TCP connection.
 
 use starling_proto::sasl::Mechanism;
 use starling_testkit::starling_xml::Element;
@@ -254,5 +255,61 @@ async fn a_websocket_session_resumes_over_tcp() {
         }
     }
     assert_eq!(bodies, ["one", "two"], "unacked and queued, each once");
+    server.stop().await;
+}
+
+/// RFC 5802 §6 / RFC 9266 over `wss:`: a WebSocket stream is one TLS
+/// connection, so SCRAM -PLUS with that connection's bindings works as on
+/// TCP (XEP-0440 lists the types); binding data of another connection is
+/// refused. Plain `ws:` offers no -PLUS, even from loopback where it
+/// counts as secure.
+#[tokio::test]
+async fn scram_plus_over_wss_binds_to_the_tls_connection() {
+    use starling_proto::sasl::ChannelBindingType;
+    let server = TestServer::start().await;
+    server.create_user("alice", "secret").await;
+    for ty in [
+        ChannelBindingType::TlsExporter,
+        ChannelBindingType::TlsServerEndPoint,
+    ] {
+        let mut c = Client::connect_websocket(server.http_addr(true), true).await;
+        assert!(
+            c.mechanisms().iter().any(|m| m == "SCRAM-SHA-256-PLUS"),
+            "{:?}",
+            c.mechanisms()
+        );
+        let data = c.channel_binding(ty);
+        c.auth_with_binding(
+            Mechanism::ScramSha256Plus,
+            "alice",
+            "secret",
+            Some((ty, data)),
+        )
+        .await
+        .unwrap_or_else(|f| panic!("{ty:?}: {f}"));
+        let jid = c.bind(None).await;
+        assert!(jid.starts_with("alice@localhost/"), "{jid}");
+    }
+    // Another connection's exporter value does not authenticate.
+    let other = Client::connect_websocket(server.http_addr(true), true).await;
+    let stolen = other.channel_binding(ChannelBindingType::TlsExporter);
+    let mut c = Client::connect_websocket(server.http_addr(true), true).await;
+    let failure = c
+        .auth_with_binding(
+            Mechanism::ScramSha256Plus,
+            "alice",
+            "secret",
+            Some((ChannelBindingType::TlsExporter, stolen)),
+        )
+        .await
+        .expect_err("bindings of another connection");
+    assert!(failure.has_child("not-authorized", ns::SASL), "{failure}");
+    // ws: from loopback is "secure" but has no TLS to bind to.
+    let c = Client::connect_websocket(server.http_addr(false), false).await;
+    assert!(
+        !c.mechanisms().iter().any(|m| m.ends_with("-PLUS")),
+        "{:?}",
+        c.mechanisms()
+    );
     server.stop().await;
 }

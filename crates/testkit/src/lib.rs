@@ -787,8 +787,13 @@ impl Client {
 
     /// Channel binding data for a -PLUS mechanism on this connection.
     pub fn channel_binding(&self, ty: ChannelBindingType) -> Vec<u8> {
-        let Conn::Tls(tls) = &self.conn else {
-            panic!("channel binding needs TLS");
+        let tls = match &self.conn {
+            Conn::Tls(tls) => tls,
+            Conn::Ws(ws) => match ws.get_ref() {
+                Conn::Tls(tls) => tls,
+                _ => panic!("channel binding needs TLS (wss:)"),
+            },
+            _ => panic!("channel binding needs TLS"),
         };
         let conn = tls.get_ref().1;
         match ty {

@@ -157,13 +157,17 @@ pub(crate) async fn run_websocket(
     ws: axum::extract::ws::WebSocket,
     peer: SocketAddr,
     secure: bool,
+    bindings: Option<Arc<ChannelBindings>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     count_connection(&shared);
     let conn = Connection::WebSocket(Box::new(WsConn::new(ws, shared.limits, secure)));
-    Session::new(shared, conn, peer)
-        .run_to_end(&mut shutdown)
-        .await;
+    let mut session = Session::new(shared, conn, peer);
+    // wss: the TLS connection's bindings, for SCRAM -PLUS (RFC 5802 §6).
+    if let Some(b) = bindings {
+        session.bindings = (*b).clone();
+    }
+    session.run_to_end(&mut shutdown).await;
 }
 
 /// Runs one BOSH session (XEP-0206) to completion; see `bosh.rs`.

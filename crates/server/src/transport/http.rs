@@ -28,6 +28,7 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use starling_proto::sasl::ChannelBindings;
 use starling_xml::{Limits, StreamEvent, StreamParser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,6 +69,10 @@ pub(crate) struct WebClient {
 /// Whether a request came over TLS (a per-connection request extension).
 #[derive(Clone, Copy)]
 struct Tls(bool);
+
+/// The channel bindings of the request's TLS connection, if any.
+#[derive(Clone)]
+struct Bindings(Option<Arc<ChannelBindings>>);
 
 /// Serves one HTTP listener until the task is aborted.
 #[allow(clippy::too_many_arguments)]
@@ -127,14 +132,15 @@ pub(crate) async fn accept_loop(
             .layer(Extension(ConnectInfo(peer)))
             .layer(Extension(Tls(secure)));
         let tls = tls.clone();
+        let c2s = state.c2s.clone();
         let negotiation = state.c2s.negotiation_timeout;
         tokio::spawn(async move {
-            let service = TowerToHyperService::new(app);
             let builder = hyper::server::conn::http1::Builder::new();
             let result = match tls {
                 None => {
+                    let app = app.layer(Extension(Bindings(None)));
                     builder
-                        .serve_connection(TokioIo::new(tcp), service)
+                        .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app))
                         .with_upgrades()
                         .await
                 }
@@ -147,8 +153,14 @@ pub(crate) async fn accept_loop(
                             return;
                         }
                     };
+                    // This TLS connection's channel bindings: a WebSocket
+                    // upgraded on it is one stream on one connection, so
+                    // SCRAM -PLUS works there as on TCP (not for BOSH,
+                    // whose requests may come over several connections).
+                    let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&stream)));
+                    let app = app.layer(Extension(Bindings(bindings)));
                     builder
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app))
                         .with_upgrades()
                         .await
                 }
@@ -166,6 +178,7 @@ async fn websocket(
     State(st): State<HttpState>,
     Extension(ConnectInfo(peer)): Extension<ConnectInfo<SocketAddr>>,
     Extension(Tls(tls)): Extension<Tls>,
+    Extension(Bindings(bindings)): Extension<Bindings>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let ws = ws.protocols(["xmpp"]);
@@ -199,7 +212,7 @@ async fn websocket(
         .write_buffer_size(0)
         .max_message_size(max.saturating_mul(2))
         .max_frame_size(max.saturating_mul(2))
-        .on_upgrade(move |socket| serve(st, socket, peer, secure, permit))
+        .on_upgrade(move |socket| serve(st, socket, peer, secure, bindings, permit))
 }
 
 async fn serve(
@@ -207,9 +220,10 @@ async fn serve(
     socket: axum::extract::ws::WebSocket,
     peer: SocketAddr,
     secure: bool,
+    bindings: Option<Arc<ChannelBindings>>,
     permit: OwnedSemaphorePermit,
 ) {
-    session::run_websocket(st.c2s, socket, peer, secure, st.shutdown).await;
+    session::run_websocket(st.c2s, socket, peer, secure, bindings, st.shutdown).await;
     drop(permit);
     drop(st.done);
 }
