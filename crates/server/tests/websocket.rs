@@ -313,3 +313,69 @@ async fn scram_plus_over_wss_binds_to_the_tls_connection() {
     );
     server.stop().await;
 }
+
+/// `[c2s] max_bytes_per_second` applies to WebSocket sessions as to TCP:
+/// a flooding WebSocket client is slowed, not disconnected, and others
+/// keep their latency.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_websocket_client_is_throttled_and_others_unaffected() {
+    let server = TestServer::start_with(|c| {
+        c.c2s.max_bytes_per_second = 64 * 1024;
+        c.c2s.max_stanza_bytes = 16 * 1024; // burst 64 KiB
+    })
+    .await;
+    let mut flooder = server.login_over("flooder", WS).await;
+    let mut a = server.login("a").await;
+    let mut b = server.login("b").await;
+    // 256 KiB of headlines, one per WebSocket message, then a ping: at
+    // 64 KiB/s the ping is reached after about 3 s.
+    let msg = format!(
+        "<message xmlns='jabber:client' to='nobody@localhost' type='headline'><body>{}</body></message>",
+        "z".repeat(950)
+    );
+    for _ in 0..256 {
+        flooder.send(&msg).await;
+    }
+    flooder
+        .send("<iq xmlns='jabber:client' to='localhost' type='get' id='after-flood'><ping xmlns='urn:xmpp:ping'/></iq>")
+        .await;
+    let start = std::time::Instant::now();
+    for i in 0..20 {
+        a.send(&format!(
+            "<message to='{}' type='chat'><body>{i}</body></message>",
+            b.jid
+        ))
+        .await;
+        assert_eq!(body(&b.recv().await), i.to_string());
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "others were slowed by the flood"
+    );
+    flooder.expect_silence(Duration::from_secs(1)).await;
+    let pong = flooder
+        .recv_until(|e| e.attr("id") == Some("after-flood"))
+        .await;
+    assert_eq!(pong.attr("type"), Some("result"));
+    server.stop().await;
+}
+
+/// After `[c2s] hibernate_after_secs` of quiet a WebSocket session frees
+/// its XML parser too; the next message parses with the same namespace
+/// context.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_websocket_session_hibernates_its_parser_and_resumes() {
+    let server = TestServer::start_with(|c| c.c2s.hibernate_after_secs = 1).await;
+    let mut web = server.login_over("alice", WS).await;
+    let mut bob = server.login("bob").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    web.send(&format!(
+        "<message xmlns='jabber:client' to='{}' type='chat'><body>after nap</body><x xmlns='urn:example:x'/></message>",
+        bob.jid
+    ))
+    .await;
+    let m = bob.recv().await;
+    assert_eq!(body(&m), "after nap");
+    assert!(m.has_child("x", "urn:example:x"));
+    server.stop().await;
+}

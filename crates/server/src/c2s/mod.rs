@@ -20,6 +20,18 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+impl C2sShared {
+    /// `[c2s]` read-rate limit and parser hibernation, for every
+    /// stream-carrying connection (TCP/TLS and WebSocket).
+    pub(crate) fn read_limits(&self) -> crate::transport::connection::ReadLimits {
+        crate::transport::connection::ReadLimits::from_c2s(
+            self.max_bytes_per_second,
+            self.limits.max_stanza_bytes,
+            self.hibernate_after,
+        )
+    }
+}
+
 /// Settings and shared state of all client sessions.
 pub struct C2sShared {
     /// The server environment.

@@ -20,7 +20,7 @@
 
 use super::C2sShared;
 use crate::c2s::sasl::SaslState;
-use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
+use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, XmlStream};
 use crate::transport::tcp::Transport;
 use crate::transport::websocket::WsConn;
 use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, OwnIqHandler};
@@ -134,14 +134,11 @@ pub(crate) async fn run(
     } else {
         Transport::Plain(tcp)
     };
-    let read_limits = ReadLimits {
-        bytes_per_second: shared.max_bytes_per_second,
-        burst: shared
-            .max_bytes_per_second
-            .max(shared.limits.max_stanza_bytes as u64),
-        hibernate_after: shared.hibernate_after,
-    };
-    let conn = Connection::Stream(XmlStream::new(transport, shared.limits, read_limits));
+    let conn = Connection::Stream(XmlStream::new(
+        transport,
+        shared.limits,
+        shared.read_limits(),
+    ));
     let mut session = Session::new(shared.clone(), conn, peer);
     if let Some(ctx) = shared.tls.as_ref().filter(|_| session.info.secure) {
         session.bindings = session.conn.channel_bindings(ctx);
@@ -161,7 +158,12 @@ pub(crate) async fn run_websocket(
     mut shutdown: watch::Receiver<bool>,
 ) {
     count_connection(&shared);
-    let conn = Connection::WebSocket(Box::new(WsConn::new(ws, shared.limits, secure)));
+    let conn = Connection::WebSocket(Box::new(WsConn::new(
+        ws,
+        shared.limits,
+        shared.read_limits(),
+        secure,
+    )));
     let mut session = Session::new(shared, conn, peer);
     // wss: the TLS connection's bindings, for SCRAM -PLUS (RFC 5802 §6).
     if let Some(b) = bindings {

@@ -80,6 +80,86 @@ pub(crate) struct ReadLimits {
     pub hibernate_after: Option<Duration>,
 }
 
+impl ReadLimits {
+    /// The limits of `[c2s]`: the burst covers at least one maximal stanza.
+    pub(crate) fn from_c2s(
+        bytes_per_second: u64,
+        max_stanza_bytes: usize,
+        hibernate_after: Option<Duration>,
+    ) -> ReadLimits {
+        ReadLimits {
+            bytes_per_second,
+            burst: bytes_per_second.max(max_stanza_bytes as u64),
+            hibernate_after,
+        }
+    }
+}
+
+/// What every stream-carrying connection (TCP/TLS, WebSocket) does about
+/// reading: a token bucket over bytes read (past the burst, reading pauses
+/// until it refills) and the idle parser's hibernation deadline.
+pub(crate) struct ReadGovernor {
+    limits: ReadLimits,
+    tokens: f64,
+    refilled_at: Instant,
+    /// Reading is paused until then.
+    pub(crate) paused_until: Option<Instant>,
+    /// When the idle parser should hibernate.
+    pub(crate) hibernate_at: Option<Instant>,
+}
+
+impl ReadGovernor {
+    pub(crate) fn new(limits: ReadLimits) -> ReadGovernor {
+        ReadGovernor {
+            limits,
+            tokens: limits.burst as f64,
+            refilled_at: Instant::now(),
+            paused_until: None,
+            hibernate_at: None,
+        }
+    }
+
+    /// Counts `n` bytes read; pauses reading when over the rate.
+    pub(crate) fn throttle(&mut self, n: usize) {
+        let rate = self.limits.bytes_per_second as f64;
+        if rate <= 0.0 {
+            return;
+        }
+        let burst = self.limits.burst as f64;
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
+        self.refilled_at = now;
+        self.tokens = (self.tokens + elapsed * rate).min(burst) - n as f64;
+        if self.tokens < 0.0 {
+            self.paused_until = Some(now + Duration::from_secs_f64(-self.tokens / rate));
+        }
+    }
+
+    /// All input is parsed: the parser may hibernate after the quiet time.
+    pub(crate) fn idle(&mut self) {
+        self.hibernate_at = self.limits.hibernate_after.map(|d| Instant::now() + d);
+    }
+
+    /// The earliest instant [`ReadGovernor::on_deadline`] acts.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        [self.paused_until, self.hibernate_at]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Resumes reading and hibernates `parser` when their time has come.
+    pub(crate) fn on_deadline(&mut self, now: Instant, parser: &mut StreamParser) {
+        if self.paused_until.is_some_and(|t| t <= now) {
+            self.paused_until = None;
+        }
+        if self.hibernate_at.is_some_and(|t| t <= now) {
+            self.hibernate_at = None;
+            parser.hibernate();
+        }
+    }
+}
+
 /// A client connection of any kind — or none, while a session is detached
 /// (XEP-0198): then input never comes, output is discarded (stream
 /// management keeps its own copy of what the client has not
@@ -119,8 +199,9 @@ impl Connection {
     pub(crate) fn can_read(&self) -> bool {
         match self {
             Connection::None => false,
-            Connection::Stream(s) => s.read_paused_until.is_none(),
-            Connection::WebSocket(_) | Connection::Bosh(_) => true,
+            Connection::Stream(s) => s.governor.paused_until.is_none(),
+            Connection::WebSocket(w) => w.governor.paused_until.is_none(),
+            Connection::Bosh(_) => true,
         }
     }
 
@@ -129,11 +210,9 @@ impl Connection {
     pub(crate) fn deadline(&self) -> Option<Instant> {
         match self {
             Connection::None => None,
-            Connection::Stream(s) => [s.read_paused_until, s.hibernate_at]
-                .into_iter()
-                .flatten()
-                .min(),
-            Connection::WebSocket(_) | Connection::Bosh(_) => None,
+            Connection::Stream(s) => s.governor.deadline(),
+            Connection::WebSocket(w) => w.governor.deadline(),
+            Connection::Bosh(_) => None,
         }
     }
 
@@ -141,8 +220,9 @@ impl Connection {
     /// time has come.
     pub(crate) fn on_deadline(&mut self, now: Instant) {
         match self {
-            Connection::None | Connection::WebSocket(_) | Connection::Bosh(_) => {}
-            Connection::Stream(s) => s.on_deadline(now),
+            Connection::None | Connection::Bosh(_) => {}
+            Connection::Stream(s) => s.governor.on_deadline(now, &mut s.parser),
+            Connection::WebSocket(w) => w.governor.on_deadline(now, &mut w.parser),
         }
     }
 
@@ -329,12 +409,7 @@ pub(crate) struct XmlStream {
     wbuf: Vec<u8>,
     /// Our header for the current stream has been sent.
     header_sent: bool,
-    read_limits: ReadLimits,
-    tokens: f64,
-    refilled_at: Instant,
-    read_paused_until: Option<Instant>,
-    /// When the idle parser should hibernate.
-    hibernate_at: Option<Instant>,
+    governor: ReadGovernor,
 }
 
 impl XmlStream {
@@ -348,26 +423,12 @@ impl XmlStream {
             pos: 0,
             wbuf: Vec::new(),
             header_sent: false,
-            read_limits,
-            tokens: read_limits.burst as f64,
-            refilled_at: Instant::now(),
-            read_paused_until: None,
-            hibernate_at: None,
+            governor: ReadGovernor::new(read_limits),
         }
     }
 
     fn is_secure(&self) -> bool {
         matches!(self.transport, Transport::Tls(_))
-    }
-
-    fn on_deadline(&mut self, now: Instant) {
-        if self.read_paused_until.is_some_and(|t| t <= now) {
-            self.read_paused_until = None;
-        }
-        if self.hibernate_at.is_some_and(|t| t <= now) {
-            self.hibernate_at = None;
-            self.parser.hibernate();
-        }
     }
 
     async fn read(&mut self) -> Result<(), IoEnd> {
@@ -376,7 +437,7 @@ impl XmlStream {
         match self.transport.read_chunk().await {
             Ok(data) if data.is_empty() => Err(IoEnd::Eof),
             Ok(data) => {
-                self.throttle(data.len());
+                self.governor.throttle(data.len());
                 if self.pos >= self.pending.len() {
                     self.pending = data;
                     self.pos = 0;
@@ -389,23 +450,6 @@ impl XmlStream {
                 tracing::debug!(error = %e, "read failed");
                 Err(IoEnd::ReadError)
             }
-        }
-    }
-
-    /// Token bucket over bytes read: past the burst, reading pauses until
-    /// the bucket refills.
-    fn throttle(&mut self, n: usize) {
-        let rate = self.read_limits.bytes_per_second as f64;
-        if rate <= 0.0 {
-            return;
-        }
-        let burst = self.read_limits.burst as f64;
-        let now = Instant::now();
-        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
-        self.refilled_at = now;
-        self.tokens = (self.tokens + elapsed * rate).min(burst) - n as f64;
-        if self.tokens < 0.0 {
-            self.read_paused_until = Some(now + Duration::from_secs_f64(-self.tokens / rate));
         }
     }
 
@@ -425,7 +469,7 @@ impl XmlStream {
                 // buffers.)
                 self.pending = Vec::new();
                 self.pos = 0;
-                self.hibernate_at = self.read_limits.hibernate_after.map(|d| Instant::now() + d);
+                self.governor.idle();
                 Ok(None)
             }
             Err(e) => {

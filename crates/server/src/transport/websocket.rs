@@ -13,7 +13,7 @@
 //! ([`StreamParser::for_elements`]), fed each message; a message must leave it between elements, so an element
 //! split over two messages is `<not-well-formed/>`.
 
-use super::connection::{Closing, Inbound, IoEnd};
+use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::SinkExt;
 use starling_proto::{ns, StreamError, StreamErrorCondition};
@@ -23,7 +23,9 @@ use std::time::Duration;
 /// An RFC 7395 WebSocket connection.
 pub struct WsConn {
     ws: WebSocket,
-    parser: StreamParser,
+    pub(crate) parser: StreamParser,
+    /// Read-rate limit and parser hibernation, as on TCP.
+    pub(crate) governor: ReadGovernor,
     limits: Limits,
     /// The message being parsed, and how far.
     pending: Vec<u8>,
@@ -39,10 +41,16 @@ pub struct WsConn {
 impl WsConn {
     /// A connection over an upgraded WebSocket; `secure` if it came over
     /// TLS (`wss:`).
-    pub(crate) fn new(ws: WebSocket, limits: Limits, secure: bool) -> WsConn {
+    pub(crate) fn new(
+        ws: WebSocket,
+        limits: Limits,
+        read_limits: ReadLimits,
+        secure: bool,
+    ) -> WsConn {
         WsConn {
             ws,
             parser: StreamParser::for_elements(limits),
+            governor: ReadGovernor::new(read_limits),
             limits,
             pending: Vec::new(),
             pos: 0,
@@ -68,6 +76,7 @@ impl WsConn {
                     return Err(IoEnd::ReadError);
                 }
                 Some(Ok(Message::Text(t))) => {
+                    self.governor.throttle(t.len());
                     if self.pos < self.pending.len() {
                         // Not reached: the session parses all input before
                         // it reads again. Keep both rather than lose one.
@@ -118,6 +127,7 @@ impl WsConn {
                 let whole = self.parser.pending_bytes() == 0;
                 self.pending = Vec::new();
                 self.pos = 0;
+                self.governor.idle();
                 if !whole {
                     return Err(StreamError::with_text(
                         StreamErrorCondition::NotWellFormed,
