@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # End-to-end smoke test of starling-bench against a short-lived Starling on
-# loopback: a handful of users, a few seconds of one-to-one chat, and an
-# assertion that (nearly) every message was delivered.
+# loopback: a handful of users, a few seconds of one-to-one chat over TCP,
+# WebSocket and BOSH, with and without stream management, a resumption
+# run, and assertions that (nearly) every message was delivered.
 #
 #   STARLING_BIN=target/debug/starling BENCH_BIN=target/debug/starling-bench bench/smoke.sh
 #
 # Defaults: target/release/… if present, else target/debug/…. Exits non-zero
-# on any failure. Takes about 10 seconds plus account creation.
+# on any failure. Takes about 20 seconds plus account creation.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -87,6 +88,36 @@ wait_ready "$work/server.log" "$pid" 60 || { echo "smoke: the server did not sta
     --rates 20 --step-secs 2 --drain-secs 1 --stop-after-fails 0 \
     --require-ratio 0.99 --quiet >"$work/bench.log" 2>&1 \
     || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: o2o over WebSocket failed" >&2; exit 1; }
+
+# XEP-0124/0206 BOSH on the HTTP listener: the o2o scenario once more
+# (two keep-alive connections per session, one long poll held).
+"$BENCH_BIN" o2o --port "$hport" --transport bosh --tls plain --users "$USERS" \
+    --password 'pw{n}' --mechanism SCRAM-SHA-256 \
+    --rates 20 --step-secs 2 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --quiet >"$work/bench.log" 2>&1 \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: o2o over BOSH failed" >&2; exit 1; }
+
+# XEP-0198: o2o with stream management on (acks both ways), then the
+# resume scenario (unacked messages, dropped connections, resumption).
+"$BENCH_BIN" o2o --port "$port" --sm --sm-ack-every 5 --users "$USERS" --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 \
+    --rates 20 --step-secs 2 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --json --quiet >"$work/sm.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: o2o with --sm failed" >&2; exit 1; }
+"$BENCH_BIN" resume --port "$port" --users "$USERS" --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 --unacked 5 --settle-secs 0.5 \
+    --require-ratio 1 --json --quiet >"$work/resume.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: resume failed" >&2; exit 1; }
+
+python3 - "$work/sm.json" "$work/resume.json" <<'PY'
+import json, sys
+sm = json.load(open(sys.argv[1]))["sm"]
+assert sm["requests_sent"] > 0 and sm["acks_received"] > 0 and sm["acks_sent"] > 0, sm
+r = json.load(open(sys.argv[2]))["resume"]
+assert r["resumes"]["established"] == r["detached"] > 0 and r["h_mismatch"] == 0, r
+print(f"smoke: OK: --sm ({sm['acks_sent']} acks sent, {sm['acks_received']} received), "
+      f"{r['resumes']['established']} sessions resumed")
+PY
 
 python3 - "$work/result.json" <<'PY'
 import json, sys

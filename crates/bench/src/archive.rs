@@ -954,6 +954,10 @@ pub async fn run(a: ArchiveArgs) -> anyhow::Result<()> {
         pfirst + partners
     );
 
+    anyhow::ensure!(
+        !sc.conn.sm,
+        "--sm is not supported by the archive scenario (its sessions answer no <r/>)"
+    );
     let target = engine::target_of(sc)?;
     let shared = Arc::new(Shared::new(RateSchedule::new(&[], 1.0, 1)));
     let mut result = engine::skeleton(engine::Scenario::Archive, sc, 1);

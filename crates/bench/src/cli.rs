@@ -33,8 +33,30 @@ pub enum Command {
     /// (`--fill`). Works against any server with `urn:xmpp:mam:2`.
     #[command(mut_arg("users", |a| a.default_value("10")))]
     Archive(ArchiveArgs),
+    /// XEP-0198 resumption vs full login: log in with stream management,
+    /// optionally leave `--unacked` messages unacknowledged, drop every
+    /// connection (sessions detached: server KiB per detached session),
+    /// resume every session; resumes/s vs logins/s and server CPU of each.
+    Resume(ResumeArgs),
     /// Create N accounts.
     Provision(ProvisionArgs),
+}
+
+/// Options of the `resume` scenario.
+#[derive(Args, Debug, Clone)]
+pub struct ResumeArgs {
+    /// Connection and output options (as for the other scenarios;
+    /// `--sm` is implied).
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Messages each session receives and leaves unacknowledged before
+    /// its connection is dropped.
+    #[arg(long, default_value_t = 0)]
+    pub unacked: u64,
+    /// Give up waiting for the unacked messages after this many seconds
+    /// without one.
+    #[arg(long, default_value_t = 30.0)]
+    pub fill_timeout_secs: f64,
 }
 
 /// Where to connect and as whom.
@@ -52,11 +74,25 @@ pub struct ConnArgs {
     /// Transport security.
     #[arg(long, value_enum, default_value_t = TlsMode::Starttls)]
     pub tls: TlsMode,
-    /// How XML travels: an XML stream over TCP, or RFC 7395 WebSocket
-    /// (`--port` is then the server's HTTP listener, e.g. 5280, and
-    /// `--tls` is plain for ws: or direct for wss:).
+    /// How XML travels: an XML stream over TCP, RFC 7395 WebSocket or
+    /// XEP-0206 BOSH (for both, `--port` is the server's HTTP listener,
+    /// e.g. 5280, and `--tls` is plain for ws:/http: or direct for
+    /// wss:/https:). A BOSH session uses two TCP connections.
     #[arg(long, value_enum, default_value_t = Carrier::Tcp)]
     pub transport: Carrier,
+    /// BOSH: the `wait` to ask for, seconds (how long the server may hold
+    /// the long-polling request; Starling grants at most 60).
+    #[arg(long, default_value_t = 60)]
+    pub bosh_wait: u64,
+    /// Enable XEP-0198 stream management with resumption after binding,
+    /// in every session: the client answers the server's `<r/>` with
+    /// `<a h/>` and asks for acks itself every `--sm-ack-every` stanzas.
+    #[arg(long)]
+    pub sm: bool,
+    /// With `--sm`: send `<r/>` after this many stanzas sent (0: never;
+    /// the server still asks for acks and gets them).
+    #[arg(long, default_value_t = 10)]
+    pub sm_ack_every: u32,
     /// SASL mechanism.
     #[arg(long, value_enum, default_value_t = Mech::ScramSha256)]
     pub mechanism: Mech,
@@ -85,6 +121,13 @@ pub struct ConnArgs {
     pub step_timeout: f64,
 }
 
+impl ScenarioArgs {
+    /// Sessions one process holds before workers are used.
+    pub fn sessions_per_process(&self) -> u64 {
+        (self.max_per_process / self.conn.connections_per_session()).max(1)
+    }
+}
+
 /// Options of a scenario run.
 #[derive(Args, Debug, Clone)]
 pub struct ScenarioArgs {
@@ -107,7 +150,8 @@ pub struct ScenarioArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Connections per process before worker processes are used (the
-    /// per-process open-file limit here is 20,000).
+    /// per-process open-file limit here is 20,000). A BOSH session counts
+    /// as two.
     #[arg(long, default_value_t = 19_000)]
     pub max_per_process: u64,
     /// Fail (exit 1) unless at least this fraction of sessions was
@@ -314,6 +358,15 @@ pub struct ProvisionArgs {
 }
 
 impl ConnArgs {
+    /// TCP connections one session uses (2 for BOSH).
+    pub fn connections_per_session(&self) -> u64 {
+        if self.transport == Carrier::Bosh {
+            2
+        } else {
+            1
+        }
+    }
+
     /// The user name of user number `n`.
     pub fn user(&self, n: u64) -> String {
         self.user_pattern.replace("{n}", &n.to_string())
@@ -400,5 +453,43 @@ mod tests {
             panic!()
         };
         assert_eq!(o.conn.users, 100);
+    }
+
+    #[test]
+    fn bosh_sessions_count_twice_and_resume_implies_nothing_else() {
+        let Command::Idle(a) = Cli::parse_from([
+            "starling-bench",
+            "idle",
+            "--transport",
+            "bosh",
+            "--tls",
+            "plain",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(a.conn.transport, Carrier::Bosh);
+        assert_eq!(a.conn.bosh_wait, 60);
+        assert_eq!(
+            a.sessions_per_process(),
+            9_500,
+            "two connections per session"
+        );
+        let Command::Resume(r) =
+            Cli::parse_from(["starling-bench", "resume", "--unacked", "100"]).command
+        else {
+            panic!()
+        };
+        assert_eq!(r.unacked, 100);
+        assert!(!r.scenario.conn.sm, "the scenario turns --sm on by itself");
+        assert_eq!(r.scenario.sessions_per_process(), 19_000);
+        let Command::O2o(o) =
+            Cli::parse_from(["starling-bench", "o2o", "--sm", "--sm-ack-every", "3"]).command
+        else {
+            panic!()
+        };
+        assert!(o.conn.sm);
+        assert_eq!(o.conn.sm_ack_every, 3);
     }
 }

@@ -58,6 +58,9 @@ pub enum Carrier {
     /// RFC 7395 XMPP over WebSocket at `/xmpp-websocket` (`--tls plain`:
     /// `ws:`, `--tls direct`: `wss:`).
     Websocket,
+    /// XEP-0124/XEP-0206 BOSH at `/http-bind` (`--tls plain`: `http:`,
+    /// `--tls direct`: `https:`), two keep-alive connections per session.
+    Bosh,
 }
 
 /// The SASL mechanism to log in with.
@@ -164,6 +167,10 @@ pub struct Target {
     pub step_timeout: Duration,
     /// TLS client configuration (accepts any certificate).
     pub tls_connector: TlsConnector,
+    /// BOSH: the `wait` asked for (seconds a request may be held).
+    pub bosh_wait: u64,
+    /// Enable XEP-0198 stream management (with resumption) after binding.
+    pub sm: bool,
 }
 
 impl Target {
@@ -237,6 +244,8 @@ pub enum Transport {
     /// one text message (the callers write whole elements), reads return
     /// the text of the messages received.
     Ws(Box<WsIo>),
+    /// XEP-0124/0206 BOSH as a byte stream (see [`crate::bosh`]).
+    Bosh(Box<crate::bosh::BoshIo>),
 }
 
 /// A WebSocket seen as a byte stream (see [`Transport::Ws`]).
@@ -319,6 +328,7 @@ impl AsyncRead for Transport {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Transport::Ws(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Transport::Bosh(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -333,6 +343,7 @@ impl AsyncWrite for Transport {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Transport::Ws(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Transport::Bosh(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -340,6 +351,7 @@ impl AsyncWrite for Transport {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Transport::Ws(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Transport::Bosh(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -347,6 +359,7 @@ impl AsyncWrite for Transport {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Transport::Ws(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Transport::Bosh(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -374,6 +387,9 @@ pub struct Conn {
     pub io: Transport,
     /// Parser state.
     pub inbound: Inbound,
+    /// The XEP-0198 resumption id, once stream management is enabled with
+    /// resumption.
+    pub sm_id: Option<String>,
 }
 
 fn limits() -> Limits {
@@ -463,7 +479,7 @@ impl Conn {
     }
 
     fn restart(&mut self) {
-        self.inbound = if matches!(self.io, Transport::Ws(_)) {
+        self.inbound = if matches!(self.io, Transport::Ws(_) | Transport::Bosh(_)) {
             Inbound::websocket()
         } else {
             Inbound::default()
@@ -517,6 +533,11 @@ async fn expect_element(conn: &mut Conn, t: Duration, what: &str) -> Result<Elem
 }
 
 async fn open_stream(conn: &mut Conn, target: &Target) -> Result<Element, SetupError> {
+    if let Transport::Bosh(b) = &conn.io {
+        // Session creation, or the restart after SASL (XEP-0206 §5).
+        b.open();
+        return features(conn, target).await;
+    }
     let header = if target.carrier == Carrier::Websocket {
         format!(
             "<open xmlns='{NS_FRAMING}' to='{}' version='1.0' xml:lang='en'/>",
@@ -533,6 +554,10 @@ async fn open_stream(conn: &mut Conn, target: &Target) -> Result<Element, SetupE
         Ok(conn.send(header.as_bytes()).await?)
     })
     .await?;
+    features(conn, target).await
+}
+
+async fn features(conn: &mut Conn, target: &Target) -> Result<Element, SetupError> {
     let f = expect_element(conn, target.step_timeout, "stream features").await?;
     if !f.is("features", NS_STREAMS) {
         return fail(
@@ -570,18 +595,42 @@ async fn tls_upgrade(target: &Target, tcp: TcpStream) -> Result<Transport, Setup
     Ok(Transport::Tls(Box::new(tls)))
 }
 
+/// A TCP connection, with TLS from the first byte for `--tls direct`.
+pub async fn connect_transport(
+    target: &Target,
+    source: Option<IpAddr>,
+) -> Result<Transport, SetupError> {
+    let tcp = tcp_connect(target, source).await?;
+    if target.tls == TlsMode::Direct {
+        tls_upgrade(target, tcp).await
+    } else {
+        Ok(Transport::Plain(tcp))
+    }
+}
+
 /// Connects and negotiates up to (but not including) SASL; returns the
 /// connection and the features offered for authentication.
 pub async fn connect_stream(
     target: &Target,
     source: Option<IpAddr>,
 ) -> Result<(Conn, Element), SetupError> {
-    let tcp = tcp_connect(target, source).await?;
-    let io = if target.tls == TlsMode::Direct {
-        tls_upgrade(target, tcp).await?
-    } else {
-        Transport::Plain(tcp)
-    };
+    if target.carrier == Carrier::Bosh {
+        if target.tls == TlsMode::Starttls {
+            return fail(
+                Cause::Tls,
+                "BOSH has no STARTTLS: use --tls plain (http:) or --tls direct (https:)",
+            );
+        }
+        let io = crate::bosh::BoshIo::connect(target, source).await?;
+        let mut conn = Conn {
+            io: Transport::Bosh(Box::new(io)),
+            inbound: Inbound::websocket(),
+            sm_id: None,
+        };
+        let features = open_stream(&mut conn, target).await?;
+        return Ok((conn, features));
+    }
+    let io = connect_transport(target, source).await?;
     if target.carrier == Carrier::Websocket {
         if target.tls == TlsMode::Starttls {
             return fail(
@@ -619,6 +668,7 @@ pub async fn connect_stream(
                 rest: Vec::new(),
             })),
             inbound: Inbound::websocket(),
+            sm_id: None,
         };
         let features = open_stream(&mut conn, target).await?;
         return Ok((conn, features));
@@ -626,6 +676,7 @@ pub async fn connect_stream(
     let mut conn = Conn {
         io,
         inbound: Inbound::default(),
+        sm_id: None,
     };
     let mut features = open_stream(&mut conn, target).await?;
     if target.tls == TlsMode::Starttls {
@@ -814,13 +865,86 @@ pub async fn establish(
             }
         }
     }
+    if target.sm {
+        enable_sm(&mut conn, t).await?;
+    }
     if presence {
         step(t, Cause::Closed, async {
             Ok(conn.send(b"<presence/>").await?)
         })
         .await?;
     }
+    if let Transport::Bosh(b) = &conn.io {
+        b.start_polling();
+    }
     Ok(conn)
+}
+
+/// XEP-0198's namespace.
+pub const NS_SM: &str = "urn:xmpp:sm:3";
+
+/// Enables stream management with resumption (XEP-0198 §3, §5) and keeps
+/// the resumption id.
+async fn enable_sm(conn: &mut Conn, t: Duration) -> Result<(), SetupError> {
+    send_step(conn, t, format!("<enable xmlns='{NS_SM}' resume='true'/>")).await?;
+    loop {
+        let el = expect_element(conn, t, "<enabled/>").await?;
+        if el.is("enabled", NS_SM) {
+            conn.sm_id = el.attr("id").map(str::to_owned);
+            if conn.sm_id.is_none() {
+                return fail(Cause::Bind, "stream management enabled without resumption");
+            }
+            return Ok(());
+        }
+        if el.is("failed", NS_SM) {
+            return fail(Cause::Bind, format!("stream management refused: {el}"));
+        }
+    }
+}
+
+/// Resumes a detached XEP-0198 session (§5): a new connection, SASL, then
+/// `<resume previd h/>` instead of binding. Returns the connection and
+/// the server's `h` from `<resumed/>`. Stanzas the server re-sends follow
+/// on the connection.
+pub async fn resume(
+    target: &Target,
+    source: Option<IpAddr>,
+    user: &str,
+    password: &str,
+    previd: &str,
+    h: u32,
+) -> Result<(Conn, u32), SetupError> {
+    let (mut conn, features) = connect_stream(target, source).await?;
+    if !features.has_child("mechanisms", NS_SASL) {
+        return fail(Cause::Stream, "server offers no SASL mechanisms");
+    }
+    authenticate(&mut conn, target, user, password).await?;
+    conn.restart();
+    let features = open_stream(&mut conn, target).await?;
+    if !features.has_child("sm", NS_SM) {
+        return fail(Cause::Bind, "server offers no stream management");
+    }
+    let t = target.step_timeout;
+    send_step(
+        &mut conn,
+        t,
+        format!("<resume xmlns='{NS_SM}' previd='{previd}' h='{h}'/>"),
+    )
+    .await?;
+    loop {
+        let el = expect_element(&mut conn, t, "<resumed/>").await?;
+        if el.is("resumed", NS_SM) {
+            let server_h = el.attr("h").and_then(|h| h.parse().ok()).unwrap_or(0);
+            conn.sm_id = Some(previd.to_owned());
+            if let Transport::Bosh(b) = &conn.io {
+                b.start_polling();
+            }
+            return Ok((conn, server_h));
+        }
+        if el.is("failed", NS_SM) {
+            return fail(Cause::Bind, format!("resumption refused: {el}"));
+        }
+    }
 }
 
 /// Outcome of one in-band registration.

@@ -5,10 +5,12 @@
 //! writes). The storm keeps at most `--concurrency` setups in flight.
 
 use crate::cli::ScenarioArgs;
-use crate::client::{self, Event, Inbound, Target, Transport, READ_CHUNK};
+use crate::client::{self, Event, Inbound, Target, Transport, NS_SM, READ_CHUNK};
 use crate::hist::Latency;
 use crate::rate::{parse_rates, RateSchedule, SplitMix};
-use crate::report::{ConnectResult, IdleResult, O2oResult, RunResult, StepResult, TargetInfo};
+use crate::report::{
+    ConnectResult, IdleResult, O2oResult, RunResult, SmResult, StepResult, TargetInfo,
+};
 use crate::{procmem, workers};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -32,6 +34,8 @@ pub enum Scenario {
     O2o,
     /// Archive queries (run by [`crate::archive`], not by [`run`]).
     Archive,
+    /// Stream resumption (run by [`crate::resume`], not by [`run`]).
+    Resume,
 }
 
 impl Scenario {
@@ -42,6 +46,7 @@ impl Scenario {
             Scenario::Idle => "idle",
             Scenario::O2o => "o2o",
             Scenario::Archive => "archive",
+            Scenario::Resume => "resume",
         }
     }
 }
@@ -80,6 +85,8 @@ pub struct Shared {
     pub sent: AtomicU64,
     /// Benchmark messages received.
     pub delivered: AtomicU64,
+    /// Stream management (`--sm`).
+    pub sm: SmCounters,
     start_us: AtomicU64,
     schedule: RateSchedule,
     steps: Vec<StepCounters>,
@@ -95,6 +102,7 @@ impl Shared {
             failed: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            sm: SmCounters::default(),
             start_us: AtomicU64::new(0),
             schedule,
             steps,
@@ -195,6 +203,8 @@ pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
         sources: args.conn.source_list(args.conn.users),
         step_timeout: Duration::from_secs_f64(args.conn.step_timeout),
         tls_connector: client::tls_connector()?,
+        bosh_wait: args.conn.bosh_wait,
+        sm: args.conn.sm,
     }))
 }
 
@@ -238,10 +248,11 @@ pub fn skeleton(sc: Scenario, args: &ScenarioArgs, workers: u32) -> RunResult {
 pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.conn.users > 0, "--users must be at least 1");
     anyhow::ensure!(
-        sc != Scenario::Archive,
-        "the archive scenario runs in archive::run"
+        !matches!(sc, Scenario::Archive | Scenario::Resume),
+        "the {} scenario has its own runner",
+        sc.name()
     );
-    let result = if args.worker_index.is_none() && args.conn.users > args.max_per_process {
+    let result = if args.worker_index.is_none() && args.conn.users > args.sessions_per_process() {
         workers::coordinate(sc, &args).await?
     } else {
         let worker = args.worker_index.is_some();
@@ -416,11 +427,16 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb, server_pid).await);
             result.compute_cost(args.hourly_price);
         }
-        Scenario::Archive => anyhow::bail!("the archive scenario runs in archive::run"),
+        Scenario::Archive | Scenario::Resume => {
+            anyhow::bail!("the {} scenario has its own runner", sc.name())
+        }
     }
 
     pb.set_message("closing sessions");
     let _ = stop_tx.send(true);
+    if args.conn.sm {
+        result.sm = Some(shared.sm.result());
+    }
     drop(sessions);
     let close_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     for t in tasks {
@@ -515,8 +531,20 @@ async fn connect_phase(
             tx.clone(),
             shared.clone(),
             stop.clone(),
+            args.conn.sm,
         )));
-        tasks.push(tokio::spawn(writer(wr, rx, stop.clone())));
+        let every = if args.conn.sm {
+            args.conn.sm_ack_every
+        } else {
+            0
+        };
+        tasks.push(tokio::spawn(writer(
+            wr,
+            rx,
+            stop.clone(),
+            every,
+            shared.clone(),
+        )));
         sessions.push(Session {
             user: n,
             outbox: tx,
@@ -538,8 +566,45 @@ pub(crate) async fn storm(
     hi: u64,
     presence: bool,
     shared: &Shared,
-    mut on_up: impl FnMut(u64, client::Conn),
+    on_up: impl FnMut(u64, client::Conn),
 ) -> ConnectResult {
+    let resource = args.resource.clone();
+    let conn = args.conn.clone();
+    let target = target.clone();
+    storm_with(args, lo, hi, shared, on_up, move |n| {
+        let target = target.clone();
+        let user = conn.user(n);
+        let password = conn.password_of(n);
+        let resource = resource.clone();
+        async move {
+            client::establish(
+                &target,
+                target.source_for(n),
+                &user,
+                &password,
+                &resource,
+                presence,
+            )
+            .await
+        }
+    })
+    .await
+}
+
+/// [`storm`] with any setup: `setup(n)` establishes user `n`'s session
+/// (a login, a resumption…).
+pub(crate) async fn storm_with<F, Fut>(
+    args: &ScenarioArgs,
+    lo: u64,
+    hi: u64,
+    shared: &Shared,
+    mut on_up: impl FnMut(u64, client::Conn),
+    setup: F,
+) -> ConnectResult
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<client::Conn, client::SetupError>> + Send + 'static,
+{
     let started = now_ms();
     let mut set = JoinSet::new();
     let mut next = lo;
@@ -552,21 +617,10 @@ pub(crate) async fn storm(
         while set.len() < concurrency && next < hi {
             let n = next;
             next += 1;
-            let target = target.clone();
-            let user = args.conn.user(n);
-            let password = args.conn.password_of(n);
-            let resource = args.resource.clone();
+            let fut = setup(n);
             set.spawn(async move {
                 let t0 = Instant::now();
-                let r = client::establish(
-                    &target,
-                    target.source_for(n),
-                    &user,
-                    &password,
-                    &resource,
-                    presence,
-                )
-                .await;
+                let r = fut.await;
                 (n, t0.elapsed(), r)
             });
         }
@@ -611,25 +665,77 @@ pub(crate) async fn storm(
     c
 }
 
+/// Stream management counters of one process (`--sm`).
+#[derive(Default)]
+pub struct SmCounters {
+    /// `<a h/>` answers sent to the server's `<r/>`.
+    pub acks_sent: AtomicU64,
+    /// `<r/>` sent by the client.
+    pub requests_sent: AtomicU64,
+    /// `<a h/>` received from the server.
+    pub acks_received: AtomicU64,
+}
+
+impl SmCounters {
+    /// The counts so far.
+    pub fn result(&self) -> SmResult {
+        SmResult {
+            acks_sent: self.acks_sent.load(Relaxed),
+            requests_sent: self.requests_sent.load(Relaxed),
+            acks_received: self.acks_received.load(Relaxed),
+        }
+    }
+}
+
+/// True for the elements XEP-0198 counts.
+pub(crate) fn is_stanza(el: &Element) -> bool {
+    el.ns() == "jabber:client" && matches!(el.name(), "message" | "presence" | "iq")
+}
+
 /// Reads and parses server traffic; records benchmark messages; answers
-/// server-initiated iqs (pings) so the server keeps the session.
+/// server-initiated iqs (pings) so the server keeps the session. With
+/// `sm`, counts the stanzas received and answers `<r/>` with `<a h/>`.
 async fn reader(
     mut rd: ReadHalf<Transport>,
     mut inbound: Inbound,
     outbox: mpsc::Sender<Vec<u8>>,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
+    sm: bool,
 ) {
     let mut buf = [0u8; READ_CHUNK];
     let mut deadline: Option<tokio::time::Instant> = None;
+    // Stanzas handled since <enable/> (XEP-0198 §4), and an <a/> owed.
+    let mut h: u32 = 0;
+    let mut ack_owed = false;
     loop {
         loop {
             match inbound.parse_pending() {
-                Ok(Some(Event::Element(el))) => handle_element(&el, &outbox, &shared),
+                Ok(Some(Event::Element(el))) => {
+                    if sm {
+                        if is_stanza(&el) {
+                            h = h.wrapping_add(1);
+                        } else if el.is("r", NS_SM) {
+                            ack_owed = true;
+                        } else if el.is("a", NS_SM) {
+                            shared.sm.acks_received.fetch_add(1, Relaxed);
+                        }
+                    }
+                    handle_element(&el, &outbox, &shared)
+                }
                 Ok(Some(Event::Header)) => {}
                 Ok(Some(Event::Closed)) | Err(_) => return,
                 Ok(None) => break,
             }
+        }
+        // A full outbox keeps the answer owed until the next read.
+        if ack_owed
+            && outbox
+                .try_send(format!("<a xmlns='{NS_SM}' h='{h}'/>").into_bytes())
+                .is_ok()
+        {
+            ack_owed = false;
+            shared.sm.acks_sent.fetch_add(1, Relaxed);
         }
         let n = if let Some(d) = deadline {
             match tokio::time::timeout_at(d, rd.read(&mut buf)).await {
@@ -689,20 +795,38 @@ pub(crate) fn iq_reply(el: &Element) -> Option<String> {
 }
 
 /// Drains the outbox into the socket, coalescing queued stanzas into one
-/// write; on stop, closes the stream.
+/// write; on stop, closes the stream. With `sm_ack_every` > 0 (`--sm`),
+/// asks for an ack (`<r/>`) once that many stanzas were written since the
+/// last request.
 async fn writer(
     mut wr: WriteHalf<Transport>,
     mut rx: mpsc::Receiver<Vec<u8>>,
     mut stop: watch::Receiver<bool>,
+    sm_ack_every: u32,
+    shared: Arc<Shared>,
 ) {
+    let sm_a = format!("<a xmlns='{NS_SM}'");
+    let mut since_r = 0u32;
     loop {
         tokio::select! {
             m = rx.recv() => {
                 let Some(mut buf) = m else { break };
+                let mut stanzas = u32::from(!buf.starts_with(sm_a.as_bytes()));
                 while buf.len() < 16 * 1024 {
                     match rx.try_recv() {
-                        Ok(more) => buf.extend_from_slice(&more),
+                        Ok(more) => {
+                            stanzas += u32::from(!more.starts_with(sm_a.as_bytes()));
+                            buf.extend_from_slice(&more);
+                        }
                         Err(_) => break,
+                    }
+                }
+                if sm_ack_every > 0 {
+                    since_r += stanzas;
+                    if since_r >= sm_ack_every {
+                        since_r = 0;
+                        buf.extend_from_slice(format!("<r xmlns='{NS_SM}'/>").as_bytes());
+                        shared.sm.requests_sent.fetch_add(1, Relaxed);
                     }
                 }
                 if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {

@@ -6,11 +6,15 @@
 //! - [`cli`]: command-line options.
 //! - [`client`]: the lean XMPP client (TCP/STARTTLS/direct TLS, PLAIN/SCRAM,
 //!   bind, in-band registration), failures classified by cause.
+//! - [`bosh`]: the BOSH (XEP-0124/0206) client as a byte stream, two
+//!   hand-written HTTP/1.1 keep-alive connections per session.
 //! - [`archive`]: scenario `archive`: XEP-0313 MAM query latency (latest
 //!   page, page by id, filtered by contact), archive fill, page checks.
 //! - [`engine`]: scenarios `connect`, `idle`, `o2o`: connection storm with
 //!   bounded concurrency, per-connection reader/writer tasks, the rate
 //!   scheduler, latency recording.
+//! - [`resume`]: scenario `resume`: XEP-0198 resumption vs login, memory
+//!   of detached sessions with unacknowledged messages.
 //! - [`workers`]: beyond one process's file limit, the coordinator starts
 //!   copies of itself and merges their JSON results (histograms travel in
 //!   HDR V2 form, so merged percentiles are exact).
@@ -20,6 +24,7 @@
 //! - [`procmem`]: server RSS and PID from `/proc`.
 
 pub mod archive;
+pub mod bosh;
 pub mod cli;
 pub mod client;
 pub mod engine;
@@ -28,6 +33,7 @@ pub mod procmem;
 pub mod provision;
 pub mod rate;
 pub mod report;
+pub mod resume;
 pub mod workers;
 
 use clap::Parser as _;
@@ -48,6 +54,7 @@ pub fn main_entry() -> anyhow::Result<()> {
             }
             cli::Command::Muc(_) => not_supported("muc", "multi-user chat (XEP-0045)"),
             cli::Command::Archive(a) => archive::run(a).await,
+            cli::Command::Resume(a) => resume::run(a).await,
             cli::Command::Provision(p) => provision::run(p).await,
         }
     })

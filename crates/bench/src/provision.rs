@@ -104,6 +104,8 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         sources: c.source_list(c.users),
         step_timeout: Duration::from_secs_f64(c.step_timeout),
         tls_connector: client::tls_connector()?,
+        bosh_wait: c.bosh_wait,
+        sm: false,
     });
     let mut set = JoinSet::new();
     let mut next = c.first_user;

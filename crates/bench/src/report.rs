@@ -38,6 +38,72 @@ pub struct RunResult {
     /// `archive` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ArchiveResult>,
+    /// XEP-0198 traffic, with `--sm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm: Option<SmResult>,
+    /// `resume` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumeResult>,
+}
+
+/// Stream management traffic of a run (`--sm`), all processes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SmResult {
+    /// `<a h/>` sent in answer to the server's `<r/>`.
+    pub acks_sent: u64,
+    /// `<r/>` sent by the client (every `--sm-ack-every` stanzas).
+    pub requests_sent: u64,
+    /// `<a h/>` received from the server.
+    pub acks_received: u64,
+}
+
+impl SmResult {
+    /// Sums worker parts.
+    pub fn merge(parts: &[SmResult]) -> SmResult {
+        parts.iter().fold(SmResult::default(), |a, p| SmResult {
+            acks_sent: a.acks_sent + p.acks_sent,
+            requests_sent: a.requests_sent + p.requests_sent,
+            acks_received: a.acks_received + p.acks_received,
+        })
+    }
+}
+
+/// The `resume` scenario: full logins with stream management, unacked
+/// messages, dropped connections, resumption (XEP-0198 §5).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ResumeResult {
+    /// Messages each session received and left unacknowledged before its
+    /// connection was dropped (`--unacked`).
+    pub unacked_per_session: u64,
+    /// Of the `unacked_per_session × sessions` messages, those that arrived.
+    pub unacked_delivered: u64,
+    /// The measured server process.
+    pub server_pid: u32,
+    /// VmRSS before the first login, KiB.
+    pub rss_before_kb: u64,
+    /// VmRSS with every session logged in (stream management on), KiB.
+    pub rss_attached_kb: u64,
+    /// VmRSS once every session holds its unacked messages, KiB.
+    pub rss_filled_kb: u64,
+    /// VmRSS after the connections were dropped (sessions detached), KiB.
+    pub rss_detached_kb: u64,
+    /// Sessions detached (connection dropped).
+    pub detached: u64,
+    /// (attached − before) / sessions, KiB.
+    pub kb_per_attached_session: f64,
+    /// (detached − before) / detached sessions, KiB: one detached session
+    /// holding its unacked messages.
+    pub kb_per_detached_session: f64,
+    /// The resumption storm (`established` = resumed).
+    pub resumes: ConnectResult,
+    /// Resumed sessions whose `<resumed h/>` did not count every stanza the
+    /// client sent before the drop.
+    pub h_mismatch: u64,
+    /// Resumptions per second ÷ logins per second (same concurrency).
+    pub rate_ratio: f64,
+    /// Server CPU per login ÷ server CPU per resumption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_ratio: Option<f64>,
 }
 
 /// The `archive` scenario (XEP-0313 queries).
@@ -544,6 +610,16 @@ impl RunResult {
         if let Some(a) = &self.archive {
             archive_table(&mut s, a);
         }
+        if let Some(m) = &self.sm {
+            let _ = writeln!(
+                s,
+                "  sm         {} <a/> sent, {} <r/> sent, {} <a/> received",
+                m.acks_sent, m.requests_sent, m.acks_received
+            );
+        }
+        if let Some(r) = &self.resume {
+            resume_table(&mut s, r, c);
+        }
         if let Some(c) = &self.cost {
             let _ = writeln!(
                 s,
@@ -553,6 +629,59 @@ impl RunResult {
         }
         s
     }
+}
+
+fn resume_table(s: &mut String, r: &ResumeResult, login: &ConnectResult) {
+    let per = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1000.0 / n.max(1) as f64);
+    let x = &r.resumes;
+    let _ = writeln!(
+        s,
+        "  resumed    {:>8} resumed, {} failed of {} in {:.2} s  =>  {:.0} resumes/s ({:.2}x the login rate)",
+        x.established, x.failed, x.attempted, x.duration_s, x.sessions_per_s, r.rate_ratio
+    );
+    let _ = writeln!(
+        s,
+        "  resume     p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+        x.setup_latency.p50_ms,
+        x.setup_latency.p90_ms,
+        x.setup_latency.p99_ms,
+        x.setup_latency.max_ms
+    );
+    if let (Some(l), Some(m)) = (
+        per(login.server_cpu_s, login.established),
+        per(x.server_cpu_s, x.established),
+    ) {
+        let _ = writeln!(
+            s,
+            "  cpu        server {l:.2} ms/login, {m:.2} ms/resume ({:.2}x); load generator {:.1} s, {:.1} s",
+            r.server_cpu_ratio.unwrap_or(0.0),
+            login.client_cpu_s.unwrap_or(0.0),
+            x.client_cpu_s.unwrap_or(0.0)
+        );
+    }
+    if !x.failures.is_empty() {
+        let f: Vec<String> = x.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "  failures   {}", f.join(" "));
+        if let Some(e) = &x.first_error {
+            let _ = writeln!(s, "  e.g.       {e}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "  memory     pid {}: {} KiB before, {} attached, {} with {} unacked each ({} delivered), {} detached",
+        r.server_pid,
+        r.rss_before_kb,
+        r.rss_attached_kb,
+        r.rss_filled_kb,
+        r.unacked_per_session,
+        r.unacked_delivered,
+        r.rss_detached_kb
+    );
+    let _ = writeln!(
+        s,
+        "             => {:.1} KiB/attached session, {:.1} KiB/detached session ({} detached); h mismatches: {}",
+        r.kb_per_attached_session, r.kb_per_detached_session, r.detached, r.h_mismatch
+    );
 }
 
 fn archive_table(s: &mut String, a: &ArchiveResult) {

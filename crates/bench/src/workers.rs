@@ -13,7 +13,7 @@
 use crate::cli::ScenarioArgs;
 use crate::engine::{idle_result, now_us, skeleton, Scenario};
 use crate::procmem;
-use crate::report::{ConnectResult, O2oResult, RunResult};
+use crate::report::{ConnectResult, O2oResult, RunResult, SmResult};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::process::Stdio;
@@ -32,7 +32,7 @@ enum Msg {
 
 /// Runs the scenario over worker processes and merges their results.
 pub async fn coordinate(sc: Scenario, args: &ScenarioArgs) -> anyhow::Result<RunResult> {
-    let k = args.conn.users.div_ceil(args.max_per_process.max(1));
+    let k = args.conn.users.div_ceil(args.sessions_per_process());
     let idle = if sc == Scenario::Idle {
         let pid = match args.server_pid {
             Some(p) => p,
@@ -172,6 +172,10 @@ pub async fn coordinate(sc: Scenario, args: &ScenarioArgs) -> anyhow::Result<Run
         let o: Vec<O2oResult> = parts.iter().filter_map(|p| p.o2o.clone()).collect();
         out.o2o = Some(O2oResult::merge(&o)?);
         out.compute_cost(args.hourly_price);
+    }
+    let sm: Vec<SmResult> = parts.iter().filter_map(|p| p.sm.clone()).collect();
+    if !sm.is_empty() {
+        out.sm = Some(SmResult::merge(&sm));
     }
     if let (Some((pid, before)), Some(after)) = (idle, idle_after) {
         out.idle = Some(idle_result(
