@@ -299,8 +299,15 @@ pub trait TrafficObserver: Send + Sync + 'static {
     /// (with `<policy-violation/>`): the observer's bound was exceeded.
     fn element_out(&self, info: &SessionInfo, state: &mut Extensions, el: &Element) -> bool;
     /// The session is about to flush what it wrote in this turn; `out`
-    /// takes elements to write first (an ack request).
-    fn before_flush(&self, info: &SessionInfo, state: &mut Extensions, out: &mut Vec<Element>);
+    /// takes elements to write first (an ack request). Returns when the
+    /// observer wants to be asked again even if nothing else happens (a
+    /// delayed ack request), or `None`.
+    fn before_flush(
+        &self,
+        info: &SessionInfo,
+        state: &mut Extensions,
+        out: &mut Vec<Element>,
+    ) -> Option<Instant>;
 }
 
 /// The connection of an established session is gone without a closing

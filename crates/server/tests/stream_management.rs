@@ -84,7 +84,13 @@ async fn archived_bodies(c: &mut Client) -> Vec<String> {
 
 #[tokio::test]
 async fn feature_after_auth_enable_order_and_acks_count_stanzas() {
-    let server = TestServer::start().await;
+    // Ack requests come quickly here (the policy has its own test).
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<modules::StreamManagement>()
+            .request_ack_delay_ms = 50
+    })
+    .await;
     let mut bob = server.login("bob").await;
     let alice = server.login("alice").await;
     alice.close().await;
@@ -151,13 +157,62 @@ async fn feature_after_auth_enable_order_and_acks_count_stanzas() {
     );
     assert_eq!(asked, 1, "one outstanding ack request at a time");
     // Acknowledging everything received is fine, and the next stanza
-    // brings a new <r/>.
+    // brings a new <r/> (after request_ack_delay_ms).
     a.send(&format!("<a xmlns='{SM}' h='{received}'/>")).await;
     a.expect_silence(QUIET).await;
     message(&mut bob, &a.jid.clone(), "again").await;
     assert_eq!(body(&a.recv_message().await), "again");
     let r = a.recv().await;
     assert!(r.is("r", SM), "{r}");
+    server.stop().await;
+}
+
+/// The server's ack requests (§4 leaves when to the implementation): one
+/// outstanding at a time, sent once `request_ack_every` stanzas are
+/// unacknowledged, or once the oldest is `request_ack_delay_ms` old — not
+/// one per stanza, which would double the elements on the wire.
+#[tokio::test]
+async fn ack_requests_come_after_a_batch_or_a_delay() {
+    let server = TestServer::start_with(|c| {
+        let sm = c.modules.get_mut::<modules::StreamManagement>();
+        sm.request_ack_every = 5;
+        sm.request_ack_delay_ms = 1500;
+    })
+    .await;
+    server.create_user("alice", "pw-alice").await;
+    let mut a = authenticated(&server, "alice").await;
+    a.bind(None).await;
+    enable(&mut a, "").await;
+    let mut bob = server.login("bob").await;
+    // One stanza: no request at once, one after the delay.
+    message(&mut bob, &a.jid.clone(), "m0").await;
+    assert_eq!(body(&a.recv().await), "m0");
+    let t = std::time::Instant::now();
+    a.expect_silence(Duration::from_millis(700)).await;
+    let r = a.recv().await;
+    assert!(r.is("r", SM), "{r}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
+    a.send(&format!("<a xmlns='{SM}' h='1'/>")).await;
+    // Four more: still nothing; the fifth brings the request at once.
+    for i in 1..=4 {
+        message(&mut bob, &a.jid.clone(), &format!("m{i}")).await;
+        assert_eq!(body(&a.recv().await), format!("m{i}"));
+    }
+    a.expect_silence(QUIET).await;
+    message(&mut bob, &a.jid.clone(), "m5").await;
+    assert_eq!(body(&a.recv().await), "m5");
+    let t = std::time::Instant::now();
+    let r = a.recv().await;
+    assert!(r.is("r", SM), "{r}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
     server.stop().await;
 }
 

@@ -93,6 +93,8 @@ pub(crate) struct Session {
     pub(super) sasl: SaslState,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
+    /// When a traffic observer wants its `before_flush` again.
+    flush_check_at: Option<Instant>,
     connected_at: Instant,
     timers: Vec<(Instant, TimerKey)>,
     /// A traffic observer's bound was exceeded: the session ends.
@@ -218,6 +220,7 @@ impl Session {
             sasl: SaslState::Idle,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
+            flush_check_at: None,
             connected_at: now,
             timers: Vec::new(),
             overflow: false,
@@ -244,10 +247,16 @@ impl Session {
             SessionState::Detached { until } => Some(until),
             _ => None,
         };
-        [negotiation, timers, detached, self.conn.deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            negotiation,
+            timers,
+            detached,
+            self.conn.deadline(),
+            self.flush_check_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The session's main loop. The handlers of its branches are boxed: the
@@ -376,8 +385,11 @@ impl Session {
             return;
         }
         let mut out = Vec::new();
+        self.flush_check_at = None;
         for t in &hooks.traffic {
-            t.before_flush(&self.info, &mut self.ext, &mut out);
+            if let Some(at) = t.before_flush(&self.info, &mut self.ext, &mut out) {
+                self.flush_check_at = Some(self.flush_check_at.map_or(at, |c| c.min(at)));
+            }
         }
         for el in &out {
             self.conn.send(el);
@@ -387,6 +399,11 @@ impl Session {
     async fn on_deadline(&mut self) -> Result<(), Exit> {
         let now = Instant::now();
         self.conn.on_deadline(now);
+        // A traffic observer's check is due: the loop's before_flush runs
+        // after this step.
+        if self.flush_check_at.is_some_and(|t| t <= now) {
+            self.flush_check_at = None;
+        }
         if matches!(self.info.state, SessionState::Detached { until } if now >= until) {
             return Err(Exit::ResumeTimeout);
         }
