@@ -294,10 +294,17 @@ pub trait ElementHandler: Send + Sync + 'static {
 pub trait TrafficObserver: Send + Sync + 'static {
     /// One stanza arrived from the client.
     fn stanza_in(&self, info: &SessionInfo, state: &mut Extensions);
-    /// One element is being written to the client — or, while the session
-    /// is detached, would have been. Returns true if the session must end
-    /// (with `<policy-violation/>`): the observer's bound was exceeded.
-    fn element_out(&self, info: &SessionInfo, state: &mut Extensions, el: &Element) -> bool;
+    /// One element was written to the client — or, while the session is
+    /// detached, would have been. The session is done with it: an observer
+    /// that keeps it takes it (`el.take()`, no copy); observers after that
+    /// one see `None`. Returns true if the session must end (with
+    /// `<policy-violation/>`): the observer's bound was exceeded.
+    fn element_out(
+        &self,
+        info: &SessionInfo,
+        state: &mut Extensions,
+        el: &mut Option<Element>,
+    ) -> bool;
     /// The session is about to flush what it wrote in this turn; `out`
     /// takes elements to write first (an ack request). Returns when the
     /// observer wants to be asked again even if nothing else happens (a

@@ -93,7 +93,7 @@ impl Session {
         if !data.is_empty() || name == "challenge" {
             el.append_text(encode_payload(data));
         }
-        self.write_element(&el);
+        self.write_element(el);
     }
 
     fn sasl_failure(&mut self, e: SaslError, text: &str, user: Option<String>) -> Result<(), Exit> {
@@ -107,7 +107,7 @@ impl Session {
                     .build(),
             );
         }
-        self.write_element(&failure);
+        self.write_element(failure);
         if matches!(e, SaslError::Aborted) {
             return Ok(());
         }

@@ -615,7 +615,7 @@ impl Session {
                 if let Some(id) = el.attr("id") {
                     reply.set_attr("id", id);
                 }
-                self.write_element(&reply);
+                self.write_element(reply);
                 return Ok(());
             }
         }
@@ -784,7 +784,7 @@ impl Session {
                 .build(),
         );
         reply.append_child(bind);
-        self.write_element(&reply);
+        self.write_element(reply);
 
         let mut actions = Vec::new();
         {
@@ -913,8 +913,8 @@ impl Session {
                 self.apply(actions).await?;
                 if flow == Flow::Continue {
                     self.shared.env.metrics.stanza_out(stanza.kind());
-                    self.observe_out(stanza.element());
                     self.conn.send(stanza.element());
+                    self.observe_out(stanza.into_element());
                 }
                 Ok(())
             }
@@ -979,7 +979,7 @@ impl Session {
     async fn apply(&mut self, actions: Vec<Action>) -> Result<(), Exit> {
         for action in actions {
             match action {
-                Action::Send(el) => self.write_element(&el),
+                Action::Send(el) => self.write_element(el),
                 Action::Route(stanza) => self.shared.env.route(stanza).await,
                 Action::SetPresence(p) => {
                     self.info.priority = p.as_ref().map(|(prio, _)| *prio);
@@ -1006,8 +1006,7 @@ impl Session {
 
     // ----- output -----
 
-    pub(super) fn write_element(&mut self, el: &Element) {
-        self.observe_out(el);
+    pub(super) fn write_element(&mut self, el: Element) {
         if el.ns() == ns::CLIENT {
             if let Some(kind) = match el.name() {
                 "message" => Some(StanzaKind::Message),
@@ -1018,16 +1017,19 @@ impl Session {
                 self.shared.env.metrics.stanza_out(kind);
             }
         }
-        self.conn.send(el);
+        self.conn.send(&el);
+        self.observe_out(el);
     }
 
-    /// Tells the traffic observers about an element for the client.
-    fn observe_out(&mut self, el: &Element) {
+    /// Tells the traffic observers about an element written for the
+    /// client (one of them may keep it).
+    fn observe_out(&mut self, el: Element) {
         if !self.info.state.is_bound() {
             return;
         }
+        let mut slot = Some(el);
         for t in &self.shared.env.hooks.traffic {
-            self.overflow |= t.element_out(&self.info, &mut self.ext, el);
+            self.overflow |= t.element_out(&self.info, &mut self.ext, &mut slot);
         }
     }
 
@@ -1065,7 +1067,7 @@ impl Session {
         reply.set_attr("type", "error");
         reply.set_attr("id", id);
         reply.append_child(StanzaError::new(cond).with_text(text).to_element());
-        self.write_element(&reply);
+        self.write_element(reply);
     }
 
     /// An error reply for an element that could not even be parsed as a
@@ -1080,7 +1082,7 @@ impl Session {
             reply.set_attr("id", id);
         }
         reply.append_child(err.to_element());
-        self.write_element(&reply);
+        self.write_element(reply);
     }
 
     pub(super) async fn flush(&mut self) -> Result<(), Exit> {

@@ -336,16 +336,24 @@ impl TrafficObserver for StreamManagement {
         }
     }
 
-    fn element_out(&self, _info: &SessionInfo, state: &mut Extensions, el: &Element) -> bool {
+    fn element_out(
+        &self,
+        _info: &SessionInfo,
+        state: &mut Extensions,
+        el: &mut Option<Element>,
+    ) -> bool {
         let Some(st) = state.get_mut::<SmState>() else {
             return false;
         };
-        if !is_stanza(el) {
+        if !el.as_ref().is_some_and(is_stanza) {
             return false;
         }
+        let Some(el) = el.take() else {
+            return false;
+        };
         st.sent = st.sent.wrapping_add(1);
         st.unacked.push_back(Sent {
-            el: el.clone(),
+            el,
             at: SystemTime::now(),
             sent_at: Instant::now(),
         });
