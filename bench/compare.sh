@@ -252,8 +252,10 @@ PY
         [[ $tls_on == true ]] && k=https
         opts="${k}_interfaces = { \"127.0.0.1\" }\nconsider_websocket_secure = true"
         [[ $tls_on == true ]] && opts="$opts\nhttps_ssl = { certificate = \"$(dirname "$f")/cert.pem\"; key = \"$(dirname "$f")/key.pem\"; }"
-        grep -q '^modules_enabled = {.*}$' "$f" && grep -q "^${k}_ports = { }$" "$f" && grep -q '^VirtualHost ' "$f" \
-            || { echo "compare: unexpected layout of $f" >&2; return 1; }
+        if ! { grep -q '^modules_enabled = {.*}$' "$f" && grep -q "^${k}_ports = { }$" "$f" && grep -q '^VirtualHost ' "$f"; }; then
+            echo "compare: unexpected layout of $f" >&2
+            return 1
+        fi
         sed -i -e "s|^${k}_ports = { }$|${k}_ports = { $hp }|" \
             -e 's|^\(modules_enabled = {.*\) }$|\1, "websocket" }|' \
             -e "s|^VirtualHost |$opts\n&|" "$f"
