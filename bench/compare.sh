@@ -10,6 +10,7 @@
 #   bench/compare.sh                       # everything, defaults below
 #   SERVERS="starling" USERS=2000 bench/compare.sh
 #   ARCHIVE=1 SERVERS="ejabberd prosody" bench/compare.sh   # archives on
+#   TRANSPORT=websocket bench/compare.sh   # the scenarios over WebSocket
 #
 # ARCHIVE=1: every server runs with its message archive (XEP-0313) on,
 # from bench/peers/*-archive.* (ejabberd mod_mam on SQLite, Prosody mod_mam
@@ -18,6 +19,17 @@
 # (ARCHIVE_USERS users, --fill ARCHIVE_FILL, ARCHIVE_SECS of queries) on
 # the same server. Results are appended as an "archive on" section.
 #
+# TRANSPORT=websocket: every server also gets an HTTP listener on its own
+# loopback port (HPORT: Starling 15280, ejabberd 15380, Prosody 15480) with
+# XMPP over WebSocket (RFC 7395) at /xmpp-websocket, added to the generated
+# config (Starling: [[http.listen]]; ejabberd: ejabberd_http with
+# ejabberd_http_ws; Prosody: mod_websocket, consider_websocket_secure), and
+# the scenarios run with starling-bench --transport websocket on that port.
+# TLS is then plain (ws:, the default) or direct (wss:, each server's
+# self-signed certificate). Accounts are still created over the c2s TCP
+# port (ejabberd's in-band registration over STARTTLS). Results are
+# appended as a "WebSocket" section.
+#
 # Environment (defaults in brackets):
 #   SERVERS        servers to run, in order        [starling ejabberd prosody]
 #   USERS          idle sessions (memory, conn rate) [15000]
@@ -25,7 +37,8 @@
 #   RATES          o2o ramp (starling-bench --rates) [1000,2000,5000,10000,…,100000]
 #   STEP_SECS      seconds per ramp step           [10]
 #   P99_BOUND_MS   saturation p99 bound            [100]
-#   TLS            plain|starttls|direct           [starttls]
+#   TRANSPORT      tcp|websocket (above)           [tcp]
+#   TLS            plain|starttls|direct           [starttls; websocket: plain]
 #   MECH           SASL mechanism (all three servers do SCRAM-SHA-1) [SCRAM-SHA-1]
 #   CONCURRENCY    session setups in flight        [100]
 #   HOURLY_PRICE   instance price per hour for the cost metric [0.0832]
@@ -74,7 +87,16 @@ ARCHIVE_SECS=${ARCHIVE_SECS:-30}
 PAGE_SIZE=${PAGE_SIZE:-50}
 STEP_SECS=${STEP_SECS:-10}
 P99_BOUND_MS=${P99_BOUND_MS:-100}
-TLS=${TLS:-starttls}
+TRANSPORT=${TRANSPORT:-tcp}
+case $TRANSPORT in
+tcp) TLS=${TLS:-starttls}; PROV_TLS=$TLS ;;
+websocket)
+    TLS=${TLS:-plain}
+    PROV_TLS=starttls   # in-band registration (ejabberd) over the c2s port
+    [[ $TLS == plain || $TLS == direct ]] || { echo "compare: TRANSPORT=websocket needs TLS=plain (ws:) or TLS=direct (wss:), not $TLS" >&2; exit 1; }
+    ;;
+*) echo "compare: TRANSPORT must be tcp or websocket, not $TRANSPORT" >&2; exit 1 ;;
+esac
 MECH=${MECH:-SCRAM-SHA-1}
 CONCURRENCY=${CONCURRENCY:-100}
 HOURLY_PRICE=${HOURLY_PRICE:-0.0832}
@@ -84,6 +106,8 @@ RUN_ROOT=${RUN_ROOT:-/tmp/starling-bench-compare}
 OUT=${OUT:-$root/docs/benchmarks.md}
 PASSWORD='pw{n}'
 declare -A PORT=([starling]=15222 [ejabberd]=15322 [prosody]=15422)
+# HTTP (WebSocket) ports, used with TRANSPORT=websocket.
+declare -A HPORT=([starling]=15280 [ejabberd]=15380 [prosody]=15480)
 
 for b in "$STARLING_BIN" "$BENCH_BIN"; do
     [[ -x "$b" ]] || { echo "compare: missing $b; run: cargo build --release -p starling-server -p starling-bench" >&2; exit 1; }
@@ -178,6 +202,65 @@ launch_server() {
     esac
     started=$s
     wait_port "$p"
+    if [[ $TRANSPORT == websocket ]]; then wait_port "${HPORT[$s]}"; fi
+}
+
+# TRANSPORT=websocket: adds an HTTP listener with XMPP over WebSocket at
+# /xmpp-websocket on HPORT to server $1's generated config file $2 (plain
+# for TLS=plain, HTTPS for TLS=direct). Nothing for TCP.
+add_websocket() {
+    local s=$1 f=$2 hp=${HPORT[$1]} tls_on=false
+    [[ $TRANSPORT == websocket ]] || return 0
+    [[ $TLS == direct ]] && tls_on=true
+    case $s in
+    starling)
+        # The [http] section of bench/peers/starling*.toml has `listen = []`;
+        # replaced by one listener (the web client is not served).
+        grep -q '^listen = \[\]$' "$f" || { echo "compare: no 'listen = []' line in $f to replace" >&2; return 1; }
+        sed -i "s|^listen = \[\]$|listen = [{ address = \"127.0.0.1:$hp\", tls = $tls_on }]\nweb_client = false|" "$f"
+        ;;
+    ejabberd)
+        # Appended to the top-level `listen:` list. WebSocket sessions take
+        # access, shaper and max_stanza_size from the first ejabberd_c2s
+        # listener (ejabberd_c2s_config:get_c2s_limits/0).
+        python3 - "$f" "$hp" "$tls_on" <<'PY'
+import sys
+f, port, tls = sys.argv[1], sys.argv[2], sys.argv[3]
+text = open(f).read()
+block = f'''  -
+    port: {port}
+    ip: "127.0.0.1"
+    module: ejabberd_http
+    backlog: 4096
+''' + ('''    tls: true
+    protocol_options: TLS_OPTS
+''' if tls == "true" else "") + '''    request_handlers:
+      /xmpp-websocket: ejabberd_http_ws
+'''
+lines = text.splitlines(keepends=True)
+start = lines.index("listen:\n")
+end = next(i for i in range(start + 1, len(lines)) if lines[i][:1] not in (" ", "\n"))
+open(f, "w").write("".join(lines[:end]) + block + "".join(lines[end:]))
+PY
+        ;;
+    prosody)
+        # Global options, before the VirtualHost line (mod_websocket is
+        # served at /xmpp-websocket by default; no Origin check applies to
+        # a client that sends no Origin header: cross_domain_websocket is
+        # deprecated in 0.12 and unneeded here).
+        local opts k=http
+        [[ $tls_on == true ]] && k=https
+        opts="${k}_interfaces = { \"127.0.0.1\" }\nconsider_websocket_secure = true"
+        [[ $tls_on == true ]] && opts="$opts\nhttps_ssl = { certificate = \"$(dirname "$f")/cert.pem\"; key = \"$(dirname "$f")/key.pem\"; }"
+        if ! { grep -q '^modules_enabled = {.*}$' "$f" && grep -q "^${k}_ports = { }$" "$f" && grep -q '^VirtualHost ' "$f"; }; then
+            echo "compare: unexpected layout of $f" >&2
+            return 1
+        fi
+        sed -i -e "s|^${k}_ports = { }$|${k}_ports = { $hp }|" \
+            -e 's|^\(modules_enabled = {.*\) }$|\1, "websocket" }|' \
+            -e "s|^VirtualHost |$opts\n&|" "$f"
+        ;;
+    esac
 }
 
 # Whether this Starling build accepts bench/peers/starling$sfx.toml; if not,
@@ -187,6 +270,7 @@ starling_config_ok() {
     local r="$RUN_ROOT/starling" key
     mkdir -p "$r"
     fill "$peers/starling$sfx.toml" "$r" "${PORT[starling]}" >"$r/check.toml"
+    add_websocket starling "$r/check.toml"
     "$STARLING_BIN" check-config "$r/check.toml" >"$r/check.log" 2>&1 && return 0
     key=$(grep -o 'unknown field `[^`]*`' "$r/check.log" | head -1 || true)
     echo "compare: $STARLING_BIN rejects bench/peers/starling$sfx.toml${key:+: $key}" >&2
@@ -205,6 +289,7 @@ start_server() {
     case $s in
     starling)
         fill "$peers/starling$sfx.toml" "$r" "$p" >"$r/starling.toml"
+        add_websocket starling "$r/starling.toml"
         if [[ -n "${STARLING_PG_URL:-}" ]]; then
             psql -q "${STARLING_PG_URL%/*}/postgres" -c "DROP DATABASE IF EXISTS ${STARLING_PG_URL##*/}" \
                 -c "CREATE DATABASE ${STARLING_PG_URL##*/}"
@@ -218,6 +303,7 @@ start_server() {
         ;;
     ejabberd)
         fill "$peers/ejabberd$sfx.yml" "$r" "$p" >"$r/ejabberd.yml"
+        add_websocket ejabberd "$r/ejabberd.yml"
         if [[ -n "$ARCHIVE" ]]; then
             # ejabberd would create the SQLite file itself (rollback
             # journal, several fsyncs per archived message: ~40 msg/s here).
@@ -235,11 +321,12 @@ start_server() {
         chown -R ejabberd:ejabberd "$r"
         launch_server ejabberd
         log "ejabberd: registering $USERS accounts in-band"
-        run "$BENCH_BIN" provision --method ibr --port "$p" --tls "$TLS" \
+        run "$BENCH_BIN" provision --method ibr --port "$p" --tls "$PROV_TLS" \
             --users "$USERS" --password "$PASSWORD" --concurrency 50 >"$r/provision.log" 2>&1
         ;;
     prosody)
         fill "$peers/prosody$sfx.cfg.lua" "$r" "$p" >"$r/prosody.cfg.lua"
+        add_websocket prosody "$r/prosody.cfg.lua"
         self_signed "$r"
         mkdir -p "$r/data"
         if [[ -n "$ARCHIVE" ]]; then
@@ -299,6 +386,7 @@ version_of() {
 
 # ---------------------------------------------------------------- runs
 common=(--tls "$TLS" --mechanism "$MECH" --password "$PASSWORD" --concurrency "$CONCURRENCY" --quiet)
+[[ $TRANSPORT == websocket ]] && common=(--transport websocket "${common[@]}")
 ran=""
 for s in $SERVERS; do
     log "=== $s${ARCHIVE:+ (archive on)}"
@@ -309,6 +397,7 @@ for s in $SERVERS; do
     start_server "$s"
     ran="$ran $s"
     p=${PORT[$s]}
+    [[ $TRANSPORT == websocket ]] && p=${HPORT[$s]}
     label=$(version_of "$s")
     rm -f "$RUN_ROOT/results/$s-"*.json
     if [[ -z "$ARCHIVE" ]]; then
@@ -352,9 +441,10 @@ SERVERS=${ran# }
 
 # ---------------------------------------------------------------- report
 mkdir -p "$(dirname "$OUT")"
-python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" <<'PY'
+python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 run_root, out, servers, archive = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4] != ""
+websocket, tls = sys.argv[5] == "websocket", sys.argv[6]
 
 def load(s, kind):
     p = os.path.join(run_root, "results", f"{s}-{kind}.json")
@@ -443,10 +533,16 @@ for l in open("/proc/cpuinfo"):
         cpu = l.split(":", 1)[1].strip(); break
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 o = []
-o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}\n")
+ws_title = f" — over WebSocket (RFC 7395, {'wss:' if tls == 'direct' else 'ws:'})" if websocket else ""
+o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{ws_title}\n")
 o.append(f"Machine: {os.cpu_count()} CPUs ({cpu}), {ram_gib:.1f} GiB RAM, kernel {platform.release()}; "
          "client and server on the same machine over loopback. "
          f"Versions: " + "; ".join(f"{names.get(s, s)}: {labels.get(s, '?')}" for s in servers) + ".\n")
+if websocket:
+    o.append("Every scenario ran over XMPP over WebSocket (`starling-bench --transport websocket`, "
+             f"`{'wss:' if tls == 'direct' else 'ws:'}//127.0.0.1:<HTTP port>/xmpp-websocket`, "
+             "one HTTP listener per server added to its bench/peers/ config by `TRANSPORT=websocket bench/compare.sh`); "
+             "accounts were created over the c2s TCP port.\n")
 o.append(f"Ratios in parentheses are relative to {names.get(base, base)} (for memory and latency lower is better, for rates higher is better).\n")
 hdr = "| Metric | " + " | ".join(names.get(s, s) for s in servers) + " |"
 o.append(hdr)
@@ -454,7 +550,10 @@ o.append("|" + "---|" * (len(servers) + 1))
 if not archive:
     o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
     o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
-    o.append("| Connection rate (sessions/s, STARTTLS + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
+    setup = {"plain": "plain TCP", "starttls": "STARTTLS", "direct": "direct TLS"}.get(tls, tls)
+    if websocket:
+        setup = "WebSocket upgrade" + (" over TLS" if tls == "direct" else "")
+    o.append(f"| Connection rate (sessions/s, {setup} + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
     o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
     o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
 o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
