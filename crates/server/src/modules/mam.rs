@@ -54,12 +54,14 @@
 //!   is always in the recipient's archive too.
 //!
 //! Hooks: `user_send` (45, 90), `inbound` (20), `offline_message` (40),
-//! `shutdown`; iq handlers
-//! `{urn:xmpp:mam:2}query|prefs|metadata` (account scope); disco features
+//! `shutdown`, `durability`; announces each kept copy on `archived` (the
+//! inbox follows it); own-account iq handlers
+//! `{urn:xmpp:mam:2}query|prefs|metadata` (answered in the requesting
+//! session; other accounts' requests get `forbidden`); disco features
 //! `mam:2`, `#extended` and `sid:0` on the account and the server (§7),
 //! retraction features on the account.
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
-//! Config: `[modules.mam]`, `server.node_id`.
+//! Config: `[modules.mam]` ([`MamConfig`]), `server.node_id`.
 
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;

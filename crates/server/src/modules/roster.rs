@@ -52,10 +52,11 @@
 //! adding oneself to the roster gets `<not-allowed/>` (§2.3.3 interop
 //! note). Concurrent changes to one item are last-writer-wins.
 //!
-//! Hooks: `user_send` (30), `user_receive` (30), `inbound` (50), iq handler
-//! `{jabber:iq:roster}query` (account scope, refusal), stream features
+//! Hooks: `user_send` (30), `user_receive` (30), `inbound` (50), own-account
+//! iq handler `{jabber:iq:roster}query` (in the requesting session, which
+//! keeps the cache), iq handler for other accounts (refusal), stream features
 //! (rosterver, pre-approval). Storage: roster, accounts.
-//! Config: `[modules.roster]` enabled, max_items, versioning.
+//! Config: `[modules.roster]` ([`RosterConfig`]): enabled, max_items, versioning.
 
 use starling_core::hooks::{
     FeatureStage, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OwnIqHandler,
