@@ -528,3 +528,57 @@ async fn acked_message_is_archived_even_after_sigkill() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// §4 with RFC 6121 §8.5.2.1.1: when a detached session expires, a message
+/// that was addressed to the bare JID is not re-routed if another resource
+/// at least as preferred is available (it got its own copy: showing it
+/// again would duplicate it), while one addressed to the expired session's
+/// full JID is; and with the other resource less preferred (it got no
+/// copy), the bare-JID message is re-routed to it.
+#[tokio::test]
+async fn expired_session_does_not_repeat_bare_jid_messages_another_resource_got() {
+    let server = TestServer::start().await;
+    let mut bob = server.login("bob").await;
+    for less_preferred in [false, true] {
+        let expect_bare_again = less_preferred;
+        let mut a = server.login("alice").await;
+        let mut b = server.login("alice").await;
+        if less_preferred {
+            // b stays available, with a lower priority than a.
+            b.send("<presence><priority>1</priority></presence>").await;
+            a.send("<presence><priority>5</priority></presence>").await;
+        }
+        a.drain().await;
+        b.drain().await;
+        enable(&mut a, "resume='true' max='1'").await;
+        let full = a.jid.clone();
+        let tag = if less_preferred { "lower" } else { "equal" };
+        message(&mut bob, "alice@localhost", &format!("{tag}-bare")).await;
+        assert_eq!(body(&a.recv_message().await), format!("{tag}-bare"));
+        if !expect_bare_again {
+            // Equal priority: b got its own copy.
+            assert_eq!(body(&b.recv_message().await), format!("{tag}-bare"));
+        }
+        message(&mut bob, &full, &format!("{tag}-full")).await;
+        assert_eq!(body(&a.recv_message().await), format!("{tag}-full"));
+        drop(a); // detached, nothing acked; expires after 1 s
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(4);
+        while std::time::Instant::now() < deadline {
+            if let Some(Event::Element(el)) = b.next_event_within(QUIET).await {
+                if el.name() == "message" {
+                    got.push(body(&el));
+                }
+            }
+        }
+        let mut want = vec![format!("{tag}-full")];
+        if expect_bare_again {
+            want.insert(0, format!("{tag}-bare"));
+        }
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{tag}");
+        b.close().await;
+    }
+    server.stop().await;
+}

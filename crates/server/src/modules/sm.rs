@@ -34,7 +34,15 @@
 //!   the resource had been unavailable; unacknowledged iq requests get
 //!   `service-unavailable`. Carbon copies and archive query results are
 //!   not re-routed (the originals are delivered or archived elsewhere), nor
-//!   is presence (the contacts see the resource go offline instead).
+//!   is presence (the contacts see the resource go offline instead). Nor
+//!   is a message addressed to the bare JID when the archive runs and
+//!   another resource of the account is available with at least this
+//!   session's priority: that resource got its own copy when the message
+//!   was routed (RFC 6121 §8.5.2.1.1 delivers to every highest-priority
+//!   resource), or, if it came online later, found it in the archive —
+//!   re-routing would show it twice (the case behind ejabberd's
+//!   `resend_on_timeout: if_offline`). Messages to this session's full JID
+//!   were delivered nowhere else and are always re-routed.
 //! * A session whose unacknowledged queue passes `max_queue` stanzas ends
 //!   with `<policy-violation/>` (and its queue is re-routed as above), so
 //!   a client that never acks, or stays away, cannot grow it forever.
@@ -141,14 +149,18 @@ type Registry = Mutex<HashMap<String, (BareJid, SessionRef)>>;
 pub struct StreamManagement {
     cfg: SmConfig,
     resumable: Registry,
+    /// The archive module runs (late resources find bare-JID messages
+    /// there).
+    archive: bool,
 }
 
 impl StreamManagement {
     /// Registers the module's hooks.
-    pub fn register(cfg: &SmConfig, reg: &mut HookRegistry) {
+    pub fn register(cfg: &SmConfig, archive: bool, reg: &mut HookRegistry) {
         let m = Arc::new(StreamManagement {
             cfg: cfg.clone(),
             resumable: Mutex::new(HashMap::new()),
+            archive,
         });
         reg.element(NAME, ElementStage::Authenticated, NS_SM, m.clone());
         reg.element(NAME, ElementStage::Established, NS_SM, m.clone());
@@ -453,8 +465,20 @@ impl SessionClosedHandler for StreamManagement {
             }
         }
         let domain = cx.info.domain.clone();
+        // Another available resource at least as preferred as this one
+        // already has what was addressed to the bare JID (module doc).
+        let covered = self.archive
+            && cx.info.priority.is_some_and(|mine| {
+                let owner = cx.jid().to_bare();
+                cx.env.sessions.resources(&owner).iter().any(|e| {
+                    e.session.id != cx.info.id && e.priority.is_some_and(|p| p >= mine.max(0))
+                })
+            });
         let mut rerouted = 0usize;
         for sent in st.unacked {
+            if covered && to_bare_jid(&sent.el) {
+                continue;
+            }
             if let Some(stanza) = unacked_to_reroute(sent, &domain) {
                 rerouted += 1;
                 cx.push(Action::Reroute(stanza));
@@ -465,6 +489,16 @@ impl SessionClosedHandler for StreamManagement {
         }
         Ok(Flow::Continue)
     }
+}
+
+/// A message addressed to a bare JID (delivered by the rules of RFC 6121
+/// §8.5.2, possibly to several resources).
+fn to_bare_jid(el: &Element) -> bool {
+    el.name() == "message"
+        && el
+            .attr("to")
+            .and_then(|t| t.parse::<starling_proto::Jid>().ok())
+            .is_some_and(|j| j.resource().is_none())
 }
 
 /// What becomes of one unacknowledged stanza when its session ends (§4).
@@ -519,8 +553,8 @@ impl Module for StreamManagement {
         cfg.enabled
     }
 
-    async fn start(cfg: &SmConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        StreamManagement::register(cfg, reg);
+    async fn start(cfg: &SmConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        StreamManagement::register(cfg, (ctx.is_enabled)("mam"), reg);
     }
 }
 
