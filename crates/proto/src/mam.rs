@@ -7,24 +7,15 @@ use crate::{ns, BareJid, FullJid};
 use starling_xml::Element;
 
 /// XEP-0313 namespace.
-pub const NS_MAM: &str = "urn:xmpp:mam:2";
+pub const NS_MAM: &str = ns::MAM;
 /// XEP-0059 namespace.
 pub const NS_RSM: &str = "http://jabber.org/protocol/rsm";
 /// XEP-0359 namespace.
 pub const NS_SID: &str = "urn:xmpp:sid:0";
 /// XEP-0424 namespace.
 pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
-/// XEP-0297 namespace.
-pub const NS_FORWARD: &str = "urn:xmpp:forward:0";
-/// XEP-0203 namespace.
-pub const NS_DELAY: &str = "urn:xmpp:delay";
-/// XEP-0333 namespace.
-pub const NS_MARKERS: &str = "urn:xmpp:chat-markers:0";
 /// XEP-0308 namespace.
 pub const NS_CORRECT: &str = "urn:xmpp:message-correct:0";
-const NS_HINTS: &str = "urn:xmpp:hints";
-const NS_RECEIPTS: &str = "urn:xmpp:receipts";
-const NS_CARBONS: &str = "urn:xmpp:carbons:2";
 const NS_OMEMO: &str = "eu.siacs.conversations.axolotl";
 const NS_OMEMO2: &str = "urn:xmpp:omemo:2";
 
@@ -48,10 +39,10 @@ pub fn classify(el: &Element) -> Kind {
     if !matches!(t, "chat" | "normal") {
         return Kind::Skip;
     }
-    if el.has_child("no-store", NS_HINTS)
-        || el.has_child("no-permanent-store", NS_HINTS)
-        || el.has_child("received", NS_CARBONS)
-        || el.has_child("sent", NS_CARBONS)
+    if el.has_child("no-store", ns::HINTS)
+        || el.has_child("no-permanent-store", ns::HINTS)
+        || el.has_child("received", ns::CARBONS)
+        || el.has_child("sent", ns::CARBONS)
         || el.has_child("result", NS_MAM)
     {
         return Kind::Skip;
@@ -67,9 +58,9 @@ pub fn classify(el: &Element) -> Kind {
         };
     }
     let other = el.children().any(|c| {
-        c.is("store", NS_HINTS)
-            || c.ns() == NS_MARKERS
-            || c.is("received", NS_RECEIPTS)
+        c.is("store", ns::HINTS)
+            || c.ns() == ns::CHAT_MARKERS
+            || c.is("received", ns::RECEIPTS)
             || c.ns() == NS_OMEMO
             || c.ns() == NS_OMEMO2
     });
@@ -112,9 +103,9 @@ pub fn result_message(
     if let Some(q) = queryid {
         result = result.attr("queryid", q);
     }
-    let forwarded = Element::builder("forwarded", NS_FORWARD)
+    let forwarded = Element::builder("forwarded", ns::FORWARD)
         .append(
-            Element::builder("delay", NS_DELAY)
+            Element::builder("delay", ns::DELAY)
                 .attr("stamp", stamp)
                 .build(),
         )

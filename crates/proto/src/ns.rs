@@ -34,3 +34,17 @@ pub const DATA_FORMS: &str = "jabber:x:data";
 pub const OOB: &str = "jabber:x:oob";
 /// RFC 7395 §3.3.2: the framing namespace of XMPP over WebSocket (`<open/>`, `<close/>`).
 pub const FRAMING: &str = "urn:ietf:params:xml:ns:xmpp-framing";
+/// XEP-0203: delayed delivery.
+pub const DELAY: &str = "urn:xmpp:delay";
+/// XEP-0297: stanza forwarding.
+pub const FORWARD: &str = "urn:xmpp:forward:0";
+/// XEP-0280: message carbons.
+pub const CARBONS: &str = "urn:xmpp:carbons:2";
+/// XEP-0334: message processing hints.
+pub const HINTS: &str = "urn:xmpp:hints";
+/// XEP-0184: message delivery receipts.
+pub const RECEIPTS: &str = "urn:xmpp:receipts";
+/// XEP-0333: chat markers.
+pub const CHAT_MARKERS: &str = "urn:xmpp:chat-markers:0";
+/// XEP-0313: message archive management.
+pub const MAM: &str = "urn:xmpp:mam:2";

@@ -57,13 +57,7 @@ use starling_xml::Element;
 use std::sync::Arc;
 
 const NAME: &str = "carbons";
-/// XEP-0280 namespace.
-pub const NS_CARBONS: &str = "urn:xmpp:carbons:2";
-/// XEP-0297 namespace.
-pub const NS_FORWARD: &str = "urn:xmpp:forward:0";
-const NS_RECEIPTS: &str = "urn:xmpp:receipts";
 const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
-const NS_MARKERS: &str = "urn:xmpp:chat-markers:0";
 const NS_CONFERENCE: &str = "jabber:x:conference";
 const NS_MUC_USER: &str = "http://jabber.org/protocol/muc#user";
 
@@ -77,7 +71,7 @@ impl Carbons {
     /// Registers the module.
     pub fn register(reg: &mut HookRegistry) {
         let m = Arc::new(Carbons);
-        reg.disco().feature(IqScope::Server, NS_CARBONS);
+        reg.disco().feature(IqScope::Server, ns::CARBONS);
         reg.user_send(NAME, 50, m.clone());
         reg.user_receive(NAME, 20, m.clone());
         reg.offline_message(NAME, 10, m);
@@ -86,7 +80,7 @@ impl Carbons {
 
 /// True if `msg` carries a carbon (`<received/>` or `<sent/>`).
 fn is_carbon(msg: &Element) -> bool {
-    msg.has_child("received", NS_CARBONS) || msg.has_child("sent", NS_CARBONS)
+    msg.has_child("received", ns::CARBONS) || msg.has_child("sent", ns::CARBONS)
 }
 
 /// §6.1 eligibility, common to both directions.
@@ -95,7 +89,7 @@ fn eligible(stanza: &Stanza) -> bool {
         return false;
     }
     let el = stanza.element();
-    if el.has_child("private", NS_CARBONS) || is_carbon(el) {
+    if el.has_child("private", ns::CARBONS) || is_carbon(el) {
         return false;
     }
     match stanza.stanza_type() {
@@ -105,7 +99,7 @@ fn eligible(stanza: &Stanza) -> bool {
                 || el.children().any(|c| {
                     matches!(
                         c.ns(),
-                        NS_RECEIPTS | NS_CHATSTATES | NS_MARKERS | NS_CONFERENCE
+                        ns::RECEIPTS | NS_CHATSTATES | ns::CHAT_MARKERS | NS_CONFERENCE
                     ) || (c.is("x", NS_MUC_USER) && c.has_child("invite", NS_MUC_USER))
                 })
         }
@@ -115,14 +109,18 @@ fn eligible(stanza: &Stanza) -> bool {
 
 /// Builds the copy for `to`.
 fn wrap(original: &Stanza, owner: &BareJid, to: &FullJid, kind: &str) -> Stanza {
-    let forwarded = Element::builder("forwarded", NS_FORWARD)
+    let forwarded = Element::builder("forwarded", ns::FORWARD)
         .append(original.element().clone())
         .build();
     let mut el = Element::new("message", ns::CLIENT);
     if let Some(t) = original.type_attr() {
         el.set_attr("type", t);
     }
-    el.append_child(Element::builder(kind, NS_CARBONS).append(forwarded).build());
+    el.append_child(
+        Element::builder(kind, ns::CARBONS)
+            .append(forwarded)
+            .build(),
+    );
     Stanza::new(el, Some(owner.clone().into()), Some(to.clone().into()))
 }
 
@@ -173,7 +171,7 @@ impl UserSendHandler for Carbons {
             let Some(p) = stanza.payload() else {
                 return Ok(Flow::Continue);
             };
-            if p.ns() != NS_CARBONS || !matches!(p.name(), "enable" | "disable") {
+            if p.ns() != ns::CARBONS || !matches!(p.name(), "enable" | "disable") {
                 return Ok(Flow::Continue);
             }
             if !own_account(stanza.to(), &owner) {

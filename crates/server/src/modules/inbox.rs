@@ -51,8 +51,8 @@ use starling_core::storage::{
     ArchiveId, InboxQuery, InboxStore, InboxUpdate, Storage, StorageResult, UnreadChange,
 };
 use starling_core::{async_trait, Env, Metrics, Pressure, SessionCtx};
-use starling_proto::mam::{origin_id, result_message, rsm_first_last, Kind, NS_MARKERS, NS_RSM};
-use starling_proto::{BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition};
+use starling_proto::mam::{origin_id, result_message, rsm_first_last, Kind, NS_RSM};
+use starling_proto::{ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition};
 use starling_xml::Element;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -198,7 +198,8 @@ impl Inbox {
                 let marker = el
                     .children()
                     .find(|c| {
-                        c.ns() == NS_MARKERS && matches!(c.name(), "displayed" | "acknowledged")
+                        c.ns() == ns::CHAT_MARKERS
+                            && matches!(c.name(), "displayed" | "acknowledged")
                     })
                     .and_then(|c| c.attr("id"));
                 if let Some(marked) = marker {

@@ -88,10 +88,6 @@ impl Default for OfflineConfig {
 const NAME: &str = "offline";
 /// The XEP-0160 disco feature.
 pub const FEATURE: &str = "msgoffline";
-/// XEP-0203 namespace.
-pub const NS_DELAY: &str = "urn:xmpp:delay";
-/// XEP-0334 namespace.
-pub const NS_HINTS: &str = "urn:xmpp:hints";
 /// XEP-0085 namespace.
 pub const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
 
@@ -118,15 +114,15 @@ enum Decision {
 }
 
 fn decide(el: &Element) -> Decision {
-    if el.has_child("no-store", NS_HINTS) {
+    if el.has_child("no-store", ns::HINTS) {
         return Decision::Refuse;
     }
-    if el.has_child("store", NS_HINTS) {
+    if el.has_child("store", ns::HINTS) {
         return Decision::Store;
     }
     let worth = el
         .children()
-        .any(|c| !(c.ns() == NS_CHATSTATES || c.ns() == NS_HINTS || c.is("thread", ns::CLIENT)));
+        .any(|c| !(c.ns() == NS_CHATSTATES || c.ns() == ns::HINTS || c.is("thread", ns::CLIENT)));
     if worth {
         Decision::Store
     } else {
@@ -201,10 +197,10 @@ impl OfflineMessageHandler for Offline {
         // delay, stamped when its delivery first failed (XEP-0198 §4).
         let stamped = el
             .children()
-            .any(|c| c.is("delay", NS_DELAY) && c.attr("from") == Some(owner.domain().as_str()));
+            .any(|c| c.is("delay", ns::DELAY) && c.attr("from") == Some(owner.domain().as_str()));
         if !stamped {
             el.append_child(
-                Element::builder("delay", NS_DELAY)
+                Element::builder("delay", ns::DELAY)
                     .attr("from", owner.domain().as_str())
                     .attr("stamp", xep0082_datetime(now))
                     .text("Offline Storage")

@@ -73,9 +73,6 @@ use std::time::{Duration, Instant, SystemTime};
 const NAME: &str = "stream_management";
 /// XEP-0198's namespace.
 pub const NS_SM: &str = "urn:xmpp:sm:3";
-const NS_DELAY: &str = "urn:xmpp:delay";
-const NS_CARBONS: &str = "urn:xmpp:carbons:2";
-const NS_MAM: &str = "urn:xmpp:mam:2";
 
 /// `[modules.stream_management]`: XEP-0198.
 #[derive(Clone, Debug, Deserialize)]
@@ -506,18 +503,18 @@ fn unacked_to_reroute(sent: Sent, domain: &str) -> Option<Stanza> {
     let Sent { mut el, at, .. } = sent;
     match el.name() {
         "message" => {
-            let copy = el.has_child("received", NS_CARBONS)
-                || el.has_child("sent", NS_CARBONS)
-                || el.has_child("result", NS_MAM);
+            let copy = el.has_child("received", ns::CARBONS)
+                || el.has_child("sent", ns::CARBONS)
+                || el.has_child("result", ns::MAM);
             if copy || matches!(el.attr("type"), Some("error")) {
                 return None;
             }
-            if !el.has_child("delay", NS_DELAY) {
+            if !el.has_child("delay", ns::DELAY) {
                 let millis = at
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis());
                 el.append_child(
-                    Element::builder("delay", NS_DELAY)
+                    Element::builder("delay", ns::DELAY)
                         .attr("from", domain)
                         .attr("stamp", xep0082_datetime(millis))
                         .build(),
@@ -616,14 +613,14 @@ mod tests {
             sent_at: Instant::now(),
         };
         let mut carbon = Element::new("message", ns::CLIENT);
-        carbon.append_child(Element::new("received", NS_CARBONS));
+        carbon.append_child(Element::new("received", ns::CARBONS));
         assert!(unacked_to_reroute(sent(carbon), "x").is_none());
         assert!(unacked_to_reroute(sent(Element::new("presence", ns::CLIENT)), "x").is_none());
         let mut msg = Element::new("message", ns::CLIENT);
         msg.set_attr("to", "a@x/r");
         msg.set_attr("from", "b@x/r");
         let s = unacked_to_reroute(sent(msg), "x").expect("rerouted");
-        assert!(s.element().has_child("delay", NS_DELAY));
+        assert!(s.element().has_child("delay", ns::DELAY));
         let mut result = Element::new("iq", ns::CLIENT);
         result.set_attr("type", "result");
         result.set_attr("id", "1");
