@@ -377,6 +377,7 @@ impl Session {
 
     /// Lets the traffic observers add elements (ack requests) before a flush.
     fn before_flush(&mut self) {
+        self.flush_check_at = None;
         let hooks = &self.shared.env.hooks;
         if hooks.traffic.is_empty()
             || self.info.state != SessionState::Established
@@ -385,7 +386,6 @@ impl Session {
             return;
         }
         let mut out = Vec::new();
-        self.flush_check_at = None;
         for t in &hooks.traffic {
             if let Some(at) = t.before_flush(&self.info, &mut self.ext, &mut out) {
                 self.flush_check_at = Some(self.flush_check_at.map_or(at, |c| c.min(at)));
@@ -398,12 +398,9 @@ impl Session {
 
     async fn on_deadline(&mut self) -> Result<(), Exit> {
         let now = Instant::now();
+        // A due traffic-observer check (`flush_check_at`) needs nothing
+        // here: the loop's before_flush runs after this step.
         self.conn.on_deadline(now);
-        // A traffic observer's check is due: the loop's before_flush runs
-        // after this step.
-        if self.flush_check_at.is_some_and(|t| t <= now) {
-            self.flush_check_at = None;
-        }
         if matches!(self.info.state, SessionState::Detached { until } if now >= until) {
             return Err(Exit::ResumeTimeout);
         }
