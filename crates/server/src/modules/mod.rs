@@ -44,6 +44,7 @@ pub use vcard::Vcard;
 pub use version::Version;
 
 use crate::config::Config;
+use serde::Deserialize as _;
 use starling_core::hooks::{HookRegistry, Hooks};
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::Storage;
@@ -173,8 +174,6 @@ impl<M: Module> ModuleEntry for Entry<M> {
         Box::pin(M::start(downcast::<M>(cfg), ctx, reg))
     }
 }
-
-use serde::Deserialize as _;
 
 /// `[modules]`: one table per module of [`MODULES`], each parsed into that
 /// module's own configuration struct (documented beside the module).

@@ -464,7 +464,9 @@ impl SessionClosedHandler for StreamManagement {
         let domain = cx.info.domain.clone();
         // Another available resource at least as preferred as this one
         // already has what was addressed to the bare JID (module doc).
+        // (Looked up only when such a message is waiting.)
         let covered = self.archive
+            && st.unacked.iter().any(|s| to_bare_jid(&s.el))
             && cx.info.priority.is_some_and(|mine| {
                 let owner = cx.jid().to_bare();
                 cx.env.sessions.resources(&owner).iter().any(|e| {
