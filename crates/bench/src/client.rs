@@ -934,6 +934,24 @@ async fn authenticate(
     Ok(())
 }
 
+/// Connects, authenticates as `user` and restarts the stream (RFC 6120
+/// §6.4.6); returns the connection with the post-authentication features.
+async fn authenticated_stream(
+    target: &Target,
+    source: Option<IpAddr>,
+    user: &str,
+    password: &str,
+) -> Result<(Conn, Element), SetupError> {
+    let (mut conn, features) = connect_stream(target, source).await?;
+    if !features.has_child("mechanisms", NS_SASL) {
+        return fail(Cause::Stream, "server offers no SASL mechanisms");
+    }
+    authenticate(&mut conn, target, user, password).await?;
+    conn.restart();
+    let features = open_stream(&mut conn, target).await?;
+    Ok((conn, features))
+}
+
 /// Logs in as `user` and binds `resource`; sends `<presence/>` if asked.
 /// Returns the established connection.
 pub async fn establish(
@@ -944,13 +962,7 @@ pub async fn establish(
     resource: &str,
     presence: bool,
 ) -> Result<Conn, SetupError> {
-    let (mut conn, features) = connect_stream(target, source).await?;
-    if !features.has_child("mechanisms", NS_SASL) {
-        return fail(Cause::Stream, "server offers no SASL mechanisms");
-    }
-    authenticate(&mut conn, target, user, password).await?;
-    conn.restart();
-    let features = open_stream(&mut conn, target).await?;
+    let (mut conn, features) = authenticated_stream(target, source, user, password).await?;
     if !features.has_child("bind", NS_BIND) {
         return fail(Cause::Bind, "server offers no resource binding");
     }
@@ -1037,13 +1049,7 @@ pub async fn resume(
     previd: &str,
     h: u32,
 ) -> Result<(Conn, u32), SetupError> {
-    let (mut conn, features) = connect_stream(target, source).await?;
-    if !features.has_child("mechanisms", NS_SASL) {
-        return fail(Cause::Stream, "server offers no SASL mechanisms");
-    }
-    authenticate(&mut conn, target, user, password).await?;
-    conn.restart();
-    let features = open_stream(&mut conn, target).await?;
+    let (mut conn, features) = authenticated_stream(target, source, user, password).await?;
     if !features.has_child("sm", NS_SM) {
         return fail(Cause::Bind, "server offers no stream management");
     }
