@@ -4,6 +4,7 @@
 //! deployment implements [`Router`] by consulting the local table first and a
 //! shared registry second, so modules never learn where a session lives.
 
+use crate::hooks::TimerKey;
 use crate::throttle::LogThrottle;
 use crate::Env;
 use async_trait::async_trait;
@@ -44,6 +45,17 @@ pub trait Router: Send + Sync + 'static {
         env: &Env,
         to: &SessionRef,
         stanza: Stanza,
+    ) -> Result<(), SessionSendError>;
+
+    /// Asks session `to` to run the timer handler of `key.module` with
+    /// `key.token` now, in the session's own task (a module reaching its
+    /// own per-session state in another session, e.g. "the offline queue
+    /// changed, read it again"). Best effort, like [`Router::deliver`].
+    async fn notify(
+        &self,
+        env: &Env,
+        to: &SessionRef,
+        key: TimerKey,
     ) -> Result<(), SessionSendError>;
 
     /// Binds `session` to `jid`. A session already holding `jid` is closed
@@ -119,6 +131,9 @@ pub enum SessionMsg {
     Close(CloseReason),
     /// Take over this connection (XEP-0198 resumption).
     Attach(Box<Handover>),
+    /// Run this module's timer handler now, as if its timer had fired
+    /// ([`Router::notify`]). Boxed: rare, and the message stays 16 bytes.
+    Notify(Box<TimerKey>),
 }
 
 /// Why a message could not be put in a session's mailbox.

@@ -480,3 +480,58 @@ async fn offline_message_and_its_archive_copy_survive_sigkill_together() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Holds a message between the router's "no available resource" decision
+/// and the offline store's commit, as a slow database would, until the test
+/// lets it go.
+struct Gate {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[starling_core::async_trait]
+impl starling_core::hooks::OfflineMessageHandler for Gate {
+    async fn offline_message(
+        &self,
+        _env: &starling_core::Env,
+        stanza: &starling_proto::Stanza,
+        _companions: &mut starling_core::hooks::OfflineCompanions,
+    ) -> starling_core::HookResult {
+        if stanza.element().to_string().contains("held") {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
+        Ok(starling_core::Flow::Continue)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_stored_while_its_recipient_comes_online_is_still_delivered() {
+    // XEP-0160 §4: stored messages are delivered when the recipient sends
+    // available presence. Here the router decided "offline" before bob's
+    // presence, and the store committed after bob's session read the
+    // (empty) queue: the message must not wait for bob's next login.
+    let gate = std::sync::Arc::new(Gate {
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let g = gate.clone();
+    let server =
+        TestServer::start_with_hooks(|_| {}, move |reg| reg.offline_message("test-gate", 10, g))
+            .await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<message to='bob@localhost' type='chat' id='h1'><body>held</body></message>")
+        .await;
+    gate.entered.notified().await;
+    let mut bob = server.login("bob").await; // available; the queue is empty
+    bob.expect_silence(QUIET).await;
+    gate.release.notify_one();
+    let m = bob.recv_message().await;
+    assert_eq!(body(&m), "held");
+    assert!(m.get_child("delay", NS_DELAY).is_some(), "{m}");
+    eventually_stored(&server, "bob", 0).await;
+    bob.expect_silence(QUIET).await; // exactly once
+    server.stop().await;
+}

@@ -421,21 +421,26 @@ impl Session {
             }
         });
         for key in due {
-            let Some(handler) = self.shared.env.hooks.timer(key.module).cloned() else {
-                continue;
-            };
-            let mut actions = Vec::new();
-            let result = {
-                let mut cx =
-                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-                handler.timer(&mut cx, key.token).await
-            };
-            if let Err(e) = result {
-                starling_core::hooks::log_failure("timer", key.module, &e);
-            }
-            self.apply(actions).await?;
+            self.run_timer(key).await?;
         }
         Ok(())
+    }
+
+    /// Runs the timer handler of `key.module` (its timer fired, or
+    /// [`SessionMsg::Notify`] asked for it).
+    async fn run_timer(&mut self, key: TimerKey) -> Result<(), Exit> {
+        let Some(handler) = self.shared.env.hooks.timer(key.module).cloned() else {
+            return Ok(());
+        };
+        let mut actions = Vec::new();
+        let result = {
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+            handler.timer(&mut cx, key.token).await
+        };
+        if let Err(e) = result {
+            starling_core::hooks::log_failure("timer", key.module, &e);
+        }
+        self.apply(actions).await
     }
 
     /// Handles every event of the input read so far.
@@ -921,6 +926,7 @@ impl Session {
             )),
             SessionMsg::Close(CloseReason::Error(e)) => Err(Exit::Error(*e)),
             SessionMsg::Attach(h) => self.on_attach(h).await,
+            SessionMsg::Notify(key) => self.run_timer(*key).await,
         }
     }
 

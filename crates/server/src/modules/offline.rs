@@ -35,8 +35,12 @@
 //!   zero-delay timer; the timer runs after the presence module's actions
 //!   were applied, so the presence echo comes first and the session is
 //!   already in the session table as available (new messages are delivered
-//!   directly from then on, so none can be stored after the queue was read
-//!   except by a router that looked the session up before). The timer reads
+//!   directly from then on). A router that looked the session table up
+//!   before that and is still committing the message to the queue looks
+//!   again after the commit and asks every available resource (through
+//!   [`Router::notify`](starling_core::Router::notify)) to read the queue
+//!   again, so no message stays stored while its owner is online. The
+//!   timer reads
 //!   the queue oldest first, writes the messages to this session only, and
 //!   sets a second zero-delay timer that deletes them (up to the last id
 //!   read) — it fires only after the session's write buffer was flushed to
@@ -225,6 +229,15 @@ impl OfflineMessageHandler for Offline {
         {
             Ok(()) => {
                 tracing::debug!(module = NAME, to = %owner, "message stored offline");
+                // The router found no available resource, but one may have
+                // become available (and read the queue) while this write
+                // was committing: ask it to read the queue again (module
+                // doc, "Delivery").
+                for e in env.sessions.resources(&owner) {
+                    if e.priority.is_some_and(|p| p >= 0) {
+                        let _ = env.router.notify(env, &e.session, key(DELIVER)).await;
+                    }
+                }
             }
             Err(OfflineStoreError::QuotaExceeded { max }) => {
                 tracing::info!(module = NAME, to = %owner, max, "offline storage full; bouncing");
@@ -267,10 +280,11 @@ impl TimerHandler for Offline {
         let owner = cx.jid().to_bare();
         match token {
             DELIVER => {
-                if cx.state.get::<Delivered>().is_some() {
-                    return Ok(Flow::Continue); // a delivery awaits its deletion
-                }
-                let messages = cx.env.storage.offline.fetch_all(&owner).await?;
+                // Messages written to this session but not yet deleted
+                // (their deletion awaits the flush) are not written again.
+                let written = cx.state.get::<Delivered>().map_or(i64::MIN, |d| d.0);
+                let mut messages = cx.env.storage.offline.fetch_all(&owner).await?;
+                messages.retain(|m| m.id > written);
                 let Some(last) = messages.last().map(|m| m.id) else {
                     return Ok(Flow::Continue);
                 };

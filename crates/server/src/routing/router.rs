@@ -22,7 +22,7 @@
 
 use super::sessions::SessionTable;
 use async_trait::async_trait;
-use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions};
+use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions, TimerKey};
 use starling_core::{
     run_chain, CloseReason, Env, Flow, Handover, Router, SessionEntry, SessionHandle, SessionMsg,
     SessionRef, SessionSendError,
@@ -373,6 +373,18 @@ impl Router for LocalRouter {
                 Err(why)
             }
         }
+    }
+
+    async fn notify(
+        &self,
+        _env: &Env,
+        to: &SessionRef,
+        key: TimerKey,
+    ) -> Result<(), SessionSendError> {
+        let handle = self.table.handle(to).ok_or(SessionSendError::Gone)?;
+        handle
+            .try_send(SessionMsg::Notify(Box::new(key)))
+            .map_err(|(why, _)| why)
     }
 
     async fn bind(&self, _env: &Env, jid: &FullJid, session: SessionHandle) {
