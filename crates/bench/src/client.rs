@@ -222,15 +222,106 @@ impl ServerCertVerifier for AcceptAny {
     }
 }
 
-/// A TLS connector with the ring provider that accepts self-signed certificates.
+tokio::task_local! {
+    /// The simulated device (user number) the current connection belongs
+    /// to ([`as_device`]).
+    static DEVICE: u64;
+}
+
+/// Runs `f` as user `n`'s device: like a real client, each device keeps
+/// its own TLS session tickets and its SCRAM salted password between
+/// connections, so its next connection resumes TLS (RFC 8446 §2.2) and
+/// skips PBKDF2 (RFC 5802 §5.1). Outside `as_device` nothing is kept per
+/// device.
+pub async fn as_device<F: std::future::Future>(n: u64, f: F) -> F::Output {
+    DEVICE.scope(n, f).await
+}
+
+fn device() -> Option<u64> {
+    DEVICE.try_with(|d| *d).ok()
+}
+
+type DeviceMap<T> = std::sync::Mutex<std::collections::HashMap<u64, T>>;
+
+/// Salted passwords kept per device.
+static SALTED: std::sync::LazyLock<DeviceMap<starling_proto::sasl::SaltedPassword>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// TLS sessions kept per device ([`as_device`]); connections outside a
+/// device share one small cache, as rustls does by default.
+#[derive(Debug)]
+struct PerDeviceSessions {
+    devices: DeviceMap<Arc<rustls::client::ClientSessionMemoryCache>>,
+    shared: Arc<rustls::client::ClientSessionMemoryCache>,
+}
+
+impl PerDeviceSessions {
+    fn store(&self) -> Arc<rustls::client::ClientSessionMemoryCache> {
+        match device() {
+            Some(n) => self
+                .devices
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(n)
+                .or_insert_with(|| Arc::new(rustls::client::ClientSessionMemoryCache::new(1)))
+                .clone(),
+            None => self.shared.clone(),
+        }
+    }
+}
+
+impl rustls::client::ClientSessionStore for PerDeviceSessions {
+    fn set_kx_hint(&self, name: ServerName<'static>, group: rustls::NamedGroup) {
+        self.store().set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.store().kx_hint(name)
+    }
+    fn set_tls12_session(
+        &self,
+        name: ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.store().set_tls12_session(name, value)
+    }
+    fn tls12_session(
+        &self,
+        name: &ServerName<'_>,
+    ) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.store().tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &ServerName<'static>) {
+        self.store().remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(
+        &self,
+        name: ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.store().insert_tls13_ticket(name, value)
+    }
+    fn take_tls13_ticket(
+        &self,
+        name: &ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.store().take_tls13_ticket(name)
+    }
+}
+
+/// A TLS connector with the ring provider that accepts self-signed
+/// certificates and keeps TLS sessions per device ([`as_device`]).
 pub fn tls_connector() -> anyhow::Result<TlsConnector> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = ClientConfig::builder_with_provider(provider)
+    let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAny))
         .with_no_client_auth();
+    cfg.resumption = rustls::client::Resumption::store(Arc::new(PerDeviceSessions {
+        devices: Default::default(),
+        shared: Arc::new(rustls::client::ClientSessionMemoryCache::new(256)),
+    }));
     Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
@@ -865,10 +956,20 @@ async fn authenticate(
         }
     } else {
         let mech = target.mech.mechanism();
-        let mut scram = ScramClient::new(mech, user, password, None).map_err(|e| SetupError {
-            cause: Cause::Auth,
-            detail: format!("SCRAM client: {e}"),
-        })?;
+        let dev = device();
+        let kept = dev.and_then(|n| {
+            SALTED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&n)
+                .cloned()
+        });
+        let mut scram = ScramClient::new(mech, user, password, None)
+            .map_err(|e| SetupError {
+                cause: Cause::Auth,
+                detail: format!("SCRAM client: {e}"),
+            })?
+            .with_salted_password(kept);
         let first = scram.client_first();
         send_step(
             conn,
@@ -929,6 +1030,12 @@ async fn authenticate(
             }
         } else {
             return Err(failure(&reply));
+        }
+        if let (Some(n), Some(salted)) = (dev, scram.salted_password()) {
+            SALTED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(n, salted.clone());
         }
     }
     Ok(())

@@ -617,7 +617,7 @@ where
         while set.len() < concurrency && next < hi {
             let n = next;
             next += 1;
-            let fut = setup(n);
+            let fut = client::as_device(n, setup(n));
             set.spawn(async move {
                 let t0 = Instant::now();
                 let r = fut.await;

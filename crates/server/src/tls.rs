@@ -72,6 +72,16 @@ impl TlsContext {
                     key_path.display()
                 )
             })?;
+        // Stateless TLS 1.3 session tickets (ChaCha20-Poly1305 under keys
+        // rotated every 6 h, rustls' recommended ticketer): a reconnecting
+        // client resumes without the certificate signature and holds no
+        // server memory. rustls' default instead keeps a 256-entry session
+        // cache, too small for a server. One ticket per handshake: a
+        // client reconnects one connection at a time, and each resumption
+        // brings a fresh ticket (fewer bytes on slow links).
+        let mut base = base;
+        base.ticketer = rustls::crypto::ring::Ticketer::new().context("TLS session tickets")?;
+        base.send_tls13_tickets = 1;
         let mut direct = base.clone();
         direct.alpn_protocols = vec![b"xmpp-client".to_vec()];
         let mut http = base.clone();

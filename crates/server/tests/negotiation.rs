@@ -151,6 +151,48 @@ async fn scram_plus_with_tls_server_end_point_succeeds() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_reconnecting_client_resumes_its_tls_session_and_binds_channels_to_it() {
+    // RFC 8446 §2.2 / §4.6.1: the server sends a session ticket; a client
+    // that keeps it resumes without a certificate signature on its next
+    // connection. RFC 9266: tls-exporter is still unique per connection, so
+    // SCRAM-PLUS works on the resumed session too.
+    let server = TestServer::start().await;
+    server.create_user("alice", "secret").await;
+    let device = starling_testkit::device_tls();
+    for (round, expected) in [
+        (1, rustls::HandshakeKind::Full),
+        (2, rustls::HandshakeKind::Resumed),
+        (3, rustls::HandshakeKind::Resumed),
+    ] {
+        let mut c = Client::connect(server.starttls_addr()).await;
+        c.open_stream().await;
+        c.starttls_via(&device).await;
+        assert_eq!(c.tls_handshake_kind(), Some(expected), "connection {round}");
+        let ty = ChannelBindingType::TlsExporter;
+        let data = c.channel_binding(ty);
+        c.auth_with_binding(
+            Mechanism::ScramSha256Plus,
+            "alice",
+            "secret",
+            Some((ty, data)),
+        )
+        .await
+        .expect("tls-exporter binding accepted");
+        c.bind(None).await;
+        c.close().await;
+        if round == 1 {
+            // More clients than a 256-entry server-side session cache
+            // holds: stateless tickets are not evicted by them.
+            for _ in 0..300 {
+                let other = Client::connect_direct_tls(server.direct_addr()).await;
+                drop(other);
+            }
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn scram_plus_with_wrong_binding_data_fails() {
     // RFC 5802 §6: the server verifies the channel binding data.
     let server = TestServer::start().await;

@@ -392,6 +392,12 @@ fn tls_connector(alpn: bool) -> TlsConnector {
     TlsConnector::from(Arc::new(cfg))
 }
 
+/// A TLS client that keeps the server's session tickets across
+/// connections, like one client device ([`Client::starttls_via`]).
+pub fn device_tls() -> TlsConnector {
+    tls_connector(false)
+}
+
 enum Conn {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
@@ -756,6 +762,13 @@ impl Client {
 
     /// Sends `<starttls/>`, expects `<proceed/>`, upgrades, reopens.
     pub async fn starttls(&mut self) -> Element {
+        self.starttls_via(&tls_connector(false)).await
+    }
+
+    /// [`Client::starttls`] with the given TLS client: one made by
+    /// [`device_tls`] keeps the server's session tickets between
+    /// connections, as a client device does.
+    pub async fn starttls_via(&mut self, connector: &TlsConnector) -> Element {
         self.send("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
             .await;
         let proceed = self.recv().await;
@@ -766,7 +779,7 @@ impl Client {
         let Conn::Plain(tcp) = std::mem::replace(&mut self.conn, Conn::Gone) else {
             panic!("STARTTLS on a TLS connection");
         };
-        let tls = tls_connector(false)
+        let tls = connector
             .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
             .await
             .expect("TLS handshake");
@@ -783,6 +796,15 @@ impl Client {
             .and_then(|f| f.get_child("mechanisms", ns::SASL))
             .map(|m| m.children().map(|c| c.text()).collect())
             .unwrap_or_default()
+    }
+
+    /// How the TLS handshake of this connection went (full or resumed);
+    /// `None` without TLS.
+    pub fn tls_handshake_kind(&self) -> Option<rustls::HandshakeKind> {
+        match &self.conn {
+            Conn::Tls(tls) => tls.get_ref().1.handshake_kind(),
+            _ => None,
+        }
     }
 
     /// Channel binding data for a -PLUS mechanism on this connection.

@@ -24,7 +24,7 @@ use base64::Engine as _;
 
 pub use crypto::{saslprep, ScramCredentials, DEFAULT_ITERATIONS};
 pub use plain::parse_plain;
-pub use scram::{ClientFirst, ScramClient, ScramServer};
+pub use scram::{ClientFirst, SaltedPassword, ScramClient, ScramServer};
 
 /// Hash function underlying a SCRAM mechanism.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -468,6 +468,26 @@ pub struct ScramClient {
     client_nonce: String,
     password: String,
     expected_server_signature: Option<Vec<u8>>,
+    salted: Option<SaltedPassword>,
+}
+
+/// `SaltedPassword := Hi(Normalize(password), salt, i)` (RFC 5802 §3) with
+/// the salt and iteration count it was made with. Clients keep it between
+/// logins so that only the first one pays PBKDF2 (as RFC 5802 §5.1
+/// suggests: "the client can cache the ClientKey/ServerKey").
+#[derive(Clone)]
+pub struct SaltedPassword {
+    salt: Vec<u8>,
+    iterations: u32,
+    key: Vec<u8>,
+}
+
+impl fmt::Debug for SaltedPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SaltedPassword")
+            .field("iterations", &self.iterations)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for ScramClient {
@@ -539,7 +559,21 @@ impl ScramClient {
             client_nonce,
             password,
             expected_server_signature: None,
+            salted: None,
         })
+    }
+
+    /// Reuses a salted password from an earlier exchange; it is used only
+    /// if the server sends the same salt and iteration count.
+    pub fn with_salted_password(mut self, salted: Option<SaltedPassword>) -> Self {
+        self.salted = salted;
+        self
+    }
+
+    /// The salted password of this exchange (after
+    /// [`client_final`](Self::client_final)), to keep for the next one.
+    pub fn salted_password(&self) -> Option<&SaltedPassword> {
+        self.salted.as_ref()
     }
 
     /// Requests an authorization identity (`a=` in the GS2 header).
@@ -601,7 +635,22 @@ impl ScramClient {
             return Err(SaslError::MalformedRequest("invalid extension"));
         }
 
-        let salted = hi(self.hash, self.password.as_bytes(), &salt, iterations);
+        let cached = self
+            .salted
+            .as_ref()
+            .filter(|c| c.salt == salt && c.iterations == iterations);
+        let salted = match cached {
+            Some(c) => c.key.clone(),
+            None => {
+                let key = hi(self.hash, self.password.as_bytes(), &salt, iterations);
+                self.salted = Some(SaltedPassword {
+                    salt,
+                    iterations,
+                    key: key.clone(),
+                });
+                key
+            }
+        };
         let client_key = hmac(self.hash, &salted, &[b"Client Key"])?;
         let (stored_key, server_key) = keys_from_salted(self.hash, &salted)?;
         let mut cb = self.gs2_header.as_bytes().to_vec();

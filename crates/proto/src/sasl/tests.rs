@@ -97,6 +97,34 @@ fn check_client_vector(v: &Vector) {
     client
         .verify_server_final(v.server_final.as_bytes())
         .unwrap();
+    // RFC 5802 §5.1: a client that kept the salted password gets the same
+    // proof without PBKDF2; a kept one for another salt or count is not
+    // used (a wrong password would not verify).
+    let kept = client.salted_password().cloned();
+    assert!(kept.is_some());
+    let mut again = ScramClient::with_nonce(v.mechanism, "user", "pencil", None, v.client_nonce)
+        .unwrap()
+        .with_salted_password(kept);
+    again.client_first();
+    assert_eq!(
+        again.client_final(v.server_first.as_bytes()).unwrap(),
+        v.client_final.as_bytes()
+    );
+    let mut wrong =
+        ScramClient::with_nonce(v.mechanism, "user", "other", None, v.client_nonce).unwrap();
+    wrong.client_first();
+    let other_first = format!("r={}srv,s=YWJjZA==,i=4096", v.client_nonce);
+    wrong.client_final(other_first.as_bytes()).unwrap();
+    assert!(wrong.salted_password().is_some());
+    let mut other_salt =
+        ScramClient::with_nonce(v.mechanism, "user", "pencil", None, v.client_nonce)
+            .unwrap()
+            .with_salted_password(wrong.salted_password().cloned());
+    other_salt.client_first();
+    assert_eq!(
+        other_salt.client_final(v.server_first.as_bytes()).unwrap(),
+        v.client_final.as_bytes()
+    );
 }
 
 #[test]
