@@ -409,3 +409,69 @@ async fn a_paused_bosh_session_that_never_returns_resumes_over_tcp() {
     assert_eq!(r.attr("type"), Some("terminate"), "{r}");
     server.stop().await;
 }
+
+/// `[c2s] max_bytes_per_second` applies to a BOSH session's request
+/// bodies: a flooding BOSH client is slowed (its requests wait before
+/// their payloads are handled), not disconnected, and others keep their
+/// latency.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_bosh_client_is_throttled_and_others_unaffected() {
+    let server = TestServer::start_with(|c| {
+        c.c2s.max_bytes_per_second = 16 * 1024;
+        c.c2s.max_stanza_bytes = 16 * 1024; // burst 16 KiB
+    })
+    .await;
+    server.create_user("flooder", "pw-flooder").await;
+    let addr = server.http_addr(false);
+    let (mut f, _) = Bosh::create(addr, 5).await;
+    f.login("flooder").await;
+    let mut a = server.login("a").await;
+    let mut b = server.login("b").await;
+    // Six requests of about 12 KiB (a headline and a ping each): 72 KiB at
+    // 16 KiB/s after a 16 KiB burst is at least 3.5 s of reading.
+    let headline = format!(
+        "<message xmlns='jabber:client' to='nobody@localhost' type='headline'><body>{}</body></message>",
+        "z".repeat(12 * 1024)
+    );
+    let flood = tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        for i in 0..6 {
+            let r = f
+                .send(
+                    "",
+                    &format!("{headline}<iq xmlns='jabber:client' to='localhost' type='get' id='f{i}'><ping xmlns='urn:xmpp:ping'/></iq>"),
+                )
+                .await;
+            assert_eq!(r.attr("type"), None, "not terminated: {r}");
+            let pong = r
+                .get_child("iq", ns::CLIENT)
+                .unwrap_or_else(|| panic!("ping answer in {r}"));
+            assert_eq!(pong.attr("id"), Some(format!("f{i}").as_str()), "{r}");
+        }
+        start.elapsed()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = std::time::Instant::now();
+    for i in 0..20 {
+        a.send(&format!(
+            "<message to='{}' type='chat'><body>{i}</body></message>",
+            b.jid
+        ))
+        .await;
+        let m = b.recv_message().await;
+        assert_eq!(
+            m.get_child("body", ns::CLIENT).map(|b| b.text()),
+            Some(i.to_string())
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "others were slowed by the flood"
+    );
+    let took = flood.await.unwrap();
+    assert!(
+        took >= Duration::from_millis(2500),
+        "72 KiB were read in {took:?}, faster than 16 KiB/s allows"
+    );
+    server.stop().await;
+}

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 impl C2sShared {
     /// `[c2s]` read-rate limit and parser hibernation, for every
-    /// stream-carrying connection (TCP/TLS and WebSocket).
+    /// client connection (TCP/TLS, WebSocket; for BOSH only the rate).
     pub(crate) fn read_limits(&self) -> crate::transport::connection::ReadLimits {
         crate::transport::connection::ReadLimits::from_c2s(
             self.max_bytes_per_second,

@@ -10,6 +10,9 @@
 //! `wait` seconds passed (§7). At most `hold` requests are held: when one
 //! more arrives, the oldest is answered at once (§7). More than `requests`
 //! simultaneous requests end the session with `policy-violation` (§11).
+//! Request bodies count against `[c2s] max_bytes_per_second` as TCP reads
+//! do: over the rate, a request waits (and the ones after it wait for their
+//! turn) before its payloads are handled.
 //! The last `requests` responses are kept, so a client that lost one
 //! (broken connection, §14.3) gets the same answer for the same rid; an
 //! older or far-ahead rid ends the session with `item-not-found`.
@@ -34,7 +37,7 @@
 //! payloads, `send` queues elements for the next response, `close` ends
 //! the BOSH session with `type='terminate'` (and the stream error, if any).
 
-use super::connection::{Closing, Inbound, IoEnd};
+use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use starling_proto::{ns, StreamError};
 use starling_xml::{Element, StreamHeader};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -90,6 +93,10 @@ struct State {
     last_request: Instant,
     idle_allowed: Duration,
     stream_id: String,
+    /// `[c2s] max_bytes_per_second` over request bodies, as on TCP and
+    /// WebSocket (only its token bucket is used: there is no parser here
+    /// to hibernate).
+    governor: ReadGovernor,
 }
 
 /// One BOSH session, shared by its session task and its HTTP requests.
@@ -279,6 +286,7 @@ pub(crate) fn handle_request(
     body: &Element,
     is_local: impl Fn(&str) -> bool,
     secure: bool,
+    read_limits: ReadLimits,
 ) -> Result<(Arc<BoshSession>, u64, Option<BoshConn>), String> {
     // §14.1: rids never exceed 2^53 - 1, so rid arithmetic cannot overflow.
     let Some(rid) = body
@@ -320,6 +328,7 @@ pub(crate) fn handle_request(
                     last_request: Instant::now(),
                     idle_allowed: Duration::from_secs(INACTIVITY),
                     stream_id: String::new(),
+                    governor: ReadGovernor::new(read_limits),
                 }),
                 to_session: Notify::new(),
                 to_http: Notify::new(),
@@ -345,6 +354,7 @@ pub(crate) async fn respond(
     s: &Arc<BoshSession>,
     rid: u64,
     body: &Element,
+    body_bytes: usize,
     creation: bool,
 ) -> String {
     // In rid order (§7): wait for the requests before this one.
@@ -373,7 +383,7 @@ pub(crate) async fn respond(
         }
         st.active += 1;
     }
-    let result = serve(s, rid, body, creation, deadline).await;
+    let result = serve(s, rid, body, body_bytes, creation, deadline).await;
     {
         let mut st = s.lock();
         st.active -= 1;
@@ -400,6 +410,7 @@ async fn serve(
     s: &Arc<BoshSession>,
     rid: u64,
     body: &Element,
+    body_bytes: usize,
     creation: bool,
     deadline: tokio::time::Instant,
 ) -> String {
@@ -417,6 +428,17 @@ async fn serve(
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
             return lose(s, "item-not-found");
         }
+    }
+    // Over the read rate, this request waits (and the ones after it wait
+    // for their turn) until the bucket refills: the client is slowed, as a
+    // TCP client whose socket is not read, not disconnected.
+    let pause = {
+        let mut st = s.lock();
+        st.governor.throttle(body_bytes);
+        st.governor.paused_until.take()
+    };
+    if let Some(until) = pause {
+        tokio::time::sleep_until(until.into()).await;
     }
     let mut immediate = false;
     let mut terminating = false;

@@ -457,11 +457,16 @@ async fn bosh_request(
     };
     let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
     let env = st.c2s.env.clone();
-    let (session, rid, start) =
-        match bosh::handle_request(&st.bosh, &el, |d| env.hosts.is_local(d), secure) {
-            Ok(x) => x,
-            Err(t) => return bosh_reply(t),
-        };
+    let (session, rid, start) = match bosh::handle_request(
+        &st.bosh,
+        &el,
+        |d| env.hosts.is_local(d),
+        secure,
+        st.c2s.read_limits(),
+    ) {
+        Ok(x) => x,
+        Err(t) => return bosh_reply(t),
+    };
     let creation = start.is_some();
     if let Some(conn) = start {
         if *st.shutdown.borrow() {
@@ -477,7 +482,7 @@ async fn bosh_request(
             drop(done);
         });
     }
-    bosh_reply(bosh::respond(&session, rid, &el, creation).await)
+    bosh_reply(bosh::respond(&session, rid, &el, body.len(), creation).await)
 }
 
 /// `GET /http-bind`: what this is, for a person who opens it.
