@@ -46,15 +46,40 @@ impl Session {
             .collect()
     }
 
+    /// An element of either SASL profile: RFC 6120 §6 (`<auth/>`,
+    /// `<response/>`, `<abort/>`) or XEP-0388 SASL2 (`<authenticate/>`,
+    /// `<response/>`, `<abort/>` in `urn:xmpp:sasl:2`). The mechanisms,
+    /// credential checks and limits are the same; SASL2 differs in framing,
+    /// in the `<success/>` (authorization identifier, additional data) and
+    /// in having no stream restart (§6.4.6 does not apply, XEP-0388
+    /// "Success": the features follow at once).
     pub(super) async fn on_sasl(&mut self, el: Element) -> Result<(), Exit> {
-        if self.shared.require_tls && !self.info.secure {
-            // §6.4.? / §6.5.4: the mechanism needs a protected stream.
-            return self.sasl_failure(SaslError::EncryptionRequired, "use STARTTLS first", None);
+        let v2 = el.ns() == ns::SASL2;
+        if (self.shared.require_tls || v2) && !self.info.secure {
+            // RFC 6120 §6.4.? / §6.5.4: the mechanism needs a protected
+            // stream; XEP-0388 §9: SASL2 only after TLS.
+            return self.sasl_failure(
+                v2,
+                SaslError::EncryptionRequired,
+                "use STARTTLS first",
+                None,
+            );
         }
-        let result = match el.name() {
-            "auth" => self.on_auth(&el).await,
-            "response" => self.on_response(&el).await,
-            "abort" => {
+        let result = match (v2, el.name()) {
+            (false, "auth") => {
+                self.sasl_v2 = false;
+                self.on_auth(&el, el.text()).await
+            }
+            (true, "authenticate") => {
+                self.sasl_v2 = true;
+                let initial = el
+                    .get_child("initial-response", ns::SASL2)
+                    .map(|r| r.text())
+                    .unwrap_or_default();
+                self.on_auth(&el, initial).await
+            }
+            (_, "response") if v2 == self.sasl_v2 => self.on_response(&el).await,
+            (_, "abort") => {
                 self.sasl = SaslState::Idle;
                 Err(SaslError::Aborted)
             }
@@ -62,19 +87,42 @@ impl Session {
         };
         match result {
             Ok(Step::Challenge(data)) => {
-                self.write_sasl("challenge", &data);
+                self.write_sasl(v2, "challenge", &data);
                 Ok(())
             }
             Ok(Step::Success(data, jid)) => {
-                self.write_sasl("success", &data);
+                if v2 {
+                    let mut success = Element::new("success", ns::SASL2);
+                    if !data.is_empty() {
+                        success.append_child(
+                            Element::builder("additional-data", ns::SASL2)
+                                .text(encode_payload(&data))
+                                .build(),
+                        );
+                    }
+                    success.append_child(
+                        Element::builder("authorization-identifier", ns::SASL2)
+                            .text(jid.as_str())
+                            .build(),
+                    );
+                    self.write_element(success);
+                } else {
+                    self.write_sasl(false, "success", &data);
+                }
                 self.shared.env.metrics.auth_success.inc();
-                tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, "authenticated");
+                tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, sasl2 = v2, "authenticated");
                 self.info.user = Some(jid.clone());
                 self.sasl = SaslState::Done(jid);
                 self.info.state = SessionState::Authenticated;
                 // Channel bindings are only needed for SASL: free them.
                 self.bindings = Default::default();
-                self.conn.restart();
+                if v2 {
+                    // No restart: the features of the authenticated stream
+                    // follow the <success/> (XEP-0388 "Success").
+                    self.write_features();
+                } else {
+                    self.conn.restart();
+                }
                 Ok(())
             }
             Err(e) => {
@@ -83,25 +131,34 @@ impl Session {
                     _ => None,
                 };
                 self.sasl = SaslState::Idle;
-                self.sasl_failure(e, "", user)
+                self.sasl_failure(v2, e, "", user)
             }
         }
     }
 
-    fn write_sasl(&mut self, name: &str, data: &[u8]) {
-        let mut el = Element::new(name, ns::SASL);
+    fn write_sasl(&mut self, v2: bool, name: &str, data: &[u8]) {
+        let mut el = Element::new(name, if v2 { ns::SASL2 } else { ns::SASL });
         if !data.is_empty() || name == "challenge" {
             el.append_text(encode_payload(data));
         }
         self.write_element(el);
     }
 
-    fn sasl_failure(&mut self, e: SaslError, text: &str, user: Option<String>) -> Result<(), Exit> {
-        let mut failure = Element::new("failure", ns::SASL);
+    fn sasl_failure(
+        &mut self,
+        v2: bool,
+        e: SaslError,
+        text: &str,
+        user: Option<String>,
+    ) -> Result<(), Exit> {
+        // XEP-0388 "Failure": the RFC 6120 §6.5 condition, in the SASL
+        // namespace, inside a SASL2 <failure/>.
+        let outer = if v2 { ns::SASL2 } else { ns::SASL };
+        let mut failure = Element::new("failure", outer);
         failure.append_child(Element::new(e.condition(), ns::SASL));
         if !text.is_empty() {
             failure.append_child(
-                Element::builder("text", ns::SASL)
+                Element::builder("text", outer)
                     .attr("xml:lang", "en")
                     .text(text)
                     .build(),
@@ -132,7 +189,7 @@ impl Session {
         Ok(())
     }
 
-    async fn on_auth(&mut self, el: &Element) -> Result<Step, SaslError> {
+    async fn on_auth(&mut self, el: &Element, initial: String) -> Result<Step, SaslError> {
         if matches!(self.sasl, SaslState::Done(_)) {
             return Err(SaslError::MalformedRequest("already authenticated"));
         }
@@ -145,13 +202,12 @@ impl Session {
             .and_then(Mechanism::from_name)
             .filter(|m| self.offered_mechanisms().contains(m))
             .ok_or(SaslError::InvalidMechanism)?;
-        let text = el.text();
-        if text.is_empty() {
+        if initial.is_empty() {
             // No initial response: empty challenge (§6.4.2).
             self.sasl = SaslState::AwaitingInitial(mechanism);
             return Ok(Step::Challenge(Vec::new()));
         }
-        let data = decode_payload(text.trim())?;
+        let data = decode_payload(initial.trim())?;
         self.initial(mechanism, &data).await
     }
 

@@ -91,6 +91,8 @@ pub(crate) struct Session {
     handle: SessionHandle,
     mailbox: Mailbox,
     pub(super) sasl: SaslState,
+    /// The exchange in progress uses SASL2 (XEP-0388).
+    pub(super) sasl_v2: bool,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
     /// When a traffic observer wants its `before_flush` again.
@@ -218,6 +220,7 @@ impl Session {
             handle,
             mailbox,
             sasl: SaslState::Idle,
+            sasl_v2: false,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
             flush_check_at: None,
@@ -520,7 +523,7 @@ impl Session {
         Ok(())
     }
 
-    fn write_features(&mut self) {
+    pub(super) fn write_features(&mut self) {
         let mut features = Vec::new();
         let tls_available =
             self.shared.tls.is_some() && !self.info.secure && self.conn.can_starttls();
@@ -536,7 +539,7 @@ impl Session {
                 let mechs = self.offered_mechanisms();
                 if !mechs.is_empty() {
                     let mut el = Element::new("mechanisms", ns::SASL);
-                    for m in mechs {
+                    for m in &mechs {
                         el.append_child(
                             Element::builder("mechanism", ns::SASL)
                                 .text(m.name())
@@ -544,6 +547,19 @@ impl Session {
                         );
                     }
                     features.push(el);
+                    // XEP-0388: the same mechanisms over SASL2, only on an
+                    // encrypted stream (§9).
+                    if self.info.secure {
+                        let mut el = Element::new("authentication", ns::SASL2);
+                        for m in &mechs {
+                            el.append_child(
+                                Element::builder("mechanism", ns::SASL2)
+                                    .text(m.name())
+                                    .build(),
+                            );
+                        }
+                        features.push(el);
+                    }
                 }
                 // XEP-0440: which channel bindings -PLUS can use here.
                 if !self.bindings.is_empty() {
@@ -634,7 +650,7 @@ impl Session {
         if el.is("starttls", ns::TLS) {
             return self.on_starttls().await;
         }
-        if el.ns() == ns::SASL {
+        if el.ns() == ns::SASL || el.ns() == ns::SASL2 {
             return self.on_sasl(el).await;
         }
         if el.ns() == ns::CLIENT && matches!(el.name(), "iq" | "message" | "presence") {
