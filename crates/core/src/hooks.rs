@@ -277,6 +277,15 @@ pub enum ElementStage {
     Authenticated,
     /// A resource is bound.
     Established,
+    /// Inline in a SASL2 `<authenticate/>` (XEP-0388 §2.6.1), after the
+    /// authentication succeeded and before any Bind 2 request: XEP-0198's
+    /// `<resume/>`. What the handler sends goes into the `<success/>`.
+    Sasl2,
+    /// Inside a Bind 2 request (XEP-0386 §3.2): the resource was just bound
+    /// during SASL2 authentication. What the handler sends goes into the
+    /// `<bound/>` element of the `<success/>`; every namespace with a
+    /// handler here is listed as an inline feature of the bind feature.
+    Bind2,
 }
 
 /// Handles top-level elements that are not stanzas — XEP-0198's
@@ -384,6 +393,10 @@ pub enum FeatureStage {
     PreAuth,
     /// After authentication (next to resource binding).
     PostAuth,
+    /// Inside the SASL2 `<authentication/>` feature's `<inline/>`
+    /// (XEP-0388 §2.1): what an `<authenticate/>` may carry, e.g.
+    /// XEP-0198's `<sm/>`.
+    Sasl2Inline,
 }
 
 /// Contributes elements to `<stream:features/>` (RFC 6120 §4.3.2).
@@ -670,6 +683,14 @@ impl Hooks {
             .iter()
             .find(|e| e.stage == stage && e.ns == ns)
             .map(|e| (e.module, &e.handler))
+    }
+
+    /// The namespaces with a handler at `stage`, in registration order.
+    pub fn element_namespaces(&self, stage: ElementStage) -> impl Iterator<Item = &str> {
+        self.elements
+            .iter()
+            .filter(move |e| e.stage == stage)
+            .map(|e| e.ns.as_str())
     }
 
     /// Waits until every [`DurabilityHandler`] says its queued writes are

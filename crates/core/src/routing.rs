@@ -86,6 +86,12 @@ pub struct Handover {
     pub secure: bool,
     /// The client's element that asked for it (e.g. `<resume/>`).
     pub request: Element,
+    /// Resumption inline in SASL2 (XEP-0388, XEP-0198 "Inline Stream
+    /// Resumption"): the `<success/>` to finish. The session that takes
+    /// the connection adds its full JID as the authorization identifier
+    /// and what its attach handlers answer (`<resumed/>`), writes it and
+    /// the features, then the rest.
+    pub sasl2_success: Option<Box<Element>>,
 }
 
 impl std::fmt::Debug for Handover {

@@ -18,6 +18,8 @@ pub const BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
 pub const SESSION: &str = "urn:ietf:params:xml:ns:xmpp-session";
 /// XEP-0388: Extensible SASL Profile (SASL2).
 pub const SASL2: &str = "urn:xmpp:sasl:2";
+/// XEP-0386: Bind 2.
+pub const BIND2: &str = "urn:xmpp:bind:0";
 /// XEP-0440: SASL channel-binding type capability.
 pub const SASL_CB: &str = "urn:xmpp:sasl-cb:0";
 /// XEP-0199: XMPP Ping.

@@ -194,3 +194,289 @@ async fn sasl2_is_refused_on_a_stream_without_tls() {
     assert!(f.has_child("encryption-required", ns::SASL), "{f}");
     server.stop().await;
 }
+
+const NS_BIND2: &str = "urn:xmpp:bind:0";
+const NS_SM: &str = "urn:xmpp:sm:3";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bind2_is_offered_with_its_inline_features() {
+    // XEP-0386 §3.1: <bind/> in SASL2's <inline/>, listing what a bind
+    // request may enable.
+    let server = TestServer::start().await;
+    let (_, f) = tls_client(&server).await;
+    let bind = f
+        .get_child("authentication", NS2)
+        .and_then(|a| a.get_child("inline", NS2))
+        .and_then(|i| i.get_child("bind", NS_BIND2))
+        .unwrap_or_else(|| panic!("Bind 2 offered: {f}"));
+    let vars: Vec<&str> = bind
+        .get_child("inline", NS_BIND2)
+        .expect("inline features")
+        .children()
+        .filter_map(|c| c.attr("var"))
+        .collect();
+    for v in ["urn:xmpp:sm:3", "urn:xmpp:carbons:2", "urn:xmpp:csi:0"] {
+        assert!(vars.contains(&v), "{v} in {vars:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bind2_binds_a_tagged_resource_and_enables_sm_and_carbons_inline() {
+    // XEP-0386 §3.2–3.3, XEP-0198 "Enable Stream Management Inline".
+    let server = TestServer::start().await;
+    let mut bob = server.login("bob").await;
+    let mut other = server.login("alice").await; // alice's other device
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            "alice",
+            "pw-alice",
+            &format!("<bind xmlns='{NS_BIND2}'><tag>Tester</tag><enable xmlns='{NS_SM}' resume='true'/><enable xmlns='urn:xmpp:carbons:2'/></bind>"),
+        )
+        .await
+        .unwrap();
+    let full = success
+        .get_child("authorization-identifier", NS2)
+        .map(|a| a.text())
+        .unwrap();
+    assert!(full.starts_with("alice@localhost/Tester/"), "{full}");
+    assert!(full.len() > "alice@localhost/Tester/".len(), "{full}");
+    let bound = success
+        .get_child("bound", NS_BIND2)
+        .unwrap_or_else(|| panic!("<bound/> in {success}"));
+    let enabled = bound
+        .get_child("enabled", NS_SM)
+        .unwrap_or_else(|| panic!("<enabled/> in {bound}"));
+    assert_eq!(enabled.attr("resume"), Some("true"), "{enabled}");
+    assert!(enabled.attr("id").is_some_and(|id| !id.is_empty()));
+    // Nothing left to negotiate on the bound stream.
+    let f = c.features.clone().unwrap();
+    assert!(!f.has_child("bind", ns::BIND), "{f}");
+    assert!(!f.has_child("sm", NS_SM), "{f}");
+    c.jid = full.clone();
+    c.send("<presence/>").await;
+    let echo = c.recv().await;
+    assert_eq!(echo.attr("from"), Some(full.as_str()), "{echo}");
+    // Carbons are on: bob's message to the other device is copied here.
+    other.recv_until(|e| e.name() == "presence").await;
+    bob.send(&format!(
+        "<message to='{}' type='chat' id='c1'><body>to the other device</body></message>",
+        other.jid
+    ))
+    .await;
+    let copy = c.recv_until(|e| e.name() == "message").await;
+    assert!(copy.has_child("received", "urn:xmpp:carbons:2"), "{copy}");
+    // Stream management is on: h counts the presence we sent.
+    c.send(&format!("<r xmlns='{NS_SM}'/>")).await;
+    let a = c.recv_until(|e| e.is("a", NS_SM)).await;
+    assert_eq!(a.attr("h"), Some("1"), "{a}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bind2_can_start_the_session_inactive() {
+    // XEP-0386 §3.2: "the session must begin in that state" (XEP-0352).
+    let server = TestServer::start().await;
+    server.create_user("alice", "secret").await;
+    let mut bob = server.login("bob").await;
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            "alice",
+            "secret",
+            &format!("<bind xmlns='{NS_BIND2}'><inactive xmlns='urn:xmpp:csi:0'/></bind>"),
+        )
+        .await
+        .unwrap();
+    let full = success
+        .get_child("authorization-identifier", NS2)
+        .map(|a| a.text())
+        .unwrap();
+    assert!(full.starts_with("alice@localhost/"), "{full}");
+    bob.send(&format!(
+        "<message to='{full}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>"
+    ))
+    .await;
+    c.expect_silence(std::time::Duration::from_millis(300))
+        .await;
+    c.send("<active xmlns='urn:xmpp:csi:0'/>").await;
+    let m = c.recv_until(|e| e.name() == "message").await;
+    assert!(
+        m.has_child("composing", "http://jabber.org/protocol/chatstates"),
+        "{m}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_authentication_binds_nothing() {
+    // XEP-0388 "Failure": inline requests of a failed attempt are not
+    // processed; a later plain SASL2 success names the bare JID.
+    let server = TestServer::start().await;
+    server.create_user("alice", "secret").await;
+    let (mut c, _) = tls_client(&server).await;
+    let f = c
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            "alice",
+            "wrong",
+            &format!("<bind xmlns='{NS_BIND2}'><tag>T</tag></bind>"),
+        )
+        .await
+        .unwrap_err();
+    assert!(f.has_child("not-authorized", ns::SASL), "{f}");
+    assert!(
+        server
+            .server
+            .env
+            .sessions
+            .resources(&starling_proto::BareJid::new("alice@localhost").unwrap())
+            .is_empty(),
+        "nothing bound"
+    );
+    let success = c
+        .auth_sasl2(Mechanism::ScramSha256, "alice", "secret", "")
+        .await
+        .unwrap();
+    assert_eq!(
+        success
+            .get_child("authorization-identifier", NS2)
+            .map(|a| a.text())
+            .as_deref(),
+        Some("alice@localhost")
+    );
+    server.stop().await;
+}
+
+/// Logs in over SASL2 with Bind 2 and stream management (resumable);
+/// returns the client, its full JID and the resumption id.
+async fn resumable(server: &TestServer, user: &str) -> (Client, String, String) {
+    let (mut c, _) = tls_client(server).await;
+    let success = c
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            user,
+            &format!("pw-{user}"),
+            &format!("<bind xmlns='{NS_BIND2}'><tag>T</tag><enable xmlns='{NS_SM}' resume='true'/></bind>"),
+        )
+        .await
+        .unwrap();
+    let full = success
+        .get_child("authorization-identifier", NS2)
+        .unwrap()
+        .text();
+    let id = success
+        .get_child("bound", NS_BIND2)
+        .and_then(|b| b.get_child("enabled", NS_SM))
+        .and_then(|e| e.attr("id"))
+        .unwrap_or_else(|| panic!("resumable: {success}"))
+        .to_owned();
+    c.jid = full.clone();
+    c.send("<presence/>").await;
+    c.recv_until(|e| e.name() == "presence").await;
+    (c, full, id)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inline_resumption_takes_over_the_detached_session_in_one_exchange() {
+    // XEP-0198 "Inline Stream Resumption" with XEP-0388: <sm/> offered in
+    // SASL2's <inline/>; <resume/> in <authenticate/> is processed first,
+    // a Bind 2 request next to it is ignored, and <success/> names the
+    // resumed full JID and carries <resumed/>; unacknowledged stanzas are
+    // sent again after the features.
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let mut bob = server.login("bob").await;
+    let (mut c, full, id) = resumable(&server, "alice").await;
+    bob.send(&format!(
+        "<message to='{full}' type='chat' id='u1'><body>unacked</body></message>"
+    ))
+    .await;
+    c.recv_until(|e| e.name() == "message").await; // never acknowledged
+    drop(c); // the connection is lost; the session waits
+
+    let (mut c2, f) = tls_client(&server).await;
+    let inline = f
+        .get_child("authentication", NS2)
+        .and_then(|a| a.get_child("inline", NS2))
+        .unwrap();
+    assert!(
+        inline.has_child("sm", NS_SM),
+        "inline resumption offered: {inline}"
+    );
+    let success = c2
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            "alice",
+            "pw-alice",
+            &format!("<resume xmlns='{NS_SM}' previd='{id}' h='1'/><bind xmlns='{NS_BIND2}'><tag>T</tag></bind>"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        success
+            .get_child("authorization-identifier", NS2)
+            .map(|a| a.text())
+            .as_deref(),
+        Some(full.as_str()),
+        "{success}"
+    );
+    let resumed = success
+        .get_child("resumed", NS_SM)
+        .unwrap_or_else(|| panic!("<resumed/> in {success}"));
+    assert_eq!(resumed.attr("previd"), Some(id.as_str()));
+    assert!(
+        !success.has_child("bound", NS_BIND2),
+        "bind ignored: {success}"
+    );
+    c2.jid = full.clone();
+    // The presence echo (h=1 acknowledged it) is not resent; the message is.
+    let again = c2.recv_until(|e| e.name() == "message").await;
+    assert_eq!(again.attr("id"), Some("u1"), "{again}");
+    bob.send(&format!(
+        "<message to='{full}' type='chat' id='u2'><body>after</body></message>"
+    ))
+    .await;
+    let m = c2.recv_until(|e| e.name() == "message").await;
+    assert_eq!(m.attr("id"), Some("u2"), "{m}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_inline_resumption_is_reported_and_the_bind_goes_ahead() {
+    // XEP-0386 §3.2 note: "If resumption of the previous stream fails, the
+    // server MUST include the XEP-0198 failure in the response, and then
+    // MUST proceed to process the bind request". Someone else's id fails
+    // like an unknown one (the id is bound to its account).
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    server.create_user("mallory", "pw-mallory").await;
+    let (c, _, alice_id) = resumable(&server, "alice").await;
+    drop(c);
+    for previd in ["unknown-id", alice_id.as_str()] {
+        let (mut m, _) = tls_client(&server).await;
+        let success = m
+            .auth_sasl2(
+                Mechanism::ScramSha256,
+                "mallory",
+                "pw-mallory",
+                &format!("<resume xmlns='{NS_SM}' previd='{previd}' h='0'/><bind xmlns='{NS_BIND2}'><tag>M</tag></bind>"),
+            )
+            .await
+            .unwrap();
+        let failed = success
+            .get_child("failed", NS_SM)
+            .unwrap_or_else(|| panic!("<failed/> in {success}"));
+        assert!(failed.has_child("item-not-found", ns::STANZAS), "{failed}");
+        let full = success
+            .get_child("authorization-identifier", NS2)
+            .unwrap()
+            .text();
+        assert!(full.starts_with("mallory@localhost/M/"), "{full}");
+        assert!(success.has_child("bound", NS_BIND2), "{success}");
+    }
+    server.stop().await;
+}

@@ -5,7 +5,8 @@
 //! logging.
 
 use super::session::{Exit, Session};
-use starling_core::SessionState;
+use starling_core::hooks::ElementStage;
+use starling_core::{Action, SessionCtx, SessionState};
 use starling_proto::sasl::{
     decode_payload, encode_payload, parse_plain, Mechanism, SaslError, ScramHash, ScramServer,
 };
@@ -72,6 +73,7 @@ impl Session {
             }
             (true, "authenticate") => {
                 self.sasl_v2 = true;
+                self.sasl2_request = Some(Box::new(el.clone()));
                 let initial = el
                     .get_child("initial-response", ns::SASL2)
                     .map(|r| r.text())
@@ -91,7 +93,15 @@ impl Session {
                 Ok(())
             }
             Ok(Step::Success(data, jid)) => {
+                self.shared.env.metrics.auth_success.inc();
+                tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, sasl2 = v2, "authenticated");
+                self.info.user = Some(jid.clone());
+                self.sasl = SaslState::Done(jid.clone());
+                self.info.state = SessionState::Authenticated;
+                // Channel bindings are only needed for SASL: free them.
+                self.bindings = Default::default();
                 if v2 {
+                    let request = self.sasl2_request.take();
                     let mut success = Element::new("success", ns::SASL2);
                     if !data.is_empty() {
                         success.append_child(
@@ -100,27 +110,46 @@ impl Session {
                                 .build(),
                         );
                     }
+                    // Inline requests first (XEP-0198: a <resume/> before
+                    // any bind); a resumption that succeeds hands the
+                    // connection over and ends this session here.
+                    let answers = match request.as_deref() {
+                        Some(r) => self.sasl2_inline(r, &success).await?,
+                        None => Vec::new(),
+                    };
+                    // XEP-0386: a Bind 2 request is processed before the
+                    // <success/>, which then names the full JID.
+                    let bound = match request
+                        .as_deref()
+                        .and_then(|r| r.get_child("bind", ns::BIND2))
+                    {
+                        Some(b) => Some(self.bind2(&jid, b).await?),
+                        None => None,
+                    };
+                    let identity = bound
+                        .as_ref()
+                        .map_or_else(|| jid.to_string(), |(f, _)| f.to_string());
                     success.append_child(
                         Element::builder("authorization-identifier", ns::SASL2)
-                            .text(jid.as_str())
+                            .text(identity)
                             .build(),
                     );
+                    for a in answers {
+                        success.append_child(a);
+                    }
+                    let opened = bound.is_some();
+                    if let Some((_, bound)) = bound {
+                        success.append_child(bound);
+                    }
                     self.write_element(success);
-                } else {
-                    self.write_sasl(false, "success", &data);
-                }
-                self.shared.env.metrics.auth_success.inc();
-                tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, sasl2 = v2, "authenticated");
-                self.info.user = Some(jid.clone());
-                self.sasl = SaslState::Done(jid);
-                self.info.state = SessionState::Authenticated;
-                // Channel bindings are only needed for SASL: free them.
-                self.bindings = Default::default();
-                if v2 {
                     // No restart: the features of the authenticated stream
                     // follow the <success/> (XEP-0388 "Success").
                     self.write_features();
+                    if opened {
+                        return self.session_opened().await;
+                    }
                 } else {
+                    self.write_sasl(false, "success", &data);
                     self.conn.restart();
                 }
                 Ok(())
@@ -131,9 +160,72 @@ impl Session {
                     _ => None,
                 };
                 self.sasl = SaslState::Idle;
+                // XEP-0388 "Failure": inline requests are not processed.
+                self.sasl2_request = None;
                 self.sasl_failure(v2, e, "", user)
             }
         }
+    }
+
+    /// Runs the inline requests of a successful SASL2 `<authenticate/>`
+    /// that have an [`ElementStage::Sasl2`] handler (XEP-0198's
+    /// `<resume/>`) and returns what they answered, for the `<success/>`.
+    /// A handler asking to take over another session's connection (a
+    /// resumption) hands it over with `success` to finish; then this
+    /// session ends (`Exit::HandedOver`). Unknown inline elements are
+    /// ignored (XEP-0388 §2.6.1 lists only what was offered).
+    async fn sasl2_inline(
+        &mut self,
+        request: &Element,
+        success: &Element,
+    ) -> Result<Vec<Element>, Exit> {
+        let mut answers = Vec::new();
+        for child in request.children() {
+            if child.ns() == ns::SASL2 || child.ns() == ns::BIND2 {
+                continue; // <initial-response/>, <user-agent/>, <bind/>
+            }
+            let Some((module, handler)) = self
+                .shared
+                .env
+                .hooks
+                .element_handler(ElementStage::Sasl2, child.ns())
+                .map(|(m, h)| (m, h.clone()))
+            else {
+                continue;
+            };
+            let mut actions = Vec::new();
+            let result = {
+                let mut cx =
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+                handler.element(&mut cx, child).await
+            };
+            if let Err(e) = result {
+                starling_core::hooks::log_failure("element", module, &e);
+            }
+            let mut rest = Vec::new();
+            for a in actions {
+                match a {
+                    Action::Send(el) => answers.push(el),
+                    Action::Attach { to, request } => {
+                        let success = Box::new(success.clone());
+                        if let Some(back) = self.try_hand_over(to, request, Some(success)).await? {
+                            // The session ended in between: its handlers
+                            // answer here (<failed/>), then we go on.
+                            let acts = self.attached_actions(&back, true, None).await;
+                            for a in acts {
+                                match a {
+                                    Action::Send(el) => answers.push(el),
+                                    other => rest.push(other),
+                                }
+                            }
+                        }
+                    }
+                    other => rest.push(other),
+                }
+            }
+            self.apply(rest).await?;
+        }
+        Ok(answers)
     }
 
     fn write_sasl(&mut self, v2: bool, name: &str, data: &[u8]) {

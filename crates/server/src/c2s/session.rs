@@ -30,7 +30,7 @@ use starling_core::{
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
-    ns, random_id, BareJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+    ns, random_id, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
     StanzaParseError, StreamError, StreamErrorCondition,
 };
 use starling_xml::{Element, StreamHeader};
@@ -85,7 +85,7 @@ pub(crate) struct Session {
     /// The client's connection: framing, TLS, parsing, output buffering.
     pub(super) conn: Connection,
     pub(super) info: SessionInfo,
-    ext: Extensions,
+    pub(super) ext: Extensions,
     /// Our own sender, handed to the session table at bind time. Holding it
     /// also keeps `mailbox.recv()` from ever returning `None`.
     handle: SessionHandle,
@@ -93,6 +93,8 @@ pub(crate) struct Session {
     pub(super) sasl: SaslState,
     /// The exchange in progress uses SASL2 (XEP-0388).
     pub(super) sasl_v2: bool,
+    /// The SASL2 `<authenticate/>` in progress, for its inline requests.
+    pub(super) sasl2_request: Option<Box<Element>>,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
     /// When a traffic observer wants its `before_flush` again.
@@ -221,6 +223,7 @@ impl Session {
             mailbox,
             sasl: SaslState::Idle,
             sasl_v2: false,
+            sasl2_request: None,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
             flush_check_at: None,
@@ -558,6 +561,31 @@ impl Session {
                                     .build(),
                             );
                         }
+                        // XEP-0386 §3.1: Bind 2, with the features its
+                        // request may enable inline.
+                        let mut bind_inline = Element::new("inline", ns::BIND2);
+                        for feature in self
+                            .shared
+                            .env
+                            .hooks
+                            .element_namespaces(ElementStage::Bind2)
+                        {
+                            bind_inline.append_child(
+                                Element::builder("feature", ns::BIND2)
+                                    .attr("var", feature)
+                                    .build(),
+                            );
+                        }
+                        let mut bind = Element::new("bind", ns::BIND2);
+                        bind.append_child(bind_inline);
+                        let mut inline = Element::new("inline", ns::SASL2);
+                        let mut extra = Vec::new();
+                        self.module_features(FeatureStage::Sasl2Inline, &mut extra);
+                        for e in extra {
+                            inline.append_child(e);
+                        }
+                        inline.append_child(bind);
+                        el.append_child(inline);
                         features.push(el);
                     }
                 }
@@ -575,13 +603,15 @@ impl Session {
                 }
                 self.module_features(FeatureStage::PreAuth, &mut features);
             }
-        } else {
+        } else if !self.info.state.is_bound() {
             features.push(Element::new("bind", ns::BIND));
             let mut session = Element::new("session", ns::SESSION);
             session.append_child(Element::new("optional", ns::SESSION));
             features.push(session);
             self.module_features(FeatureStage::PostAuth, &mut features);
         }
+        // A stream bound during SASL2 (XEP-0386) offers nothing more: what
+        // could be enabled was enabled inline.
         self.conn.send_features(&features);
     }
 
@@ -785,13 +815,7 @@ impl Session {
                 return Ok(());
             }
         };
-        // §7.7.2.2: a session holding the same full JID is replaced.
-        let env = &self.shared.env;
-        env.router.bind(env, &full, self.handle.clone()).await;
-        self.info.jid = Some(full.clone());
-        self.info.state = SessionState::Established;
-        self.shared.env.metrics.sessions.inc();
-        tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
+        self.bind_resource(&full).await;
         let mut reply = Element::new("iq", ns::CLIENT);
         reply.set_attr("type", "result");
         reply.set_attr("id", id);
@@ -803,7 +827,23 @@ impl Session {
         );
         reply.append_child(bind);
         self.write_element(reply);
+        self.session_opened().await
+    }
 
+    /// Binds `full` to this session: the router replaces a session holding
+    /// the same full JID (RFC 6120 §7.7.2.2), and the session is
+    /// established.
+    pub(super) async fn bind_resource(&mut self, full: &FullJid) {
+        let env = &self.shared.env;
+        env.router.bind(env, full, self.handle.clone()).await;
+        self.info.jid = Some(full.clone());
+        self.info.state = SessionState::Established;
+        self.shared.env.metrics.sessions.inc();
+        tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
+    }
+
+    /// Runs the `session_opened` hooks (after a bind result was written).
+    pub(super) async fn session_opened(&mut self) -> Result<(), Exit> {
         let mut actions = Vec::new();
         {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
@@ -814,6 +854,71 @@ impl Session {
             );
         }
         self.apply(actions).await
+    }
+
+    /// XEP-0386 Bind 2, inside a successful SASL2 authentication: binds
+    /// `{tag}/{random}` (§3.3; a random resource if the tag is no valid
+    /// resource), runs the inline requests (XEP-0198 `<enable/>`, XEP-0280
+    /// `<enable/>`, XEP-0352 `<active/>`/`<inactive/>`) through their
+    /// modules' [`ElementStage::Bind2`] handlers, and returns the full JID
+    /// and the `<bound/>` element holding what those handlers answered.
+    pub(super) async fn bind2(
+        &mut self,
+        user: &BareJid,
+        request: &Element,
+    ) -> Result<(FullJid, Element), Exit> {
+        let tag = request
+            .get_child("tag", ns::BIND2)
+            .map(|t| t.text().trim().to_owned())
+            .filter(|t| !t.is_empty() && t.len() <= 64);
+        let random = random_id(10);
+        let full = tag
+            .and_then(|t| user.with_resource_str(&format!("{t}/{random}")).ok())
+            .or_else(|| user.with_resource_str(&format!("starling-{random}")).ok())
+            .ok_or_else(|| {
+                Exit::error(
+                    StreamErrorCondition::InternalServerError,
+                    "no resource could be generated",
+                )
+            })?;
+        self.bind_resource(&full).await;
+        let mut bound = Element::new("bound", ns::BIND2);
+        for child in request.children() {
+            if child.ns() == ns::BIND2 {
+                continue; // <tag/>
+            }
+            let Some((module, handler)) = self
+                .shared
+                .env
+                .hooks
+                .element_handler(ElementStage::Bind2, child.ns())
+                .map(|(m, h)| (m, h.clone()))
+            else {
+                // Not offered inline: ignored, as XEP-0386 asks of unknown
+                // requests' absence of answers.
+                continue;
+            };
+            let mut actions = Vec::new();
+            let result = {
+                let mut cx =
+                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+                handler.element(&mut cx, child).await
+            };
+            if let Err(e) = result {
+                starling_core::hooks::log_failure("element", module, &e);
+            }
+            let mut rest = Vec::new();
+            for a in actions {
+                match a {
+                    Action::Send(el) => {
+                        bound.append_child(el);
+                    }
+                    other => rest.push(other),
+                }
+            }
+            self.apply(rest).await?;
+        }
+        Ok((full, bound))
     }
 
     fn sasl_user(&self) -> Option<BareJid> {
@@ -954,6 +1059,7 @@ impl Session {
             peer,
             secure,
             request,
+            sasl2_success,
         } = *h;
         let Ok(conn) = conn.downcast::<Connection>() else {
             return Ok(());
@@ -980,22 +1086,71 @@ impl Session {
         self.info.peer = peer;
         self.info.secure = secure;
         self.info.state = SessionState::Established;
-        self.run_attached(&request, false).await
+        match sasl2_success {
+            None => self.run_attached(&request, false).await,
+            Some(mut success) => {
+                // Inline resumption (XEP-0388, XEP-0198): our full JID and
+                // the attach handlers' answer (<resumed/>) complete the
+                // <success/>; the features follow; then what the handlers
+                // resend.
+                let full = self
+                    .info
+                    .jid
+                    .as_ref()
+                    .map(|j| j.to_string())
+                    .unwrap_or_default();
+                success.append_child(
+                    Element::builder("authorization-identifier", ns::SASL2)
+                        .text(full)
+                        .build(),
+                );
+                let rest = self
+                    .attached_actions(&request, false, Some(&mut success))
+                    .await;
+                self.write_element(*success);
+                self.write_features();
+                Box::pin(self.apply(rest)).await
+            }
+        }
     }
 
     /// Runs the attach handlers (see [`starling_core::hooks::AttachHandler`]).
     async fn run_attached(&mut self, request: &Element, failed: bool) -> Result<(), Exit> {
+        let actions = self.attached_actions(request, failed, None).await;
+        Box::pin(self.apply(actions)).await
+    }
+
+    /// The attach handlers' actions; with `into`, what they send is put in
+    /// that element instead (a SASL2 `<success/>`).
+    pub(super) async fn attached_actions(
+        &mut self,
+        request: &Element,
+        failed: bool,
+        into: Option<&mut Element>,
+    ) -> Vec<Action> {
         let mut actions = Vec::new();
         {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
             run_chain!(self.shared.env.hooks.attached, "attached", |h| h
                 .attached(&mut cx, request, failed));
         }
-        Box::pin(self.apply(actions)).await
+        match into {
+            None => actions,
+            Some(el) => actions
+                .into_iter()
+                .filter_map(|a| match a {
+                    Action::Send(x) => {
+                        el.append_child(x);
+                        None
+                    }
+                    other => Some(other),
+                })
+                .collect(),
+        }
     }
 
     /// Applies the effects requested by hook handlers, in order.
-    async fn apply(&mut self, actions: Vec<Action>) -> Result<(), Exit> {
+    pub(super) async fn apply(&mut self, actions: Vec<Action>) -> Result<(), Exit> {
         for action in actions {
             match action {
                 Action::Send(el) => self.write_element(el),
@@ -1056,6 +1211,21 @@ impl Session {
     /// success this session ends; if `to` is gone, the attach handlers hear
     /// of the failure and the connection stays ours.
     async fn hand_over(&mut self, to: SessionRef, request: Element) -> Result<(), Exit> {
+        match self.try_hand_over(to, request, None).await? {
+            None => Ok(()),
+            Some(request) => self.run_attached(&request, true).await,
+        }
+    }
+
+    /// Hands the connection to session `to`: `Err(Exit::HandedOver)` when
+    /// it took it, else the connection is ours again and the request is
+    /// given back.
+    pub(super) async fn try_hand_over(
+        &mut self,
+        to: SessionRef,
+        request: Element,
+        sasl2_success: Option<Box<Element>>,
+    ) -> Result<Option<Element>, Exit> {
         // What is queued for the client (nothing, normally) goes first.
         self.flush().await?;
         let conn = std::mem::replace(&mut self.conn, Connection::None);
@@ -1064,6 +1234,7 @@ impl Session {
             peer: self.info.peer,
             secure: self.info.secure,
             request,
+            sasl2_success,
         });
         let env = &self.shared.env;
         match env.router.attach(env, &to, handover).await {
@@ -1076,7 +1247,7 @@ impl Session {
                 if let Ok(conn) = conn.downcast::<Connection>() {
                     self.conn = *conn;
                 }
-                self.run_attached(&request, true).await
+                Ok(Some(request))
             }
         }
     }

@@ -47,8 +47,8 @@
 //! Storage: none. Config: `[modules.carbons]` enabled.
 
 use starling_core::hooks::{
-    HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler, UserReceiveHandler,
-    UserSendHandler,
+    ElementHandler, ElementStage, HookRegistry, IqScope, OfflineCompanions, OfflineMessageHandler,
+    UserReceiveHandler, UserSendHandler,
 };
 use starling_core::module::{EnabledConfig, Module, ModuleCtx};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx, SessionEntry};
@@ -72,6 +72,9 @@ impl Carbons {
     pub fn register(reg: &mut HookRegistry) {
         let m = Arc::new(Carbons);
         reg.disco().feature(IqScope::Server, ns::CARBONS);
+        // XEP-0386 §3.2: <enable/> inside a Bind 2 request ("MUST
+        // succeed, no response is necessary").
+        reg.element(NAME, ElementStage::Bind2, ns::CARBONS, m.clone());
         reg.user_send(NAME, 50, m.clone());
         reg.user_receive(NAME, 20, m.clone());
         reg.offline_message(NAME, 10, m);
@@ -159,6 +162,16 @@ fn own_account(to: Option<&Jid>, me: &BareJid) -> bool {
     match to {
         None => true,
         Some(t) => t.to_bare() == *me || (t.node().is_none() && t.domain() == me.domain()),
+    }
+}
+
+#[async_trait]
+impl ElementHandler for Carbons {
+    async fn element(&self, cx: &mut SessionCtx<'_>, el: &Element) -> HookResult {
+        if el.name() == "enable" {
+            cx.state.insert(Enabled);
+        }
+        Ok(Flow::Continue)
     }
 }
 

@@ -84,6 +84,8 @@ impl Csi {
         let m = Arc::new(Csi { cfg: cfg.clone() });
         reg.element(NAME, ElementStage::Authenticated, NS_CSI, m.clone());
         reg.element(NAME, ElementStage::Established, NS_CSI, m.clone());
+        // XEP-0386 §3.2: the session may begin inactive.
+        reg.element(NAME, ElementStage::Bind2, NS_CSI, m.clone());
         // Last: what it holds has been through every other module.
         reg.user_receive(NAME, 100, m.clone());
         reg.stream_features(m);

@@ -161,6 +161,11 @@ impl StreamManagement {
         });
         reg.element(NAME, ElementStage::Authenticated, NS_SM, m.clone());
         reg.element(NAME, ElementStage::Established, NS_SM, m.clone());
+        // XEP-0198 §"Enable Stream Management Inline": <enable/> inside a
+        // Bind 2 request; <enabled/> goes into <bound/>.
+        reg.element(NAME, ElementStage::Bind2, NS_SM, m.clone());
+        // XEP-0198 "Inline Stream Resumption": <resume/> inside SASL2.
+        reg.element(NAME, ElementStage::Sasl2, NS_SM, m.clone());
         reg.traffic(m.clone());
         reg.connection_lost(m.clone());
         reg.attached(NAME, 50, m.clone());
@@ -537,7 +542,7 @@ impl StreamFeatureProvider for StreamManagement {
         stage: FeatureStage,
         out: &mut Vec<Element>,
     ) {
-        if stage == FeatureStage::PostAuth {
+        if matches!(stage, FeatureStage::PostAuth | FeatureStage::Sasl2Inline) {
             out.push(Element::new("sm", NS_SM));
         }
     }

@@ -213,10 +213,29 @@ export function makeClient({
   return { xmpp, rec };
 }
 
+// Waits for the "online" event rather than for start()'s promise alone:
+// @xmpp/client 0.14's Connection.start() registers its "open" listener only
+// after the stream header's write callback, so when the server's header
+// arrives first and no stream restart follows (SASL2, XEP-0388, over direct
+// TLS) start() rejects with a TimeoutError although the client is online
+// (the same symptom as xmppjs/xmpp.js#592). Any other error from start()
+// still fails at once.
+function online(xmpp) {
+  const isOnline = new Promise((resolve) => xmpp.once("online", resolve));
+  const started = xmpp.start().then(
+    () => undefined,
+    (err) => {
+      if (err && err.name === "TimeoutError") return isOnline;
+      throw err;
+    },
+  );
+  return Promise.race([isOnline, started]);
+}
+
 export async function startClient(opts) {
   const c = makeClient(opts);
   try {
-    await withTimeout(c.xmpp.start(), STEP_MS, `${opts.username} online`);
+    await withTimeout(online(c.xmpp), STEP_MS, `${opts.username} online`);
   } catch (err) {
     await stopClient(c);
     throw err;

@@ -1,0 +1,12 @@
+import { client } from "@xmpp/client";
+import tls from "node:tls";
+const real = tls.connect;
+tls.connect = function (o, ...r) { return real.call(this, { ...o, rejectUnauthorized: false }, ...r); };
+const x = client({ service: process.argv[2], domain: "localhost", username: "alice", password: "secret123", resource: "dbg" });
+x.reconnect.stop();
+x.on("input", (d) => console.log("IN ", d));
+x.on("output", (d) => console.log("OUT", d));
+x.on("error", (e) => console.log("ERR", e));
+x.on("online", (j) => { console.log("ONLINE", j.toString()); x.stop(); });
+setTimeout(() => { console.log("TIMEOUT status", x.status); process.exit(1); }, 4000);
+x.start().catch((e) => console.log("START ERR", e));
