@@ -57,6 +57,12 @@ pub struct ResumeArgs {
     /// without one.
     #[arg(long, default_value_t = 30.0)]
     pub fill_timeout_secs: f64,
+    /// Resume inline in SASL2 (XEP-0388 with XEP-0198 "Inline Stream
+    /// Resumption"): `<resume/>` inside `<authenticate/>`, so a resumption
+    /// is one SASL exchange with no stream restart and no extra round
+    /// trip. Logins stay RFC 6120 SASL + bind.
+    #[arg(long)]
+    pub sasl2: bool,
 }
 
 /// Where to connect and as whom.

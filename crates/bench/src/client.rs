@@ -28,6 +28,9 @@ use tokio_rustls::TlsConnector;
 const NS_STREAMS: &str = "http://etherx.jabber.org/streams";
 const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
 const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+const NS_SASL2: &str = "urn:xmpp:sasl:2";
+/// The `<user-agent id/>` sent with SASL2 (XEP-0388 §2.4: a UUID v4).
+const USER_AGENT_ID: &str = "2b6b4c1e-4a5f-4d0e-9c43-8a1f0f6f7a10";
 const NS_BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
 const NS_REGISTER: &str = "jabber:iq:register";
 const NS_FRAMING: &str = "urn:ietf:params:xml:ns:xmpp-framing";
@@ -171,6 +174,9 @@ pub struct Target {
     pub bosh_wait: u64,
     /// Enable XEP-0198 stream management (with resumption) after binding.
     pub sm: bool,
+    /// Resume inline in SASL2 (XEP-0388) instead of after a SASL
+    /// exchange and a stream restart.
+    pub sasl2: bool,
 }
 
 impl Target {
@@ -929,9 +935,37 @@ async fn authenticate(
     target: &Target,
     user: &str,
     password: &str,
-) -> Result<(), SetupError> {
+    sasl2: Option<&str>,
+) -> Result<Option<Element>, SetupError> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let t = target.step_timeout;
+    // XEP-0388: the same exchange in urn:xmpp:sasl:2, the initial response
+    // in its own element, `inline` requests next to it, and the
+    // server-final message as <additional-data/> of the <success/>.
+    let ns = if sasl2.is_some() { NS_SASL2 } else { NS_SASL };
+    let start = |mech: &str, data: &[u8]| {
+        match sasl2 {
+        Some(inline) => format!(
+            "<authenticate xmlns='{NS_SASL2}' mechanism='{mech}'><initial-response>{}</initial-response><user-agent id='{}'/>{inline}</authenticate>",
+            b64.encode(data),
+            USER_AGENT_ID
+        ),
+        None => format!(
+            "<auth xmlns='{NS_SASL}' mechanism='{mech}'>{}</auth>",
+            b64.encode(data)
+        ),
+    }
+    };
+    let final_data = |el: &Element| -> Vec<u8> {
+        let text = match sasl2 {
+            Some(_) => el
+                .get_child("additional-data", NS_SASL2)
+                .map(|d| d.text())
+                .unwrap_or_default(),
+            None => el.text(),
+        };
+        b64.decode(text.trim()).unwrap_or_default()
+    };
     let failure = |el: &Element| {
         let cond: Vec<_> = el.children().map(|c| c.name().to_owned()).collect();
         SetupError {
@@ -941,19 +975,12 @@ async fn authenticate(
     };
     if target.mech == Mech::Plain {
         let msg = format!("\0{user}\0{password}");
-        send_step(
-            conn,
-            t,
-            format!(
-                "<auth xmlns='{NS_SASL}' mechanism='PLAIN'>{}</auth>",
-                b64.encode(msg)
-            ),
-        )
-        .await?;
+        send_step(conn, t, start("PLAIN", msg.as_bytes())).await?;
         let reply = expect_element(conn, t, "SASL result").await?;
-        if !reply.is("success", NS_SASL) {
+        if !reply.is("success", ns) {
             return Err(failure(&reply));
         }
+        Ok(sasl2.map(|_| reply))
     } else {
         let mech = target.mech.mechanism();
         let dev = device();
@@ -971,18 +998,9 @@ async fn authenticate(
             })?
             .with_salted_password(kept);
         let first = scram.client_first();
-        send_step(
-            conn,
-            t,
-            format!(
-                "<auth xmlns='{NS_SASL}' mechanism='{}'>{}</auth>",
-                mech.name(),
-                b64.encode(first)
-            ),
-        )
-        .await?;
+        send_step(conn, t, start(mech.name(), &first)).await?;
         let challenge = expect_element(conn, t, "SASL challenge").await?;
-        if !challenge.is("challenge", NS_SASL) {
+        if !challenge.is("challenge", ns) {
             return Err(failure(&challenge));
         }
         let server_first = b64
@@ -1008,11 +1026,11 @@ async fn authenticate(
         send_step(
             conn,
             t,
-            format!("<response xmlns='{NS_SASL}'>{}</response>", b64.encode(fin)),
+            format!("<response xmlns='{ns}'>{}</response>", b64.encode(fin)),
         )
         .await?;
         let mut reply = expect_element(conn, t, "SASL result").await?;
-        if reply.is("challenge", NS_SASL) {
+        if sasl2.is_none() && reply.is("challenge", NS_SASL) {
             // Some servers send the server-final message as a challenge.
             let data = b64.decode(reply.text().trim()).unwrap_or_default();
             if scram.verify_server_final(&data).is_err() {
@@ -1023,8 +1041,8 @@ async fn authenticate(
             if !reply.is("success", NS_SASL) {
                 return Err(failure(&reply));
             }
-        } else if reply.is("success", NS_SASL) {
-            let data = b64.decode(reply.text().trim()).unwrap_or_default();
+        } else if reply.is("success", ns) {
+            let data = final_data(&reply);
             if scram.verify_server_final(&data).is_err() {
                 return fail(Cause::Auth, "server signature does not verify");
             }
@@ -1037,8 +1055,8 @@ async fn authenticate(
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(n, salted.clone());
         }
+        Ok(sasl2.map(|_| reply))
     }
-    Ok(())
 }
 
 /// Connects, authenticates as `user` and restarts the stream (RFC 6120
@@ -1053,7 +1071,7 @@ async fn authenticated_stream(
     if !features.has_child("mechanisms", NS_SASL) {
         return fail(Cause::Stream, "server offers no SASL mechanisms");
     }
-    authenticate(&mut conn, target, user, password).await?;
+    authenticate(&mut conn, target, user, password, None).await?;
     conn.restart();
     let features = open_stream(&mut conn, target).await?;
     Ok((conn, features))
@@ -1156,6 +1174,9 @@ pub async fn resume(
     previd: &str,
     h: u32,
 ) -> Result<(Conn, u32), SetupError> {
+    if target.sasl2 {
+        return resume_inline(target, source, user, password, previd, h).await;
+    }
     let (mut conn, features) = authenticated_stream(target, source, user, password).await?;
     if !features.has_child("sm", NS_SM) {
         return fail(Cause::Bind, "server offers no stream management");
@@ -1181,6 +1202,43 @@ pub async fn resume(
             return fail(Cause::Bind, format!("resumption refused: {el}"));
         }
     }
+}
+
+/// [`resume`] inline in SASL2 (XEP-0388, XEP-0198 "Inline Stream
+/// Resumption"): `<resume/>` inside `<authenticate/>`, `<resumed/>` inside
+/// `<success/>`, no stream restart and no separate round trip.
+async fn resume_inline(
+    target: &Target,
+    source: Option<IpAddr>,
+    user: &str,
+    password: &str,
+    previd: &str,
+    h: u32,
+) -> Result<(Conn, u32), SetupError> {
+    let (mut conn, features) = connect_stream(target, source).await?;
+    let offered = features
+        .get_child("authentication", NS_SASL2)
+        .and_then(|a| a.get_child("inline", NS_SASL2))
+        .is_some_and(|i| i.has_child("sm", NS_SM));
+    if !offered {
+        return fail(Cause::Stream, "server offers no inline resumption in SASL2");
+    }
+    let inline = format!("<resume xmlns='{NS_SM}' previd='{previd}' h='{h}'/>");
+    let success = authenticate(&mut conn, target, user, password, Some(&inline))
+        .await?
+        .expect("SASL2 returns its <success/>");
+    let Some(resumed) = success.get_child("resumed", NS_SM) else {
+        return fail(Cause::Bind, format!("resumption refused: {success}"));
+    };
+    let server_h = resumed.attr("h").and_then(|h| h.parse().ok()).unwrap_or(0);
+    // The features of the resumed stream follow (XEP-0388 "Success").
+    let t = target.step_timeout;
+    let f = expect_element(&mut conn, t, "features after SASL2").await?;
+    if !f.is("features", NS_STREAMS) {
+        return fail(Cause::Stream, format!("expected features, got {f}"));
+    }
+    conn.sm_id = Some(previd.to_owned());
+    Ok((conn, server_h))
 }
 
 /// Outcome of one in-band registration.

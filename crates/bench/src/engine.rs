@@ -205,6 +205,7 @@ pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
         tls_connector: client::tls_connector()?,
         bosh_wait: args.conn.bosh_wait,
         sm: args.conn.sm,
+        sasl2: false,
     }))
 }
 

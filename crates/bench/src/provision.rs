@@ -106,6 +106,7 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         tls_connector: client::tls_connector()?,
         bosh_wait: c.bosh_wait,
         sm: false,
+        sasl2: false,
     });
     let mut set = JoinSet::new();
     let mut next = c.first_user;

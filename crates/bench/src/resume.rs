@@ -56,7 +56,11 @@ pub async fn run(a: ResumeArgs) -> anyhow::Result<()> {
         "resume runs in one process: at most {} sessions (--max-per-process)",
         sc.sessions_per_process()
     );
-    let target = engine::target_of(&sc)?;
+    let target = {
+        let mut t = (*engine::target_of(&sc)?).clone();
+        t.sasl2 = a.sasl2;
+        Arc::new(t)
+    };
     let pid = match sc.server_pid {
         Some(p) => p,
         None => procmem::pid_listening_on(sc.conn.port)
