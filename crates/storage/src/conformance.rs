@@ -497,6 +497,69 @@ pub async fn offline_with_archive(s: &Storage) {
     );
 }
 
+/// FAST tokens (XEP-0484): two slots per client, replaced in place,
+/// per-client and per-slot deletion, none for unknown accounts, all gone
+/// after a password change or the account's deletion.
+pub async fn fast_tokens(s: &Storage) {
+    use starling_core::storage::{FastSlot, FastToken};
+    let a = s.accounts.as_ref();
+    let alice = jid("alice@example.org");
+    a.create(&alice, &creds("secret")).await.unwrap();
+    let tok = |slot, nonce: &str| FastToken {
+        slot,
+        nonce: nonce.to_owned(),
+        mechanism: "HT-SHA-256-NONE".to_owned(),
+        expires_at: 1_900_000_000_000,
+    };
+    let agent = "d4565fa7-4d72-4749-b3d3-740edbf87770";
+    let other = "other'; DROP TABLE fast_tokens; --";
+    assert!(a.fast_tokens(&alice, agent).await.unwrap().is_empty());
+    assert!(a
+        .put_fast_token(&alice, agent, &tok(FastSlot::New, "n1"))
+        .await
+        .unwrap());
+    assert!(a
+        .put_fast_token(&alice, agent, &tok(FastSlot::Current, "c1"))
+        .await
+        .unwrap());
+    assert!(a
+        .put_fast_token(&alice, agent, &tok(FastSlot::New, "n2"))
+        .await
+        .unwrap());
+    assert!(a
+        .put_fast_token(&alice, other, &tok(FastSlot::New, "o1"))
+        .await
+        .unwrap());
+    assert_eq!(
+        a.fast_tokens(&alice, agent).await.unwrap(),
+        [tok(FastSlot::Current, "c1"), tok(FastSlot::New, "n2")]
+    );
+    assert!(!a
+        .put_fast_token(&jid("nobody@example.org"), agent, &tok(FastSlot::New, "x"))
+        .await
+        .unwrap());
+    a.delete_fast_tokens(&alice, agent, Some(FastSlot::New))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.fast_tokens(&alice, agent).await.unwrap(),
+        [tok(FastSlot::Current, "c1")]
+    );
+    a.delete_fast_tokens(&alice, agent, None).await.unwrap();
+    assert!(a.fast_tokens(&alice, agent).await.unwrap().is_empty());
+    assert_eq!(a.fast_tokens(&alice, other).await.unwrap().len(), 1);
+    // A password change revokes them.
+    a.set_credentials(&alice, &creds("new")).await.unwrap();
+    assert!(a.fast_tokens(&alice, other).await.unwrap().is_empty());
+    // So does deleting the account.
+    a.put_fast_token(&alice, agent, &tok(FastSlot::New, "n3"))
+        .await
+        .unwrap();
+    a.delete(&alice).await.unwrap();
+    a.create(&alice, &creds("again")).await.unwrap();
+    assert!(a.fast_tokens(&alice, agent).await.unwrap().is_empty());
+}
+
 /// Runs every conformance test, each on a fresh storage from `make`.
 pub async fn run_all<F, Fut>(mut make: F)
 where
@@ -504,6 +567,7 @@ where
     Fut: std::future::Future<Output = Storage>,
 {
     accounts(&make().await).await;
+    fast_tokens(&make().await).await;
     roster(&make().await).await;
     user_data(&make().await).await;
     offline(&make().await).await;

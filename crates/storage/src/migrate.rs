@@ -7,12 +7,13 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 5] = [
+const STEPS: [&str; 6] = [
     "accounts",
     "im-core",
     "offline",
     "archive-inbox",
     "inbox-unindexed",
+    "fast-tokens",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

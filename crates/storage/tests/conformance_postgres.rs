@@ -115,7 +115,8 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (2, "im-core"),
                 (3, "offline"),
                 (4, "archive-inbox"),
-                (5, "inbox-unindexed")
+                (5, "inbox-unindexed"),
+                (6, "fast-tokens")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -143,7 +144,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 5, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 6, "each migration once");
     })
     .await;
 }

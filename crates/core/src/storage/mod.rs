@@ -79,6 +79,66 @@ pub trait AccountStore: Send + Sync + 'static {
     ) -> StorageResult<Vec<String>>;
     /// Number of accounts in a domain.
     async fn count(&self, domain: &str) -> StorageResult<u64>;
+    /// The FAST token slots (XEP-0484) of one client (`agent`, its SASL2
+    /// user-agent id) of an account.
+    async fn fast_tokens(&self, jid: &BareJid, agent: &str) -> StorageResult<Vec<FastToken>>;
+    /// Stores `token` in its slot (replacing what was there). Returns
+    /// false if the account does not exist.
+    async fn put_fast_token(
+        &self,
+        jid: &BareJid,
+        agent: &str,
+        token: &FastToken,
+    ) -> StorageResult<bool>;
+    /// Deletes one slot of a client's FAST tokens, or both (`None`).
+    async fn delete_fast_tokens(
+        &self,
+        jid: &BareJid,
+        agent: &str,
+        slot: Option<FastSlot>,
+    ) -> StorageResult<()>;
+}
+
+/// Which of a client's two FAST token slots (XEP-0484 §6.1): a newly
+/// issued token waits in `New` until the client uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastSlot {
+    /// The token the client authenticated with last.
+    Current,
+    /// The token issued last, not used yet.
+    New,
+}
+
+impl FastSlot {
+    /// The stored number.
+    pub fn code(self) -> i64 {
+        match self {
+            FastSlot::Current => 0,
+            FastSlot::New => 1,
+        }
+    }
+
+    /// The slot a stored number names.
+    pub fn from_code(code: i64) -> Option<FastSlot> {
+        match code {
+            0 => Some(FastSlot::Current),
+            1 => Some(FastSlot::New),
+            _ => None,
+        }
+    }
+}
+
+/// One stored FAST token: what the token is derived from, never the token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FastToken {
+    /// Its slot.
+    pub slot: FastSlot,
+    /// Random value the token is derived from (with the server's key).
+    pub nonce: String,
+    /// The HT mechanism it was issued for (XEP-0484: bound to it).
+    pub mechanism: String,
+    /// Expiry, milliseconds since the Unix epoch.
+    pub expires_at: i64,
 }
 
 /// Lifecycle of a storage backend as a whole.

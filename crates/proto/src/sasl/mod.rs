@@ -10,11 +10,14 @@
 //!   The server side is [`ScramServer`], the client side (tests, load generator) is
 //!   [`ScramClient`]; per-user secrets are [`ScramCredentials`] (never the password).
 //! - `PLAIN` (RFC 4616) via [`parse_plain`] plus [`ScramCredentials::verify_password`].
+//! - `HT-SHA-256-{EXPR,ENDP,NONE}` (draft-schmaus-kitten-sasl-ht, for XEP-0484
+//!   FAST tokens) in [`ht`].
 //!
 //! No function in this module panics on any input.
 #![warn(missing_docs)]
 
 mod crypto;
+pub mod ht;
 mod plain;
 mod scram;
 #[cfg(test)]

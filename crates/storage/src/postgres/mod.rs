@@ -40,6 +40,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0003_offline.sql"),
     include_str!("0004_archive.sql"),
     include_str!("0005_inbox_unindexed.sql"),
+    include_str!("0006_fast_tokens.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:

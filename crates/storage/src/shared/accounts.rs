@@ -7,7 +7,7 @@ use super::{Dialect, Store};
 use crate::{backend, hash_name, now_secs, split};
 use async_trait::async_trait;
 use sqlx::Row;
-use starling_core::storage::{AccountStore, StorageError, StorageResult};
+use starling_core::storage::{AccountStore, FastSlot, FastToken, StorageError, StorageResult};
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
 
@@ -105,6 +105,14 @@ impl AccountStore for Store {
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
+        // A new password revokes every FAST token (XEP-0484 §5: tokens are
+        // exchanged for a password, not kept past it).
+        sqlx::query("DELETE FROM fast_tokens WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
         Store::insert_credentials(&mut tx, &[(jid, credentials)])
             .await
             .map_err(backend)?;
@@ -151,5 +159,82 @@ impl AccountStore for Store {
             .map_err(backend)?
             .get(0);
         Ok(n as u64)
+    }
+
+    async fn fast_tokens(&self, jid: &BareJid, agent: &str) -> StorageResult<Vec<FastToken>> {
+        let (domain, user) = split(jid);
+        let rows = sqlx::query(
+            "SELECT slot, nonce, mechanism, expires_at FROM fast_tokens
+             WHERE domain = $1 AND username = $2 AND agent = $3 ORDER BY slot",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(agent)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                Some(FastToken {
+                    slot: FastSlot::from_code(r.get(0))?,
+                    nonce: r.get(1),
+                    mechanism: r.get(2),
+                    expires_at: r.get(3),
+                })
+            })
+            .collect())
+    }
+
+    async fn put_fast_token(
+        &self,
+        jid: &BareJid,
+        agent: &str,
+        token: &FastToken,
+    ) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        // Only for an existing account (the foreign key would refuse it
+        // too, as an error rather than an answer).
+        let n = sqlx::query(
+            "INSERT INTO fast_tokens (domain, username, agent, slot, nonce, mechanism, expires_at)
+             SELECT $1, $2, $3, $4, $5, $6, $7
+             WHERE EXISTS (SELECT 1 FROM accounts WHERE domain = $1 AND username = $2)
+             ON CONFLICT (domain, username, agent, slot) DO UPDATE
+             SET nonce = excluded.nonce, mechanism = excluded.mechanism,
+                 expires_at = excluded.expires_at",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(agent)
+        .bind(token.slot.code())
+        .bind(&token.nonce)
+        .bind(&token.mechanism)
+        .bind(token.expires_at)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn delete_fast_tokens(
+        &self,
+        jid: &BareJid,
+        agent: &str,
+        slot: Option<FastSlot>,
+    ) -> StorageResult<()> {
+        let (domain, user) = split(jid);
+        sqlx::query(
+            "DELETE FROM fast_tokens WHERE domain = $1 AND username = $2 AND agent = $3
+             AND ($4 < 0 OR slot = $4)",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(agent)
+        .bind(slot.map_or(-1, FastSlot::code))
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
     }
 }

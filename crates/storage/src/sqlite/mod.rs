@@ -31,6 +31,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0003_offline.sql"),
     include_str!("0004_archive.sql"),
     include_str!("0005_inbox_unindexed.sql"),
+    include_str!("0006_fast_tokens.sql"),
 ];
 
 /// The SQLite backend.
