@@ -298,6 +298,10 @@ pub struct AuthSection {
     pub max_failures_per_ip: u32,
     /// Length of the per-IP failure window, in seconds.
     pub failure_window_secs: u64,
+    /// Lifetime of XEP-0484 FAST tokens, in days (0: FAST is not offered).
+    /// A token is replaced after half of it; the key they derive from is
+    /// `data_dir/fast.key`.
+    pub fast_token_days: u32,
 }
 
 impl Default for AuthSection {
@@ -317,6 +321,7 @@ impl Default for AuthSection {
             scram_iterations: 4096,
             max_failures_per_ip: 20,
             failure_window_secs: 60,
+            fast_token_days: 14,
         }
     }
 }

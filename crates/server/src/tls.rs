@@ -290,7 +290,7 @@ fn ensure_self_signed(
 }
 
 #[cfg(unix)]
-fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
@@ -305,7 +305,7 @@ fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
 }
 
 #[cfg(not(unix))]
-fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, data).with_context(|| format!("cannot write {}", path.display()))
 }
 

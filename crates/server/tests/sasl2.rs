@@ -480,3 +480,249 @@ async fn a_failed_inline_resumption_is_reported_and_the_bind_goes_ahead() {
     }
     server.stop().await;
 }
+
+const NS_FAST: &str = "urn:xmpp:fast:0";
+
+/// Logs in with SCRAM over SASL2 asking for a FAST token for `mechanism`;
+/// returns the token.
+async fn fast_token(server: &TestServer, user: &str, mechanism: &str) -> String {
+    let (mut c, f) = tls_client(server).await;
+    let offered: Vec<String> = f
+        .get_child("authentication", NS2)
+        .and_then(|a| a.get_child("inline", NS2))
+        .and_then(|i| i.get_child("fast", NS_FAST))
+        .unwrap_or_else(|| panic!("FAST offered: {f}"))
+        .children()
+        .map(|m| m.text())
+        .collect();
+    assert!(offered.iter().any(|m| m == mechanism), "{offered:?}");
+    let success = c
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            user,
+            &format!("pw-{user}"),
+            &format!("<request-token xmlns='{NS_FAST}' mechanism='{mechanism}'/>"),
+        )
+        .await
+        .unwrap();
+    let token = success
+        .get_child("token", NS_FAST)
+        .unwrap_or_else(|| panic!("<token/> in {success}"));
+    let expiry = token.attr("expiry").unwrap();
+    assert!(expiry.ends_with('Z') && expiry.len() == 24, "{expiry}");
+    token.attr("token").unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fast_tokens_authenticate_in_one_round_trip_bound_to_their_mechanism() {
+    // XEP-0484 §4.1–4.3: <fast/> offered inline with HT mechanisms; a
+    // token requested at a password login authenticates the same client
+    // later in one step, and only with the mechanism it was issued for.
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    for mech in ["HT-SHA-256-NONE", "HT-SHA-256-EXPR", "HT-SHA-256-ENDP"] {
+        let token = fast_token(&server, "alice", mech).await;
+        for round in 0..2 {
+            let (mut c, _) = tls_client(&server).await;
+            let success = c
+                .auth_fast(
+                    mech,
+                    "alice",
+                    &token,
+                    "",
+                    &format!("<bind xmlns='{NS_BIND2}'><tag>F</tag></bind>"),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{mech} round {round}: {e}"));
+            let full = success
+                .get_child("authorization-identifier", NS2)
+                .unwrap()
+                .text();
+            assert!(full.starts_with("alice@localhost/F/"), "{full}");
+            c.close().await;
+        }
+        // Another mechanism, a wrong token, another user: refused.
+        let other = if mech == "HT-SHA-256-NONE" {
+            "HT-SHA-256-ENDP"
+        } else {
+            "HT-SHA-256-NONE"
+        };
+        for (m, t, u) in [
+            (other, token.as_str(), "alice"),
+            (mech, "not-the-token", "alice"),
+            (mech, token.as_str(), "bob"),
+        ] {
+            let (mut c, _) = tls_client(&server).await;
+            let f = c.auth_fast(m, u, t, "", "").await.unwrap_err();
+            assert!(
+                f.is("failure", NS2) && f.has_child("not-authorized", ns::SASL),
+                "{m} {u}: {f}"
+            );
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fast_needs_its_element_and_a_user_agent() {
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let token = fast_token(&server, "alice", "HT-SHA-256-NONE").await;
+    let (mut c, _) = tls_client(&server).await;
+    use base64::Engine;
+    let first = starling_proto::sasl::ht::initiator("alice", token.as_bytes(), b"");
+    c.send(&format!(
+        "<authenticate xmlns='{NS2}' mechanism='HT-SHA-256-NONE'><initial-response>{}</initial-response><user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'/></authenticate>",
+        base64::engine::general_purpose::STANDARD.encode(&first)
+    ))
+    .await;
+    let f = c.recv().await;
+    assert!(
+        f.has_child("malformed-request", ns::SASL),
+        "no <fast/>: {f}"
+    );
+    c.send(&format!(
+        "<authenticate xmlns='{NS2}' mechanism='HT-SHA-256-NONE'><initial-response>{}</initial-response><fast xmlns='{NS_FAST}'/></authenticate>",
+        base64::engine::general_purpose::STANDARD.encode(&first)
+    ))
+    .await;
+    let f = c.recv().await;
+    assert!(
+        f.has_child("malformed-request", ns::SASL),
+        "no user agent: {f}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalidate_and_a_password_change_revoke_fast_tokens() {
+    // XEP-0484 §4.5 (invalidate='true'); a new password ends every token.
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let token = fast_token(&server, "alice", "HT-SHA-256-NONE").await;
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_fast("HT-SHA-256-NONE", "alice", &token, "invalidate='true'", "")
+        .await
+        .unwrap();
+    assert!(
+        !success.has_child("token", NS_FAST),
+        "no new token: {success}"
+    );
+    let (mut c, _) = tls_client(&server).await;
+    assert!(c
+        .auth_fast("HT-SHA-256-NONE", "alice", &token, "", "")
+        .await
+        .is_err());
+
+    let token = fast_token(&server, "alice", "HT-SHA-256-NONE").await;
+    let alice = starling_proto::BareJid::new("alice@localhost").unwrap();
+    let creds = [starling_proto::sasl::ScramCredentials::derive(
+        starling_proto::sasl::ScramHash::Sha256,
+        "pw-new",
+        b"some-salt",
+        4096,
+    )
+    .unwrap()];
+    server
+        .server
+        .env
+        .storage
+        .accounts
+        .set_credentials(&alice, &creds)
+        .await
+        .unwrap();
+    let (mut c, _) = tls_client(&server).await;
+    let f = c
+        .auth_fast("HT-SHA-256-NONE", "alice", &token, "", "")
+        .await
+        .unwrap_err();
+    assert!(f.has_child("not-authorized", ns::SASL), "{f}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_near_expiry_is_rotated_and_the_old_one_works_until_the_new_is_used() {
+    // XEP-0484 §4.4 and §6.1: a new token in the <success/>; the old one
+    // stays valid until the new one is used, then no longer.
+    use starling_core::storage::{FastSlot, FastToken};
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let alice = starling_proto::BareJid::new("alice@localhost").unwrap();
+    let agent = "d4565fa7-4d72-4749-b3d3-740edbf87770";
+    let key = std::fs::read(server.dir.join("fast.key")).expect("the FAST key");
+    let nonce = "test-nonce";
+    let old = starling_proto::sasl::ht::derive_token(&key, &[alice.as_str(), agent, nonce]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    server
+        .server
+        .env
+        .storage
+        .accounts
+        .put_fast_token(
+            &alice,
+            agent,
+            &FastToken {
+                slot: FastSlot::Current,
+                nonce: nonce.into(),
+                mechanism: "HT-SHA-256-NONE".into(),
+                expires_at: now + 3_600_000, // an hour of 14 days left
+            },
+        )
+        .await
+        .unwrap();
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_fast("HT-SHA-256-NONE", "alice", &old, "", "")
+        .await
+        .unwrap();
+    let new = success
+        .get_child("token", NS_FAST)
+        .unwrap_or_else(|| panic!("rotated: {success}"))
+        .attr("token")
+        .unwrap()
+        .to_owned();
+    assert_ne!(new, old);
+    // The old token still works (the new one may not have arrived), and
+    // brings another new one, which replaces the unused one (§4.4: "SHOULD
+    // invalidate any tokens previously generated that have not been
+    // used")...
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_fast("HT-SHA-256-NONE", "alice", &old, "", "")
+        .await
+        .unwrap();
+    let newer = success
+        .get_child("token", NS_FAST)
+        .and_then(|t| t.attr("token"))
+        .unwrap()
+        .to_owned();
+    let (mut c, _) = tls_client(&server).await;
+    assert!(c
+        .auth_fast("HT-SHA-256-NONE", "alice", &new, "", "")
+        .await
+        .is_err());
+    // ...until the newest one is used: then the old one is gone.
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_fast("HT-SHA-256-NONE", "alice", &newer, "", "")
+        .await
+        .unwrap();
+    assert!(
+        !success.has_child("token", NS_FAST),
+        "a fresh token is not rotated: {success}"
+    );
+    let (mut c, _) = tls_client(&server).await;
+    assert!(c
+        .auth_fast("HT-SHA-256-NONE", "alice", &old, "", "")
+        .await
+        .is_err());
+    let (mut c, _) = tls_client(&server).await;
+    c.auth_fast("HT-SHA-256-NONE", "alice", &newer, "", "")
+        .await
+        .unwrap();
+    server.stop().await;
+}

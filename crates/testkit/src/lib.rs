@@ -984,6 +984,53 @@ impl Client {
         Ok(reply)
     }
 
+    /// XEP-0484 FAST: SASL2 authentication with a token over `mechanism`
+    /// (`HT-SHA-256-EXPR`, `-ENDP` or `-NONE`), the same user agent as
+    /// [`Client::auth_sasl2`], `<fast/>` with `fast_attrs`, and `inline`.
+    /// On success checks the server's responder message and reads the
+    /// features that follow.
+    pub async fn auth_fast(
+        &mut self,
+        mechanism: &str,
+        user: &str,
+        token: &str,
+        fast_attrs: &str,
+        inline: &str,
+    ) -> Result<Element, Element> {
+        use base64::Engine;
+        use starling_proto::sasl::ht;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        const NS2: &str = "urn:xmpp:sasl:2";
+        let ht_mech = ht::HtMechanism::from_name(mechanism).expect("an HT mechanism");
+        let cb = ht_mech
+            .binding()
+            .map(|ty| self.channel_binding(ty))
+            .unwrap_or_default();
+        let first = ht::initiator(user, token.as_bytes(), &cb);
+        self.send(&format!(
+            "<authenticate xmlns='{NS2}' mechanism='{mechanism}'><initial-response>{}</initial-response><user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'/><fast xmlns='urn:xmpp:fast:0' {fast_attrs}/>{inline}</authenticate>",
+            b64.encode(first)
+        ))
+        .await;
+        let reply = self.recv().await;
+        if !reply.is("success", NS2) {
+            return Err(reply);
+        }
+        let data = reply
+            .get_child("additional-data", NS2)
+            .map(|d| b64.decode(d.text().trim()).expect("base64"))
+            .expect("the responder message in <additional-data/>");
+        assert_eq!(
+            data,
+            ht::responder(token.as_bytes(), &cb),
+            "server authenticated itself"
+        );
+        let features = self.recv().await;
+        assert!(features.is("features", ns::STREAMS), "{features}");
+        self.features = Some(features);
+        Ok(reply)
+    }
+
     /// Binds a resource (RFC 6120 §7) and returns the full JID.
     pub async fn bind(&mut self, resource: Option<&str>) -> String {
         let res = resource

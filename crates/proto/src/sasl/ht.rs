@@ -93,6 +93,21 @@ pub fn responder(token: &[u8], cb: &[u8]) -> Vec<u8> {
     mac(token, b"Responder", cb)
 }
 
+/// A token derived from a server key and its context (the account, the
+/// client, a stored nonce): base64url without padding of
+/// HMAC-SHA-256(key, parts joined by NUL). The server stores the nonce,
+/// never the token.
+pub fn derive_token(key: &[u8], parts: &[&str]) -> String {
+    use base64::Engine as _;
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("any key length");
+    m.update(b"starling-fast-token");
+    for p in parts {
+        m.update(&[0]);
+        m.update(p.as_bytes());
+    }
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
+}
+
 /// The initiator message a client sends (tests, load generator).
 pub fn initiator(authcid: &str, token: &[u8], cb: &[u8]) -> Vec<u8> {
     let mut out = authcid.as_bytes().to_vec();

@@ -7,6 +7,7 @@
 //! legacy session iq — and hands every stanza to the hooks. It knows no XEP
 //! (invariant 1): presence, ping, disco, registration… are modules.
 
+pub(crate) mod fast;
 mod sasl;
 pub(crate) mod session;
 
@@ -62,6 +63,8 @@ pub struct C2sShared {
     pub auth_limiter: IpLimiter,
     /// Source of session ids.
     pub next_id: AtomicU64,
+    /// XEP-0484 FAST tokens (`None`: not offered).
+    pub fast: Option<fast::Fast>,
 }
 
 impl C2sShared {
@@ -102,6 +105,19 @@ impl C2sShared {
                 Duration::from_secs(cfg.auth.failure_window_secs),
             ),
             next_id: AtomicU64::new(1),
+            fast: match cfg.auth.fast_token_days {
+                0 => None,
+                days => match fast::Fast::load_or_create(
+                    &cfg.server.data_dir,
+                    Duration::from_secs(u64::from(days) * 86_400),
+                ) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::error!(error = %e, "FAST tokens (XEP-0484) are off: the key is unusable");
+                        None
+                    }
+                },
+            },
         }
     }
 }

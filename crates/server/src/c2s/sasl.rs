@@ -4,9 +4,12 @@
 //! `starling_proto::sasl`; this file adds credential lookup, limits and
 //! logging.
 
+use super::fast::NS_FAST;
 use super::session::{Exit, Session};
 use starling_core::hooks::ElementStage;
+use starling_core::storage::{FastSlot, FastToken};
 use starling_core::{Action, SessionCtx, SessionState};
+use starling_proto::sasl::ht::{self, HtMechanism};
 use starling_proto::sasl::{
     decode_payload, encode_payload, parse_plain, Mechanism, SaslError, ScramHash, ScramServer,
 };
@@ -78,7 +81,10 @@ impl Session {
                     .get_child("initial-response", ns::SASL2)
                     .map(|r| r.text())
                     .unwrap_or_default();
-                self.on_auth(&el, initial).await
+                match el.attr("mechanism").and_then(HtMechanism::from_name) {
+                    Some(ht) => self.on_fast(&el, ht, &initial).await,
+                    None => self.on_auth(&el, initial).await,
+                }
             }
             (_, "response") if v2 == self.sasl_v2 => self.on_response(&el).await,
             (_, "abort") => {
@@ -93,6 +99,7 @@ impl Session {
                 Ok(())
             }
             Ok(Step::Success(data, jid)) => {
+                let fast_offered = self.offered_fast();
                 self.shared.env.metrics.auth_success.inc();
                 tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, sasl2 = v2, "authenticated");
                 self.info.user = Some(jid.clone());
@@ -109,6 +116,13 @@ impl Session {
                                 .text(encode_payload(&data))
                                 .build(),
                         );
+                    }
+                    // XEP-0484: a token asked for, or due for rotation.
+                    if let Some(token) = self
+                        .fast_token_for(&jid, request.as_deref(), &fast_offered)
+                        .await
+                    {
+                        success.append_child(token);
                     }
                     // Inline requests first (XEP-0198: a <resume/> before
                     // any bind); a resumption that succeeds hands the
@@ -226,6 +240,164 @@ impl Session {
             self.apply(rest).await?;
         }
         Ok(answers)
+    }
+
+    /// The FAST mechanisms offered on this stream (XEP-0484 §4.1): only
+    /// over TLS, and a channel-bound one only where its binding exists.
+    pub(super) fn offered_fast(&self) -> Vec<HtMechanism> {
+        if self.shared.fast.is_none() || !self.info.secure {
+            return Vec::new();
+        }
+        HtMechanism::ALL
+            .into_iter()
+            .filter(|m| m.binding().is_none_or(|ty| self.bindings.get(ty).is_some()))
+            .collect()
+    }
+
+    /// XEP-0484 §4.3: authentication with a FAST token, in one step. The
+    /// token must be the client's (its user-agent id), for this mechanism,
+    /// unexpired, and its HMAC over this connection's channel binding must
+    /// verify. A token from the `new` slot becomes `current`; with
+    /// `invalidate='true'` the token used is revoked.
+    async fn on_fast(
+        &mut self,
+        el: &Element,
+        mech: HtMechanism,
+        initial: &str,
+    ) -> Result<Step, SaslError> {
+        if matches!(self.sasl, SaslState::Done(_)) {
+            return Err(SaslError::MalformedRequest("already authenticated"));
+        }
+        self.sasl = SaslState::Idle;
+        if self.shared.auth_limiter.is_limited(self.info.peer.ip()) {
+            return Err(SaslError::TemporaryAuthFailure);
+        }
+        if !self.offered_fast().contains(&mech) {
+            return Err(SaslError::InvalidMechanism);
+        }
+        let Some(fast_el) = el.get_child("fast", NS_FAST) else {
+            return Err(SaslError::MalformedRequest(
+                "authenticating with a FAST token needs <fast/> (XEP-0484 §4.3)",
+            ));
+        };
+        let agent = el
+            .get_child("user-agent", ns::SASL2)
+            .and_then(|u| u.attr("id"))
+            .filter(|id| !id.is_empty() && id.len() <= 128)
+            .ok_or(SaslError::MalformedRequest(
+                "FAST needs the client's <user-agent id/> (XEP-0484 §5)",
+            ))?
+            .to_owned();
+        let data = decode_payload(initial.trim())?;
+        let (authcid, hashed) = ht::parse_initiator(&data)?;
+        let jid = self.account_jid(&authcid)?;
+        let cb = match mech.binding() {
+            None => Vec::new(),
+            Some(ty) => self
+                .bindings
+                .get(ty)
+                .ok_or(SaslError::UnsupportedChannelBinding)?
+                .to_vec(),
+        };
+        let Some(fast) = self.shared.fast.as_ref() else {
+            return Err(SaslError::InvalidMechanism);
+        };
+        let accounts = self.shared.env.storage.accounts.clone();
+        let temporary = |e: starling_core::storage::StorageError| {
+            tracing::error!(error = %e, "FAST token lookup failed");
+            SaslError::TemporaryAuthFailure
+        };
+        let mut tokens = accounts
+            .fast_tokens(&jid, &agent)
+            .await
+            .map_err(temporary)?;
+        // The newer token first (XEP-0484 §6.1).
+        tokens.sort_by_key(|t| t.slot != FastSlot::New);
+        let now = super::fast::now_millis();
+        let found = tokens.into_iter().find_map(|t| {
+            if t.mechanism != mech.name() || t.expires_at <= now {
+                return None;
+            }
+            let token = fast.token(&jid, &agent, &t.nonce);
+            ht::verify_initiator(token.as_bytes(), &cb, &hashed).then_some((t, token))
+        });
+        let Some((used, token)) = found else {
+            return Err(SaslError::NotAuthorized(
+                "unknown, expired or wrong FAST token",
+            ));
+        };
+        let invalidate = matches!(fast_el.attr("invalidate"), Some("true" | "1"));
+        if invalidate {
+            accounts
+                .delete_fast_tokens(&jid, &agent, Some(used.slot))
+                .await
+                .map_err(temporary)?;
+        } else if used.slot == FastSlot::New {
+            let current = FastToken {
+                slot: FastSlot::Current,
+                ..used.clone()
+            };
+            accounts
+                .put_fast_token(&jid, &agent, &current)
+                .await
+                .map_err(temporary)?;
+            accounts
+                .delete_fast_tokens(&jid, &agent, Some(FastSlot::New))
+                .await
+                .map_err(temporary)?;
+        }
+        self.fast_rotate = (!invalidate && fast.due_for_rotation(&used)).then_some(mech.name());
+        Ok(Step::Success(ht::responder(token.as_bytes(), &cb), jid))
+    }
+
+    /// The `<token/>` for the `<success/>` (XEP-0484 §4.2, §4.4): one the
+    /// client asked for with `<request-token/>` (a mechanism we offered),
+    /// else a replacement for a token due for rotation. The new token
+    /// goes to the client's `new` slot.
+    async fn fast_token_for(
+        &mut self,
+        jid: &BareJid,
+        request: Option<&Element>,
+        offered: &[HtMechanism],
+    ) -> Option<Element> {
+        let rotate = self.fast_rotate.take();
+        let request = request?;
+        let fast = self.shared.fast.as_ref()?;
+        let asked = request
+            .get_child("request-token", NS_FAST)
+            .and_then(|r| r.attr("mechanism"))
+            .and_then(HtMechanism::from_name)
+            .filter(|m| offered.contains(m))
+            .map(HtMechanism::name);
+        let mechanism = asked.or(rotate)?;
+        let agent = request
+            .get_child("user-agent", ns::SASL2)
+            .and_then(|u| u.attr("id"))
+            .filter(|id| !id.is_empty() && id.len() <= 128)?;
+        let (stored, token) = fast.issue(jid, agent, mechanism);
+        match self
+            .shared
+            .env
+            .storage
+            .accounts
+            .put_fast_token(jid, agent, &stored)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                tracing::error!(error = %e, user = %jid, "storing a FAST token failed; none issued");
+                return None;
+            }
+        }
+        let expiry = starling_proto::datetime::xep0082_datetime(stored.expires_at.max(0) as u128);
+        tracing::info!(session = self.info.id, user = %jid, mechanism, "FAST token issued");
+        Some(
+            Element::builder("token", NS_FAST)
+                .attr("expiry", expiry)
+                .attr("token", token)
+                .build(),
+        )
     }
 
     fn write_sasl(&mut self, v2: bool, name: &str, data: &[u8]) {

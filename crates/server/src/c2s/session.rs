@@ -95,6 +95,9 @@ pub(crate) struct Session {
     pub(super) sasl_v2: bool,
     /// The SASL2 `<authenticate/>` in progress, for its inline requests.
     pub(super) sasl2_request: Option<Box<Element>>,
+    /// A FAST authentication used a token due for rotation: issue a new
+    /// one for this mechanism in the `<success/>` (XEP-0484 §4.4).
+    pub(super) fast_rotate: Option<&'static str>,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
     /// When a traffic observer wants its `before_flush` again.
@@ -224,6 +227,7 @@ impl Session {
             sasl: SaslState::Idle,
             sasl_v2: false,
             sasl2_request: None,
+            fast_rotate: None,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
             flush_check_at: None,
@@ -579,6 +583,19 @@ impl Session {
                         let mut bind = Element::new("bind", ns::BIND2);
                         bind.append_child(bind_inline);
                         let mut inline = Element::new("inline", ns::SASL2);
+                        // XEP-0484 §4.1: FAST and its mechanisms.
+                        let fast = self.offered_fast();
+                        if !fast.is_empty() {
+                            let mut el = Element::new("fast", super::fast::NS_FAST);
+                            for m in fast {
+                                el.append_child(
+                                    Element::builder("mechanism", super::fast::NS_FAST)
+                                        .text(m.name())
+                                        .build(),
+                                );
+                            }
+                            inline.append_child(el);
+                        }
                         let mut extra = Vec::new();
                         self.module_features(FeatureStage::Sasl2Inline, &mut extra);
                         for e in extra {
