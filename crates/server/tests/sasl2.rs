@@ -726,3 +726,44 @@ async fn a_token_near_expiry_is_rotated_and_the_old_one_works_until_the_new_is_u
         .unwrap();
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bind2_gives_one_client_the_same_resource_and_replaces_its_earlier_session() {
+    // XEP-0386 §3.3 (stable resources per tag and user-agent id, the id
+    // not exposed) and §3.2 ("SHOULD terminate any earlier sessions from
+    // the same client"): the new session takes the resource, the earlier
+    // one gets <conflict/> (RFC 6120 §7.7.2.2).
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let login = |tag: &'static str| {
+        let server = &server;
+        async move {
+            let (mut c, _) = tls_client(server).await;
+            let success = c
+                .auth_sasl2(
+                    Mechanism::ScramSha256,
+                    "alice",
+                    "pw-alice",
+                    &format!("<bind xmlns='{NS_BIND2}'><tag>{tag}</tag></bind>"),
+                )
+                .await
+                .unwrap();
+            let full = success
+                .get_child("authorization-identifier", NS2)
+                .unwrap()
+                .text();
+            (c, full)
+        }
+    };
+    let (mut first, jid1) = login("Phone").await;
+    let (_second, jid2) = login("Phone").await;
+    assert_eq!(jid1, jid2, "same client, same tag, same resource");
+    assert!(
+        !jid1.contains("d4565fa7"),
+        "the user-agent id is not exposed: {jid1}"
+    );
+    first.expect_stream_error("conflict").await;
+    let (_third, jid3) = login("Laptop").await;
+    assert!(jid3.starts_with("alice@localhost/Laptop/"), "{jid3}");
+    server.stop().await;
+}

@@ -41,32 +41,46 @@ pub(crate) fn now_millis() -> i64 {
         .unwrap_or(0)
 }
 
+/// Loads `data_dir/fast.key`, or makes it: the server's secret for FAST
+/// tokens and for stable Bind 2 resources.
+pub fn load_or_create_key(data_dir: &Path) -> anyhow::Result<[u8; 32]> {
+    let path = data_dir.join("fast.key");
+    Ok(match std::fs::read(&path) {
+        Ok(bytes) if bytes.len() == 32 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&bytes);
+            k
+        }
+        Ok(_) => anyhow::bail!(
+            "{} is not a 32-byte FAST key; delete it to make a new one (every FAST token is then revoked)",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut k = [0u8; 32];
+            getrandom::fill(&mut k)
+                .map_err(|e| anyhow::anyhow!("no randomness for the FAST key: {e}"))?;
+            std::fs::create_dir_all(data_dir)?;
+            crate::tls::write_private(&path, &k)?;
+            tracing::info!(path = %path.display(), "generated the FAST token key");
+            k
+        }
+        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+    })
+}
+
+/// XEP-0386 §3.3 stable resources: the part after the tag, the same for
+/// every bind of one client (its SASL2 user-agent id) with one tag, and
+/// revealing nothing of the id.
+pub fn stable_resource_id(key: &[u8; 32], user: &BareJid, agent: &str, tag: &str) -> String {
+    let mut id = ht::derive_token(key, &["bind2", user.as_str(), agent, tag]);
+    id.truncate(12);
+    id
+}
+
 impl Fast {
-    /// Loads `data_dir/fast.key`, or makes it.
-    pub fn load_or_create(data_dir: &Path, lifetime: Duration) -> anyhow::Result<Fast> {
-        let path = data_dir.join("fast.key");
-        let key = match std::fs::read(&path) {
-            Ok(bytes) if bytes.len() == 32 => {
-                let mut k = [0u8; 32];
-                k.copy_from_slice(&bytes);
-                k
-            }
-            Ok(_) => anyhow::bail!(
-                "{} is not a 32-byte FAST key; delete it to make a new one (every FAST token is then revoked)",
-                path.display()
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut k = [0u8; 32];
-                getrandom::fill(&mut k)
-                    .map_err(|e| anyhow::anyhow!("no randomness for the FAST key: {e}"))?;
-                std::fs::create_dir_all(data_dir)?;
-                crate::tls::write_private(&path, &k)?;
-                tracing::info!(path = %path.display(), "generated the FAST token key");
-                k
-            }
-            Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
-        };
-        Ok(Fast { key, lifetime })
+    /// FAST with this key and token lifetime.
+    pub fn new(key: [u8; 32], lifetime: Duration) -> Fast {
+        Fast { key, lifetime }
     }
 
     /// The token a stored slot stands for.

@@ -65,6 +65,9 @@ pub struct C2sShared {
     pub next_id: AtomicU64,
     /// XEP-0484 FAST tokens (`None`: not offered).
     pub fast: Option<fast::Fast>,
+    /// The server's secret (`data_dir/fast.key`): FAST tokens and stable
+    /// Bind 2 resources derive from it.
+    pub key: Option<[u8; 32]>,
 }
 
 impl C2sShared {
@@ -79,6 +82,13 @@ impl C2sShared {
         // Strongest first, whatever order the file lists them in.
         mechanisms.sort_by_key(|m| Mechanism::ALL.iter().position(|x| x == m));
         mechanisms.dedup();
+        let key = match fast::load_or_create_key(&cfg.server.data_dir) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::error!(error = %e, "FAST tokens (XEP-0484) and stable Bind 2 resources are off: the key is unusable");
+                None
+            }
+        };
         C2sShared {
             env,
             tls,
@@ -105,19 +115,13 @@ impl C2sShared {
                 Duration::from_secs(cfg.auth.failure_window_secs),
             ),
             next_id: AtomicU64::new(1),
-            fast: match cfg.auth.fast_token_days {
-                0 => None,
-                days => match fast::Fast::load_or_create(
-                    &cfg.server.data_dir,
-                    Duration::from_secs(u64::from(days) * 86_400),
-                ) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        tracing::error!(error = %e, "FAST tokens (XEP-0484) are off: the key is unusable");
-                        None
-                    }
-                },
-            },
+            fast: key.filter(|_| cfg.auth.fast_token_days > 0).map(|k| {
+                fast::Fast::new(
+                    k,
+                    Duration::from_secs(u64::from(cfg.auth.fast_token_days) * 86_400),
+                )
+            }),
+            key,
         }
     }
 }

@@ -137,7 +137,14 @@ impl Session {
                         .as_deref()
                         .and_then(|r| r.get_child("bind", ns::BIND2))
                     {
-                        Some(b) => Some(self.bind2(&jid, b).await?),
+                        Some(b) => {
+                            let agent = request
+                                .as_deref()
+                                .and_then(|r| r.get_child("user-agent", ns::SASL2))
+                                .and_then(|u| u.attr("id"))
+                                .filter(|id| !id.is_empty() && id.len() <= 128);
+                            Some(self.bind2(&jid, b, agent).await?)
+                        }
                         None => None,
                     };
                     let identity = bound

@@ -883,12 +883,22 @@ impl Session {
         &mut self,
         user: &BareJid,
         request: &Element,
+        agent: Option<&str>,
     ) -> Result<(FullJid, Element), Exit> {
         let tag = request
             .get_child("tag", ns::BIND2)
             .map(|t| t.text().trim().to_owned())
             .filter(|t| !t.is_empty() && t.len() <= 64);
-        let random = random_id(10);
+        // §3.3: a client that names itself (SASL2 user-agent id) gets the
+        // same resource for the same tag every time, so its new session
+        // replaces its earlier one (RFC 6120 §7.7.2.2, as §3.2 asks:
+        // "SHOULD terminate any earlier sessions from the same client").
+        let random = match (&self.shared.key, agent, &tag) {
+            (Some(key), Some(agent), Some(tag)) => {
+                super::fast::stable_resource_id(key, user, agent, tag)
+            }
+            _ => random_id(10),
+        };
         let full = tag
             .and_then(|t| user.with_resource_str(&format!("{t}/{random}")).ok())
             .or_else(|| user.with_resource_str(&format!("starling-{random}")).ok())
