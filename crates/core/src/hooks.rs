@@ -251,6 +251,15 @@ pub trait SessionOpenedHandler: Send + Sync + 'static {
     async fn session_opened(&self, cx: &mut SessionCtx<'_>) -> HookResult;
 }
 
+/// Adds to the `<bound/>` of every Bind 2 request (XEP-0386 §3.3), right
+/// after the resource was bound: what the handler sends goes into
+/// `<bound/>` (the archive's `<metadata/>`, for instance).
+#[async_trait]
+pub trait BoundHandler: Send + Sync + 'static {
+    /// Runs once per Bind 2 request.
+    async fn bound(&self, cx: &mut SessionCtx<'_>) -> HookResult;
+}
+
 /// The session is ending (the client left, the stream failed, or it was
 /// replaced). Actions that write to this session are ignored; routed
 /// stanzas are still routed.
@@ -638,6 +647,8 @@ pub struct Hooks {
     pub session_opened: Chain<dyn SessionOpenedHandler>,
     /// [`SessionClosedHandler`]s.
     pub session_closed: Chain<dyn SessionClosedHandler>,
+    /// [`BoundHandler`]s.
+    pub bound: Chain<dyn BoundHandler>,
     /// [`OfflineMessageHandler`]s.
     pub offline_message: Chain<dyn OfflineMessageHandler>,
     /// [`InboundHandler`]s.
@@ -805,6 +816,11 @@ impl HookRegistry {
         h: Arc<dyn SessionOpenedHandler>,
     ) {
         self.hooks.session_opened.add(priority, module, h);
+    }
+
+    /// Registers a [`BoundHandler`].
+    pub fn bound(&mut self, module: &'static str, priority: i32, h: Arc<dyn BoundHandler>) {
+        self.hooks.bound.add(priority, module, h);
     }
 
     /// Registers a [`SessionClosedHandler`].

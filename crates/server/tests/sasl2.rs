@@ -767,3 +767,54 @@ async fn bind2_gives_one_client_the_same_resource_and_replaces_its_earlier_sessi
     assert!(jid3.starts_with("alice@localhost/Laptop/"), "{jid3}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bound_carries_the_archive_metadata() {
+    // XEP-0386 §3.3: "<metadata/> … describing the state of the user's
+    // message archive at the precise time of resource binding" (XEP-0313).
+    let server = TestServer::start().await;
+    server.create_user("alice", "pw-alice").await;
+    let bind = format!("<bind xmlns='{NS_BIND2}'><tag>M</tag></bind>");
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_sasl2(Mechanism::ScramSha256, "alice", "pw-alice", &bind)
+        .await
+        .unwrap();
+    let md = success
+        .get_child("bound", NS_BIND2)
+        .and_then(|b| b.get_child("metadata", "urn:xmpp:mam:2"))
+        .unwrap_or_else(|| panic!("metadata in {success}"));
+    assert!(md.children().next().is_none(), "empty archive: {md}");
+    drop(c);
+    let mut bob = server.login("bob").await;
+    for i in 0..2 {
+        bob.send(&format!(
+            "<message to='alice@localhost' type='chat' id='m{i}'><body>{i}</body></message>"
+        ))
+        .await;
+    }
+    bob.iq(
+        "<iq type='get' id='p' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>",
+        "p",
+    )
+    .await;
+    let (mut c, _) = tls_client(&server).await;
+    let success = c
+        .auth_sasl2(Mechanism::ScramSha256, "alice", "pw-alice", &bind)
+        .await
+        .unwrap();
+    let md = success
+        .get_child("bound", NS_BIND2)
+        .and_then(|b| b.get_child("metadata", "urn:xmpp:mam:2"))
+        .unwrap();
+    let start = md
+        .get_child("start", "urn:xmpp:mam:2")
+        .unwrap_or_else(|| panic!("{md}"));
+    let end = md.get_child("end", "urn:xmpp:mam:2").unwrap();
+    assert!(
+        start.attr("id").is_some() && start.attr("timestamp").is_some(),
+        "{md}"
+    );
+    assert_ne!(start.attr("id"), end.attr("id"), "two messages: {md}");
+    server.stop().await;
+}

@@ -945,6 +945,22 @@ impl Session {
             }
             self.apply(rest).await?;
         }
+        // What every bind gets (the archive's metadata, §3.3).
+        let mut actions = Vec::new();
+        {
+            let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
+            run_chain!(self.shared.env.hooks.bound, "bound", |h| h.bound(&mut cx));
+        }
+        let mut rest = Vec::new();
+        for a in actions {
+            match a {
+                Action::Send(el) => {
+                    bound.append_child(el);
+                }
+                other => rest.push(other),
+            }
+        }
+        self.apply(rest).await?;
         Ok((full, bound))
     }
 

@@ -66,8 +66,9 @@
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
-    Archived, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
-    OfflineCompanions, OfflineMessageHandler, OwnIqHandler, ShutdownHandler, UserSendHandler,
+    Archived, BoundHandler, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse,
+    IqScope, OfflineCompanions, OfflineMessageHandler, OwnIqHandler, ShutdownHandler,
+    UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
@@ -243,6 +244,8 @@ impl Mam {
         reg.offline_message(NAME, 40, m.clone());
         reg.shutdown(NAME, 90, m.clone());
         reg.durability(m.clone());
+        // XEP-0386 §3.3: the archive's state at the moment of binding.
+        reg.bound(NAME, 50, m.clone());
         for name in ["query", "prefs", "metadata"] {
             reg.own_iq(NAME, name, NS_MAM, m.clone());
             reg.iq(
@@ -1041,6 +1044,17 @@ impl OfflineMessageHandler for Mam {
         match self.queue.claim(|r| r.id == id && r.owner == owner) {
             Claim::Taken(record) => companions.archive.push(record),
             Claim::NotQueued(ticket) => self.queue.committed(ticket).await,
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
+impl BoundHandler for Mam {
+    async fn bound(&self, cx: &mut SessionCtx<'_>) -> HookResult {
+        let owner = cx.jid().to_bare();
+        if let Ok(md) = self.metadata(&owner).await {
+            cx.send(md);
         }
         Ok(Flow::Continue)
     }
