@@ -63,6 +63,12 @@ pub struct ResumeArgs {
     /// trip. Logins stay RFC 6120 SASL + bind.
     #[arg(long)]
     pub sasl2: bool,
+    /// With `--sasl2`: logins ask for a FAST token (XEP-0484, SCRAM over
+    /// SASL2 with `<request-token/>`, then RFC 6120 bind), and
+    /// resumptions authenticate with it (HT-SHA-256-NONE, one step)
+    /// instead of SCRAM.
+    #[arg(long, requires = "sasl2")]
+    pub fast: bool,
 }
 
 /// Where to connect and as whom.

@@ -177,6 +177,9 @@ pub struct Target {
     /// Resume inline in SASL2 (XEP-0388) instead of after a SASL
     /// exchange and a stream restart.
     pub sasl2: bool,
+    /// Log in over SASL2 asking for a FAST token (XEP-0484) and resume
+    /// with it (HT-SHA-256-NONE) instead of SCRAM.
+    pub fast: bool,
 }
 
 impl Target {
@@ -248,6 +251,12 @@ fn device() -> Option<u64> {
 }
 
 type DeviceMap<T> = std::sync::Mutex<std::collections::HashMap<u64, T>>;
+
+/// FAST tokens kept per device (XEP-0484).
+static TOKENS: std::sync::LazyLock<DeviceMap<String>> = std::sync::LazyLock::new(Default::default);
+
+/// XEP-0484's namespace.
+const NS_FAST: &str = "urn:xmpp:fast:0";
 
 /// Salted passwords kept per device.
 static SALTED: std::sync::LazyLock<DeviceMap<starling_proto::sasl::SaltedPassword>> =
@@ -1087,7 +1096,11 @@ pub async fn establish(
     resource: &str,
     presence: bool,
 ) -> Result<Conn, SetupError> {
-    let (mut conn, features) = authenticated_stream(target, source, user, password).await?;
+    let (mut conn, features) = if target.fast {
+        sasl2_with_token(target, source, user, password).await?
+    } else {
+        authenticated_stream(target, source, user, password).await?
+    };
     if !features.has_child("bind", NS_BIND) {
         return fail(Cause::Bind, "server offers no resource binding");
     }
@@ -1204,6 +1217,43 @@ pub async fn resume(
     }
 }
 
+/// SASL2 with SCRAM asking for a FAST token (kept for this device);
+/// returns the connection and the features after the `<success/>`.
+async fn sasl2_with_token(
+    target: &Target,
+    source: Option<IpAddr>,
+    user: &str,
+    password: &str,
+) -> Result<(Conn, Element), SetupError> {
+    let (mut conn, features) = connect_stream(target, source).await?;
+    let offered = features
+        .get_child("authentication", NS_SASL2)
+        .and_then(|a| a.get_child("inline", NS_SASL2))
+        .and_then(|i| i.get_child("fast", NS_FAST))
+        .is_some_and(|f| f.children().any(|m| m.text() == "HT-SHA-256-NONE"));
+    if !offered {
+        return fail(Cause::Stream, "server offers no FAST with HT-SHA-256-NONE");
+    }
+    let inline = format!("<request-token xmlns='{NS_FAST}' mechanism='HT-SHA-256-NONE'/>");
+    let success = authenticate(&mut conn, target, user, password, Some(&inline))
+        .await?
+        .expect("SASL2 returns its <success/>");
+    let Some(token) = success
+        .get_child("token", NS_FAST)
+        .and_then(|t| t.attr("token"))
+    else {
+        return fail(Cause::Auth, format!("no FAST token in {success}"));
+    };
+    if let Some(n) = device() {
+        TOKENS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, token.to_owned());
+    }
+    let f = expect_element(&mut conn, target.step_timeout, "features after SASL2").await?;
+    Ok((conn, f))
+}
+
 /// [`resume`] inline in SASL2 (XEP-0388, XEP-0198 "Inline Stream
 /// Resumption"): `<resume/>` inside `<authenticate/>`, `<resumed/>` inside
 /// `<success/>`, no stream restart and no separate round trip.
@@ -1224,9 +1274,13 @@ async fn resume_inline(
         return fail(Cause::Stream, "server offers no inline resumption in SASL2");
     }
     let inline = format!("<resume xmlns='{NS_SM}' previd='{previd}' h='{h}'/>");
-    let success = authenticate(&mut conn, target, user, password, Some(&inline))
-        .await?
-        .expect("SASL2 returns its <success/>");
+    let success = if target.fast {
+        fast_authenticate(&mut conn, target, user, &inline).await?
+    } else {
+        authenticate(&mut conn, target, user, password, Some(&inline))
+            .await?
+            .expect("SASL2 returns its <success/>")
+    };
     let Some(resumed) = success.get_child("resumed", NS_SM) else {
         return fail(Cause::Bind, format!("resumption refused: {success}"));
     };
@@ -1239,6 +1293,68 @@ async fn resume_inline(
     }
     conn.sm_id = Some(previd.to_owned());
     Ok((conn, server_h))
+}
+
+/// XEP-0484: one-step SASL2 authentication with this device's FAST token
+/// (HT-SHA-256-NONE) and `inline` requests; keeps a rotated token.
+async fn fast_authenticate(
+    conn: &mut Conn,
+    target: &Target,
+    user: &str,
+    inline: &str,
+) -> Result<Element, SetupError> {
+    use starling_proto::sasl::ht;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let t = target.step_timeout;
+    let n = device();
+    let Some(token) = n.and_then(|n| {
+        TOKENS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&n)
+            .cloned()
+    }) else {
+        return fail(
+            Cause::Auth,
+            "no FAST token for this user (its login did not get one)",
+        );
+    };
+    let first = ht::initiator(user, token.as_bytes(), b"");
+    send_step(
+        conn,
+        t,
+        format!(
+            "<authenticate xmlns='{NS_SASL2}' mechanism='HT-SHA-256-NONE'><initial-response>{}</initial-response><user-agent id='{USER_AGENT_ID}'/><fast xmlns='{NS_FAST}'/>{inline}</authenticate>",
+            b64.encode(first)
+        ),
+    )
+    .await?;
+    let reply = expect_element(conn, t, "SASL2 result").await?;
+    if !reply.is("success", NS_SASL2) {
+        return fail(Cause::Auth, format!("FAST refused: {reply}"));
+    }
+    let data = reply
+        .get_child("additional-data", NS_SASL2)
+        .and_then(|d| b64.decode(d.text().trim()).ok())
+        .unwrap_or_default();
+    if data != ht::responder(token.as_bytes(), b"") {
+        return fail(
+            Cause::Auth,
+            "the server's FAST responder message does not verify",
+        );
+    }
+    if let (Some(n), Some(new)) = (
+        n,
+        reply
+            .get_child("token", NS_FAST)
+            .and_then(|t| t.attr("token")),
+    ) {
+        TOKENS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, new.to_owned());
+    }
+    Ok(reply)
 }
 
 /// Outcome of one in-band registration.

@@ -206,6 +206,7 @@ pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
         bosh_wait: args.conn.bosh_wait,
         sm: args.conn.sm,
         sasl2: false,
+        fast: false,
     }))
 }
 

@@ -107,6 +107,7 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         bosh_wait: c.bosh_wait,
         sm: false,
         sasl2: false,
+        fast: false,
     });
     let mut set = JoinSet::new();
     let mut next = c.first_user;

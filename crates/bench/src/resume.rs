@@ -59,6 +59,7 @@ pub async fn run(a: ResumeArgs) -> anyhow::Result<()> {
     let target = {
         let mut t = (*engine::target_of(&sc)?).clone();
         t.sasl2 = a.sasl2;
+        t.fast = a.fast;
         Arc::new(t)
     };
     let pid = match sc.server_pid {

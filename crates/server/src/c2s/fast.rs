@@ -8,9 +8,11 @@
 //!   0600, made on first start). So the database alone authenticates
 //!   nobody, and a new key revokes every token.
 //! - Two slots per client (its SASL2 user-agent id), as XEP-0484 §6.1
-//!   suggests: a new token waits in `new` until it is used, then replaces
-//!   `current`; the one in `current` keeps working until then, so a client
-//!   that lost the response with its new token is not locked out.
+//!   suggests: a new token waits in `new`; the one in `current` keeps
+//!   working until the new one is used (then it is deleted), so a client
+//!   that lost the response with its new token is not locked out. A used
+//!   token stays in `new` (authenticating writes nothing) until a newer
+//!   one is issued, which first moves it to `current`.
 //! - A token is bound to the mechanism it was requested for, expires after
 //!   `[auth] fast_token_days`, and is rotated (a new one in the
 //!   `<success/>`) once half its life has passed. `invalidate='true'`

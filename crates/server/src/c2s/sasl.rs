@@ -318,6 +318,7 @@ impl Session {
             .fast_tokens(&jid, &agent)
             .await
             .map_err(temporary)?;
+        let had_current = tokens.iter().any(|t| t.slot == FastSlot::Current);
         // The newer token first (XEP-0484 §6.1).
         tokens.sort_by_key(|t| t.slot != FastSlot::New);
         let now = super::fast::now_millis();
@@ -339,21 +340,17 @@ impl Session {
                 .delete_fast_tokens(&jid, &agent, Some(used.slot))
                 .await
                 .map_err(temporary)?;
-        } else if used.slot == FastSlot::New {
-            let current = FastToken {
-                slot: FastSlot::Current,
-                ..used.clone()
-            };
+        } else if used.slot == FastSlot::New && had_current {
+            // §4.4: using the newer token invalidates the older one. The
+            // used token stays in `new` (no write on the common path); it
+            // moves to `current` only when a newer one is issued.
             accounts
-                .put_fast_token(&jid, &agent, &current)
-                .await
-                .map_err(temporary)?;
-            accounts
-                .delete_fast_tokens(&jid, &agent, Some(FastSlot::New))
+                .delete_fast_tokens(&jid, &agent, Some(FastSlot::Current))
                 .await
                 .map_err(temporary)?;
         }
         self.fast_rotate = (!invalidate && fast.due_for_rotation(&used)).then_some(mech.name());
+        self.fast_used = (!invalidate).then_some(used);
         Ok(Step::Success(ht::responder(token.as_bytes(), &cb), jid))
     }
 
@@ -368,6 +365,7 @@ impl Session {
         offered: &[HtMechanism],
     ) -> Option<Element> {
         let rotate = self.fast_rotate.take();
+        let used = self.fast_used.take();
         let request = request?;
         let fast = self.shared.fast.as_ref()?;
         let asked = request
@@ -382,6 +380,26 @@ impl Session {
             .and_then(|u| u.attr("id"))
             .filter(|id| !id.is_empty() && id.len() <= 128)?;
         let (stored, token) = fast.issue(jid, agent, mechanism);
+        // The token just used, if it sits in `new`, moves to `current`:
+        // it keeps working until the client uses the one issued now
+        // (§6.1: a client may lose this response).
+        if let Some(used) = used.filter(|u| u.slot == FastSlot::New) {
+            let current = FastToken {
+                slot: FastSlot::Current,
+                ..used
+            };
+            if let Err(e) = self
+                .shared
+                .env
+                .storage
+                .accounts
+                .put_fast_token(jid, agent, &current)
+                .await
+            {
+                tracing::error!(error = %e, user = %jid, "keeping the used FAST token failed; none issued");
+                return None;
+            }
+        }
         match self
             .shared
             .env

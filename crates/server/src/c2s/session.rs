@@ -98,6 +98,9 @@ pub(crate) struct Session {
     /// A FAST authentication used a token due for rotation: issue a new
     /// one for this mechanism in the `<success/>` (XEP-0484 §4.4).
     pub(super) fast_rotate: Option<&'static str>,
+    /// The FAST token this stream authenticated with (its slot matters
+    /// when a new one is issued).
+    pub(super) fast_used: Option<starling_core::storage::FastToken>,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
     /// When a traffic observer wants its `before_flush` again.
@@ -228,6 +231,7 @@ impl Session {
             sasl_v2: false,
             sasl2_request: None,
             fast_rotate: None,
+            fast_used: None,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
             flush_check_at: None,
