@@ -113,8 +113,13 @@ wait_ready "$work/server.log" "$pid" 60 || { echo "smoke: the server did not sta
     --tls starttls --mechanism SCRAM-SHA-256 --unacked 5 --settle-secs 0.5 \
     --require-ratio 1 --json --quiet >"$work/resume2.json" 2>"$work/bench.log" \
     || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: resume --sasl2 failed" >&2; exit 1; }
+# And with a FAST token (XEP-0484) instead of SCRAM for the resumptions.
+"$BENCH_BIN" resume --sasl2 --fast --port "$port" --users "$USERS" --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 --unacked 5 --settle-secs 0.5 \
+    --require-ratio 1 --json --quiet >"$work/resume3.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: resume --sasl2 --fast failed" >&2; exit 1; }
 
-python3 - "$work/sm.json" "$work/resume.json" "$work/resume2.json" <<'PY'
+python3 - "$work/sm.json" "$work/resume.json" "$work/resume2.json" "$work/resume3.json" <<'PY'
 import json, sys
 sm = json.load(open(sys.argv[1]))["sm"]
 assert sm["requests_sent"] > 0 and sm["acks_received"] > 0 and sm["acks_sent"] > 0, sm
@@ -122,7 +127,7 @@ for f in sys.argv[2:]:
     r = json.load(open(f))["resume"]
     assert r["resumes"]["established"] == r["detached"] > 0 and r["h_mismatch"] == 0, r
 print(f"smoke: OK: --sm ({sm['acks_sent']} acks sent, {sm['acks_received']} received), "
-      f"{r['resumes']['established']} sessions resumed (RFC 6120 SASL and inline in SASL2)")
+      f"{r['resumes']['established']} sessions resumed (RFC 6120 SASL, inline in SASL2, and with FAST)")
 PY
 
 python3 - "$work/result.json" <<'PY'
