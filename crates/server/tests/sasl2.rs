@@ -6,7 +6,7 @@
 //! `<failure/>` with RFC 6120 §6.5 conditions.
 
 use starling_proto::sasl::Mechanism;
-use starling_testkit::{ns, Client, TestServer};
+use starling_testkit::{ns, Client, TestServer, SASL2_USER_AGENT};
 
 const NS2: &str = "urn:xmpp:sasl:2";
 
@@ -572,7 +572,7 @@ async fn fast_needs_its_element_and_a_user_agent() {
     use base64::Engine;
     let first = starling_proto::sasl::ht::initiator("alice", token.as_bytes(), b"");
     c.send(&format!(
-        "<authenticate xmlns='{NS2}' mechanism='HT-SHA-256-NONE'><initial-response>{}</initial-response><user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'/></authenticate>",
+        "<authenticate xmlns='{NS2}' mechanism='HT-SHA-256-NONE'><initial-response>{}</initial-response><user-agent id='{SASL2_USER_AGENT}'/></authenticate>",
         base64::engine::general_purpose::STANDARD.encode(&first)
     ))
     .await;
@@ -649,7 +649,7 @@ async fn a_token_near_expiry_is_rotated_and_the_old_one_works_until_the_new_is_u
     let server = TestServer::start().await;
     server.create_user("alice", "pw-alice").await;
     let alice = starling_proto::BareJid::new("alice@localhost").unwrap();
-    let agent = "d4565fa7-4d72-4749-b3d3-740edbf87770";
+    let agent = SASL2_USER_AGENT;
     let key = std::fs::read(server.dir.join("fast.key")).expect("the FAST key");
     let nonce = "test-nonce";
     let old = starling_proto::sasl::ht::derive_token(&key, &[alice.as_str(), agent, nonce]);
@@ -759,7 +759,7 @@ async fn bind2_gives_one_client_the_same_resource_and_replaces_its_earlier_sessi
     let (_second, jid2) = login("Phone").await;
     assert_eq!(jid1, jid2, "same client, same tag, same resource");
     assert!(
-        !jid1.contains("d4565fa7"),
+        !jid1.contains(&SASL2_USER_AGENT[..8]),
         "the user-agent id is not exposed: {jid1}"
     );
     first.expect_stream_error("conflict").await;

@@ -392,6 +392,11 @@ fn tls_connector(alpn: bool) -> TlsConnector {
     TlsConnector::from(Arc::new(cfg))
 }
 
+/// The `<user-agent id/>` (a UUID v4, XEP-0388 §2.4) that
+/// [`Client::auth_sasl2`] and [`Client::auth_fast`] send: one client
+/// installation, so FAST tokens and Bind 2 resources carry over.
+pub const SASL2_USER_AGENT: &str = "d4565fa7-4d72-4749-b3d3-740edbf87770";
+
 /// A TLS client that keeps the server's session tickets across
 /// connections, like one client device ([`Client::starttls_via`]).
 pub fn device_tls() -> TlsConnector {
@@ -927,7 +932,9 @@ impl Client {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::STANDARD;
         const NS2: &str = "urn:xmpp:sasl:2";
-        let agent = "<user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'><software>starling-testkit</software></user-agent>";
+        let agent = format!(
+            "<user-agent id='{SASL2_USER_AGENT}'><software>starling-testkit</software></user-agent>"
+        );
         let binding = if mechanism.is_plus() {
             let ty = ChannelBindingType::TlsExporter;
             Some((ty, self.channel_binding(ty)))
@@ -1008,7 +1015,7 @@ impl Client {
             .unwrap_or_default();
         let first = ht::initiator(user, token.as_bytes(), &cb);
         self.send(&format!(
-            "<authenticate xmlns='{NS2}' mechanism='{mechanism}'><initial-response>{}</initial-response><user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'/><fast xmlns='urn:xmpp:fast:0' {fast_attrs}/>{inline}</authenticate>",
+            "<authenticate xmlns='{NS2}' mechanism='{mechanism}'><initial-response>{}</initial-response><user-agent id='{SASL2_USER_AGENT}'/><fast xmlns='urn:xmpp:fast:0' {fast_attrs}/>{inline}</authenticate>",
             b64.encode(first)
         ))
         .await;

@@ -5,10 +5,10 @@
 //! logging.
 
 use super::fast::NS_FAST;
-use super::session::{Exit, Session};
-use starling_core::hooks::ElementStage;
+use super::session::{take_sends, Exit, Session};
+use starling_core::hooks::{ElementStage, FeatureStage};
 use starling_core::storage::{FastSlot, FastToken};
-use starling_core::{Action, SessionCtx, SessionState};
+use starling_core::{Action, SessionState};
 use starling_proto::sasl::ht::{self, HtMechanism};
 use starling_proto::sasl::{
     decode_payload, encode_payload, parse_plain, Mechanism, SaslError, ScramHash, ScramServer,
@@ -71,11 +71,10 @@ impl Session {
         }
         let result = match (v2, el.name()) {
             (false, "auth") => {
-                self.sasl_v2 = false;
+                self.sasl2_request = None;
                 self.on_auth(&el, el.text()).await
             }
             (true, "authenticate") => {
-                self.sasl_v2 = true;
                 self.sasl2_request = Some(Box::new(el.clone()));
                 let initial = el
                     .get_child("initial-response", ns::SASL2)
@@ -86,7 +85,8 @@ impl Session {
                     None => self.on_auth(&el, initial).await,
                 }
             }
-            (_, "response") if v2 == self.sasl_v2 => self.on_response(&el).await,
+            // A response continues the exchange in its own profile.
+            (_, "response") if v2 == self.sasl2_request.is_some() => self.on_response(&el).await,
             (_, "abort") => {
                 self.sasl = SaslState::Idle;
                 Err(SaslError::Aborted)
@@ -99,7 +99,8 @@ impl Session {
                 Ok(())
             }
             Ok(Step::Success(data, jid)) => {
-                let fast_offered = self.offered_fast();
+                // (Before the channel bindings are freed below.)
+                let fast_offered = if v2 { self.offered_fast() } else { Vec::new() };
                 self.shared.env.metrics.auth_success.inc();
                 tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, sasl2 = v2, "authenticated");
                 self.info.user = Some(jid.clone());
@@ -138,11 +139,7 @@ impl Session {
                         .and_then(|r| r.get_child("bind", ns::BIND2))
                     {
                         Some(b) => {
-                            let agent = request
-                                .as_deref()
-                                .and_then(|r| r.get_child("user-agent", ns::SASL2))
-                                .and_then(|u| u.attr("id"))
-                                .filter(|id| !id.is_empty() && id.len() <= 128);
+                            let agent = request.as_deref().and_then(user_agent_id);
                             Some(self.bind2(&jid, b, agent).await?)
                         }
                         None => None,
@@ -205,48 +202,79 @@ impl Session {
             if child.ns() == ns::SASL2 || child.ns() == ns::BIND2 {
                 continue; // <initial-response/>, <user-agent/>, <bind/>
             }
-            let Some((module, handler)) = self
-                .shared
-                .env
-                .hooks
-                .element_handler(ElementStage::Sasl2, child.ns())
-                .map(|(m, h)| (m, h.clone()))
-            else {
+            let Some(actions) = self.element_actions(ElementStage::Sasl2, child).await else {
                 continue;
             };
-            let mut actions = Vec::new();
-            let result = {
-                let mut cx =
-                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-                handler.element(&mut cx, child).await
-            };
-            if let Err(e) = result {
-                starling_core::hooks::log_failure("element", module, &e);
-            }
+            let (sends, actions) = take_sends(actions);
+            answers.extend(sends);
             let mut rest = Vec::new();
             for a in actions {
-                match a {
-                    Action::Send(el) => answers.push(el),
-                    Action::Attach { to, request } => {
-                        let success = Box::new(success.clone());
-                        if let Some(back) = self.try_hand_over(to, request, Some(success)).await? {
-                            // The session ended in between: its handlers
-                            // answer here (<failed/>), then we go on.
-                            let acts = self.attached_actions(&back, true, None).await;
-                            for a in acts {
-                                match a {
-                                    Action::Send(el) => answers.push(el),
-                                    other => rest.push(other),
-                                }
-                            }
-                        }
-                    }
-                    other => rest.push(other),
+                let Action::Attach { to, request } = a else {
+                    rest.push(a);
+                    continue;
+                };
+                let success = Box::new(success.clone());
+                if let Some(back) = self.try_hand_over(to, request, Some(success)).await? {
+                    // The session ended in between: its handlers answer
+                    // here (<failed/>), then we go on.
+                    let (sends, more) = take_sends(self.attached_actions(&back, true).await);
+                    answers.extend(sends);
+                    rest.extend(more);
                 }
             }
             self.apply(rest).await?;
         }
         Ok(answers)
+    }
+
+    /// The SASL2 stream feature (XEP-0388 §2.1) with `mechs` and what an
+    /// `<authenticate/>` may carry inline: FAST (XEP-0484 §4.1), the
+    /// modules' [`FeatureStage::Sasl2Inline`] features (XEP-0198's
+    /// `<sm/>`) and Bind 2 with the features its request may enable
+    /// (XEP-0386 §3.1).
+    pub(super) fn sasl2_feature(&self, mechs: &[Mechanism]) -> Element {
+        let mut inline = Element::new("inline", ns::SASL2);
+        let fast = self.offered_fast();
+        if !fast.is_empty() {
+            inline.append_child(mechanism_list(
+                "fast",
+                NS_FAST,
+                fast.iter().map(|m| m.name()),
+            ));
+        }
+        let mut extra = Vec::new();
+        for p in &self.shared.env.hooks.stream_features {
+            p.stream_features(
+                &self.shared.env,
+                &self.info,
+                FeatureStage::Sasl2Inline,
+                &mut extra,
+            );
+        }
+        for e in extra {
+            inline.append_child(e);
+        }
+        let mut bind_inline = Element::new("inline", ns::BIND2);
+        for var in self
+            .shared
+            .env
+            .hooks
+            .element_namespaces(ElementStage::Bind2)
+        {
+            bind_inline.append_child(
+                Element::builder("feature", ns::BIND2)
+                    .attr("var", var)
+                    .build(),
+            );
+        }
+        inline.append_child(
+            Element::builder("bind", ns::BIND2)
+                .append(bind_inline)
+                .build(),
+        );
+        let mut el = mechanism_list("authentication", ns::SASL2, mechs.iter().map(|m| m.name()));
+        el.append_child(inline);
+        el
     }
 
     /// The FAST mechanisms offered on this stream (XEP-0484 §4.1): only
@@ -287,10 +315,7 @@ impl Session {
                 "authenticating with a FAST token needs <fast/> (XEP-0484 §4.3)",
             ));
         };
-        let agent = el
-            .get_child("user-agent", ns::SASL2)
-            .and_then(|u| u.attr("id"))
-            .filter(|id| !id.is_empty() && id.len() <= 128)
+        let agent = user_agent_id(el)
             .ok_or(SaslError::MalformedRequest(
                 "FAST needs the client's <user-agent id/> (XEP-0484 §5)",
             ))?
@@ -349,7 +374,6 @@ impl Session {
                 .await
                 .map_err(temporary)?;
         }
-        self.fast_rotate = (!invalidate && fast.due_for_rotation(&used)).then_some(mech.name());
         self.fast_used = (!invalidate).then_some(used);
         Ok(Step::Success(ht::responder(token.as_bytes(), &cb), jid))
     }
@@ -364,10 +388,15 @@ impl Session {
         request: Option<&Element>,
         offered: &[HtMechanism],
     ) -> Option<Element> {
-        let rotate = self.fast_rotate.take();
         let used = self.fast_used.take();
         let request = request?;
         let fast = self.shared.fast.as_ref()?;
+        // §4.4: a token past half its life is replaced unasked.
+        let rotate = used
+            .as_ref()
+            .filter(|u| fast.due_for_rotation(u))
+            .and_then(|u| HtMechanism::from_name(&u.mechanism))
+            .map(HtMechanism::name);
         let asked = request
             .get_child("request-token", NS_FAST)
             .and_then(|r| r.attr("mechanism"))
@@ -375,10 +404,7 @@ impl Session {
             .filter(|m| offered.contains(m))
             .map(HtMechanism::name);
         let mechanism = asked.or(rotate)?;
-        let agent = request
-            .get_child("user-agent", ns::SASL2)
-            .and_then(|u| u.attr("id"))
-            .filter(|id| !id.is_empty() && id.len() <= 128)?;
+        let agent = user_agent_id(request)?;
         let (stored, token) = fast.issue(jid, agent, mechanism);
         // The token just used, if it sits in `new`, moves to `current`:
         // it keeps working until the client uses the one issued now
@@ -593,4 +619,26 @@ impl Session {
         self.sasl = SaslState::Scram(Box::new(server), jid);
         Ok(Step::Challenge(server_first))
     }
+}
+
+/// The SASL2 `<user-agent id/>` of an `<authenticate/>` (XEP-0388 §2.4),
+/// if usable as a key (FAST tokens, stable Bind 2 resources).
+fn user_agent_id(authenticate: &Element) -> Option<&str> {
+    authenticate
+        .get_child("user-agent", ns::SASL2)
+        .and_then(|u| u.attr("id"))
+        .filter(|id| !id.is_empty() && id.len() <= 128)
+}
+
+/// `<{name} xmlns='{ns}'>` holding one `<mechanism/>` per name.
+pub(super) fn mechanism_list<'a>(
+    name: &str,
+    ns: &str,
+    mechanisms: impl Iterator<Item = &'a str>,
+) -> Element {
+    let mut el = Element::new(name, ns);
+    for m in mechanisms {
+        el.append_child(Element::builder("mechanism", ns).text(m).build());
+    }
+    el
 }

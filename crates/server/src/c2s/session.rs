@@ -91,15 +91,11 @@ pub(crate) struct Session {
     handle: SessionHandle,
     mailbox: Mailbox,
     pub(super) sasl: SaslState,
-    /// The exchange in progress uses SASL2 (XEP-0388).
-    pub(super) sasl_v2: bool,
-    /// The SASL2 `<authenticate/>` in progress, for its inline requests.
+    /// The SASL2 `<authenticate/>` in progress (XEP-0388; `None` during an
+    /// RFC 6120 exchange), for its inline requests.
     pub(super) sasl2_request: Option<Box<Element>>,
-    /// A FAST authentication used a token due for rotation: issue a new
-    /// one for this mechanism in the `<success/>` (XEP-0484 §4.4).
-    pub(super) fast_rotate: Option<&'static str>,
-    /// The FAST token this stream authenticated with (its slot matters
-    /// when a new one is issued).
+    /// The FAST token this stream authenticated with: its slot matters when
+    /// a new one is issued, and one past half its life is rotated.
     pub(super) fast_used: Option<starling_core::storage::FastToken>,
     pub(super) auth_failures: u32,
     pub(super) bindings: ChannelBindings,
@@ -228,9 +224,7 @@ impl Session {
             handle,
             mailbox,
             sasl: SaslState::Idle,
-            sasl_v2: false,
             sasl2_request: None,
-            fast_rotate: None,
             fast_used: None,
             auth_failures: 0,
             bindings: ChannelBindings::default(),
@@ -549,65 +543,15 @@ impl Session {
             if self.info.secure || !self.shared.require_tls {
                 let mechs = self.offered_mechanisms();
                 if !mechs.is_empty() {
-                    let mut el = Element::new("mechanisms", ns::SASL);
-                    for m in &mechs {
-                        el.append_child(
-                            Element::builder("mechanism", ns::SASL)
-                                .text(m.name())
-                                .build(),
-                        );
-                    }
-                    features.push(el);
+                    features.push(super::sasl::mechanism_list(
+                        "mechanisms",
+                        ns::SASL,
+                        mechs.iter().map(|m| m.name()),
+                    ));
                     // XEP-0388: the same mechanisms over SASL2, only on an
                     // encrypted stream (§9).
                     if self.info.secure {
-                        let mut el = Element::new("authentication", ns::SASL2);
-                        for m in &mechs {
-                            el.append_child(
-                                Element::builder("mechanism", ns::SASL2)
-                                    .text(m.name())
-                                    .build(),
-                            );
-                        }
-                        // XEP-0386 §3.1: Bind 2, with the features its
-                        // request may enable inline.
-                        let mut bind_inline = Element::new("inline", ns::BIND2);
-                        for feature in self
-                            .shared
-                            .env
-                            .hooks
-                            .element_namespaces(ElementStage::Bind2)
-                        {
-                            bind_inline.append_child(
-                                Element::builder("feature", ns::BIND2)
-                                    .attr("var", feature)
-                                    .build(),
-                            );
-                        }
-                        let mut bind = Element::new("bind", ns::BIND2);
-                        bind.append_child(bind_inline);
-                        let mut inline = Element::new("inline", ns::SASL2);
-                        // XEP-0484 §4.1: FAST and its mechanisms.
-                        let fast = self.offered_fast();
-                        if !fast.is_empty() {
-                            let mut el = Element::new("fast", super::fast::NS_FAST);
-                            for m in fast {
-                                el.append_child(
-                                    Element::builder("mechanism", super::fast::NS_FAST)
-                                        .text(m.name())
-                                        .build(),
-                                );
-                            }
-                            inline.append_child(el);
-                        }
-                        let mut extra = Vec::new();
-                        self.module_features(FeatureStage::Sasl2Inline, &mut extra);
-                        for e in extra {
-                            inline.append_child(e);
-                        }
-                        inline.append_child(bind);
-                        el.append_child(inline);
-                        features.push(el);
+                        features.push(self.sasl2_feature(&mechs));
                     }
                 }
                 // XEP-0440: which channel bindings -PLUS can use here.
@@ -756,10 +700,26 @@ impl Session {
     /// Hands a non-stanza element to the module registered for its
     /// namespace at `stage`; false if there is none.
     async fn on_module_element(&mut self, stage: ElementStage, el: &Element) -> Result<bool, Exit> {
-        let Some((module, handler)) = self.shared.env.hooks.element_handler(stage, el.ns()) else {
+        let Some(actions) = self.element_actions(stage, el).await else {
             return Ok(false);
         };
-        let handler = handler.clone();
+        self.apply(actions).await?;
+        Ok(true)
+    }
+
+    /// Runs the handler of `el`'s namespace at `stage` and returns the
+    /// actions it asked for, unapplied; `None` if there is no handler.
+    pub(super) async fn element_actions(
+        &mut self,
+        stage: ElementStage,
+        el: &Element,
+    ) -> Option<Vec<Action>> {
+        let (module, handler) = self
+            .shared
+            .env
+            .hooks
+            .element_handler(stage, el.ns())
+            .map(|(m, h)| (m, h.clone()))?;
         let mut actions = Vec::new();
         let result = {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
@@ -768,8 +728,7 @@ impl Session {
         if let Err(e) = result {
             starling_core::hooks::log_failure("element", module, &e);
         }
-        self.apply(actions).await?;
-        Ok(true)
+        Some(actions)
     }
 
     async fn on_starttls(&mut self) -> Result<(), Exit> {
@@ -918,36 +877,14 @@ impl Session {
             if child.ns() == ns::BIND2 {
                 continue; // <tag/>
             }
-            let Some((module, handler)) = self
-                .shared
-                .env
-                .hooks
-                .element_handler(ElementStage::Bind2, child.ns())
-                .map(|(m, h)| (m, h.clone()))
-            else {
-                // Not offered inline: ignored, as XEP-0386 asks of unknown
-                // requests' absence of answers.
-                continue;
-            };
-            let mut actions = Vec::new();
-            let result = {
-                let mut cx =
-                    SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-                handler.element(&mut cx, child).await
-            };
-            if let Err(e) = result {
-                starling_core::hooks::log_failure("element", module, &e);
+            // A request not offered inline has no handler: ignored.
+            if let Some(actions) = self.element_actions(ElementStage::Bind2, child).await {
+                let (sends, rest) = take_sends(actions);
+                sends.into_iter().for_each(|el| {
+                    bound.append_child(el);
+                });
+                self.apply(rest).await?;
             }
-            let mut rest = Vec::new();
-            for a in actions {
-                match a {
-                    Action::Send(el) => {
-                        bound.append_child(el);
-                    }
-                    other => rest.push(other),
-                }
-            }
-            self.apply(rest).await?;
         }
         // What every bind gets (the archive's metadata, §3.3).
         let mut actions = Vec::new();
@@ -955,15 +892,10 @@ impl Session {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
             run_chain!(self.shared.env.hooks.bound, "bound", |h| h.bound(&mut cx));
         }
-        let mut rest = Vec::new();
-        for a in actions {
-            match a {
-                Action::Send(el) => {
-                    bound.append_child(el);
-                }
-                other => rest.push(other),
-            }
-        }
+        let (sends, rest) = take_sends(actions);
+        sends.into_iter().for_each(|el| {
+            bound.append_child(el);
+        });
         self.apply(rest).await?;
         Ok((full, bound))
     }
@@ -1151,9 +1083,10 @@ impl Session {
                         .text(full)
                         .build(),
                 );
-                let rest = self
-                    .attached_actions(&request, false, Some(&mut success))
-                    .await;
+                let (sends, rest) = take_sends(self.attached_actions(&request, false).await);
+                sends.into_iter().for_each(|el| {
+                    success.append_child(el);
+                });
                 self.write_element(*success);
                 self.write_features();
                 Box::pin(self.apply(rest)).await
@@ -1163,17 +1096,15 @@ impl Session {
 
     /// Runs the attach handlers (see [`starling_core::hooks::AttachHandler`]).
     async fn run_attached(&mut self, request: &Element, failed: bool) -> Result<(), Exit> {
-        let actions = self.attached_actions(request, failed, None).await;
+        let actions = self.attached_actions(request, failed).await;
         Box::pin(self.apply(actions)).await
     }
 
-    /// The attach handlers' actions; with `into`, what they send is put in
-    /// that element instead (a SASL2 `<success/>`).
+    /// The attach handlers' actions, unapplied.
     pub(super) async fn attached_actions(
         &mut self,
         request: &Element,
         failed: bool,
-        into: Option<&mut Element>,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         {
@@ -1181,19 +1112,7 @@ impl Session {
             run_chain!(self.shared.env.hooks.attached, "attached", |h| h
                 .attached(&mut cx, request, failed));
         }
-        match into {
-            None => actions,
-            Some(el) => actions
-                .into_iter()
-                .filter_map(|a| match a {
-                    Action::Send(x) => {
-                        el.append_child(x);
-                        None
-                    }
-                    other => Some(other),
-                })
-                .collect(),
-        }
+        actions
     }
 
     /// Applies the effects requested by hook handlers, in order.
@@ -1391,4 +1310,19 @@ impl Session {
             }
         }
     }
+}
+
+/// Splits handler actions into the elements they would write to the
+/// client (for a SASL2 `<success/>` or a Bind 2 `<bound/>` to carry
+/// instead) and the rest.
+pub(super) fn take_sends(actions: Vec<Action>) -> (Vec<Element>, Vec<Action>) {
+    let mut sends = Vec::new();
+    let mut rest = Vec::new();
+    for a in actions {
+        match a {
+            Action::Send(el) => sends.push(el),
+            other => rest.push(other),
+        }
+    }
+    (sends, rest)
 }
