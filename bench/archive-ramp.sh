@@ -15,6 +15,8 @@
 #   USERS [2000]  RATES [5000,10000,12500,15000,20000,30000,40000]
 #   STEP_SECS [10]  ROUNDS [1]  PORT [15522]
 #   IDLE_SECS [0]: after each round, wait this long and print the RSS again
+#   PREFILL [0]: start on an archive of this many messages between the same
+#                users (bench/archive-prefill.sh), e.g. PREFILL=10000000
 #   STARLING_BIN, BENCH_BIN [target/release/…]  RUN_ROOT [/tmp/starling-archive-ramp]
 #   PEER_CONFIG    [bench/peers/starling-archive.toml]; bench/peers/starling.toml
 #                  runs the same ramp with archive and inbox off (routing only)
@@ -54,6 +56,9 @@ log "importing $USERS accounts"
 "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
     --starling-config "$RUN_ROOT/starling.toml" --iterations 4096 \
     --users "$USERS" --password 'pw{n}' --out "$RUN_ROOT/users.txt" >"$RUN_ROOT/provision.log" 2>&1
+if [[ "${PREFILL:-0}" != 0 ]]; then
+    "$root/bench/archive-prefill.sh" "$RUN_ROOT/data/starling.db" "$USERS" "$PREFILL"
+fi
 
 "$STARLING_BIN" --config "$RUN_ROOT/starling.toml" >>"$RUN_ROOT/server.log" 2>&1 &
 pid=$!

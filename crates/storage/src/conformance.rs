@@ -577,6 +577,172 @@ where
     concurrency(&make().await).await;
 }
 
+/// Archive buckets ([`crate::buckets`]), on a storage opened with
+/// [`crate::OpenOptions`] of a few rows per bucket, a 1 µs margin and no
+/// clock (`bucket_test_options`): appends in small batches spread one
+/// conversation over several buckets, a late row (an older id appended
+/// last) files under its id's bucket, and every query that names a
+/// conversation — pages both ways, counts, origin-id lookups, unread
+/// counts — sees every bucket.
+pub async fn archive_buckets(s: &Storage) {
+    let a = s.archive.as_ref();
+    let alice = jid("alice@example.org");
+    let bob_ts = [1i64, 2, 5, 9, 14, 20];
+    for chunk in (1..=20).collect::<Vec<i64>>().chunks(2) {
+        let recs: Vec<ArchiveRecord> = chunk
+            .iter()
+            .map(|&t| {
+                let with = if bob_ts.contains(&t) {
+                    "bob@example.org/desk"
+                } else {
+                    "carol@example.org/pc"
+                };
+                rec(&alice, t, with, false, Some(&format!("o{t}")))
+            })
+            .collect();
+        a.append(&recs).await.unwrap();
+    }
+    // Late: bob's t=3 (from another node: carol's t=3 has node 1) arrives
+    // after t=20, as an offline copy written late would.
+    let mut late = rec(&alice, 3, "bob@example.org/desk", false, Some("o3"));
+    late.id = ArchiveId::from_parts(3, 2);
+    a.append(&[late]).await.unwrap();
+    let expected = vec![1, 2, 3, 5, 9, 14, 20];
+    let bob = Some(WithFilter::Bare("bob@example.org".into()));
+
+    // Forward, two at a time.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let p = a
+            .query(
+                &alice,
+                &ArchiveQuery {
+                    with: bob.clone(),
+                    after,
+                    limit: 2,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        seen.extend(ids(&p));
+        after = p.messages.last().map(|m| m.id);
+        if p.complete {
+            break;
+        }
+        assert!(seen.len() < 20, "paging forward never completes: {seen:?}");
+    }
+    assert_eq!(seen, expected, "forward through every bucket");
+
+    // Backward from the end, two at a time (RSM <before/>).
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let p = a
+            .query(
+                &alice,
+                &ArchiveQuery {
+                    with: bob.clone(),
+                    before,
+                    limit: 2,
+                    from_end: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut page = ids(&p);
+        page.extend(seen);
+        seen = page;
+        before = p.messages.first().map(|m| m.id);
+        if p.complete {
+            break;
+        }
+        assert!(seen.len() < 20, "paging backward never completes: {seen:?}");
+    }
+    assert_eq!(seen, expected, "backward through every bucket");
+
+    // One page larger than every bucket together.
+    let all = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                with: bob.clone(),
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&all), expected);
+    assert!(all.complete);
+    // A window in the middle.
+    let mid = a
+        .query(
+            &alice,
+            &ArchiveQuery {
+                with: bob.clone(),
+                after: Some(ArchiveId::from_parts(2, 1)),
+                before: Some(ArchiveId::from_parts(20, 1)),
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&mid), vec![3, 5, 9, 14]);
+
+    // Counts.
+    let count = |after: Option<i64>| ArchiveQuery {
+        with: bob.clone(),
+        after: after.map(|t| ArchiveId::from_parts(t, 1)),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(a.count(&alice, &count(None)).await.unwrap(), 7);
+    assert_eq!(a.count(&alice, &count(Some(5))).await.unwrap(), 3);
+    assert_eq!(
+        a.count(&alice, &ArchiveQuery::default()).await.unwrap(),
+        21,
+        "without a filter: every row"
+    );
+    // Origin ids in the oldest and the newest bucket, and the late row.
+    for t in [1, 3, 20] {
+        let m = a
+            .find_by_origin(&alice, "bob@example.org", &format!("o{t}"), false)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("o{t} not found"));
+        assert_eq!(m.id.micros(), t);
+    }
+    assert!(a
+        .find_by_origin(&alice, "bob@example.org", "o4", false)
+        .await
+        .unwrap()
+        .is_none());
+    // Unread after t=2: 3, 5, 9, 14, 20.
+    assert_eq!(
+        a.count_unread_after(&alice, "bob@example.org", ArchiveId::from_parts(2, 1))
+            .await
+            .unwrap(),
+        5
+    );
+    // Removing the account leaves nothing in any bucket.
+    a.remove_user(&alice).await.unwrap();
+    assert_eq!(a.count(&alice, &count(None)).await.unwrap(), 0);
+}
+
+/// The [`crate::OpenOptions`] under which [`archive_buckets`] sees several
+/// buckets: three rows each, a new one right after the newest id.
+pub fn bucket_test_options() -> crate::OpenOptions {
+    crate::OpenOptions {
+        archive_bucket_rows: 3,
+        archive_bucket_margin_micros: 1,
+        archive_bucket_follow_clock: false,
+    }
+}
+
 fn rec(
     owner: &BareJid,
     micros: i64,

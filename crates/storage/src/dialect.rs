@@ -64,6 +64,13 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// `shared/`, which picks one of two literals at compile time.
     const ROW_LOCKS: bool;
 
+    /// The archive table, read through its by-conversation index
+    /// (`archive_by_with`) for a query that names a conversation and its
+    /// buckets ([`crate::buckets`]). SQLite has no statistics and might
+    /// otherwise walk the owner's whole archive in id order to avoid a
+    /// sort; PostgreSQL's planner decides from its statistics.
+    const ARCHIVE_BY_WITH: &'static str;
+
     /// `items` as a [`Self::List`] value; `sep` is SQLite's separator.
     fn encode_list(items: &[String], sep: char) -> Self::List;
 

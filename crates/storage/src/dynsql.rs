@@ -9,15 +9,30 @@ use starling_core::storage::{ArchiveId, ArchiveQuery, InboxQuery, WithFilter};
 use starling_proto::BareJid;
 
 /// ` WHERE` conditions of an archive query (everything but limit and
-/// direction).
-fn archive_filters<DB>(b: &mut QueryBuilder<DB>, owner: &BareJid, q: &ArchiveQuery)
-where
+/// direction); with `buckets`, only rows of those buckets
+/// ([`crate::buckets`]), which a `with` filter needs to use the
+/// by-conversation index.
+fn archive_filters<DB>(
+    b: &mut QueryBuilder<DB>,
+    owner: &BareJid,
+    q: &ArchiveQuery,
+    buckets: Option<&[i64]>,
+) where
     DB: Database,
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
     let (domain, user) = split(owner);
-    b.push(" WHERE domain = ").push_bind(domain);
+    b.push(" WHERE ");
+    if let Some(buckets) = buckets {
+        b.push("bucket IN (");
+        let mut sep = b.separated(", ");
+        for n in buckets {
+            sep.push_bind(*n);
+        }
+        b.push(") AND ");
+    }
+    b.push("domain = ").push_bind(domain);
     b.push(" AND username = ").push_bind(user);
     match &q.with {
         None => {}
@@ -47,15 +62,22 @@ where
 
 /// One page of `q`: `id, with_bare, outgoing, flags, stanza`, one row more
 /// than the limit (to tell whether the page is complete), in the paging
-/// direction.
-pub(crate) fn archive_page<DB>(owner: &BareJid, q: &ArchiveQuery) -> QueryBuilder<DB>
+/// direction, from `table` (`archive`, or the engine's way of saying
+/// "archive through its by-conversation index" with `buckets`).
+pub(crate) fn archive_page<DB>(
+    owner: &BareJid,
+    q: &ArchiveQuery,
+    table: &str,
+    buckets: Option<&[i64]>,
+) -> QueryBuilder<DB>
 where
     DB: Database,
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
-    let mut b = QueryBuilder::new("SELECT id, with_bare, outgoing, flags, stanza FROM archive");
-    archive_filters(&mut b, owner, q);
+    let mut b = QueryBuilder::new("SELECT id, with_bare, outgoing, flags, stanza FROM ");
+    b.push(table);
+    archive_filters(&mut b, owner, q, buckets);
     b.push(if q.from_end {
         " ORDER BY id DESC LIMIT "
     } else {
@@ -65,15 +87,22 @@ where
     b
 }
 
-/// `COUNT(*)` of the messages matching `q`.
-pub(crate) fn archive_count<DB>(owner: &BareJid, q: &ArchiveQuery) -> QueryBuilder<DB>
+/// `COUNT(*)` of the messages matching `q` (in `buckets` if given, from
+/// `table` as in [`archive_page`]).
+pub(crate) fn archive_count<DB>(
+    owner: &BareJid,
+    q: &ArchiveQuery,
+    table: &str,
+    buckets: Option<&[i64]>,
+) -> QueryBuilder<DB>
 where
     DB: Database,
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
-    let mut b = QueryBuilder::new("SELECT COUNT(*) FROM archive");
-    archive_filters(&mut b, owner, q);
+    let mut b = QueryBuilder::new("SELECT COUNT(*) FROM ");
+    b.push(table);
+    archive_filters(&mut b, owner, q, buckets);
     b
 }
 
@@ -89,7 +118,7 @@ where
         ..Default::default()
     };
     let mut b = QueryBuilder::new("SELECT id FROM archive");
-    archive_filters(&mut b, owner, &q);
+    archive_filters(&mut b, owner, &q, None);
     b
 }
 

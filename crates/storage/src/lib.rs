@@ -42,6 +42,7 @@
 //! 5. Add a function to [`conformance`] and call it from `run_all`; it runs
 //!    on both engines (`tests/conformance_*.rs`).
 
+pub mod buckets;
 pub mod conformance;
 mod dialect;
 mod dynsql;
@@ -150,15 +151,48 @@ pub enum OpenError {
     },
 }
 
+/// Tuning that deployments leave alone; tests change it to see several
+/// archive buckets with a handful of messages.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Archived rows per bucket of the by-conversation index
+    /// ([`buckets`]); default [`buckets::DEFAULT_ROWS`].
+    pub archive_bucket_rows: u64,
+    /// How far (in microseconds of archive id) after the newest id a new
+    /// bucket starts; default [`buckets::START_MARGIN_MICROS`].
+    pub archive_bucket_margin_micros: i64,
+    /// A new bucket also starts after the current time; default true
+    /// (tests whose archive ids are small numbers turn it off).
+    pub archive_bucket_follow_clock: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            archive_bucket_rows: buckets::DEFAULT_ROWS,
+            archive_bucket_margin_micros: buckets::START_MARGIN_MICROS,
+            archive_bucket_follow_clock: true,
+        }
+    }
+}
+
 /// Opens the configured backend, applying pending migrations.
 pub async fn open(config: &BackendConfig) -> Result<Storage, OpenError> {
+    open_with(config, &OpenOptions::default()).await
+}
+
+/// [`open`] with non-default [`OpenOptions`].
+pub async fn open_with(
+    config: &BackendConfig,
+    options: &OpenOptions,
+) -> Result<Storage, OpenError> {
     match config {
         BackendConfig::Sqlite { path, pool_size } => {
-            let db = sqlite::SqliteStorage::open(path, *pool_size).await?;
+            let db = sqlite::SqliteStorage::open_with(path, *pool_size, options).await?;
             Ok(db.into_storage())
         }
         BackendConfig::Postgres { url, pool_size } => {
-            let db = postgres::PostgresStorage::open(url, *pool_size).await?;
+            let db = postgres::PostgresStorage::open_with(url, *pool_size, options).await?;
             Ok(db.into_storage())
         }
     }

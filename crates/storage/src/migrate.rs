@@ -7,13 +7,14 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 7] = [
     "accounts",
     "im-core",
     "offline",
     "archive-inbox",
     "inbox-unindexed",
     "fast-tokens",
+    "archive-buckets",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

@@ -9,7 +9,7 @@
 
 use sqlx::Row;
 use starling_storage::postgres::admin;
-use starling_storage::{conformance, open, BackendConfig, OpenError};
+use starling_storage::{conformance, open, open_with, BackendConfig, OpenError};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -100,6 +100,27 @@ async fn postgres_conformance_all_pass() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn postgres_archive_spread_over_several_buckets_reads_as_one() {
+    let Some(admin_url) = admin_url() else { return };
+    with_fresh_db(&admin_url, |url| async move {
+        let s = open_with(&config(&url, 4), &conformance::bucket_test_options())
+            .await
+            .unwrap();
+        conformance::archive_buckets(&s).await;
+        s.backend.close().await;
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let buckets: i64 = sqlx::query("SELECT COUNT(*) FROM archive_buckets")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert!(buckets >= 4, "only {buckets} bucket(s)");
+        pool.close().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
     let Some(admin_url) = admin_url() else { return };
     with_fresh_db(&admin_url, |url| async move {
@@ -116,7 +137,8 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (3, "offline"),
                 (4, "archive-inbox"),
                 (5, "inbox-unindexed"),
-                (6, "fast-tokens")
+                (6, "fast-tokens"),
+                (7, "archive-buckets")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -144,7 +166,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 6, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 7, "each migration once");
     })
     .await;
 }

@@ -8,6 +8,7 @@
 //! values are bound.
 
 use super::{OwnerLock, PostgresStorage};
+use crate::buckets::BucketWriter;
 use crate::dialect::Dialect;
 use crate::{backend, hash_name, now_secs, split};
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row, Transaction};
@@ -24,6 +25,7 @@ impl Dialect for PostgresStorage {
     type Db = Postgres;
     type List = Vec<String>;
     const ROW_LOCKS: bool = true;
+    const ARCHIVE_BY_WITH: &'static str = "archive";
 
     fn encode_list(items: &[String], _sep: char) -> Vec<String> {
         items.to_vec()
@@ -214,7 +216,7 @@ impl Dialect for PostgresStorage {
         if n == 0 {
             return Err(OfflineStoreError::QuotaExceeded { max: max_per_user });
         }
-        insert_archive_rows(&mut tx, archive).await?;
+        insert_archive_rows(&mut tx, &self.buckets, archive).await?;
         // Durable once this returns (synchronous_commit of the server).
         tx.commit().await.map_err(backend)?;
         Ok(())
@@ -222,7 +224,7 @@ impl Dialect for PostgresStorage {
 
     async fn insert_archive(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
         let mut conn = self.pool.acquire().await.map_err(backend)?;
-        insert_archive_rows(&mut conn, records).await
+        insert_archive_rows(&mut conn, &self.buckets, records).await
     }
 
     async fn upsert_inbox(&self, updates: &[InboxUpdate]) -> StorageResult<()> {
@@ -308,11 +310,13 @@ impl Dialect for PostgresStorage {
 /// it.
 async fn insert_archive_rows(
     conn: &mut PgConnection,
+    buckets: &BucketWriter,
     records: &[ArchiveRecord],
 ) -> StorageResult<()> {
     if records.is_empty() {
         return Ok(());
     }
+    let (numbers, newest) = super::shared::buckets::assign(conn, records).await?;
     let n = records.len();
     let (mut ids, mut domains, mut users, mut withs, mut remotes) = (
         Vec::with_capacity(n),
@@ -341,9 +345,9 @@ async fn insert_archive_rows(
     }
     sqlx::query(
         "INSERT INTO archive
-         (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza)
+         (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza, bucket)
          SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
-                              $6::boolean[], $7::text[], $8::int[], $9::text[])
+                              $6::boolean[], $7::text[], $8::int[], $9::text[], $10::bigint[])
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(&ids)
@@ -355,8 +359,9 @@ async fn insert_archive_rows(
     .bind(&origins)
     .bind(&flags)
     .bind(&stanzas)
+    .bind(&numbers)
     .execute(&mut *conn)
     .await
     .map_err(backend)?;
-    Ok(())
+    super::shared::buckets::account(conn, buckets, newest, n as u64).await
 }

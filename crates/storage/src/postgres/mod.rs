@@ -41,6 +41,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0004_archive.sql"),
     include_str!("0005_inbox_unindexed.sql"),
     include_str!("0006_fast_tokens.sql"),
+    include_str!("0007_archive_buckets.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:
@@ -65,6 +66,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct PostgresStorage {
     pub(crate) pool: PgPool,
     target: String,
+    /// When to open the next archive bucket ([`crate::buckets`]).
+    pub(crate) buckets: std::sync::Arc<crate::buckets::BucketWriter>,
 }
 
 /// `url` parsed into connection options. PostgreSQL's own environment
@@ -145,6 +148,15 @@ impl PostgresStorage {
     /// Connects to the database at `url` with a pool of `pool_size`
     /// connections and applies pending migrations.
     pub async fn open(url: &str, pool_size: u32) -> Result<Self, OpenError> {
+        Self::open_with(url, pool_size, &crate::OpenOptions::default()).await
+    }
+
+    /// [`PostgresStorage::open`] with non-default [`crate::OpenOptions`].
+    pub async fn open_with(
+        url: &str,
+        pool_size: u32,
+        options: &crate::OpenOptions,
+    ) -> Result<Self, OpenError> {
         let opts = connect_options(url)?;
         let target = describe(&opts);
         let fail = |source: sqlx::Error| OpenError::Postgres {
@@ -164,6 +176,7 @@ impl PostgresStorage {
                 .acquire_timeout(CONNECT_TIMEOUT)
                 .connect_lazy_with(opts),
             target: target.clone(),
+            buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
         };
         db.migrate(first).await?;
         Ok(db)
@@ -202,6 +215,11 @@ impl PostgresStorage {
             });
         }
         for m in migrate::pending(&MIGRATIONS, current) {
+            if current > 0 {
+                // An existing database: a step may rebuild an index over
+                // the whole archive; say so before the wait.
+                tracing::info!(version = m.version, name = m.name, db = %self.target, "applying schema migration (minutes on a large archive)");
+            }
             let err = |source| OpenError::Migration {
                 version: m.version,
                 name: m.name,

@@ -4,15 +4,19 @@
 //! in [`crate::dynsql`]; everything else is below, once.
 
 use super::{backend, split, Db, Dialect, Store};
-use crate::dynsql;
+use crate::{buckets, dynsql};
 use async_trait::async_trait;
-use sqlx::{Database, Row};
+use sqlx::{Database, QueryBuilder, Row};
 use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
     StorageResult, FLAG_BODY,
 };
 use starling_proto::BareJid;
+
+/// Buckets per `COUNT` statement (bound parameters stay far below
+/// either engine's limit).
+const COUNT_GROUP: usize = 500;
 
 /// SQLite's separator of the JIDs in `always` and `never`.
 const JID_SEP: char = '\n';
@@ -38,12 +42,45 @@ impl ArchiveStore for Store {
     }
 
     async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {
-        let rows = dynsql::archive_page::<Db>(owner, q)
-            .build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(backend)?;
-        let complete = rows.len() <= q.limit as usize;
+        let want = q.limit as usize + 1;
+        let rows = if q.with.is_some() && q.ids.is_empty() {
+            // One conversation: its buckets in paging order, a group at a
+            // time, until the page (and the one row that says whether it
+            // is complete) is full (`crate::buckets`).
+            let mut buckets = buckets::overlapping(
+                &self.archive_buckets().await?,
+                q.after.map(|a| a.0),
+                q.before.map(|b| b.0),
+            );
+            if q.from_end {
+                buckets.reverse();
+            }
+            let mut rows = Vec::new();
+            for group in buckets::groups(&buckets) {
+                let rest = ArchiveQuery {
+                    limit: (want - rows.len() - 1) as u32,
+                    ..q.clone()
+                };
+                rows.extend(
+                    dynsql::archive_page::<Db>(owner, &rest, Store::ARCHIVE_BY_WITH, Some(group))
+                        .build()
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(backend)?,
+                );
+                if rows.len() >= want {
+                    break;
+                }
+            }
+            rows
+        } else {
+            dynsql::archive_page::<Db>(owner, q, "archive", None)
+                .build()
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?
+        };
+        let complete = rows.len() < want;
         let mut messages: Vec<ArchivedMessage> =
             rows.iter().take(q.limit as usize).map(message).collect();
         if q.from_end {
@@ -53,13 +90,31 @@ impl ArchiveStore for Store {
     }
 
     async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64> {
-        let n: i64 = dynsql::archive_count::<Db>(owner, q)
-            .build()
-            .fetch_one(&self.pool)
-            .await
-            .map_err(backend)?
-            .get(0);
-        Ok(n as u64)
+        if q.with.is_none() || !q.ids.is_empty() {
+            let n: i64 = dynsql::archive_count::<Db>(owner, q, "archive", None)
+                .build()
+                .fetch_one(&self.pool)
+                .await
+                .map_err(backend)?
+                .get(0);
+            return Ok(n as u64);
+        }
+        let buckets = buckets::overlapping(
+            &self.archive_buckets().await?,
+            q.after.map(|a| a.0),
+            q.before.map(|b| b.0),
+        );
+        let mut total = 0;
+        for group in buckets.chunks(COUNT_GROUP) {
+            let n: i64 = dynsql::archive_count::<Db>(owner, q, Store::ARCHIVE_BY_WITH, Some(group))
+                .build()
+                .fetch_one(&self.pool)
+                .await
+                .map_err(backend)?
+                .get(0);
+            total += n as u64;
+        }
+        Ok(total)
     }
 
     async fn existing(&self, owner: &BareJid, ids: &[ArchiveId]) -> StorageResult<Vec<ArchiveId>> {
@@ -116,21 +171,34 @@ impl ArchiveStore for Store {
         outgoing: bool,
     ) -> StorageResult<Option<ArchivedMessage>> {
         let (domain, user) = split(owner);
-        let row = sqlx::query(
-            "SELECT id, with_bare, outgoing, flags, stanza FROM archive
-             WHERE domain = $1 AND username = $2 AND with_bare = $3 AND origin_id = $4
-               AND outgoing = $5
-             ORDER BY id DESC LIMIT 1",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(with_bare)
-        .bind(origin_id)
-        .bind(outgoing)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(row.as_ref().map(message))
+        // Newest bucket first: the message is almost always recent.
+        let mut all = buckets::overlapping(&self.archive_buckets().await?, None, None);
+        all.reverse();
+        for group in buckets::groups(&all) {
+            let mut b =
+                QueryBuilder::<Db>::new("SELECT id, with_bare, outgoing, flags, stanza FROM ");
+            b.push(Store::ARCHIVE_BY_WITH);
+            b.push(" WHERE bucket IN (");
+            let mut sep = b.separated(", ");
+            for n in group {
+                sep.push_bind(*n);
+            }
+            b.push(") AND domain = ").push_bind(domain);
+            b.push(" AND username = ").push_bind(user);
+            b.push(" AND with_bare = ").push_bind(with_bare);
+            b.push(" AND origin_id = ").push_bind(origin_id);
+            b.push(" AND outgoing = ").push_bind(outgoing);
+            b.push(" ORDER BY id DESC LIMIT 1");
+            let row = b
+                .build()
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+            if let Some(row) = row {
+                return Ok(Some(message(&row)));
+            }
+        }
+        Ok(None)
     }
 
     async fn replace(&self, owner: &BareJid, id: ArchiveId, stanza: &str) -> StorageResult<bool> {
@@ -158,21 +226,32 @@ impl ArchiveStore for Store {
         after: ArchiveId,
     ) -> StorageResult<u64> {
         let (domain, user) = split(owner);
-        let n: i64 = sqlx::query(
-            "SELECT COUNT(*) FROM archive
-             WHERE domain = $1 AND username = $2 AND with_bare = $3 AND id > $4
-               AND NOT outgoing AND (flags & $5) != 0",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(with_bare)
-        .bind(after.0)
-        .bind(FLAG_BODY)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(backend)?
-        .get(0);
-        Ok(n as u64)
+        let buckets = buckets::overlapping(&self.archive_buckets().await?, Some(after.0), None);
+        let mut total = 0;
+        for group in buckets.chunks(COUNT_GROUP) {
+            let mut b = QueryBuilder::<Db>::new("SELECT COUNT(*) FROM ");
+            b.push(Store::ARCHIVE_BY_WITH);
+            b.push(" WHERE bucket IN (");
+            let mut sep = b.separated(", ");
+            for n in group {
+                sep.push_bind(*n);
+            }
+            b.push(") AND domain = ").push_bind(domain);
+            b.push(" AND username = ").push_bind(user);
+            b.push(" AND with_bare = ").push_bind(with_bare);
+            b.push(" AND id > ").push_bind(after.0);
+            b.push(" AND NOT outgoing AND (flags & ")
+                .push_bind(FLAG_BODY);
+            b.push(") != 0");
+            let n: i64 = b
+                .build()
+                .fetch_one(&self.pool)
+                .await
+                .map_err(backend)?
+                .get(0);
+            total += n as u64;
+        }
+        Ok(total)
     }
 
     async fn purge_domain_before(&self, domain: &str, before: ArchiveId) -> StorageResult<u64> {

@@ -22,6 +22,7 @@ macro_rules! for_update {
 
 mod accounts;
 mod archive;
+pub(crate) mod buckets;
 mod im;
 mod offline;
 

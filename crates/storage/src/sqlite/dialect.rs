@@ -8,6 +8,7 @@
 //! values are bound.
 
 use super::SqliteStorage;
+use crate::buckets::BucketWriter;
 use crate::dialect::Dialect;
 use crate::{backend, hash_name, now_secs, split};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, Transaction};
@@ -19,13 +20,14 @@ use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
 use tokio::sync::MutexGuard;
 
-/// Rows per INSERT statement (9 parameters each, far below SQLite's limit).
+/// Rows per INSERT statement (10 parameters each, far below SQLite's limit).
 const ROWS_PER_INSERT: usize = 200;
 
 impl Dialect for SqliteStorage {
     type Db = Sqlite;
     type List = String;
     const ROW_LOCKS: bool = false;
+    const ARCHIVE_BY_WITH: &'static str = "archive INDEXED BY archive_by_with";
 
     fn encode_list(items: &[String], sep: char) -> String {
         items.join(&sep.to_string())
@@ -164,7 +166,7 @@ impl Dialect for SqliteStorage {
         // and the quota check below cannot interleave with another writer.
         let _turn = self.write_turn.lock().await;
         let mut tx = self.pool.begin().await.map_err(backend)?;
-        insert_archive_rows(&mut tx, archive).await?;
+        insert_archive_rows(&mut tx, &self.buckets, archive).await?;
         let n = sqlx::query(
             "INSERT INTO offline_messages (domain, username, sender, stanza, stamp)
              SELECT ?, ?, ?, ?, ?
@@ -194,7 +196,7 @@ impl Dialect for SqliteStorage {
     async fn insert_archive(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
         let _turn = self.write_turn.lock().await;
         let mut tx = self.pool.begin().await.map_err(backend)?;
-        insert_archive_rows(&mut tx, records).await?;
+        insert_archive_rows(&mut tx, &self.buckets, records).await?;
         tx.commit().await.map_err(backend)
     }
 
@@ -270,14 +272,20 @@ impl Dialect for SqliteStorage {
 /// which writes a message's archive rows with it.
 async fn insert_archive_rows(
     conn: &mut SqliteConnection,
+    buckets: &BucketWriter,
     records: &[ArchiveRecord],
 ) -> StorageResult<()> {
-    for chunk in records.chunks(ROWS_PER_INSERT) {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let (numbers, newest) = super::shared::buckets::assign(conn, records).await?;
+    let rows: Vec<(&ArchiveRecord, i64)> = records.iter().zip(numbers).collect();
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
         let mut b = QueryBuilder::<Sqlite>::new(
             "INSERT OR IGNORE INTO archive
-             (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza) ",
+             (id, domain, username, with_bare, remote, outgoing, origin_id, flags, stanza, bucket) ",
         );
-        b.push_values(chunk, |mut row, r| {
+        b.push_values(chunk, |mut row, (r, bucket)| {
             let (domain, user) = split(&r.owner);
             row.push_bind(r.id.0)
                 .push_bind(domain)
@@ -287,9 +295,10 @@ async fn insert_archive_rows(
                 .push_bind(i64::from(r.outgoing))
                 .push_bind(r.origin_id.as_deref())
                 .push_bind(i64::from(r.flags))
-                .push_bind(r.stanza.as_str());
+                .push_bind(r.stanza.as_str())
+                .push_bind(*bucket);
         });
         b.build().execute(&mut *conn).await.map_err(backend)?;
     }
-    Ok(())
+    super::shared::buckets::account(conn, buckets, newest, records.len() as u64).await
 }

@@ -32,6 +32,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0004_archive.sql"),
     include_str!("0005_inbox_unindexed.sql"),
     include_str!("0006_fast_tokens.sql"),
+    include_str!("0007_archive_buckets.sql"),
 ];
 
 /// The SQLite backend.
@@ -46,6 +47,8 @@ pub struct SqliteStorage {
     /// the race to several large batches in a row and wait seconds; in
     /// this queue it waits for at most the writes that asked before it.
     pub(crate) write_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// When to open the next archive bucket ([`crate::buckets`]).
+    pub(crate) buckets: std::sync::Arc<crate::buckets::BucketWriter>,
     /// The background checkpointer (see [`SqliteStorage::open`]).
     checkpointer: std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
@@ -53,6 +56,15 @@ pub struct SqliteStorage {
 impl SqliteStorage {
     /// Opens (creating if needed) the database at `path` and migrates it.
     pub async fn open(path: &Path, pool_size: u32) -> Result<Self, OpenError> {
+        Self::open_with(path, pool_size, &crate::OpenOptions::default()).await
+    }
+
+    /// [`SqliteStorage::open`] with non-default [`crate::OpenOptions`].
+    pub async fn open_with(
+        path: &Path,
+        pool_size: u32,
+        options: &crate::OpenOptions,
+    ) -> Result<Self, OpenError> {
         let target = format!("sqlite:{}", path.display());
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
@@ -96,6 +108,7 @@ impl SqliteStorage {
         let db = SqliteStorage {
             pool,
             write_turn: std::sync::Arc::new(tokio::sync::Mutex::new(())),
+            buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
             target,
             checkpointer: std::sync::Arc::new(std::sync::Mutex::new(Some(checkpointer))),
         };
@@ -127,6 +140,11 @@ impl SqliteStorage {
             });
         }
         for m in migrate::pending(&MIGRATIONS, current) {
+            if current > 0 {
+                // An existing database: a step may rebuild an index over
+                // the whole archive; say so before the wait.
+                tracing::info!(version = m.version, name = m.name, db = %self.target, "applying schema migration (minutes on a large archive)");
+            }
             let err = |source| OpenError::Migration {
                 version: m.version,
                 name: m.name,
