@@ -25,12 +25,7 @@ fn archive_filters<DB>(
     let (domain, user) = split(owner);
     b.push(" WHERE ");
     if let Some(buckets) = buckets {
-        b.push("bucket IN (");
-        let mut sep = b.separated(", ");
-        for n in buckets {
-            sep.push_bind(*n);
-        }
-        b.push(") AND ");
+        push_buckets(b, buckets);
     }
     b.push("domain = ").push_bind(domain);
     b.push(" AND username = ").push_bind(user);
@@ -58,6 +53,47 @@ fn archive_filters<DB>(
         }
         b.push(")");
     }
+}
+
+/// `bucket IN (…) AND `: the leading condition of a statement that reads
+/// one conversation through the by-conversation index.
+fn push_buckets<DB>(b: &mut QueryBuilder<DB>, buckets: &[i64])
+where
+    DB: Database,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    b.push("bucket IN (");
+    let mut sep = b.separated(", ");
+    for n in buckets {
+        sep.push_bind(*n);
+    }
+    b.push(") AND ");
+}
+
+/// `SELECT columns FROM table WHERE bucket IN (…) AND domain = … AND
+/// username = … AND with_bare = …`: the start of a statement over
+/// `owner`'s conversation with `with_bare` in `buckets`, read from
+/// `table` as in [`archive_page`]; the caller appends its own conditions.
+pub(crate) fn conversation<DB>(
+    columns: &str,
+    table: &str,
+    owner: &BareJid,
+    with_bare: &str,
+    buckets: &[i64],
+) -> QueryBuilder<DB>
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let (domain, user) = split(owner);
+    let mut b = QueryBuilder::new("SELECT ");
+    b.push(columns).push(" FROM ").push(table).push(" WHERE ");
+    push_buckets(&mut b, buckets);
+    b.push("domain = ").push_bind(domain);
+    b.push(" AND username = ").push_bind(user);
+    b.push(" AND with_bare = ").push_bind(with_bare);
+    b
 }
 
 /// One page of `q`: `id, with_bare, outgoing, flags, stanza`, one row more

@@ -6,7 +6,7 @@
 use super::{backend, split, Db, Dialect, Store};
 use crate::{buckets, dynsql};
 use async_trait::async_trait;
-use sqlx::{Database, QueryBuilder, Row};
+use sqlx::{Database, Row};
 use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
@@ -47,11 +47,7 @@ impl ArchiveStore for Store {
             // One conversation: its buckets in paging order, a group at a
             // time, until the page (and the one row that says whether it
             // is complete) is full (`crate::buckets`).
-            let mut buckets = buckets::overlapping(
-                &self.archive_buckets().await?,
-                q.after.map(|a| a.0),
-                q.before.map(|b| b.0),
-            );
+            let mut buckets = self.conversation_buckets(q.after, q.before).await?;
             if q.from_end {
                 buckets.reverse();
             }
@@ -99,11 +95,7 @@ impl ArchiveStore for Store {
                 .get(0);
             return Ok(n as u64);
         }
-        let buckets = buckets::overlapping(
-            &self.archive_buckets().await?,
-            q.after.map(|a| a.0),
-            q.before.map(|b| b.0),
-        );
+        let buckets = self.conversation_buckets(q.after, q.before).await?;
         let mut total = 0;
         for group in buckets.chunks(COUNT_GROUP) {
             let n: i64 = dynsql::archive_count::<Db>(owner, q, Store::ARCHIVE_BY_WITH, Some(group))
@@ -170,22 +162,17 @@ impl ArchiveStore for Store {
         origin_id: &str,
         outgoing: bool,
     ) -> StorageResult<Option<ArchivedMessage>> {
-        let (domain, user) = split(owner);
         // Newest bucket first: the message is almost always recent.
-        let mut all = buckets::overlapping(&self.archive_buckets().await?, None, None);
+        let mut all = self.conversation_buckets(None, None).await?;
         all.reverse();
         for group in buckets::groups(&all) {
-            let mut b =
-                QueryBuilder::<Db>::new("SELECT id, with_bare, outgoing, flags, stanza FROM ");
-            b.push(Store::ARCHIVE_BY_WITH);
-            b.push(" WHERE bucket IN (");
-            let mut sep = b.separated(", ");
-            for n in group {
-                sep.push_bind(*n);
-            }
-            b.push(") AND domain = ").push_bind(domain);
-            b.push(" AND username = ").push_bind(user);
-            b.push(" AND with_bare = ").push_bind(with_bare);
+            let mut b = dynsql::conversation::<Db>(
+                "id, with_bare, outgoing, flags, stanza",
+                Store::ARCHIVE_BY_WITH,
+                owner,
+                with_bare,
+                group,
+            );
             b.push(" AND origin_id = ").push_bind(origin_id);
             b.push(" AND outgoing = ").push_bind(outgoing);
             b.push(" ORDER BY id DESC LIMIT 1");
@@ -225,20 +212,16 @@ impl ArchiveStore for Store {
         with_bare: &str,
         after: ArchiveId,
     ) -> StorageResult<u64> {
-        let (domain, user) = split(owner);
-        let buckets = buckets::overlapping(&self.archive_buckets().await?, Some(after.0), None);
+        let buckets = self.conversation_buckets(Some(after), None).await?;
         let mut total = 0;
         for group in buckets.chunks(COUNT_GROUP) {
-            let mut b = QueryBuilder::<Db>::new("SELECT COUNT(*) FROM ");
-            b.push(Store::ARCHIVE_BY_WITH);
-            b.push(" WHERE bucket IN (");
-            let mut sep = b.separated(", ");
-            for n in group {
-                sep.push_bind(*n);
-            }
-            b.push(") AND domain = ").push_bind(domain);
-            b.push(" AND username = ").push_bind(user);
-            b.push(" AND with_bare = ").push_bind(with_bare);
+            let mut b = dynsql::conversation::<Db>(
+                "COUNT(*)",
+                Store::ARCHIVE_BY_WITH,
+                owner,
+                with_bare,
+                group,
+            );
             b.push(" AND id > ").push_bind(after.0);
             b.push(" AND NOT outgoing AND (flags & ")
                 .push_bind(FLAG_BODY);

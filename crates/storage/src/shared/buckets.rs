@@ -3,7 +3,7 @@
 //! newest is full, and reading the bounds for queries.
 
 use super::{backend, Db, Store};
-use crate::buckets::{bucket_of, Bucket, BucketWriter};
+use crate::buckets::{bucket_of, overlapping, Bucket, BucketWriter};
 use sqlx::{Database, Row};
 use starling_core::storage::{ArchiveId, ArchiveRecord, StorageResult};
 use std::sync::atomic::Ordering;
@@ -113,23 +113,35 @@ pub(crate) async fn account(
 }
 
 impl Store {
-    /// Every bucket, oldest first (one row per million archived
-    /// messages), read at most every few seconds ([`BucketWriter`]).
-    pub(crate) async fn archive_buckets(&self) -> StorageResult<Arc<Vec<Bucket>>> {
-        if let Some(b) = self.buckets.cached() {
-            return Ok(b);
-        }
-        let at = std::time::Instant::now();
-        let bounds: Arc<Vec<Bucket>> = Arc::new(
-            sqlx::query("SELECT bucket, first_id FROM archive_buckets ORDER BY bucket")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(backend)?
-                .iter()
-                .map(bucket)
-                .collect(),
-        );
-        self.buckets.remember(at, bounds.clone());
-        Ok(bounds)
+    /// The buckets, oldest first, that may hold ids `> after` and
+    /// `< before`. The bounds (one row per million archived messages) are
+    /// read at most every few seconds ([`BucketWriter`]).
+    pub(crate) async fn conversation_buckets(
+        &self,
+        after: Option<ArchiveId>,
+        before: Option<ArchiveId>,
+    ) -> StorageResult<Vec<i64>> {
+        let bounds = match self.buckets.cached() {
+            Some(b) => b,
+            None => {
+                let at = std::time::Instant::now();
+                let bounds: Arc<Vec<Bucket>> = Arc::new(
+                    sqlx::query("SELECT bucket, first_id FROM archive_buckets ORDER BY bucket")
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(backend)?
+                        .iter()
+                        .map(bucket)
+                        .collect(),
+                );
+                self.buckets.remember(at, bounds.clone());
+                bounds
+            }
+        };
+        Ok(overlapping(
+            &bounds,
+            after.map(|a| a.0),
+            before.map(|b| b.0),
+        ))
     }
 }
