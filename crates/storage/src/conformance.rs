@@ -430,6 +430,45 @@ pub async fn concurrency(s: &Storage) {
     let (v, items) = s.roster.get_roster(&alice).await.unwrap();
     assert_eq!(items.len(), 10);
     assert_eq!(v, *versions.last().unwrap());
+
+    // Offline messages with their archive rows (whose transaction reads
+    // the bucket bounds before it writes) beside writers that do not take
+    // the hot-path write turn: none fails with "database is locked"
+    // (a SQLite deferred transaction that reads, then writes after
+    // another connection's commit, gets SQLITE_BUSY without waiting).
+    let carol = jid("carol@example.org");
+    let mut tasks = Vec::new();
+    for i in 0..40i64 {
+        let (s, carol, alice) = (s.clone(), carol.clone(), alice.clone());
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                let r = rec(&carol, 10_000 + i, "dave@example.org/r", false, None);
+                s.offline
+                    .store(&carol, "dave@example.org/r", "<message/>", i, 1000, &[r])
+                    .await
+                    .map_err(|e| e.to_string())
+            } else {
+                let item = RosterItem::new(jid(&format!("w{i}@example.org")));
+                s.roster
+                    .put_item(&alice, &item)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("write task").expect("concurrent write");
+    }
+    assert_eq!(s.offline.count(&carol).await.unwrap(), 20);
+    let all = ArchiveQuery {
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(
+        s.archive.query(&carol, &all).await.unwrap().messages.len(),
+        20
+    );
 }
 
 /// The offline store writes a message's archive rows in its transaction:

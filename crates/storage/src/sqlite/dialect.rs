@@ -161,11 +161,14 @@ impl Dialect for SqliteStorage {
         archive: &[ArchiveRecord],
     ) -> Result<(), OfflineStoreError> {
         let (domain, user) = split(owner);
-        // The archive rows first: the transaction's first statement writes,
-        // so it takes SQLite's write lock at once (no read-to-write upgrade),
-        // and the quota check below cannot interleave with another writer.
+        // BEGIN IMMEDIATE takes SQLite's write lock before the first
+        // statement, which reads (the archive's bucket bounds): a deferred
+        // transaction that reads and then writes gets SQLITE_BUSY at once,
+        // without waiting, if another connection (a writer that does not
+        // take the write turn) committed in between. Holding the lock also
+        // keeps the quota check below atomic against other writers.
         let _turn = self.write_turn.lock().await;
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.begin_write().await.map_err(backend)?;
         insert_archive_rows(&mut tx, &self.buckets, archive).await?;
         let n = sqlx::query(
             "INSERT INTO offline_messages (domain, username, sender, stanza, stamp)
@@ -195,7 +198,9 @@ impl Dialect for SqliteStorage {
 
     async fn insert_archive(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
         let _turn = self.write_turn.lock().await;
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // IMMEDIATE: the first statement reads the bucket bounds (see
+        // insert_offline).
+        let mut tx = self.begin_write().await.map_err(backend)?;
         insert_archive_rows(&mut tx, &self.buckets, records).await?;
         tx.commit().await.map_err(backend)
     }
@@ -211,7 +216,7 @@ impl Dialect for SqliteStorage {
             .into_iter()
             .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
         let _turn = self.write_turn.lock().await;
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.begin_write().await.map_err(backend)?;
         for (group, unread_sql) in [
             (&adding, "unread + excluded.unread"),
             (&setting, "excluded.unread"),
