@@ -40,6 +40,8 @@ pub struct Metrics {
 pub struct WriteBehindMetrics {
     /// Records waiting to be written.
     pub queued: Family<Vec<(String, String)>, Gauge>,
+    /// Approximate bytes the waiting records hold.
+    pub bytes: Family<Vec<(String, String)>, Gauge>,
     /// Records written.
     pub written: Family<Vec<(String, String)>, Counter>,
     /// Batches (transactions) written.
@@ -56,6 +58,8 @@ pub struct WriteBehindMetrics {
 pub struct QueueMetrics {
     /// Records waiting to be written.
     pub queued: Gauge,
+    /// Approximate bytes the records not yet taken by the writer hold.
+    pub bytes: Gauge,
     /// Records written.
     pub written: Counter,
     /// Batches written.
@@ -70,6 +74,7 @@ impl WriteBehindMetrics {
         let l = vec![("queue".to_owned(), name.to_owned())];
         let q = QueueMetrics {
             queued: self.queued.get_or_create(&l).clone(),
+            bytes: self.bytes.get_or_create(&l).clone(),
             written: self.written.get_or_create(&l).clone(),
             batches: self.batches.get_or_create(&l).clone(),
             dropped: self.dropped.get_or_create(&l).clone(),
@@ -167,6 +172,11 @@ impl Metrics {
             "write_behind_queued",
             "Records waiting in a write-behind queue",
             write_behind.queued.clone(),
+        );
+        registry.register(
+            "write_behind_bytes",
+            "Approximate bytes held by the records waiting in a write-behind queue",
+            write_behind.bytes.clone(),
         );
         registry.register(
             "write_behind_written",

@@ -21,12 +21,15 @@
 //!   recipient's archive row with the offline message). If the writer
 //!   already has it, the caller gets the ticket to wait on instead.
 //! - Back-pressure: [`WriteBehind::congested`] is true from the moment more
-//!   than `high_water` items wait until they are back under half of it;
-//!   sessions stop reading from their sockets
-//!   while any queue is congested ([`starling_core::Pressure`]), so a slow
-//!   database slows senders down through TCP instead of growing memory or
-//!   latency without bound. `push` itself waits only at `capacity` (a hard
-//!   bound that the read throttling normally keeps it from reaching).
+//!   than `high_water` items, or more than half of `max_bytes`, wait until
+//!   both are back under half of that; sessions stop reading from their
+//!   sockets while any queue is congested ([`starling_core::Pressure`]), so
+//!   a slow database slows senders down through TCP instead of growing
+//!   memory or latency without bound. `push` itself waits only at
+//!   `capacity` items or `max_bytes` bytes (hard bounds that the read
+//!   throttling normally keeps it from reaching). Bytes are each item's
+//!   [`Weigh::weight`], so the queue's memory is bounded whatever the size
+//!   of the stanzas it holds (docs/memory.md).
 //! - Read-your-writes: [`WriteBehind::flush`] returns once everything pushed
 //!   before it is resolved; queries call it first (an archive query sees the
 //!   message that was just sent).
@@ -53,11 +56,39 @@ pub trait BatchSink<T: Sync>: Send + Sync + 'static {
     async fn write(&self, batch: &[T]) -> StorageResult<()>;
 }
 
+/// The memory an item holds while it waits in a queue: its own size and
+/// what it owns on the heap (approximately: string lengths, not allocator
+/// rounding).
+pub trait Weigh {
+    /// Bytes held.
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for starling_core::storage::ArchiveRecord {
+    fn weight(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.owner.as_str().len()
+            + self.with_bare.len()
+            + self.remote.len()
+            + self.origin_id.as_ref().map_or(0, String::len)
+            + self.stanza.len()
+    }
+}
+
+impl Weigh for starling_core::storage::InboxUpdate {
+    fn weight(&self) -> usize {
+        std::mem::size_of::<Self>() + self.owner.as_str().len() + self.remote.len()
+    }
+}
+
 /// Sizing of a queue.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteBehindConfig {
     /// Items waiting at most; `push` waits beyond this.
     pub capacity: usize,
+    /// Bytes ([`Weigh::weight`]) waiting at most; `push` waits beyond
+    /// this (an item is always admitted into an empty queue).
+    pub max_bytes: usize,
     /// Items per batch at most.
     pub max_batch: usize,
     /// How long a small batch waits for more items.
@@ -70,6 +101,12 @@ impl WriteBehindConfig {
     /// saturated. Lowered again at half of it.
     pub fn high_water(&self) -> usize {
         self.max_batch.min(self.capacity / 2).max(1)
+    }
+
+    /// Waiting bytes above which the queue raises the pressure (lowered
+    /// again at half of it).
+    pub fn high_water_bytes(&self) -> usize {
+        (self.max_bytes / 2).max(1)
     }
 }
 
@@ -91,6 +128,8 @@ pub enum Claim<T> {
 struct State<T> {
     /// Items not yet handed to the writer, in ticket order.
     pending: VecDeque<(u64, T)>,
+    /// The sum of `pending`'s weights.
+    pending_bytes: usize,
     /// The ticket of the next push.
     next: u64,
     /// Every ticket up to this is with the writer or resolved (written,
@@ -127,16 +166,20 @@ impl<T> Shared<T> {
     /// Keeps the pressure in step with `pending` (lock held).
     fn update_pressure(&self, st: &mut State<T>) {
         let len = st.pending.len();
+        let bytes = st.pending_bytes;
+        self.stats.bytes.set(bytes as i64);
         let high = self.cfg.high_water();
-        if !st.raised && len > high {
+        let high_bytes = self.cfg.high_water_bytes();
+        if !st.raised && (len > high || bytes > high_bytes) {
             st.raised = true;
             self.pressure.raise();
             tracing::debug!(
                 queue = self.name,
                 queued = len,
+                bytes,
                 "write-behind queue congested; sessions pause reading"
             );
-        } else if st.raised && len <= high / 2 {
+        } else if st.raised && len <= high / 2 && bytes <= high_bytes / 2 {
             st.raised = false;
             self.pressure.lower();
         }
@@ -144,7 +187,7 @@ impl<T> Shared<T> {
 }
 
 /// A write-behind queue feeding one [`BatchSink`].
-pub struct WriteBehind<T: Send + Sync + 'static> {
+pub struct WriteBehind<T: Weigh + Send + Sync + 'static> {
     shared: Arc<Shared<T>>,
     task: Mutex<Option<JoinHandle<()>>>,
     /// Its metrics (`starling_write_behind_*{queue="name"}`).
@@ -153,7 +196,7 @@ pub struct WriteBehind<T: Send + Sync + 'static> {
 
 const RETRIES: u32 = 5;
 
-impl<T: Send + Sync + 'static> WriteBehind<T> {
+impl<T: Weigh + Send + Sync + 'static> WriteBehind<T> {
     /// Starts the writer task; `stats` are its metric handles, `pressure`
     /// the gate it raises when congested.
     pub fn spawn(
@@ -165,6 +208,7 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
     ) -> Self {
         let cfg = WriteBehindConfig {
             capacity: cfg.capacity.max(1),
+            max_bytes: cfg.max_bytes.max(1),
             max_batch: cfg.max_batch.max(1),
             max_delay: cfg.max_delay,
         };
@@ -173,6 +217,7 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
             cfg,
             state: StdMutex::new(State {
                 pending: VecDeque::new(),
+                pending_bytes: 0,
                 next: 1,
                 taken_up_to: 0,
                 urgent_up_to: 0,
@@ -194,10 +239,12 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
         }
     }
 
-    /// Queues an item, waiting while the queue holds `capacity` items.
-    /// After [`WriteBehind::close`] the item is written at once instead.
+    /// Queues an item, waiting while the queue holds `capacity` items or
+    /// has no room for its weight within `max_bytes`. After
+    /// [`WriteBehind::close`] the item is written at once instead.
     pub async fn push(&self, item: T) -> Ticket {
         let sh = &self.shared;
+        let weight = item.weight();
         let mut item = Some(item);
         loop {
             let room = sh.room.notified();
@@ -208,17 +255,24 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
                 if st.closed {
                     break;
                 }
-                if st.pending.len() < sh.cfg.capacity {
+                let fits = st.pending.is_empty()
+                    || (st.pending.len() < sh.cfg.capacity
+                        && st.pending_bytes + weight <= sh.cfg.max_bytes);
+                if fits {
                     let t = st.next;
                     st.next += 1;
                     st.pending.push_back((t, item.take().expect("pushed once")));
+                    st.pending_bytes += weight;
+                    let was_raised = st.raised;
                     sh.update_pressure(&mut st);
                     // The writer needs waking only to start (first item)
-                    // or to cut its window short (a full batch).
+                    // or to cut its window short (a full batch, or the
+                    // queue just became congested).
                     let len = st.pending.len();
+                    let congested_now = st.raised && !was_raised;
                     drop(st);
                     sh.stats.queued.inc();
-                    if len == 1 || len >= sh.cfg.max_batch {
+                    if len == 1 || len >= sh.cfg.max_batch || congested_now {
                         sh.wake.notify_one();
                     }
                     return Ticket(t);
@@ -274,6 +328,7 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
         let mut st = sh.lock();
         if let Some(pos) = st.pending.iter().rposition(|(_, t)| pred(t)) {
             let (_, item) = st.pending.remove(pos).expect("position found");
+            st.pending_bytes -= item.weight();
             sh.update_pressure(&mut st);
             drop(st);
             sh.stats.queued.dec();
@@ -312,7 +367,7 @@ impl<T: Send + Sync + 'static> WriteBehind<T> {
     }
 }
 
-async fn writer<T: Send + Sync + 'static>(sh: Arc<Shared<T>>) {
+async fn writer<T: Weigh + Send + Sync + 'static>(sh: Arc<Shared<T>>) {
     let max_batch = sh.cfg.max_batch;
     let mut batch: Vec<T> = Vec::new();
     loop {
@@ -333,7 +388,9 @@ async fn writer<T: Send + Sync + 'static>(sh: Arc<Shared<T>>) {
             wake.await;
         }
         // A small batch waits a little for company, unless someone waits
-        // for one of its items or the queue is closing.
+        // for one of its items, the queue is congested (sessions have
+        // stopped reading: waiting longer would only stall them) or it is
+        // closing.
         if !sh.cfg.max_delay.is_zero() {
             let deadline = tokio::time::Instant::now() + sh.cfg.max_delay;
             loop {
@@ -343,7 +400,11 @@ async fn writer<T: Send + Sync + 'static>(sh: Arc<Shared<T>>) {
                 {
                     let st = sh.lock();
                     let front = st.pending.front().map_or(u64::MAX, |(t, _)| *t);
-                    if st.pending.len() >= max_batch || st.urgent_up_to >= front || st.closed {
+                    if st.pending.len() >= max_batch
+                        || st.urgent_up_to >= front
+                        || st.raised
+                        || st.closed
+                    {
                         break;
                     }
                 }
@@ -357,6 +418,8 @@ async fn writer<T: Send + Sync + 'static>(sh: Arc<Shared<T>>) {
             let n = st.pending.len().min(max_batch);
             batch.reserve(n);
             batch.extend(st.pending.drain(..n).map(|(_, item)| item));
+            let taken: usize = batch.iter().map(Weigh::weight).sum();
+            st.pending_bytes -= taken;
             // Tickets below the next pending one (or every ticket given so
             // far) are in this batch, in earlier ones, or were claimed.
             let last = st.pending.front().map_or(st.next, |(t, _)| *t) - 1;
@@ -452,9 +515,22 @@ mod tests {
         }
     }
 
+    /// Test items weigh 1 byte, except those from 1,000 up, which weigh
+    /// their value in bytes.
+    impl Weigh for u32 {
+        fn weight(&self) -> usize {
+            if *self < 1000 {
+                1
+            } else {
+                *self as usize
+            }
+        }
+    }
+
     fn cfg(capacity: usize, max_batch: usize, delay_ms: u64) -> WriteBehindConfig {
         WriteBehindConfig {
             capacity,
+            max_bytes: 1 << 30,
             max_batch,
             max_delay: Duration::from_millis(delay_ms),
         }
@@ -708,6 +784,50 @@ mod tests {
             .await
             .expect("drained");
         q.flush().await;
+        assert!(!q.congested());
+    }
+
+    #[tokio::test]
+    async fn bytes_bound_the_queue_whatever_the_item_count() {
+        let sink = Arc::new(Recorder::default()); // gate closed: writes block
+        let pressure = gate();
+        let stats = QueueMetrics::default();
+        let q = Arc::new(WriteBehind::spawn(
+            "t",
+            sink.clone(),
+            WriteBehindConfig {
+                max_bytes: 10_000,
+                ..cfg(100, 100, 0)
+            },
+            stats.clone(),
+            pressure.clone(),
+        ));
+        q.push(9_000).await; // taken by the writer, which blocks
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        q.push(4_000).await;
+        assert!(!q.congested(), "4,000 bytes waiting: under half of 10,000");
+        q.push(1_001).await;
+        assert!(
+            q.congested() && pressure.is_high(),
+            "5,001 bytes: over half"
+        );
+        assert_eq!(stats.bytes.get(), 5_001);
+        q.push(4_999).await; // exactly 10,000: fits
+        let blocked = tokio::time::timeout(Duration::from_millis(200), q.push(1_000)).await;
+        assert!(blocked.is_err(), "no room for 1,000 more bytes: push waits");
+        // An item heavier than the whole bound still gets in, alone.
+        sink.gate.add_permits(1_000);
+        q.flush().await;
+        tokio::time::timeout(Duration::from_secs(2), q.push(20_000))
+            .await
+            .expect("an empty queue admits any item");
+        q.flush().await;
+        assert_eq!(
+            written(&sink),
+            vec![9_000, 4_000, 1_001, 4_999, 20_000],
+            "the push that timed out was cancelled, the others kept their order"
+        );
+        assert_eq!(stats.bytes.get(), 0);
         assert!(!q.congested());
     }
 

@@ -742,3 +742,47 @@ async fn sent_carbons_carry_the_senders_archive_id_and_recipients_never_see_it()
     assert_eq!(p.ids(), [ids[0].to_owned()]);
     server.stop().await;
 }
+
+/// docs/memory.md: the archive queue is bounded in bytes as well as in
+/// records, so large stanzas raise the back-pressure and fill the queue
+/// long before its record count does; nothing is lost, and the queue's
+/// bytes stay within `queue_max_mib` (plus one stanza, admitted alone).
+#[tokio::test(flavor = "multi_thread")]
+async fn large_stanzas_fill_the_archive_queue_by_bytes_not_count() {
+    let server = TestServer::start_with(|cfg| {
+        let mam = cfg.modules.get_mut::<starling_server::modules::Mam>();
+        mam.queue_max_mib = 1;
+        // A window long enough that everything below is still queued when
+        // the gauge is read, unless the bytes bound cut it short.
+        mam.batch_delay_ms = 60_000;
+        mam.batch_size = 10_000;
+    })
+    .await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let queues = server.server.env.metrics.write_behind.queues();
+    let (_, archive) = queues
+        .iter()
+        .find(|(name, _)| name == "archive")
+        .expect("archive queue")
+        .clone();
+    let body = "x".repeat(100 * 1024);
+    for i in 0..24 {
+        chat(&mut alice, &bare_of(&bob), &format!("big{i}"), &body).await;
+        bob.recv_message().await;
+    }
+    // 24 messages × 2 archive rows × 100 KiB = 4.8 MiB were archived: at
+    // most 1 MiB waited at any time, so the writer did not wait for its
+    // 60 s window (batches written when the pressure rose).
+    assert!(
+        archive.written.get() > 0,
+        "the bytes bound made the writer write before its window ended"
+    );
+    assert!(
+        archive.bytes.get() <= (1 << 20) + 110 * 1024,
+        "queued bytes {} within queue_max_mib",
+        archive.bytes.get()
+    );
+    let page = ok_query(&mut alice, "q1", "").await;
+    assert_eq!(page.items.len(), 24, "every message archived");
+}

@@ -69,6 +69,9 @@ pub struct InboxConfig {
     pub max_page_size: u32,
     /// Write-behind queue: updates waiting at most before senders wait.
     pub queue_capacity: usize,
+    /// Write-behind queue: MiB the waiting records may hold at most
+    /// before senders wait (half of it raises the back-pressure).
+    pub queue_max_mib: usize,
     /// Write-behind queue: updates per database transaction at most.
     pub batch_size: usize,
     /// Write-behind queue: milliseconds a small batch waits for more.
@@ -82,6 +85,7 @@ impl Default for InboxConfig {
             default_page_size: 50,
             max_page_size: 250,
             queue_capacity: 100_000,
+            queue_max_mib: 16,
             batch_size: 20_000,
             batch_delay_ms: 500,
         }
@@ -140,6 +144,7 @@ impl Inbox {
             Arc::new(Sink(store.clone())),
             WriteBehindConfig {
                 capacity: cfg.queue_capacity,
+                max_bytes: cfg.queue_max_mib.saturating_mul(1 << 20),
                 max_batch: cfg.batch_size,
                 max_delay: std::time::Duration::from_millis(cfg.batch_delay_ms),
             },
@@ -506,10 +511,10 @@ impl Module for Inbox {
                 "must be at least 1 and at most max_page_size",
             ));
         }
-        if cfg.queue_capacity == 0 || cfg.batch_size == 0 {
+        if cfg.queue_capacity == 0 || cfg.batch_size == 0 || cfg.queue_max_mib == 0 {
             return Err(ConfigProblem::new(
                 "queue_capacity",
-                "queue_capacity and batch_size must be at least 1",
+                "queue_capacity, queue_max_mib and batch_size must be at least 1",
             ));
         }
         Ok(())

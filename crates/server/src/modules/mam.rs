@@ -109,6 +109,9 @@ pub struct MamConfig {
     pub domain_retention_days: std::collections::BTreeMap<String, u32>,
     /// Write-behind queue: records waiting at most before senders wait.
     pub queue_capacity: usize,
+    /// Write-behind queue: MiB the waiting records may hold at most
+    /// before senders wait (half of it raises the back-pressure).
+    pub queue_max_mib: usize,
     /// Write-behind queue: records per database transaction at most.
     pub batch_size: usize,
     /// Write-behind queue: milliseconds a small batch waits for more.
@@ -125,6 +128,7 @@ impl Default for MamConfig {
             retention_days: 0,
             domain_retention_days: Default::default(),
             queue_capacity: 100_000,
+            queue_max_mib: 64,
             batch_size: 20_000,
             batch_delay_ms: 500,
         }
@@ -165,6 +169,7 @@ impl BatchSink<ArchiveRecord> for Sink {
 fn queue_config(cfg: &MamConfig) -> WriteBehindConfig {
     WriteBehindConfig {
         capacity: cfg.queue_capacity,
+        max_bytes: cfg.queue_max_mib.saturating_mul(1 << 20),
         max_batch: cfg.batch_size,
         max_delay: Duration::from_millis(cfg.batch_delay_ms),
     }
@@ -1146,10 +1151,10 @@ impl Module for Mam {
                 "must be at least 1 and at most max_page_size",
             ));
         }
-        if cfg.queue_capacity == 0 || cfg.batch_size == 0 {
+        if cfg.queue_capacity == 0 || cfg.batch_size == 0 || cfg.queue_max_mib == 0 {
             return Err(ConfigProblem::new(
                 "queue_capacity",
-                "queue_capacity and batch_size must be at least 1",
+                "queue_capacity, queue_max_mib and batch_size must be at least 1",
             ));
         }
         for d in cfg.domain_retention_days.keys() {
