@@ -2,7 +2,7 @@
 
 use crate::hooks::Hooks;
 use crate::storage::Storage;
-use crate::{Metrics, Pressure, Router, SessionManager};
+use crate::{HandoverGate, Metrics, Pressure, Router, SessionManager};
 use starling_proto::Stanza;
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -77,6 +77,9 @@ pub struct Env {
     pub metrics: Metrics,
     /// Storage back-pressure: sessions stop reading while it is high.
     pub pressure: Arc<Pressure>,
+    /// Holds an account's new messages while a closing session of it
+    /// hands its stanzas back to the router, so they keep their order.
+    pub handover: Arc<HandoverGate>,
 }
 
 impl Env {

@@ -27,6 +27,7 @@
 pub mod disco;
 mod env;
 mod extensions;
+mod handover;
 pub mod hooks;
 mod metrics;
 pub mod module;
@@ -38,6 +39,7 @@ pub mod throttle;
 
 pub use env::{Env, Hosts};
 pub use extensions::Extensions;
+pub use handover::{HandoverGate, HandoverGuard};
 pub use hooks::{
     Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, SessionState, TimerKey,
 };

@@ -240,6 +240,7 @@ pub async fn start_with(
         hooks,
         metrics,
         pressure,
+        handover: Arc::new(starling_core::HandoverGate::new()),
     });
     let http_tls = tls.http.clone();
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));

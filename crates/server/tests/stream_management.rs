@@ -582,3 +582,94 @@ async fn expired_session_does_not_repeat_bare_jid_messages_another_resource_got(
     }
     server.stop().await;
 }
+
+/// §4 with RFC 6121's ordering: when a detached session expires, its
+/// unacknowledged messages are handed back to the router (here: offline
+/// storage) while new messages for the account keep arriving. The new
+/// ones wait for the hand-back (starling_core::HandoverGate), so the
+/// offline queue, and the client at its next login, has every message
+/// once and in the order it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_keep_their_order_across_an_expiring_sessions_hand_back() {
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<modules::Offline>()
+            .max_messages_per_user = 100_000;
+        c.modules.get_mut::<modules::StreamManagement>().max_queue = 100_000;
+        // No bounce for a full mailbox while the new session catches up.
+        c.c2s.mailbox_size = 1_000_000;
+    })
+    .await;
+    let bob = server.login("bob").await;
+    let mut a = server.login("alice").await;
+    enable(&mut a, "resume='true' max='1'").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut bob = bob;
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                message(&mut bob, "alice@localhost", &format!("{n:06}")).await;
+                n += 1;
+                if n.is_multiple_of(5) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            (bob, n)
+        })
+    };
+    // Alice reads for a while, acknowledging nothing, then her connection
+    // drops: everything written to her since is unacknowledged.
+    let mut read = 0;
+    while read < 300 {
+        if recv_skipping_r(&mut a).await.name() == "message" {
+            read += 1;
+        }
+    }
+    drop(a);
+    // Detached for 1 s, then expired: the hand-back runs while bob sends.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (_bob, sent) = sender.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut a2 = server.login("alice").await;
+    let mut got = Vec::new();
+    while let Some(Event::Element(el)) = a2.next_event_within(Duration::from_secs(2)).await {
+        if el.name() == "message" {
+            got.push(body(&el));
+        }
+    }
+    let out_of_order: Vec<(&String, &String)> = got
+        .windows(2)
+        .filter(|w| w[0] >= w[1])
+        .map(|w| (&w[0], &w[1]))
+        .collect();
+    assert!(
+        out_of_order.is_empty(),
+        "{} of {} messages arrived after a later one, e.g. {:?}",
+        out_of_order.len(),
+        got.len(),
+        out_of_order.iter().take(3).collect::<Vec<_>>()
+    );
+    let gaps: Vec<(&String, &String)> = got
+        .windows(2)
+        .filter(|w| w[1].parse::<u32>().unwrap() != w[0].parse::<u32>().unwrap() + 1)
+        .map(|w| (&w[0], &w[1]))
+        .collect();
+    let stored = server
+        .server
+        .env
+        .storage
+        .offline
+        .count(&starling_proto::BareJid::new("alice@localhost").unwrap())
+        .await
+        .unwrap();
+    assert!(
+        gaps.is_empty() && got.len() == sent as usize,
+        "every message once: {} of {sent} received, {stored} still stored offline, gaps {:?}",
+        got.len(),
+        gaps.iter().take(3).collect::<Vec<_>>()
+    );
+    server.stop().await;
+}

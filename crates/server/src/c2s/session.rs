@@ -25,8 +25,8 @@ use crate::transport::tcp::Transport;
 use crate::transport::websocket::WsConn;
 use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, OwnIqHandler};
 use starling_core::{
-    mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, Mailbox, SessionCtx,
-    SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
+    mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, HandoverGate, Mailbox,
+    SessionCtx, SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
@@ -1275,6 +1275,25 @@ impl Session {
             Exit::ClientClosed => self.conn.close(Closing::Close, close_timeout).await,
             Exit::Io(_) | Exit::ResumeTimeout | Exit::HandedOver => self.conn.discard_output(),
         }
+        let env = self.shared.env.clone();
+        // What this session still holds (unacknowledged stanzas, its
+        // mailbox) goes back to the router; until it has, the account's
+        // new messages wait, so none overtakes an older one
+        // (starling_core::HandoverGate). Taken before leaving the table.
+        let owner = self.info.jid.as_ref().map(|j| j.to_bare());
+        let _handover = match &owner {
+            Some(o) => Some(env.handover.begin(o).await),
+            None => None,
+        };
+        match owner {
+            Some(o) => HandoverGate::scope(o, self.hand_back(&exit)).await,
+            None => self.hand_back(&exit).await,
+        }
+    }
+
+    /// Leaves the session table and hands what the session still holds
+    /// back to the router (see `finish`).
+    async fn hand_back(&mut self, exit: &Exit) {
         if let Some(jid) = self.info.jid.clone() {
             self.shared.env.sessions.unregister(&jid, self.info.id);
             self.shared.env.metrics.sessions.dec();

@@ -165,6 +165,9 @@ impl LocalRouter {
                 )
                 .await;
         }
+        // A closing session of this account may be handing older messages
+        // back: this one goes after them (starling_core::HandoverGate).
+        env.handover.wait(bare).await;
         let resources = self.table.resources_with_handles(bare);
         let available: Vec<&(SessionEntry, SessionHandle)> = resources
             .iter()
@@ -196,6 +199,9 @@ impl LocalRouter {
         if t == "headline" {
             return; // §8.5.2.1.1: headlines are not stored
         }
+        // The resource picked above may have closed its mailbox after
+        // starting a hand-back: offline storage, too, waits for it.
+        env.handover.wait(bare).await;
         // The account may not exist; sessions imply it does.
         if resources.is_empty() {
             match env.storage.accounts.exists(bare).await {
