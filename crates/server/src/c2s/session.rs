@@ -108,6 +108,10 @@ pub(crate) struct Session {
 }
 
 /// Runs one client connection to completion.
+///
+/// The task's future is what an idle session costs, so it holds only the
+/// boxed session and its loop: the TLS handshake and the setup run in a
+/// boxed future of their own, freed once the session starts.
 pub(crate) async fn run(
     shared: Arc<C2sShared>,
     tcp: TcpStream,
@@ -115,28 +119,39 @@ pub(crate) async fn run(
     direct_tls: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let start = Box::pin(connect(shared, tcp, peer, direct_tls));
+    let Some(session) = start.await else {
+        return;
+    };
+    session.run_to_end(&mut shutdown).await;
+}
+
+/// Counts the connection in, completes direct TLS if asked for, and builds
+/// the session (`None`: the handshake failed).
+async fn connect(
+    shared: Arc<C2sShared>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    direct_tls: bool,
+) -> Option<Box<Session>> {
     count_connection(&shared);
     let metrics = &shared.env.metrics;
     let transport = if direct_tls {
         let Some(tls) = shared.tls.as_ref() else {
             metrics.connections.dec();
-            return;
+            return None;
         };
-        // Boxed: a handshake's state is large and short-lived; idle sessions
-        // should not carry room for it.
-        match tokio::time::timeout(shared.negotiation_timeout, Box::pin(tls.direct.accept(tcp)))
-            .await
-        {
+        match tokio::time::timeout(shared.negotiation_timeout, tls.direct.accept(tcp)).await {
             Ok(Ok(s)) => Transport::Tls(Box::new(s)),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "direct TLS handshake failed");
                 metrics.connections.dec();
-                return;
+                return None;
             }
             Err(_) => {
                 tracing::debug!(%peer, "direct TLS handshake timed out");
                 metrics.connections.dec();
-                return;
+                return None;
             }
         }
     } else {
@@ -151,7 +166,7 @@ pub(crate) async fn run(
     if let Some(ctx) = shared.tls.as_ref().filter(|_| session.info.secure) {
         session.bindings = session.conn.channel_bindings(ctx);
     }
-    session.run_to_end(&mut shutdown).await;
+    Some(session)
 }
 
 /// Runs one RFC 7395 WebSocket connection to completion. `secure`: the
@@ -200,12 +215,12 @@ fn count_connection(shared: &C2sShared) {
 }
 
 impl Session {
-    fn new(shared: Arc<C2sShared>, conn: Connection, peer: SocketAddr) -> Session {
+    fn new(shared: Arc<C2sShared>, conn: Connection, peer: SocketAddr) -> Box<Session> {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (handle, mailbox) = mailbox(id, shared.mailbox_size);
         let now = Instant::now();
         let secure = conn.is_secure();
-        Session {
+        Box::new(Session {
             conn,
             info: SessionInfo {
                 id,
@@ -232,15 +247,18 @@ impl Session {
             connected_at: now,
             timers: Vec::new(),
             overflow: false,
-        }
+        })
     }
 
     /// Runs the session until it ends, then cleans up. `finish` counts the
     /// connection out if the session still has one (a detached session
     /// lost it earlier, a resumed one handed it on).
-    async fn run_to_end(mut self, shutdown: &mut watch::Receiver<bool>) {
+    async fn run_to_end(mut self: Box<Self>, shutdown: &mut watch::Receiver<bool>) {
         let exit = self.run_loop(shutdown).await;
-        Box::pin(self.finish(exit)).await;
+        // Boxed (and bound first, so the unboxed future is not a temporary
+        // kept across the await): closing is rare and its state large.
+        let finish = Box::pin(self.finish(exit));
+        finish.await;
     }
 
     /// The earliest instant at which something time-based must happen.
@@ -1258,7 +1276,7 @@ impl Session {
     }
 
     /// Closes the stream as `exit` says, then cleans up.
-    async fn finish(mut self, exit: Exit) {
+    async fn finish(mut self: Box<Self>, exit: Exit) {
         self.info.state = SessionState::Closing;
         let close_timeout = self.shared.write_timeout.min(Duration::from_secs(5));
         if self.conn.is_live() {
