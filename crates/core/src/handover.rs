@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 /// The longest a message waits for a hand-back.
@@ -90,6 +91,13 @@ impl HandoverGate {
         HANDING_BACK.scope(owner, work).await
     }
 
+    /// What to await while a hand-back of `owner` runs (`None`: none
+    /// does). Created under the lock: the guard's notify_waiters (after
+    /// its removal under it) cannot be missed.
+    fn running(&self, owner: &BareJid) -> Option<OwnedNotified> {
+        self.lock().get(owner).map(|n| n.clone().notified_owned())
+    }
+
     /// Waits while a session of `owner` hands stanzas back, unless the
     /// calling task is that hand-back; at most [`MAX_WAIT`] (a safety
     /// valve: order is given up rather than risk a stall).
@@ -100,16 +108,19 @@ impl HandoverGate {
         if HANDING_BACK.try_with(|o| o == owner).unwrap_or(false) {
             return;
         }
+        // Only an account with a hand-back running arms a timer: the
+        // others (during a shutdown, every account's) go on at once.
+        let Some(first) = self.running(owner) else {
+            return;
+        };
         let held = async {
+            let mut notified = first;
             loop {
-                let notified = {
-                    let owners = self.lock();
-                    match owners.get(owner) {
-                        None => return,
-                        Some(n) => n.clone().notified_owned(),
-                    }
-                };
                 notified.await;
+                match self.running(owner) {
+                    Some(next) => notified = next,
+                    None => return,
+                }
             }
         };
         if tokio::time::timeout(MAX_WAIT, held).await.is_err() {

@@ -1293,18 +1293,16 @@ impl Session {
             Exit::ClientClosed => self.conn.close(Closing::Close, close_timeout).await,
             Exit::Io(_) | Exit::ResumeTimeout | Exit::HandedOver => self.conn.discard_output(),
         }
-        let env = self.shared.env.clone();
         // What this session still holds (unacknowledged stanzas, its
         // mailbox) goes back to the router; until it has, the account's
         // new messages wait, so none overtakes an older one
         // (starling_core::HandoverGate). Taken before leaving the table.
-        let owner = self.info.jid.as_ref().map(|j| j.to_bare());
-        let _handover = match &owner {
-            Some(o) => Some(env.handover.begin(o).await),
-            None => None,
-        };
-        match owner {
-            Some(o) => HandoverGate::scope(o, self.hand_back(&exit)).await,
+        match self.info.jid.as_ref().map(|j| j.to_bare()) {
+            Some(owner) => {
+                let env = self.shared.env.clone();
+                let _handover = env.handover.begin(&owner).await;
+                HandoverGate::scope(owner, self.hand_back(&exit)).await
+            }
             None => self.hand_back(&exit).await,
         }
     }
