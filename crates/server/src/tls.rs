@@ -12,8 +12,7 @@ use sha2::{Digest, Sha256, Sha384, Sha512};
 use starling_proto::sasl::ChannelBindings;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use crate::transport::tls::{ExporterCapture, TlsAcceptor, TlsStream};
 
 /// TLS material shared by all listeners.
 #[derive(Clone)]
@@ -80,6 +79,9 @@ impl TlsContext {
         // client reconnects one connection at a time, and each resumption
         // brings a fresh ticket (fewer bytes on slow links).
         let mut base = base;
+        // Keeps the exporter secret for the tls-exporter channel binding
+        // (see transport/tls.rs); logs nothing.
+        base.key_log = Arc::new(ExporterCapture);
         base.ticketer = rustls::crypto::ring::Ticketer::new().context("TLS session tickets")?;
         base.send_tls13_tickets = 1;
         let mut direct = base.clone();
@@ -87,9 +89,9 @@ impl TlsContext {
         let mut http = base.clone();
         http.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(TlsContext {
-            http: TlsAcceptor::from(Arc::new(http)),
-            starttls: TlsAcceptor::from(Arc::new(base)),
-            direct: TlsAcceptor::from(Arc::new(direct)),
+            http: TlsAcceptor::new(Arc::new(http)),
+            starttls: TlsAcceptor::new(Arc::new(base)),
+            direct: TlsAcceptor::new(Arc::new(direct)),
             server_end_point,
             source: cert_path.display().to_string(),
         })
@@ -98,17 +100,9 @@ impl TlsContext {
     /// The channel bindings available on an established TLS connection.
     /// tls-exporter (RFC 9266) is offered on TLS 1.3 only, where it is
     /// always safe; on TLS 1.2 it would need the extended master secret.
-    pub fn bindings(&self, tls: &TlsStream<tokio::net::TcpStream>) -> ChannelBindings {
-        let conn = tls.get_ref().1;
-        let tls_exporter = if conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3) {
-            conn.export_keying_material([0u8; 32], b"EXPORTER-Channel-Binding", None)
-                .ok()
-                .map(|k| k.to_vec())
-        } else {
-            None
-        };
+    pub fn bindings(&self, tls: &mut TlsStream) -> ChannelBindings {
         ChannelBindings {
-            tls_exporter,
+            tls_exporter: tls.tls_exporter(),
             tls_server_end_point: Some(self.server_end_point.clone()),
         }
     }

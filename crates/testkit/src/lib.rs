@@ -378,6 +378,12 @@ impl ServerCertVerifier for NoVerify {
     }
 }
 
+/// A TLS connector that accepts any server certificate (tests of the
+/// server's TLS layer itself).
+pub fn insecure_tls_connector() -> TlsConnector {
+    tls_connector(false)
+}
+
 fn tls_connector(alpn: bool) -> TlsConnector {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = ClientConfig::builder_with_provider(provider)

@@ -345,14 +345,14 @@ impl Connection {
     }
 
     /// The channel bindings of a TLS connection (empty on plain TCP).
-    pub(crate) fn channel_bindings(&self, tls: &TlsContext) -> ChannelBindings {
+    pub(crate) fn channel_bindings(&mut self, tls: &TlsContext) -> ChannelBindings {
         match self {
             // tls-server-end-point over wss would need the HTTP layer's TLS
             // stream; -PLUS is not offered there.
             Connection::None | Connection::WebSocket(_) | Connection::Bosh(_) => {
                 ChannelBindings::default()
             }
-            Connection::Stream(s) => match &s.transport {
+            Connection::Stream(s) => match &mut s.transport {
                 Transport::Tls(t) => tls.bindings(t),
                 _ => ChannelBindings::default(),
             },
@@ -511,8 +511,8 @@ impl XmlStream {
         self.pending = Vec::new();
         self.pos = 0;
         match tokio::time::timeout(timeout, Box::pin(tls.starttls.accept(tcp))).await {
-            Ok(Ok(stream)) => {
-                let bindings = tls.bindings(&stream);
+            Ok(Ok(mut stream)) => {
+                let bindings = tls.bindings(&mut stream);
                 self.transport = Transport::Tls(Box::new(stream));
                 self.parser = StreamParser::new(self.limits);
                 self.header_sent = false;

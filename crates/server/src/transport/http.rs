@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio_rustls::TlsAcceptor;
+use super::tls::TlsAcceptor;
 
 /// The path of the WebSocket endpoint.
 pub const WEBSOCKET_PATH: &str = "/xmpp-websocket";
@@ -145,7 +145,8 @@ pub(crate) async fn accept_loop(
                         .await
                 }
                 Some(acceptor) => {
-                    let stream = match tokio::time::timeout(negotiation, acceptor.accept(tcp)).await
+                    let mut stream = match tokio::time::timeout(negotiation, acceptor.accept(tcp))
+                        .await
                     {
                         Ok(Ok(s)) => s,
                         _ => {
@@ -157,7 +158,7 @@ pub(crate) async fn accept_loop(
                     // upgraded on it is one stream on one connection, so
                     // SCRAM -PLUS works there as on TCP (not for BOSH,
                     // whose requests may come over several connections).
-                    let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&stream)));
+                    let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&mut stream)));
                     let app = app.layer(Extension(Bindings(bindings)));
                     builder
                         .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app))

@@ -5,7 +5,8 @@
 //!
 //! - [`connection`]: the `Connection` type the session holds (or not, while
 //!   a stream-management session is detached), with `XmlStream` (RFC 6120
-//!   over [`tcp`] / TLS).
+//!   over [`tcp`] / [`tls`]).
+//! - [`tls`]: TLS on rustls' unbuffered API (no buffer held while idle).
 //! - [`websocket`]: RFC 7395 XMPP over WebSocket.
 //! - [`bosh`]: XEP-0124/0206 BOSH sessions shared with their HTTP requests.
 //! - [`http`]: the HTTP listeners (axum on hyper) serving WebSocket, BOSH,
@@ -15,4 +16,5 @@ pub(crate) mod bosh;
 pub(crate) mod connection;
 pub(crate) mod http;
 pub(crate) mod tcp;
+pub(crate) mod tls;
 pub(crate) mod websocket;

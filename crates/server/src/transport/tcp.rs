@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
+use super::tls::TlsStream;
 
 /// Bytes read per poll at most.
 const READ_CHUNK: usize = 8192;
@@ -21,7 +21,7 @@ pub enum Transport {
     Plain(TcpStream),
     /// TLS (after STARTTLS, or direct TLS). Boxed: a rustls connection is
     /// large and the enum should not make plain sessions pay for it.
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream>),
     /// Transient state while upgrading to TLS.
     Upgrading,
 }
