@@ -17,6 +17,9 @@
 #   IDLE_SECS [0]: after each round, wait this long and print the RSS again
 #   PREFILL [0]: start on an archive of this many messages between the same
 #                users (bench/archive-prefill.sh), e.g. PREFILL=10000000
+#   SEED_DB: start on a copy of this database instead (accounts user1..USERS
+#            with passwords pw{n}, e.g. a prefilled one kept from an earlier
+#            run): A/B runs on a 10 M archive without re-filling it each time
 #   STARLING_BIN, BENCH_BIN [target/release/…]  RUN_ROOT [/tmp/starling-archive-ramp]
 #   PEER_CONFIG    [bench/peers/starling-archive.toml]; bench/peers/starling.toml
 #                  runs the same ramp with archive and inbox off (routing only)
@@ -56,7 +59,11 @@ log "importing $USERS accounts"
 "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
     --starling-config "$RUN_ROOT/starling.toml" --iterations 4096 \
     --users "$USERS" --password 'pw{n}' --out "$RUN_ROOT/users.txt" >"$RUN_ROOT/provision.log" 2>&1
-if [[ "${PREFILL:-0}" != 0 ]]; then
+if [[ -n "${SEED_DB:-}" ]]; then
+    log "copying $SEED_DB ($(du -sh "$SEED_DB" | cut -f1))"
+    rm -f "$RUN_ROOT/data/starling.db-wal" "$RUN_ROOT/data/starling.db-shm"
+    cp "$SEED_DB" "$RUN_ROOT/data/starling.db"
+elif [[ "${PREFILL:-0}" != 0 ]]; then
     "$root/bench/archive-prefill.sh" "$RUN_ROOT/data/starling.db" "$USERS" "$PREFILL"
 fi
 

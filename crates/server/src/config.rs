@@ -337,7 +337,8 @@ pub struct StorageSection {
     /// PostgreSQL URL, `postgres://user[:password]@host[:port]/database`;
     /// when unset, the `STARLING_DATABASE_URL` environment variable.
     pub url: Option<String>,
-    /// Database connections in the pool.
+    /// Database connections in the pool (SQLite: for reads; writes have
+    /// one connection of their own).
     pub pool_size: u32,
 }
 

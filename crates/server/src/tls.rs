@@ -4,6 +4,7 @@
 //! Only the `ring` provider is compiled in and it is passed explicitly, so no
 //! process-wide default provider is ever needed.
 
+use crate::transport::tls::{ExporterCapture, TlsAcceptor, TlsStream};
 use anyhow::{bail, Context};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -12,7 +13,6 @@ use sha2::{Digest, Sha256, Sha384, Sha512};
 use starling_proto::sasl::ChannelBindings;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use crate::transport::tls::{ExporterCapture, TlsAcceptor, TlsStream};
 
 /// TLS material shared by all listeners.
 #[derive(Clone)]

@@ -33,9 +33,11 @@
 //!    `BIGINT`/`BOOLEAN`, and `COLLATE "C"` on PostgreSQL's key columns.
 //! 3. Implement the trait once, in a new file of `shared/` (declared in
 //!    `shared/mod.rs`): `$n` placeholders, `TRUE`/`FALSE`, upserts with
-//!    `excluded.`, `RETURNING`; `self.begin_write()` for a transaction
-//!    that reads before it writes, with `for_update!` on the rows it
-//!    protects; `self.write_turn()` if it is a hot-path writer.
+//!    `excluded.`, `RETURNING`; reads on `self.pool`, every write on
+//!    `self.writer` (SQLite's one write connection, whose page cache stays
+//!    warm; the same pool on PostgreSQL); `self.begin_write()` for a
+//!    transaction that reads before it writes, with `for_update!` on the
+//!    rows it protects; `self.write_turn()` if it is a hot-path writer.
 //! 4. Only where the engines really differ (a batch over arrays, an
 //!    advisory lock, a type with no common spelling), add a method to
 //!    `Dialect` and implement it in both `*/dialect.rs`.

@@ -17,6 +17,7 @@
 //! mechanisms while TLS is required; use the `tls = true` listener.
 
 use super::bosh::{self, BoshRegistry, NS_HTTPBIND};
+use super::tls::TlsAcceptor;
 use crate::c2s::{session, C2sShared};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::Path as UrlPath;
@@ -36,7 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use super::tls::TlsAcceptor;
 
 /// The path of the WebSocket endpoint.
 pub const WEBSOCKET_PATH: &str = "/xmpp-websocket";
@@ -145,15 +145,14 @@ pub(crate) async fn accept_loop(
                         .await
                 }
                 Some(acceptor) => {
-                    let mut stream = match tokio::time::timeout(negotiation, acceptor.accept(tcp))
-                        .await
-                    {
-                        Ok(Ok(s)) => s,
-                        _ => {
-                            tracing::debug!(%peer, "HTTPS handshake failed or timed out");
-                            return;
-                        }
-                    };
+                    let mut stream =
+                        match tokio::time::timeout(negotiation, acceptor.accept(tcp)).await {
+                            Ok(Ok(s)) => s,
+                            _ => {
+                                tracing::debug!(%peer, "HTTPS handshake failed or timed out");
+                                return;
+                            }
+                        };
                     // This TLS connection's channel bindings: a WebSocket
                     // upgraded on it is one stream on one connection, so
                     // SCRAM -PLUS works there as on TCP (not for BOSH,

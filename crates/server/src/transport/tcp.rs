@@ -4,13 +4,13 @@
 //! poll, so an idle session holds no read buffer at all (the largest cost
 //! per idle connection after the socket itself).
 
+use super::tls::TlsStream;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use super::tls::TlsStream;
 
 /// Bytes read per poll at most.
 const READ_CHUNK: usize = 8192;

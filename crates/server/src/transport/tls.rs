@@ -393,7 +393,12 @@ fn export_with<M: Mac + KeyInit, H: Digest>(
 
 /// RFC 8446 §7.1 HKDF-Expand-Label, for outputs of at most one hash block
 /// (`len` ≤ the hash's size).
-fn expand_label<M: Mac + KeyInit>(secret: &[u8], label: &[u8], context: &[u8], len: usize) -> Vec<u8> {
+fn expand_label<M: Mac + KeyInit>(
+    secret: &[u8],
+    label: &[u8],
+    context: &[u8],
+    len: usize,
+) -> Vec<u8> {
     let mut mac = <M as KeyInit>::new_from_slice(secret).expect("HMAC takes any key length");
     for part in [
         &(len as u16).to_be_bytes()[..],
@@ -530,7 +535,11 @@ mod tests {
             // The client waits for the echo: nothing is in flight, so the
             // connection holds no buffer.
             assert_eq!(
-                (s.incoming.capacity(), s.outgoing.capacity(), s.plain.capacity()),
+                (
+                    s.incoming.capacity(),
+                    s.outgoing.capacity(),
+                    s.plain.capacity()
+                ),
                 (0, 0, 0),
                 "buffers kept after {} bytes",
                 data.len()
@@ -603,7 +612,9 @@ mod tests {
             ctx.starttls.accept(tcp).await.map(|_| ())
         });
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(b"<stream:stream to='localhost'>\r\n\r\n").await.unwrap();
+        tcp.write_all(b"<stream:stream to='localhost'>\r\n\r\n")
+            .await
+            .unwrap();
         let r = server.await.unwrap();
         assert!(r.is_err(), "a non-TLS client is refused");
         let _ = std::fs::remove_dir_all(dir);
@@ -621,7 +632,9 @@ mod tests {
         });
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         // A handshake record header announcing 512 bytes, then the end.
-        tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.unwrap();
+        tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+            .await
+            .unwrap();
         drop(tcp);
         let r = server.await.unwrap();
         assert_eq!(r.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);

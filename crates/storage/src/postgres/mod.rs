@@ -65,6 +65,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct PostgresStorage {
     pub(crate) pool: PgPool,
+    /// Where writes go: the same pool (PostgreSQL has no single-writer
+    /// rule; the SQLite backend gives its writes a connection of their own).
+    pub(crate) writer: PgPool,
     target: String,
     /// When to open the next archive bucket ([`crate::buckets`]).
     pub(crate) buckets: std::sync::Arc<crate::buckets::BucketWriter>,
@@ -170,11 +173,13 @@ impl PostgresStorage {
             .await
             .map_err(|_| fail(sqlx::Error::PoolTimedOut))?
             .map_err(fail)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size.max(1))
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(opts);
         let db = PostgresStorage {
-            pool: PgPoolOptions::new()
-                .max_connections(pool_size.max(1))
-                .acquire_timeout(CONNECT_TIMEOUT)
-                .connect_lazy_with(opts),
+            writer: pool.clone(),
+            pool,
             target: target.clone(),
             buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
         };

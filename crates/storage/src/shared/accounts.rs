@@ -125,7 +125,7 @@ impl AccountStore for Store {
         let n = sqlx::query("DELETE FROM accounts WHERE domain = $1 AND username = $2")
             .bind(domain)
             .bind(user)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(backend)?
             .rows_affected();
@@ -210,7 +210,7 @@ impl AccountStore for Store {
         .bind(&token.nonce)
         .bind(&token.mechanism)
         .bind(token.expires_at)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?
         .rows_affected();
@@ -232,7 +232,7 @@ impl AccountStore for Store {
         .bind(user)
         .bind(agent)
         .bind(slot.map_or(-1, FastSlot::code))
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())

@@ -199,7 +199,7 @@ impl ArchiveStore for Store {
         .bind(id.0)
         .bind(domain)
         .bind(user)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?
         .rows_affected();
@@ -241,7 +241,7 @@ impl ArchiveStore for Store {
         let n = sqlx::query("DELETE FROM archive WHERE id < $1 AND domain = $2")
             .bind(before.0)
             .bind(domain)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(backend)?
             .rows_affected();
@@ -254,7 +254,7 @@ impl ArchiveStore for Store {
             .bind(domain)
             .bind(user)
             .bind(before.map_or(i64::MAX, |b| b.0))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(backend)?
             .rows_affected();
@@ -291,7 +291,7 @@ impl ArchiveStore for Store {
         .bind(prefs.default.as_str())
         .bind(Store::encode_list(&prefs.always, JID_SEP))
         .bind(Store::encode_list(&prefs.never, JID_SEP))
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())
@@ -383,7 +383,7 @@ impl InboxStore for Store {
                 .bind(domain)
                 .bind(user)
                 .bind(remote)
-                .execute(&self.pool)
+                .execute(&self.writer)
                 .await
                 .map_err(backend)?
                 .rows_affected();

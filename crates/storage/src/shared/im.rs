@@ -274,7 +274,7 @@ impl RosterStore for Store {
         .bind(from.as_str())
         .bind(stanza)
         .bind(now_secs())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())
@@ -288,7 +288,7 @@ impl RosterStore for Store {
         .bind(domain)
         .bind(user)
         .bind(from.as_str())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())
@@ -343,7 +343,7 @@ impl BlockingStore for Store {
             sqlx::query("DELETE FROM blocklist WHERE domain = $1 AND username = $2 RETURNING jid")
                 .bind(domain)
                 .bind(user)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.writer)
                 .await
                 .map_err(backend)?;
         // RETURNING gives no order guarantee.
@@ -382,7 +382,7 @@ impl UserDataStore for Store {
         .bind(kind)
         .bind(key)
         .bind(value)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())
@@ -397,7 +397,7 @@ impl UserDataStore for Store {
         .bind(user)
         .bind(kind)
         .bind(key)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())
@@ -438,7 +438,7 @@ impl LastActivityStore for Store {
         .bind(user)
         .bind(at_unix_secs as i64)
         .bind(status)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?;
         Ok(())

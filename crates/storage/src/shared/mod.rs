@@ -60,7 +60,7 @@ impl Store {
         sqlx::query(sql)
             .bind(domain)
             .bind(user)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(backend)?;
         Ok(())

@@ -61,7 +61,7 @@ impl OfflineStore for Store {
         .bind(domain)
         .bind(user)
         .bind(up_to_id)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .map_err(backend)?
         .rows_affected();
@@ -77,7 +77,7 @@ impl OfflineStore for Store {
         )
         .bind(domain)
         .bind(user)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await
         .map_err(backend)?;
         // RETURNING gives no order guarantee: sort by id afterwards.

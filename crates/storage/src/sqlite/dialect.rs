@@ -46,7 +46,7 @@ impl Dialect for SqliteStorage {
     }
 
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await
+        self.writer.begin_with("BEGIN IMMEDIATE").await
     }
 
     async fn insert_credentials(
@@ -79,7 +79,7 @@ impl Dialect for SqliteStorage {
         &self,
         accounts: &[(BareJid, Vec<ScramCredentials>)],
     ) -> StorageResult<u64> {
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.writer.begin().await.map_err(backend)?;
         let mut created = 0;
         let now = now_secs();
         for (jid, creds) in accounts {
@@ -108,7 +108,7 @@ impl Dialect for SqliteStorage {
 
     async fn insert_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
         let (domain, user) = split(owner);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.writer.begin().await.map_err(backend)?;
         let mut added = Vec::new();
         for j in jids {
             let n = sqlx::query(
@@ -131,7 +131,7 @@ impl Dialect for SqliteStorage {
 
     async fn delete_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
         let (domain, user) = split(owner);
-        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let mut tx = self.writer.begin().await.map_err(backend)?;
         let mut removed = Vec::new();
         for j in jids {
             let n =
