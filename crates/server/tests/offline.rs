@@ -535,3 +535,83 @@ async fn a_message_stored_while_its_recipient_comes_online_is_still_delivered() 
     bob.expect_silence(QUIET).await; // exactly once
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_available() {
+    // XEP-0160 §4 with RFC 6121's per-sender order: alice sends without a
+    // pause while bob is not available for bare-JID messages (negative
+    // priority), so hers are stored; bob then becomes available while she
+    // is still sending, so the next ones are delivered live. Bob must see
+    // every message once, the stored ones before the live ones (the live
+    // ones wait in his session's mailbox until the stored ones are
+    // written).
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<modules::Offline>()
+            .max_messages_per_user = 100_000;
+        c.c2s.mailbox_size = 1_000_000;
+    })
+    .await;
+    for round in 0..5 {
+        let mut bob = server.login("bob").await;
+        bob.send("<presence><priority>-1</priority></presence>")
+            .await;
+        bob.drain().await;
+        let alice = server.login("alice").await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sender = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut alice = alice;
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 200 {
+                    alice
+                        .send(&format!(
+                            "<message to='bob@localhost' type='chat'><body>{n:06}</body></message>"
+                        ))
+                        .await;
+                    n += 1;
+                    if n.is_multiple_of(10) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                sync(&mut alice, "done").await;
+                n
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        bob.send("<presence><priority>1</priority></presence>")
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = sender.await.unwrap();
+        let mut got = Vec::new();
+        while let Some(starling_testkit::Event::Element(el)) =
+            bob.next_event_within(Duration::from_secs(1)).await
+        {
+            if el.name() == "message" {
+                got.push(body(&el).parse::<u32>().unwrap());
+            }
+        }
+        let expected: Vec<u32> = (0..sent).collect();
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "round {round}: every message once"
+        );
+        let late: Vec<(u32, u32)> = got
+            .windows(2)
+            .filter(|w| w[0] > w[1])
+            .map(|w| (w[0], w[1]))
+            .collect();
+        assert!(
+            late.is_empty(),
+            "round {round}: {} messages came before an older one, e.g. {:?}",
+            late.len(),
+            &late[..late.len().min(3)]
+        );
+        bob.close().await;
+        eventually_stored(&server, "bob", 0).await;
+    }
+    server.stop().await;
+}

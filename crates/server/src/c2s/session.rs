@@ -261,6 +261,14 @@ impl Session {
         finish.await;
     }
 
+    /// True when a module's timer is due now.
+    fn timer_due(&self) -> bool {
+        !self.timers.is_empty() && {
+            let now = Instant::now();
+            self.timers.iter().any(|(t, _)| *t <= now)
+        }
+    }
+
     /// The earliest instant at which something time-based must happen.
     fn next_deadline(&self) -> Option<Instant> {
         let negotiation = if !self.info.state.is_bound() {
@@ -302,12 +310,18 @@ impl Session {
             // stop reading, keep delivering, resume when it is relieved.
             let pressed = pressure.is_high();
             let reading = self.conn.can_read() && !pressed;
+            let timer_due = self.timer_due();
             let step = tokio::select! {
                 biased;
                 _ = shutdown.changed() => Err(Exit::Error(StreamError::with_text(
                     StreamErrorCondition::SystemShutdown,
                     "the server is shutting down; reconnect in a moment",
                 ))),
+                // A module's due timer runs before the next delivery: the
+                // offline module's zero-delay timer, set when the session
+                // becomes available, writes the stored messages before any
+                // newer one routed live to the session meanwhile.
+                () = std::future::ready(()), if timer_due => Box::pin(self.on_deadline()).await,
                 msg = self.mailbox.recv() => Box::pin(self.on_mailbox(msg)).await,
                 read = self.conn.read(), if reading => match read {
                     Ok(()) => Box::pin(self.on_input()).await,
@@ -323,8 +337,12 @@ impl Session {
                 }
                 return exit;
             }
-            // Coalesce: deliver what else is queued before one flush.
+            // Coalesce: deliver what else is queued before one flush (a due
+            // timer goes first, see above).
             for _ in 0..64 {
+                if self.timer_due() {
+                    break;
+                }
                 match self.mailbox.try_recv() {
                     Some(msg) => {
                         let step = Box::pin(self.on_mailbox(msg)).await;

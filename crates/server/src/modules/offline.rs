@@ -47,9 +47,13 @@
 //!   the socket, so a session that dies first leaves them stored for the
 //!   next login (at least once; two resources becoming available at the
 //!   same instant may both get them). Exactly-once delivery needs XEP-0198
-//!   acknowledgements. A live message routed between the availability
-//!   being recorded and the queue being read may arrive before the older
-//!   stored ones.
+//!   acknowledgements. A live message routed after the availability was
+//!   recorded waits in the session's mailbox: the session runs a due
+//!   timer before its next delivery, so the stored messages are written
+//!   first. One stored while the queue was being read comes with a
+//!   notification queued ahead of any later live message (the router
+//!   stores, then notifies, then routes the next), so it is read again
+//!   before those are written.
 //! - Disco: feature `msgoffline` (server).
 //!
 //! Hooks: `offline_message` (50), `user_send` (35), timer. Storage:
