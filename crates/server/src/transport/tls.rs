@@ -97,8 +97,6 @@ impl TlsAcceptor {
             peer_closed: false,
             close_sent: false,
         };
-        // Another connection's secret must not be taken for this one.
-        EXPORTER_SECRET.with(|s| s.borrow_mut().take());
         poll_fn(|cx| s.poll_handshake(cx)).await?;
         Ok(s)
     }
@@ -186,7 +184,19 @@ impl TlsStream {
     /// Processes buffered records once. `send` is encrypted if the
     /// connection reaches the state where application data may be sent.
     fn step(&mut self, send: Send<'_>) -> io::Result<Step> {
+        // During the handshake, only a secret rustls reports during this
+        // call is this connection's: clear what an earlier connection on
+        // this thread may have left (one whose handshake failed midway).
+        let handshaking = !self.established;
+        if handshaking {
+            EXPORTER_SECRET.with(|s| s.borrow_mut().take());
+        }
         let status = self.conn.process_tls_records(&mut self.incoming);
+        if handshaking {
+            if let Some(secret) = EXPORTER_SECRET.with(|s| s.borrow_mut().take()) {
+                self.exporter_secret = Some(secret);
+            }
+        }
         let mut discard = status.discard;
         let step = match status.state.map_err(tls_error)? {
             ConnectionState::ReadTraffic(mut r) => {
@@ -269,11 +279,6 @@ impl TlsStream {
                 ))
             }
         };
-        if !self.established || self.exporter_secret.is_none() {
-            if let Some(s) = EXPORTER_SECRET.with(|s| s.borrow_mut().take()) {
-                self.exporter_secret = Some(s);
-            }
-        }
         self.incoming.drain(..discard);
         if self.incoming.is_empty() {
             self.incoming = Vec::new();
@@ -314,9 +319,37 @@ impl TlsStream {
         Poll::Ready(Ok(()))
     }
 
+    /// After a failed step: rustls has queued an alert for the peer
+    /// (handshake_failure, decode_error, …); send it if the socket takes it
+    /// now, so the client learns why.
+    fn send_alert(&mut self, cx: &mut Context<'_>) {
+        let status = self.conn.process_tls_records(&mut self.incoming);
+        if let Ok(ConnectionState::EncodeTlsData(mut e)) = status.state {
+            let _ = append(
+                &mut self.outgoing,
+                |buf| e.encode(buf),
+                |err| match err {
+                    EncodeError::InsufficientSize(InsufficientSizeError { required_size }) => {
+                        Some(*required_size)
+                    }
+                    _ => None,
+                },
+                "TLS alert could not be encoded",
+            );
+        }
+        let _ = self.poll_send(cx);
+    }
+
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            match self.step(Send::Nothing)? {
+            let step = match self.step(Send::Nothing) {
+                Ok(step) => step,
+                Err(e) => {
+                    self.send_alert(cx);
+                    return Poll::Ready(Err(e));
+                }
+            };
+            match step {
                 Step::Again | Step::Encrypted => {}
                 Step::Idle if self.established => {
                     ready!(self.poll_send(cx))?;
@@ -436,7 +469,15 @@ impl AsyncRead for TlsStream {
             if this.peer_closed {
                 return Poll::Ready(Ok(()));
             }
-            match this.step(Send::Nothing)? {
+            let step = match this.step(Send::Nothing) {
+                Ok(step) => step,
+                Err(e) => {
+                    // A bad record (decrypt_error, …): tell the peer.
+                    this.send_alert(cx);
+                    return Poll::Ready(Err(e));
+                }
+            };
+            match step {
                 Step::Again | Step::Encrypted => {}
                 Step::PeerClosed | Step::Closed => this.peer_closed = true,
                 Step::Idle => {
@@ -617,6 +658,11 @@ mod tests {
             .unwrap();
         let r = server.await.unwrap();
         assert!(r.is_err(), "a non-TLS client is refused");
+        // With a TLS alert record (content type 21, RFC 8446 §6), so a
+        // client can say why.
+        let mut first = [0u8; 1];
+        tcp.read_exact(&mut first).await.unwrap();
+        assert_eq!(first[0], 21, "an alert record");
         let _ = std::fs::remove_dir_all(dir);
     }
 
