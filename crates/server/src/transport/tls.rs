@@ -609,8 +609,13 @@ mod tests {
             .connect(name, tcp)
             .await
             .unwrap();
-        let sizes = [1usize, 100, 5_000, 16_384, 20_000, 200_000];
-        for &n in &sizes {
+        let sizes = [1usize, 100, 5_000, 16_384, 20_000, 200_000, 7, 70_000];
+        for (i, &n) in sizes.iter().enumerate() {
+            if i == 6 {
+                // RFC 8446 §4.6.3: the client updates its keys and asks the
+                // server to update its own; both directions go on.
+                c.get_mut().1.refresh_traffic_keys().unwrap();
+            }
             let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
             c.write_all(&(n as u32).to_be_bytes()).await.unwrap();
             c.write_all(&data).await.unwrap();
