@@ -152,6 +152,26 @@ fn tls_error(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
+/// The room a record needs, when `encode` found the buffer too small.
+fn encode_room(err: &EncodeError) -> Option<usize> {
+    match err {
+        EncodeError::InsufficientSize(InsufficientSizeError { required_size }) => {
+            Some(*required_size)
+        }
+        _ => None,
+    }
+}
+
+/// The room a record needs, when `encrypt` found the buffer too small.
+fn encrypt_room(err: &EncryptError) -> Option<usize> {
+    match err {
+        EncryptError::InsufficientSize(InsufficientSizeError { required_size }) => {
+            Some(*required_size)
+        }
+        _ => None,
+    }
+}
+
 /// Runs `write` into the free tail of `out`, growing it to the size the
 /// record needs when it is too small.
 fn append<E>(
@@ -215,13 +235,8 @@ impl TlsStream {
                 append(
                     &mut self.outgoing,
                     |buf| e.encode(buf),
-                    |err| match err {
-                        EncodeError::InsufficientSize(InsufficientSizeError { required_size }) => {
-                            Some(*required_size)
-                        }
-                        _ => None,
-                    },
-                    "TLS handshake record could not be encoded",
+                    encode_room,
+                    "TLS record could not be encoded",
                 )?;
                 Step::Again
             }
@@ -234,19 +249,13 @@ impl TlsStream {
             ConnectionState::BlockedHandshake => Step::Idle,
             ConnectionState::WriteTraffic(mut w) => {
                 self.established = true;
-                let needs = |err: &EncryptError| match err {
-                    EncryptError::InsufficientSize(InsufficientSizeError { required_size }) => {
-                        Some(*required_size)
-                    }
-                    _ => None,
-                };
                 match send {
                     Send::Nothing => Step::Idle,
                     Send::Data(data) => {
                         append(
                             &mut self.outgoing,
                             |buf| w.encrypt(data, buf),
-                            needs,
+                            encrypt_room,
                             "TLS record could not be encrypted",
                         )?;
                         Step::Encrypted
@@ -255,7 +264,7 @@ impl TlsStream {
                         append(
                             &mut self.outgoing,
                             |buf| w.queue_close_notify(buf),
-                            needs,
+                            encrypt_room,
                             "TLS close_notify could not be encrypted",
                         )?;
                         self.close_sent = true;
@@ -319,37 +328,20 @@ impl TlsStream {
         Poll::Ready(Ok(()))
     }
 
-    /// After a failed step: rustls has queued an alert for the peer
-    /// (handshake_failure, decode_error, …); send it if the socket takes it
-    /// now, so the client learns why.
-    fn send_alert(&mut self, cx: &mut Context<'_>) {
-        let status = self.conn.process_tls_records(&mut self.incoming);
-        if let Ok(ConnectionState::EncodeTlsData(mut e)) = status.state {
-            let _ = append(
-                &mut self.outgoing,
-                |buf| e.encode(buf),
-                |err| match err {
-                    EncodeError::InsufficientSize(InsufficientSizeError { required_size }) => {
-                        Some(*required_size)
-                    }
-                    _ => None,
-                },
-                "TLS alert could not be encoded",
-            );
-        }
-        let _ = self.poll_send(cx);
+    /// [`step`](Self::step); when it fails, rustls has queued an alert
+    /// for the peer (handshake_failure, decode_error, …): the next step
+    /// encodes it, and it is sent if the socket takes it now, so the
+    /// client learns why.
+    fn step_or_alert(&mut self, cx: &mut Context<'_>) -> io::Result<Step> {
+        self.step(Send::Nothing).inspect_err(|_| {
+            let _ = self.step(Send::Nothing);
+            let _ = self.poll_send(cx);
+        })
     }
 
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            let step = match self.step(Send::Nothing) {
-                Ok(step) => step,
-                Err(e) => {
-                    self.send_alert(cx);
-                    return Poll::Ready(Err(e));
-                }
-            };
-            match step {
+            match self.step_or_alert(cx)? {
                 Step::Again | Step::Encrypted => {}
                 Step::Idle if self.established => {
                     ready!(self.poll_send(cx))?;
@@ -372,11 +364,6 @@ impl TlsStream {
     /// The negotiated protocol version.
     pub fn protocol_version(&self) -> Option<ProtocolVersion> {
         self.conn.protocol_version()
-    }
-
-    /// The ALPN protocol the client and we agreed on.
-    pub fn alpn_protocol(&self) -> Option<&[u8]> {
-        self.conn.alpn_protocol()
     }
 
     /// The `tls-exporter` channel binding (RFC 9266: 32 bytes exported with
@@ -469,15 +456,7 @@ impl AsyncRead for TlsStream {
             if this.peer_closed {
                 return Poll::Ready(Ok(()));
             }
-            let step = match this.step(Send::Nothing) {
-                Ok(step) => step,
-                Err(e) => {
-                    // A bad record (decrypt_error, …): tell the peer.
-                    this.send_alert(cx);
-                    return Poll::Ready(Err(e));
-                }
-            };
-            match step {
+            match this.step_or_alert(cx)? {
                 Step::Again | Step::Encrypted => {}
                 Step::PeerClosed | Step::Closed => this.peer_closed = true,
                 Step::Idle => {
@@ -589,11 +568,29 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn echoes_any_size_frees_its_buffers_and_exports_the_binding_rustls_does() {
-        let dir = std::env::temp_dir().join(format!("starling-tls-{}", std::process::id()));
+    /// A TLS context with a fresh self-signed certificate in a directory
+    /// of its own, and a loopback listener.
+    async fn setup(tag: &str) -> (std::path::PathBuf, TlsContext, tokio::net::TcpListener) {
+        let dir = std::env::temp_dir().join(format!("starling-tls-{tag}-{}", std::process::id()));
         let ctx = TlsContext::load_or_generate(None, None, &dir, &["localhost".into()]).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        (dir, ctx, listener)
+    }
+
+    /// Accepts one connection and runs the server's handshake on it.
+    fn handshake_once(
+        ctx: TlsContext,
+        listener: tokio::net::TcpListener,
+    ) -> tokio::task::JoinHandle<io::Result<()>> {
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            ctx.starttls.accept(tcp).await.map(|_| ())
+        })
+    }
+
+    #[tokio::test]
+    async fn echoes_any_size_frees_its_buffers_and_exports_the_binding_rustls_does() {
+        let (dir, ctx, listener) = setup("echo").await;
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
@@ -649,14 +646,9 @@ mod tests {
 
     #[tokio::test]
     async fn garbage_instead_of_a_handshake_is_an_error() {
-        let dir = std::env::temp_dir().join(format!("starling-tls-g-{}", std::process::id()));
-        let ctx = TlsContext::load_or_generate(None, None, &dir, &["localhost".into()]).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (dir, ctx, listener) = setup("garbage").await;
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.unwrap();
-            ctx.starttls.accept(tcp).await.map(|_| ())
-        });
+        let server = handshake_once(ctx, listener);
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         tcp.write_all(b"<stream:stream to='localhost'>\r\n\r\n")
             .await
@@ -673,14 +665,9 @@ mod tests {
 
     #[tokio::test]
     async fn end_of_file_in_the_middle_of_a_record_is_an_error() {
-        let dir = std::env::temp_dir().join(format!("starling-tls-e-{}", std::process::id()));
-        let ctx = TlsContext::load_or_generate(None, None, &dir, &["localhost".into()]).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (dir, ctx, listener) = setup("eof").await;
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.unwrap();
-            ctx.starttls.accept(tcp).await.map(|_| ())
-        });
+        let server = handshake_once(ctx, listener);
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         // A handshake record header announcing 512 bytes, then the end.
         tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
