@@ -432,8 +432,8 @@ pub async fn concurrency(s: &Storage) {
     assert_eq!(v, *versions.last().unwrap());
 
     // Offline messages with their archive rows (whose transaction reads
-    // the bucket bounds before it writes) beside writers that do not take
-    // the hot-path write turn: none fails with "database is locked"
+    // the bucket bounds before it writes) beside roster writers: none
+    // fails with "database is locked"
     // (a SQLite deferred transaction that reads, then writes after
     // another connection's commit, gets SQLITE_BUSY without waiting).
     let carol = jid("carol@example.org");

@@ -40,7 +40,6 @@ use sqlx::{Database, Transaction};
 use starling_core::storage::{ArchiveRecord, InboxUpdate, OfflineStoreError, StorageResult};
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
-use tokio::sync::MutexGuard;
 
 /// The connection type of a dialect's driver.
 pub(crate) type Conn<D> = <<D as Dialect>::Db as Database>::Connection;
@@ -76,12 +75,6 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
 
     /// A stored [`Self::List`] back as its items (empty items are dropped).
     fn decode_list(stored: Self::List, sep: char) -> Vec<String>;
-
-    /// Waits for this writer's turn, first come first served, where the
-    /// engine needs one (SQLite: `write_turn`, taken by the hot-path
-    /// writers instead of SQLite's busy polling); `None` on PostgreSQL,
-    /// whose writers are ordered by row and advisory locks.
-    async fn write_turn(&self) -> Option<MutexGuard<'_, ()>>;
 
     /// Begins a transaction that may read before it writes. SQLite:
     /// `BEGIN IMMEDIATE`, which takes the write lock at once (a deferred

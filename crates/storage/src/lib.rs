@@ -16,7 +16,7 @@
 //!   type). Statements use `$1…$n` placeholders, which both engines accept.
 //! - `dialect.rs`: the `Dialect` trait, the one list of what
 //!   differs (row locks, write transactions, the list column type, the
-//!   SQLite write turn, the batch writers), and why the rest does not.
+//!   batch writers), and why the rest does not.
 //! - `sqlite/dialect.rs`, `postgres/dialect.rs`: each engine's side of
 //!   that list; `sqlite/mod.rs`, `postgres/mod.rs`: opening, migrations,
 //!   lifecycle.
@@ -37,7 +37,7 @@
 //!    `self.writer` (SQLite's one write connection, whose page cache stays
 //!    warm; the same pool on PostgreSQL); `self.begin_write()` for a
 //!    transaction that reads before it writes, with `for_update!` on the
-//!    rows it protects; `self.write_turn()` if it is a hot-path writer.
+//!    rows it protects.
 //! 4. Only where the engines really differ (a batch over arrays, an
 //!    advisory lock, a type with no common spelling), add a method to
 //!    `Dialect` and implement it in both `*/dialect.rs`.

@@ -19,7 +19,6 @@ use starling_core::storage::{
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
 use std::collections::HashSet;
-use tokio::sync::MutexGuard;
 
 impl Dialect for PostgresStorage {
     type Db = Postgres;
@@ -33,10 +32,6 @@ impl Dialect for PostgresStorage {
 
     fn decode_list(stored: Vec<String>, _sep: char) -> Vec<String> {
         stored
-    }
-
-    async fn write_turn(&self) -> Option<MutexGuard<'_, ()>> {
-        None
     }
 
     async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {

@@ -428,8 +428,6 @@ impl LastActivityStore for Store {
 
     async fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()> {
         let (domain, user) = split(owner);
-        // Every logout writes here: a hot-path writer.
-        let _turn = self.write_turn().await;
         sqlx::query(
             "INSERT INTO last_activity (domain, username, at, status) VALUES ($1, $2, $3, $4)
              ON CONFLICT (domain, username) DO UPDATE SET at = excluded.at, status = excluded.status",

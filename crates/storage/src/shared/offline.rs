@@ -54,7 +54,6 @@ impl OfflineStore for Store {
 
     async fn delete_up_to(&self, owner: &BareJid, up_to_id: i64) -> Result<u64, StorageError> {
         let (domain, user) = split(owner);
-        let _turn = self.write_turn().await;
         let n = sqlx::query(
             "DELETE FROM offline_messages WHERE domain = $1 AND username = $2 AND id <= $3",
         )
@@ -70,7 +69,6 @@ impl OfflineStore for Store {
 
     async fn take_all(&self, owner: &BareJid) -> Result<Vec<OfflineMessage>, StorageError> {
         let (domain, user) = split(owner);
-        let _turn = self.write_turn().await;
         let rows = sqlx::query(
             "DELETE FROM offline_messages WHERE domain = $1 AND username = $2
              RETURNING id, sender, stanza, stamp",

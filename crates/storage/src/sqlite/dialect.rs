@@ -1,9 +1,8 @@
 //! SQLite's side of [`Dialect`]: the statements that differ from
 //! PostgreSQL's. SQLite admits one writer at a time, so a one-statement
 //! write is atomic and "check, then write" inside a write transaction
-//! needs no lock. The hot-path writers (archive and inbox batches, offline
-//! messages) take [`SqliteStorage::write_turn`] before their transaction;
-//! batches are multi-row `VALUES` statements of [`ROWS_PER_INSERT`] rows.
+//! needs no lock. Writes queue, first come first served, for the one write
+//! connection ([`SqliteStorage::writer`]); batches are multi-row `VALUES` statements of [`ROWS_PER_INSERT`] rows.
 //! Every statement text is fixed or assembled from fixed fragments; all
 //! values are bound.
 
@@ -18,7 +17,6 @@ use starling_core::storage::{
 };
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
-use tokio::sync::MutexGuard;
 
 /// Rows per INSERT statement (10 parameters each, far below SQLite's limit).
 const ROWS_PER_INSERT: usize = 200;
@@ -39,10 +37,6 @@ impl Dialect for SqliteStorage {
             .filter(|x| !x.is_empty())
             .map(str::to_owned)
             .collect()
-    }
-
-    async fn write_turn(&self) -> Option<MutexGuard<'_, ()>> {
-        Some(self.write_turn.lock().await)
     }
 
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
@@ -164,10 +158,10 @@ impl Dialect for SqliteStorage {
         // BEGIN IMMEDIATE takes SQLite's write lock before the first
         // statement, which reads (the archive's bucket bounds): a deferred
         // transaction that reads and then writes gets SQLITE_BUSY at once,
-        // without waiting, if another connection (a writer that does not
-        // take the write turn) committed in between. Holding the lock also
-        // keeps the quota check below atomic against other writers.
-        let _turn = self.write_turn.lock().await;
+        // without waiting, if another connection (another process on the
+        // same file, such as the CLI) committed in between. Holding the
+        // lock also keeps the quota check below atomic against such
+        // writers.
         let mut tx = self.begin_write().await.map_err(backend)?;
         insert_archive_rows(&mut tx, &self.buckets, archive).await?;
         let n = sqlx::query(
@@ -197,7 +191,6 @@ impl Dialect for SqliteStorage {
     }
 
     async fn insert_archive(&self, records: &[ArchiveRecord]) -> StorageResult<()> {
-        let _turn = self.write_turn.lock().await;
         // IMMEDIATE: the first statement reads the bucket bounds (see
         // insert_offline).
         let mut tx = self.begin_write().await.map_err(backend)?;
@@ -215,7 +208,6 @@ impl Dialect for SqliteStorage {
         let (setting, adding): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) = with_last
             .into_iter()
             .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
-        let _turn = self.write_turn.lock().await;
         let mut tx = self.begin_write().await.map_err(backend)?;
         for (group, unread_sql) in [
             (&adding, "unread + excluded.unread"),

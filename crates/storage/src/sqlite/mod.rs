@@ -40,8 +40,12 @@ const MIGRATIONS: migrate::Scripts = [
 pub struct SqliteStorage {
     /// Connections for reads.
     pub(crate) pool: SqlitePool,
-    /// The one connection every write goes through. SQLite admits one
-    /// writer at a time anyway; with a connection of its own, the pages
+    /// The one connection every write goes through, first come first
+    /// served (sqlx's pool queue is fair): a one-row write waits for the
+    /// writes that asked before it, never for SQLite's busy polling
+    /// (growing sleeps up to 100 ms, which a one-row write could lose to
+    /// several large batches in a row). SQLite admits one writer at a time
+    /// anyway; with a connection of its own, the pages
     /// writes dirty are cached once, not once per pooled connection that
     /// happened to write (in WAL mode a connection also discards its whole
     /// page cache when another connection has committed since its last
@@ -50,13 +54,6 @@ pub struct SqliteStorage {
     /// 2026-11-25 16:03).
     pub(crate) writer: SqlitePool,
     target: String,
-    /// Taken, first come first served, by the hot-path writers (archive and
-    /// inbox batches, offline messages, last activity) before they start a
-    /// write transaction. SQLite admits one writer and lets the others poll
-    /// with growing sleeps (up to 100 ms), so a one-row write could lose
-    /// the race to several large batches in a row and wait seconds; in
-    /// this queue it waits for at most the writes that asked before it.
-    pub(crate) write_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// When to open the next archive bucket ([`crate::buckets`]).
     pub(crate) buckets: std::sync::Arc<crate::buckets::BucketWriter>,
     /// The background checkpointer (see [`SqliteStorage::open`]).
@@ -127,7 +124,6 @@ impl SqliteStorage {
         let db = SqliteStorage {
             pool,
             writer,
-            write_turn: std::sync::Arc::new(tokio::sync::Mutex::new(())),
             buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
             target,
             checkpointer: std::sync::Arc::new(std::sync::Mutex::new(Some(checkpointer))),
