@@ -380,7 +380,7 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             Some(p) => p,
             None => procmem::pid_listening_on(args.conn.port)?,
         };
-        Some((pid, procmem::rss_kb(pid)?))
+        Some((pid, procmem::mem_reading(pid)?))
     } else {
         None
     };
@@ -408,7 +408,7 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             if let Some((pid, before)) = idle_pid {
                 pb.set_message(format!("settling {} s", args.settle_secs));
                 hold(args.settle_secs).await;
-                let after = procmem::rss_kb(pid)?;
+                let after = procmem::mem_reading(pid)?;
                 result.idle = Some(idle_result(
                     pid,
                     before,
@@ -450,17 +450,29 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
 }
 
 /// Builds the idle section.
-pub fn idle_result(pid: u32, before: u64, after: u64, sessions: u64, settle: f64) -> IdleResult {
-    IdleResult {
-        server_pid: pid,
-        rss_before_kb: before,
-        rss_after_kb: after,
-        sessions,
-        kb_per_session: if sessions > 0 {
-            (after as f64 - before as f64) / sessions as f64
+pub fn idle_result(
+    pid: u32,
+    before: procmem::MemReading,
+    after: procmem::MemReading,
+    sessions: u64,
+    settle: f64,
+) -> IdleResult {
+    let per_session = |b: u64, a: u64| {
+        if sessions > 0 {
+            (a as f64 - b as f64) / sessions as f64
         } else {
             0.0
-        },
+        }
+    };
+    let part = |b: Option<u64>, a: Option<u64>| Some(per_session(b?, a?));
+    IdleResult {
+        server_pid: pid,
+        rss_before_kb: before.rss,
+        rss_after_kb: after.rss,
+        sessions,
+        kb_per_session: per_session(before.rss, after.rss),
+        anon_kb_per_session: part(before.anon, after.anon),
+        file_kb_per_session: part(before.file, after.file),
         settle_secs: settle,
     }
 }

@@ -11,6 +11,45 @@ pub fn rss_kb(pid: u32) -> anyhow::Result<u64> {
     parse_vmrss(&status).with_context(|| format!("no VmRSS in /proc/{pid}/status"))
 }
 
+/// A memory reading of a process, KiB: the resident set and its two parts
+/// that matter here — anonymous memory (heap, stacks: what sessions cost)
+/// and file-backed pages (the binary, and database pages read through a
+/// memory map: page cache the kernel can take back, shared with every
+/// process that maps the file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemReading {
+    /// `VmRSS`.
+    pub rss: u64,
+    /// `RssAnon`, when the kernel reports it.
+    pub anon: Option<u64>,
+    /// `RssFile`, when the kernel reports it.
+    pub file: Option<u64>,
+}
+
+/// `VmRSS`, `RssAnon` and `RssFile` of `pid`.
+pub fn mem_reading(pid: u32) -> anyhow::Result<MemReading> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    parse_mem_reading(&status).with_context(|| format!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// The [`MemReading`] in the text of `/proc/PID/status`.
+pub fn parse_mem_reading(status: &str) -> Option<MemReading> {
+    Some(MemReading {
+        rss: parse_vmrss(status)?,
+        anon: status_field(status, "RssAnon:"),
+        file: status_field(status, "RssFile:"),
+    })
+}
+
+fn status_field(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
 /// CPU time (user + system) of `pid` in seconds, from `/proc/PID/stat`
 /// (clock ticks of 1/100 s, the value of `USER_HZ` on Linux).
 pub fn cpu_secs(pid: u32) -> Option<f64> {
@@ -31,11 +70,7 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 
 /// Extracts `VmRSS` (KiB) from the text of `/proc/PID/status`.
 pub fn parse_vmrss(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
+    status_field(status, "VmRSS:")
 }
 
 /// Socket inodes listening on `port` (from `/proc/net/tcp` and `tcp6`).
@@ -101,6 +136,28 @@ mod tests {
         let s = "Name:\tstarling\nVmPeak:\t  100 kB\nVmRSS:\t   12345 kB\nThreads:\t3\n";
         assert_eq!(parse_vmrss(s), Some(12345));
         assert_eq!(parse_vmrss("Name: x\n"), None);
+    }
+
+    #[test]
+    fn parses_the_parts_of_the_resident_set() {
+        let s = "VmRSS:\t  300 kB\nRssAnon:\t  200 kB\nRssFile:\t   90 kB\nRssShmem:\t 10 kB\n";
+        assert_eq!(
+            parse_mem_reading(s),
+            Some(MemReading {
+                rss: 300,
+                anon: Some(200),
+                file: Some(90)
+            })
+        );
+        // Old kernels: VmRSS only.
+        assert_eq!(
+            parse_mem_reading("VmRSS:\t 5 kB\n"),
+            Some(MemReading {
+                rss: 5,
+                anon: None,
+                file: None
+            })
+        );
     }
 
     #[test]

@@ -262,6 +262,14 @@ pub struct IdleResult {
     pub sessions: u64,
     /// (after − before) / sessions, KiB.
     pub kb_per_session: f64,
+    /// The anonymous part of `kb_per_session` (`RssAnon`: heap and stacks).
+    #[serde(default)]
+    pub anon_kb_per_session: Option<f64>,
+    /// The file-backed part of `kb_per_session` (`RssFile`: pages of
+    /// mapped files, such as a database read through a memory map —
+    /// reclaimable page cache, not memory the sessions hold).
+    #[serde(default)]
+    pub file_kb_per_session: Option<f64>,
     /// Seconds waited after the last session before measuring.
     pub settle_secs: f64,
 }
@@ -568,6 +576,12 @@ impl RunResult {
                 "  memory     pid {}: {} KiB -> {} KiB for {} sessions  =>  {:.1} KiB/session",
                 i.server_pid, i.rss_before_kb, i.rss_after_kb, i.sessions, i.kb_per_session
             );
+            if let (Some(a), Some(f)) = (i.anon_kb_per_session, i.file_kb_per_session) {
+                let _ = writeln!(
+                    s,
+                    "             of which anonymous (heap) {a:.1} KiB/session, file-backed (mapped files, page cache) {f:.1} KiB/session"
+                );
+            }
         }
         if let Some(o) = &self.o2o {
             let _ = writeln!(

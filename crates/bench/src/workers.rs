@@ -38,7 +38,7 @@ pub async fn coordinate(sc: Scenario, args: &ScenarioArgs) -> anyhow::Result<Run
             Some(p) => p,
             None => procmem::pid_listening_on(args.conn.port)?,
         };
-        Some((pid, procmem::rss_kb(pid)?))
+        Some((pid, procmem::mem_reading(pid)?))
     } else {
         None
     };
@@ -137,7 +137,7 @@ pub async fn coordinate(sc: Scenario, args: &ScenarioArgs) -> anyhow::Result<Run
                     let go = if let Some((pid, _)) = idle {
                         pb.set_message(format!("settling {} s", args.settle_secs));
                         tokio::time::sleep(Duration::from_secs_f64(args.settle_secs)).await;
-                        idle_after = Some(procmem::rss_kb(pid)?);
+                        idle_after = Some(procmem::mem_reading(pid)?);
                         if args.hold_secs > 0.0 {
                             tokio::time::sleep(Duration::from_secs_f64(args.hold_secs)).await;
                         }
