@@ -5,7 +5,7 @@
 # PostgreSQL, the third-party client interop suites (slixmpp, @xmpp/client)
 # against a real Starling, the web chat (Converse.js) in Debian's headless
 # chromium, and the load generator's smoke run. Needs Rust,
-# Python 3, Node.js and the PostgreSQL server binaries; Python and Node
+# Python 3, Node.js, the PostgreSQL server binaries and nats-server; Python and Node
 # packages are installed on first use (tests/interop/run.sh).
 #
 # PostgreSQL: a throw-away cluster from scripts/pg-test.sh (started here and
@@ -29,8 +29,9 @@ if [ -z "${STARLING_TEST_PG_URL:-}" ]; then
   fi
   STARLING_TEST_PG_URL=$(scripts/pg-test.sh start | tail -n 1)
 fi
-# PostgreSQL tests fail instead of skipping when the server is missing.
-export STARLING_TEST_PG_URL STARLING_REQUIRE_PG=1
+# PostgreSQL tests fail instead of skipping when the server is missing, and
+# so do the cluster tests when nats-server is missing.
+export STARLING_TEST_PG_URL STARLING_REQUIRE_PG=1 STARLING_REQUIRE_CLUSTER=1
 
 step "cargo test (workspace; scenario tests on SQLite)"
 cargo test --workspace

@@ -269,6 +269,16 @@ pub trait SessionClosedHandler: Send + Sync + 'static {
     async fn session_closed(&self, cx: &mut SessionCtx<'_>) -> HookResult;
 }
 
+/// A session of another cluster node was lost with its node (the node
+/// stopped answering, or restarted): the session did not close, so its
+/// own [`SessionClosedHandler`]s never ran. Called on one surviving node
+/// per lost session, with what the registry knew of it.
+#[async_trait]
+pub trait SessionLostHandler: Send + Sync + 'static {
+    /// Runs once per lost session.
+    async fn session_lost(&self, env: &crate::Env, entry: &crate::SessionEntry) -> HookResult;
+}
+
 /// A timer set by this module (see [`Action::SetTimer`]) fired.
 #[async_trait]
 pub trait TimerHandler: Send + Sync + 'static {
@@ -647,6 +657,8 @@ pub struct Hooks {
     pub session_opened: Chain<dyn SessionOpenedHandler>,
     /// [`SessionClosedHandler`]s.
     pub session_closed: Chain<dyn SessionClosedHandler>,
+    /// [`SessionLostHandler`]s.
+    pub session_lost: Chain<dyn SessionLostHandler>,
     /// [`BoundHandler`]s.
     pub bound: Chain<dyn BoundHandler>,
     /// [`OfflineMessageHandler`]s.
@@ -722,6 +734,12 @@ impl Hooks {
     /// The timer handler of `module`.
     pub fn timer(&self, module: &str) -> Option<&Arc<dyn TimerHandler>> {
         self.timers.get(module)
+    }
+
+    /// The registered name of a module with a timer handler (a name read
+    /// off the wire, back to the `'static` one a [`TimerKey`] holds).
+    pub fn timer_module(&self, module: &str) -> Option<&'static str> {
+        self.timers.get_key_value(module).map(|(k, _)| *k)
     }
 
     /// The service owning `domain`, if any. `is_local` says which domains
@@ -831,6 +849,16 @@ impl HookRegistry {
         h: Arc<dyn SessionClosedHandler>,
     ) {
         self.hooks.session_closed.add(priority, module, h);
+    }
+
+    /// Registers a [`SessionLostHandler`].
+    pub fn session_lost(
+        &mut self,
+        module: &'static str,
+        priority: i32,
+        h: Arc<dyn SessionLostHandler>,
+    ) {
+        self.hooks.session_lost.add(priority, module, h);
     }
 
     /// Registers an [`OfflineMessageHandler`].

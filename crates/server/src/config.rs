@@ -30,6 +30,8 @@ pub struct Config {
     pub auth: AuthSection,
     /// `[storage]`
     pub storage: StorageSection,
+    /// `[cluster]`: several nodes on one NATS bus (unset: one node).
+    pub cluster: ClusterSection,
     /// `[modules.*]`: one table per module, each documented beside its
     /// module (`crate::modules`).
     pub modules: ModulesSection,
@@ -54,6 +56,7 @@ impl Default for Config {
             http: HttpSection::default(),
             c2s: C2sSection::default(),
             auth: AuthSection::default(),
+            cluster: ClusterSection::default(),
             storage: StorageSection::default(),
             modules: ModulesSection::default(),
         }
@@ -353,6 +356,40 @@ impl Default for StorageSection {
     }
 }
 
+/// `[cluster]`: run this node as one of several identical nodes that share
+/// a PostgreSQL database and a NATS server (docs/cluster.md). Without
+/// `nats_url` the server is a single node and needs neither.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// The NATS server(s), e.g. `nats://10.0.0.5:4222`; several URLs
+    /// separated by commas. Unset: no cluster.
+    pub nats_url: Option<String>,
+    /// Subject prefix on the bus: nodes with the same name form one
+    /// cluster (several clusters can share a NATS server).
+    pub name: String,
+    /// How often a node announces itself, milliseconds.
+    pub heartbeat_ms: u64,
+    /// A node not heard from for this long is dead: its sessions leave the
+    /// registry, their contacts get unavailable presence, and messages for
+    /// them go to offline storage. Milliseconds.
+    pub node_timeout_ms: u64,
+    /// How long to wait for the NATS server at start, seconds.
+    pub connect_timeout_secs: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            nats_url: None,
+            name: "starling".into(),
+            heartbeat_ms: 1000,
+            node_timeout_ms: 5000,
+            connect_timeout_secs: 10,
+        }
+    }
+}
+
 /// Environment variable holding the PostgreSQL URL when `[storage] url` is
 /// unset (keeps a password out of the configuration file).
 pub const DATABASE_URL_ENV: &str = "STARLING_DATABASE_URL";
@@ -436,6 +473,38 @@ impl Config {
         }
         if let Err((key, message)) = self.modules.validate(&self.server.domains) {
             return Err(invalid(&key, message));
+        }
+        if self.cluster.nats_url.is_some() {
+            if self.storage.backend != "postgres" {
+                return Err(invalid(
+                    "cluster.nats_url",
+                    "a cluster's nodes share one database: set [storage] backend = \"postgres\" (SQLite is a single node's)".into(),
+                ));
+            }
+            let c = &self.cluster;
+            if c.name.is_empty()
+                || !c
+                    .name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
+            {
+                return Err(invalid(
+                    "cluster.name",
+                    format!(
+                        "{:?}: use letters, digits, '-' and '_' (it prefixes NATS subjects)",
+                        c.name
+                    ),
+                ));
+            }
+            if c.heartbeat_ms == 0 || c.node_timeout_ms < 2 * c.heartbeat_ms {
+                return Err(invalid(
+                    "cluster.node_timeout_ms",
+                    format!(
+                        "{} ms with heartbeat_ms = {}: a node must miss at least two heartbeats before it is declared dead",
+                        c.node_timeout_ms, c.heartbeat_ms
+                    ),
+                ));
+            }
         }
         if self.listen.is_empty() {
             return Err(invalid(
@@ -696,6 +765,35 @@ enabled = false
             c.backend_config(),
             starling_storage::BackendConfig::Postgres { pool_size: 4, .. }
         ));
+    }
+
+    #[test]
+    fn config_cluster_needs_postgres_a_subject_safe_name_and_a_sane_timeout() {
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        let pg = "[storage]\nbackend = \"postgres\"\nurl = \"postgres://a@b/c\"\n";
+        let err = parse("[cluster]\nnats_url = \"nats://127.0.0.1:4222\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cluster.nats_url") && err.contains("postgres"),
+            "{err}"
+        );
+        let err = parse(&format!(
+            "{pg}[cluster]\nnats_url = \"nats://h:4222\"\nname = \"a.b\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cluster.name"), "{err}");
+        let err = parse(&format!(
+            "{pg}[cluster]\nnats_url = \"nats://h:4222\"\nheartbeat_ms = 1000\nnode_timeout_ms = 1500\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cluster.node_timeout_ms"), "{err}");
+        let c = parse(&format!("{pg}[cluster]\nnats_url = \"nats://h:4222\"\n")).unwrap();
+        assert_eq!(c.cluster.node_timeout_ms, 5000);
+        // No cluster: no requirement.
+        assert!(Config::default().cluster.nats_url.is_none());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 
 pub mod accounts;
 mod c2s;
+pub mod cluster;
 pub mod config;
 pub mod limiter;
 pub mod modules;

@@ -3,6 +3,7 @@
 //! to close with `<system-shutdown/>`, waits for them, then closes storage.
 
 use crate::c2s::{session, C2sShared};
+use crate::cluster::Cluster;
 use crate::config::{Config, TlsMode};
 use crate::routing::router::LocalRouter;
 use crate::routing::sessions::SessionTable;
@@ -31,6 +32,8 @@ pub struct RunningServer {
     listeners: Vec<JoinHandle<()>>,
     shutdown_timeout: Duration,
     drain_timeout: Duration,
+    /// This node's side of the cluster bus (`[cluster] nats_url` set).
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl RunningServer {
@@ -84,6 +87,10 @@ impl RunningServer {
             closed = tokio::time::timeout_at(deadline, self.done_rx.recv())
                 .await
                 .is_ok();
+        }
+        if let Some(c) = &self.cluster {
+            // The sessions' Unbound events are queued: say goodbye after them.
+            c.leave().await;
         }
         if closed {
             tracing::info!(
@@ -232,8 +239,20 @@ pub async fn start_with(
     let pressure = Arc::new(Pressure::new());
     let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics, &pressure, extra).await;
     let table = Arc::new(SessionTable::new(cfg.server.node_id));
+    let router = Arc::new(LocalRouter::new(table.clone()));
+    let cluster = match &cfg.cluster.nats_url {
+        Some(url) => {
+            let c = Cluster::connect(&cfg.cluster, cfg.server.node_id, table.clone())
+                .await
+                .context("joining the cluster")?;
+            tracing::info!(nats = %url, node = cfg.server.node_id, "cluster bus connected");
+            router.set_cluster(c.clone());
+            Some(c)
+        }
+        None => None,
+    };
     let env = Arc::new(Env {
-        router: Arc::new(LocalRouter::new(table.clone())),
+        router,
         sessions: table,
         storage,
         hosts: Hosts::new(domains.clone()),
@@ -246,6 +265,12 @@ pub async fn start_with(
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (done_tx, done_rx) = mpsc::channel(1);
+    if let Some(c) = &cluster {
+        // Before the listeners: a session bound from now on is announced.
+        c.start(&env, shutdown_rx.clone())
+            .await
+            .context("joining the cluster")?;
+    }
     let limit = Arc::new(Semaphore::new(cfg.server.max_connections));
     let keepalive = match cfg.c2s.tcp_keepalive_secs {
         0 => None,
@@ -315,6 +340,7 @@ pub async fn start_with(
         listeners,
         shutdown_timeout: Duration::from_secs(cfg.server.shutdown_timeout_secs),
         drain_timeout: Duration::from_secs(cfg.server.drain_timeout_secs),
+        cluster,
     })
 }
 

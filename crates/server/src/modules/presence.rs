@@ -51,8 +51,8 @@
 //! (probe authorisation). Config: `[modules.presence]` enabled.
 
 use starling_core::hooks::{
-    HookRegistry, InboundHandler, SessionClosedHandler, TimerHandler, UserReceiveHandler,
-    UserSendHandler,
+    HookRegistry, InboundHandler, SessionClosedHandler, SessionLostHandler, TimerHandler,
+    UserReceiveHandler, UserSendHandler,
 };
 use starling_core::module::{Module, ModuleCtx};
 use starling_core::roster::SessionRoster;
@@ -115,6 +115,7 @@ impl Presence {
         reg.user_send(NAME, 40, m.clone());
         reg.user_receive(NAME, 40, m.clone());
         reg.session_closed(NAME, 40, m.clone());
+        reg.session_lost(NAME, 40, m.clone());
         reg.timer(NAME, m.clone());
         if roster {
             reg.inbound(NAME, 45, m);
@@ -313,6 +314,31 @@ impl UserReceiveHandler for Presence {
 impl TimerHandler for Presence {
     async fn timer(&self, cx: &mut SessionCtx<'_>, _token: u64) -> HookResult {
         cx.state.remove::<Announced>();
+        Ok(Flow::Continue)
+    }
+}
+
+/// A session of a cluster node that died: what [`SessionClosedHandler`]
+/// would have sent, from what the registry and the roster know (the
+/// session's directed-presence targets died with it and get nothing).
+#[async_trait]
+impl SessionLostHandler for Presence {
+    async fn session_lost(&self, env: &Env, entry: &starling_core::SessionEntry) -> HookResult {
+        if entry.priority.is_none() {
+            return Ok(Flow::Continue);
+        }
+        let me = entry.session.jid.clone();
+        let owner = me.to_bare();
+        let unavailable = |to: Jid| Stanza::presence(Some("unavailable"), me.clone().into(), to);
+        for other in env.sessions.resources(&owner) {
+            if other.priority.is_some() && other.session != entry.session {
+                env.route(unavailable(other.session.jid.into())).await;
+            }
+        }
+        let (_, items) = env.storage.roster.get_roster(&owner).await?;
+        for item in items.iter().filter(|i| i.subscription.has_from()) {
+            env.route(unavailable(item.jid.clone().into())).await;
+        }
         Ok(Flow::Continue)
     }
 }

@@ -20,7 +20,8 @@
 //! or to a bare JID are dropped: modules that issue requests consume the
 //! answers in their own hooks.
 
-use super::sessions::SessionTable;
+use super::sessions::{Replaced, SessionTable};
+use crate::cluster::Cluster;
 use async_trait::async_trait;
 use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions, TimerKey};
 use starling_core::{
@@ -32,16 +33,28 @@ use starling_proto::{
 };
 use std::sync::Arc;
 
-/// The single-node router. It owns the session table's mailboxes: nothing
-/// else puts messages in a session's queue.
+/// The router. It owns the session table's mailboxes: nothing else puts
+/// messages in a session's queue. In a cluster, a session of another node
+/// is reached through the cluster bus ([`Cluster`]): the same rules pick
+/// the resources, wherever they are bound.
 pub struct LocalRouter {
     table: Arc<SessionTable>,
+    cluster: std::sync::OnceLock<Arc<Cluster>>,
 }
 
 impl LocalRouter {
     /// A router over `table` (the same table as `Env::sessions`).
     pub fn new(table: Arc<SessionTable>) -> Self {
-        LocalRouter { table }
+        LocalRouter {
+            table,
+            cluster: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Routes to the sessions of other nodes through `cluster` (set once,
+    /// at start).
+    pub fn set_cluster(&self, cluster: Arc<Cluster>) {
+        let _ = self.cluster.set(cluster);
     }
 }
 
@@ -60,14 +73,25 @@ impl LocalRouter {
     }
 
     /// Puts the stanza in one session's mailbox; bounces on a full mailbox.
-    /// Returns the stanza back if the session is gone.
+    /// Returns the stanza back if the session is gone. A session of
+    /// another node (no `handle`) gets it through the cluster bus, whose
+    /// receiving node applies the same fallbacks.
     async fn deliver_to(
         &self,
         env: &Env,
         entry: &SessionEntry,
-        handle: &SessionHandle,
+        handle: Option<&SessionHandle>,
         stanza: Stanza,
     ) -> Result<(), Stanza> {
+        let Some(handle) = handle else {
+            return match self.cluster.get() {
+                Some(c) => {
+                    c.deliver(&entry.session, stanza);
+                    Ok(())
+                }
+                None => Err(stanza),
+            };
+        };
         match handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
             Ok(()) => Ok(()),
             Err((SessionSendError::Full, SessionMsg::Stanza(stanza))) => {
@@ -143,7 +167,7 @@ impl LocalRouter {
                         .iter()
                         .filter(|(e, _)| e.priority.is_some())
                     {
-                        let _ = self.deliver_to(env, e, h, stanza.clone()).await;
+                        let _ = self.deliver_to(env, e, h.as_ref(), stanza.clone()).await;
                     }
                 }
             }
@@ -169,12 +193,12 @@ impl LocalRouter {
         // back: this one goes after them (starling_core::HandoverGate).
         env.handover.wait(bare).await;
         let resources = self.table.resources_with_handles(bare);
-        let available: Vec<&(SessionEntry, SessionHandle)> = resources
+        let available: Vec<&(SessionEntry, Option<SessionHandle>)> = resources
             .iter()
             .filter(|(e, _)| matches!(e.priority, Some(p) if p >= 0))
             .collect();
         if !available.is_empty() {
-            let targets: Vec<&(SessionEntry, SessionHandle)> = if t == "headline" {
+            let targets: Vec<&(SessionEntry, Option<SessionHandle>)> = if t == "headline" {
                 available
             } else {
                 // chat/normal: the highest-priority resource(s).
@@ -190,7 +214,10 @@ impl LocalRouter {
             };
             let mut delivered = false;
             for (e, h) in targets {
-                delivered |= self.deliver_to(env, e, h, stanza.clone()).await.is_ok();
+                delivered |= self
+                    .deliver_to(env, e, h.as_ref(), stanza.clone())
+                    .await
+                    .is_ok();
             }
             if delivered {
                 return;
@@ -240,6 +267,21 @@ impl LocalRouter {
                     .with_text("the recipient is offline and offline storage is not enabled"),
             )
             .await;
+        }
+    }
+}
+
+impl LocalRouter {
+    /// Hands an operation on a session this node does not run to the
+    /// cluster: `Gone` when there is no cluster or no such session.
+    fn remote(
+        &self,
+        to: &SessionRef,
+        op: impl FnOnce(&Cluster) -> Result<(), SessionSendError>,
+    ) -> Result<(), SessionSendError> {
+        match self.cluster.get() {
+            Some(c) if to.node != self.table.node() && self.table.contains(to) => op(c),
+            _ => Err(SessionSendError::Gone),
         }
     }
 }
@@ -301,7 +343,7 @@ impl Router for LocalRouter {
             Ok(full) => {
                 let stanza = match self.table.get_with_handle(full) {
                     Some((entry, handle)) => {
-                        match self.deliver_to(env, &entry, &handle, stanza).await {
+                        match self.deliver_to(env, &entry, handle.as_ref(), stanza).await {
                             Ok(()) => return,
                             Err(stanza) => stanza,
                         }
@@ -365,7 +407,9 @@ impl Router for LocalRouter {
         to: &SessionRef,
         stanza: Stanza,
     ) -> Result<(), SessionSendError> {
-        let handle = self.table.handle(to).ok_or(SessionSendError::Gone)?;
+        let Some(handle) = self.table.handle(to) else {
+            return self.remote(to, |c| c.deliver_unacked(to, stanza));
+        };
         match handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
             Ok(()) => Ok(()),
             Err((why, _)) => {
@@ -387,7 +431,9 @@ impl Router for LocalRouter {
         to: &SessionRef,
         key: TimerKey,
     ) -> Result<(), SessionSendError> {
-        let handle = self.table.handle(to).ok_or(SessionSendError::Gone)?;
+        let Some(handle) = self.table.handle(to) else {
+            return self.remote(to, |c| c.notify(to, key));
+        };
         handle
             .try_send(SessionMsg::Notify(Box::new(key)))
             .map_err(|(why, _)| why)
@@ -395,10 +441,19 @@ impl Router for LocalRouter {
 
     async fn bind(&self, _env: &Env, jid: &FullJid, session: SessionHandle) {
         let new_id = session.id;
-        if let Some(old) = self.table.register(jid, session) {
+        match self.table.register(jid, session) {
+            None => {}
             // RFC 6120 §7.7.2.2: the new session wins; the old one gets <conflict/>.
-            tracing::info!(%jid, old_session = old.id, new_session = new_id, "resource conflict: replacing older session");
-            let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+            Some(Replaced::Local(old)) => {
+                tracing::info!(%jid, old_session = old.id, new_session = new_id, "resource conflict: replacing older session");
+                let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+            }
+            Some(Replaced::Remote(old)) => {
+                tracing::info!(%jid, old_node = old.node, old_session = old.id, new_session = new_id, "resource conflict: replacing older session on another node");
+                if let Some(c) = self.cluster.get() {
+                    c.close(&old, &CloseReason::Replaced);
+                }
+            }
         }
     }
 
@@ -421,7 +476,13 @@ impl Router for LocalRouter {
 
     async fn close_sessions(&self, _env: &Env, account: &BareJid, reason: CloseReason) {
         for (_, h) in self.table.resources_with_handles(account) {
-            let _ = h.try_send(SessionMsg::Close(reason.clone()));
+            if let Some(h) = h {
+                let _ = h.try_send(SessionMsg::Close(reason.clone()));
+            }
+        }
+        // Sessions of other nodes that this node may not know of yet.
+        if let Some(c) = self.cluster.get() {
+            c.close_account(account, &reason);
         }
     }
 }

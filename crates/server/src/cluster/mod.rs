@@ -1,0 +1,912 @@
+//! The cluster: identical nodes on one NATS bus (issue 11, DESIGN.md
+//! "Cluster", docs/cluster.md).
+//!
+//! Subjects, under the `[cluster] name` prefix `P`:
+//!
+//! | subject | carries |
+//! |---|---|
+//! | `P.all` | every node's heartbeats and registry events (broadcast) |
+//! | `P.node.N` | frames for node N: stanzas for its sessions, acks, snapshots, close orders |
+//!
+//! **Registry.** Each node owns the entries of its own sessions and
+//! announces every change on `P.all` with a per-node sequence number
+//! (`Bound`, `Unbound`, `Presence`). Every node keeps all entries in its
+//! session table ([`SessionTable`]), so routing looks up a recipient
+//! locally, with no round trip. A node that sees a new node (or a new
+//! incarnation of one), or a gap in its sequence numbers, asks it for a
+//! snapshot and buffers that node's events until the snapshot arrives;
+//! applying an event twice is harmless. Heartbeats carry the sender's last
+//! sequence number, so a lost last event is noticed too.
+//!
+//! **Delivery.** The router picks the target session as on one node; a
+//! session of node N gets a `Deliver` frame on `P.node.N`. Frames bound for
+//! one node are batched into one NATS message while more are queued.
+//! A message stanza is kept until N acknowledges it (N acks once the
+//! stanza is in the session's queue, or handed to its own router when the
+//! session was gone). If N is declared dead first, the kept messages are
+//! routed again here: to another resource of the account or to offline
+//! storage. So a message accepted by a node is not lost because the
+//! recipient's node died before queueing it; one queued in a session on a
+//! node that then dies is in the recipient's archive (as on a single node
+//! killed with it queued, docs/durability.md).
+//!
+//! **Failure.** A node not heard from for `node_timeout_ms` is dead: its
+//! entries leave the table on every node and the node with the lowest id
+//! among the living runs the [`SessionLostHandler`]s (presence sends
+//! unavailable to the lost sessions' contacts). A node that stops cleanly
+//! closes its sessions (their `Unbound` events go out), then says
+//! `Leaving`.
+//!
+//! [`SessionLostHandler`]: starling_core::hooks::SessionLostHandler
+
+pub mod frame;
+
+use crate::config::ClusterSection;
+use crate::routing::sessions::{SessionTable, TableObserver};
+use bytes::Bytes;
+use frame::{CloseWhy, EntryState, Frame, Header, Writer};
+use futures_util::StreamExt as _;
+use starling_core::hooks::TimerKey;
+use starling_core::{run_chain, CloseReason, Env, SessionMsg, SessionRef, SessionSendError};
+use starling_proto::{BareJid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
+use starling_xml::Element;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Most frames batched into one NATS message.
+const MAX_BATCH_FRAMES: usize = 256;
+/// Most bytes batched into one NATS message (NATS' default payload limit
+/// is 1 MiB).
+const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// Where a frame goes.
+enum Dest {
+    All,
+    Node(u8),
+}
+
+/// What the publisher is asked to do.
+enum Out {
+    /// Batch and publish this encoded frame.
+    Frame(Dest, Vec<u8>),
+    /// Publish what is batched, flush the connection, then answer.
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// What the registry knows of another node.
+struct Peer {
+    incarnation: u64,
+    last_seen: Instant,
+    /// Its last registry event applied here.
+    applied: u64,
+    /// A snapshot was asked for: its events wait in `buffered`.
+    awaiting: bool,
+    buffered: Vec<(u64, Frame)>,
+    /// Sessions, as its last heartbeat said.
+    sessions: u32,
+    /// Wall-clock time of its last heartbeat (for `cluster status`).
+    last_heartbeat: std::time::SystemTime,
+}
+
+impl Peer {
+    fn new(incarnation: u64) -> Peer {
+        Peer {
+            incarnation,
+            last_seen: Instant::now(),
+            applied: 0,
+            awaiting: true,
+            buffered: Vec::new(),
+            sessions: 0,
+            last_heartbeat: std::time::SystemTime::now(),
+        }
+    }
+}
+
+/// A message stanza sent to another node, kept until it is acknowledged.
+struct Pending {
+    node: u8,
+    stanza: Stanza,
+}
+
+/// One node as `starling cluster status` shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NodeStatus {
+    /// Its `node_id`.
+    pub node: u8,
+    /// True for the node answering.
+    pub this_node: bool,
+    /// Sessions bound on it (for another node: as its heartbeat said).
+    pub sessions: u64,
+    /// Its sessions in this node's registry.
+    pub registry_entries: u64,
+    /// Milliseconds since its last heartbeat (0 for this node).
+    pub last_heartbeat_ms_ago: u64,
+}
+
+/// Bus traffic counters (Prometheus: `starling_cluster_*`).
+#[derive(Default)]
+pub struct BusCounters {
+    /// NATS messages published.
+    pub messages_out: AtomicU64,
+    /// Frames published.
+    pub frames_out: AtomicU64,
+    /// Bytes published.
+    pub bytes_out: AtomicU64,
+    /// NATS messages received.
+    pub messages_in: AtomicU64,
+    /// Frames received.
+    pub frames_in: AtomicU64,
+    /// Bytes received.
+    pub bytes_in: AtomicU64,
+    /// Messages that could not be read.
+    pub bad_messages: AtomicU64,
+}
+
+/// This node's side of the cluster bus.
+pub struct Cluster {
+    node: u8,
+    incarnation: u64,
+    cfg: ClusterSection,
+    all_subject: String,
+    node_prefix: String,
+    client: async_nats::Client,
+    table: Arc<SessionTable>,
+    env: std::sync::OnceLock<Weak<Env>>,
+    /// Registry event numbering; held while an event is queued, so events
+    /// leave in their numbers' order.
+    seq: Mutex<u64>,
+    out: mpsc::UnboundedSender<Out>,
+    out_rx: Mutex<Option<mpsc::UnboundedReceiver<Out>>>,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, Pending>>,
+    peers: Mutex<BTreeMap<u8, Peer>>,
+    /// Bus traffic.
+    pub counters: BusCounters,
+}
+
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// NATS did not answer.
+    #[error(
+        "cannot reach the NATS server at {url} ({source}); start it, or check [cluster] nats_url"
+    )]
+    Connect {
+        /// The configured URL.
+        url: String,
+        /// Why.
+        source: async_nats::ConnectError,
+    },
+    /// A subscription failed.
+    #[error("cannot subscribe on the NATS server: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Cluster {
+    /// Connects to NATS. Nothing is sent before [`Cluster::start`].
+    pub async fn connect(
+        cfg: &ClusterSection,
+        node: u8,
+        table: Arc<SessionTable>,
+    ) -> Result<Arc<Cluster>, ClusterError> {
+        let url = cfg.nats_url.clone().unwrap_or_default();
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("starling-node-{node}"))
+            .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
+            .event_callback(move |event| async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        tracing::info!(node, "cluster bus (NATS) connected")
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!(node, "cluster bus (NATS) disconnected; reconnecting (stanzas for other nodes wait)")
+                    }
+                    other => tracing::info!(node, event = %other, "cluster bus (NATS) event"),
+                }
+            })
+            .connect(url.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+            .await
+            .map_err(|source| ClusterError::Connect {
+                url: url.clone(),
+                source,
+            })?;
+        let mut incarnation = [0u8; 8];
+        getrandom::fill(&mut incarnation).expect("the OS random source works");
+        let (out, out_rx) = mpsc::unbounded_channel();
+        Ok(Arc::new(Cluster {
+            node,
+            incarnation: u64::from_le_bytes(incarnation),
+            all_subject: format!("{}.all", cfg.name),
+            node_prefix: format!("{}.node.", cfg.name),
+            cfg: cfg.clone(),
+            client,
+            table,
+            env: std::sync::OnceLock::new(),
+            seq: Mutex::new(0),
+            out,
+            out_rx: Mutex::new(Some(out_rx)),
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            peers: Mutex::new(BTreeMap::new()),
+            counters: BusCounters::default(),
+        }))
+    }
+
+    /// Subscribes, starts the publisher and the heartbeat, and asks the
+    /// other nodes for their sessions. Tasks end when `shutdown` turns true.
+    pub async fn start(
+        self: &Arc<Self>,
+        env: &Arc<Env>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, ClusterError> {
+        let _ = self.env.set(Arc::downgrade(env));
+        let all = self.client.subscribe(self.all_subject.clone()).await?;
+        let mine = self
+            .client
+            .subscribe(format!("{}{}", self.node_prefix, self.node))
+            .await?;
+        let mut tasks = Vec::new();
+        if let Some(rx) = lock(&self.out_rx).take() {
+            tasks.push(tokio::spawn(self.clone().publisher(rx)));
+        }
+        for sub in [all, mine] {
+            tasks.push(tokio::spawn(self.clone().receiver(sub)));
+        }
+        tasks.push(tokio::spawn(self.clone().heartbeat(shutdown)));
+        // Sessions bound from now on are announced.
+        self.table
+            .set_observer(Arc::new(Observer(Arc::downgrade(self))) as Arc<dyn TableObserver>);
+        self.heartbeat_now();
+        tracing::info!(
+            node = self.node,
+            cluster = %self.cfg.name,
+            "joined the cluster"
+        );
+        Ok(tasks)
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> u8 {
+        self.node
+    }
+
+    fn header(&self) -> Header {
+        Header {
+            node: self.node,
+            incarnation: self.incarnation,
+        }
+    }
+
+    fn send(&self, dest: Dest, frame: &Frame) {
+        let _ = self.out.send(Out::Frame(dest, frame::encode_frame(frame)));
+    }
+
+    /// Queues a registry event (numbered) or a heartbeat (carrying the
+    /// last number).
+    fn announce(&self, make: impl FnOnce(u64) -> Frame, numbered: bool) {
+        let mut seq = lock(&self.seq);
+        if numbered {
+            *seq += 1;
+        }
+        let f = make(*seq);
+        self.send(Dest::All, &f);
+    }
+
+    fn heartbeat_now(&self) {
+        let sessions = self.table.local_count() as u32;
+        self.announce(|seq| Frame::Heartbeat { seq, sessions }, false);
+    }
+
+    /// Sends a stanza to a session of another node (the router found it
+    /// there). A message is kept until that node acknowledges it.
+    pub fn deliver(&self, to: &SessionRef, stanza: Stanza) {
+        let id = if stanza.kind() == StanzaKind::Message {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let frame = Frame::Deliver {
+                id,
+                to: to.clone(),
+                stanza: stanza.element().clone(),
+            };
+            lock(&self.pending).insert(
+                id,
+                Pending {
+                    node: to.node,
+                    stanza,
+                },
+            );
+            self.send(Dest::Node(to.node), &frame);
+            return;
+        } else {
+            0
+        };
+        self.send(
+            Dest::Node(to.node),
+            &Frame::Deliver {
+                id,
+                to: to.clone(),
+                stanza: stanza.into_element(),
+            },
+        );
+    }
+
+    /// A server-made stanza for exactly one session of another node
+    /// ([`starling_core::Router::deliver`]): best effort, no fallback.
+    pub fn deliver_unacked(&self, to: &SessionRef, stanza: Stanza) -> Result<(), SessionSendError> {
+        self.send(
+            Dest::Node(to.node),
+            &Frame::Deliver {
+                id: 0,
+                to: to.clone(),
+                stanza: stanza.into_element(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Runs a module's timer handler in a session of another node.
+    pub fn notify(&self, to: &SessionRef, key: TimerKey) -> Result<(), SessionSendError> {
+        self.send(
+            Dest::Node(to.node),
+            &Frame::Notify {
+                to: to.clone(),
+                module: key.module.to_owned(),
+                token: key.token,
+            },
+        );
+        Ok(())
+    }
+
+    /// Closes a session of another node.
+    pub fn close(&self, to: &SessionRef, reason: &CloseReason) {
+        self.send(
+            Dest::Node(to.node),
+            &Frame::Close {
+                to: to.clone(),
+                why: CloseWhy::from_reason(reason),
+            },
+        );
+    }
+
+    /// Closes an account's sessions on every other node.
+    pub fn close_account(&self, account: &BareJid, reason: &CloseReason) {
+        self.send(
+            Dest::All,
+            &Frame::CloseAccount {
+                account: account.clone(),
+                why: CloseWhy::from_reason(reason),
+            },
+        );
+    }
+
+    /// Says goodbye (after this node's sessions closed) and waits until
+    /// everything queued for the bus is on the NATS server (at most 2 s).
+    pub async fn leave(&self) {
+        self.announce(|_| Frame::Leaving, false);
+        self.flush(Duration::from_secs(2)).await;
+    }
+
+    /// Waits until every frame queued so far is published and flushed.
+    pub async fn flush(&self, within: Duration) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.out.send(Out::Flush(tx)).is_ok() {
+            let _ = tokio::time::timeout(within, rx).await;
+        }
+    }
+
+    /// Every node this one knows, itself first.
+    pub fn status(&self) -> Vec<NodeStatus> {
+        let counts = self.table.remote_counts();
+        let mut out = vec![NodeStatus {
+            node: self.node,
+            this_node: true,
+            sessions: self.table.local_count() as u64,
+            registry_entries: self.table.local_count() as u64,
+            last_heartbeat_ms_ago: 0,
+        }];
+        for (n, p) in lock(&self.peers).iter() {
+            out.push(NodeStatus {
+                node: *n,
+                this_node: false,
+                sessions: u64::from(p.sessions),
+                registry_entries: counts.get(n).copied().unwrap_or(0) as u64,
+                last_heartbeat_ms_ago: p.last_seen.elapsed().as_millis() as u64,
+            });
+        }
+        out
+    }
+
+    /// Messages sent to other nodes and not acknowledged yet.
+    pub fn pending_count(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    /// Batches queued frames by destination into NATS messages.
+    async fn publisher(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Out>) {
+        let mut batches: BTreeMap<Option<u8>, Writer> = BTreeMap::new();
+        while let Some(first) = rx.recv().await {
+            let mut next = Some(first);
+            let mut n = 0;
+            let mut flushed = Vec::new();
+            while let Some(item) = next.take() {
+                let (dest, bytes) = match item {
+                    Out::Frame(d, b) => (d, b),
+                    Out::Flush(done) => {
+                        flushed.push(done);
+                        if n < 4 * MAX_BATCH_FRAMES {
+                            next = rx.try_recv().ok();
+                        }
+                        continue;
+                    }
+                };
+                let key = match dest {
+                    Dest::All => None,
+                    Dest::Node(k) => Some(k),
+                };
+                let w = batches
+                    .entry(key)
+                    .or_insert_with(|| Writer::new(self.header()));
+                w.push_encoded(&bytes);
+                if w.frames() >= MAX_BATCH_FRAMES || w.len() >= MAX_BATCH_BYTES {
+                    let w = batches.remove(&key).expect("just used");
+                    self.publish(key, w).await;
+                }
+                n += 1;
+                if n < 4 * MAX_BATCH_FRAMES {
+                    next = rx.try_recv().ok();
+                }
+            }
+            for (key, w) in std::mem::take(&mut batches) {
+                self.publish(key, w).await;
+            }
+            if !flushed.is_empty() {
+                let _ = self.client.flush().await;
+                for done in flushed {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
+    async fn publish(&self, key: Option<u8>, w: Writer) {
+        let frames = w.frames() as u64;
+        let msg = w.finish();
+        let subject = match key {
+            None => self.all_subject.clone(),
+            Some(n) => format!("{}{n}", self.node_prefix),
+        };
+        self.counters.messages_out.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .frames_out
+            .fetch_add(frames, Ordering::Relaxed);
+        self.counters
+            .bytes_out
+            .fetch_add(msg.len() as u64, Ordering::Relaxed);
+        if let Err(e) = self.client.publish(subject, Bytes::from(msg)).await {
+            // The client queues while reconnecting; this is a closed client
+            // or an oversized message. Kept messages are re-routed if the
+            // peer is declared dead meanwhile.
+            tracing::warn!(error = %e, "cluster bus publish failed");
+        }
+    }
+
+    async fn receiver(self: Arc<Self>, mut sub: async_nats::Subscriber) {
+        while let Some(msg) = sub.next().await {
+            self.counters.messages_in.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes_in
+                .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
+            let (header, frames) = match frame::decode(&msg.payload) {
+                Ok(x) => x,
+                Err(e) => {
+                    self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(subject = %msg.subject, error = %e, "unreadable cluster bus message dropped");
+                    continue;
+                }
+            };
+            if header.node == self.node {
+                if header.incarnation != self.incarnation {
+                    tracing::error!(node = self.node, "another process uses this node_id on the cluster bus: give every node its own [server] node_id");
+                }
+                continue;
+            }
+            self.counters
+                .frames_in
+                .fetch_add(frames.len() as u64, Ordering::Relaxed);
+            let Some(env) = self.env.get().and_then(Weak::upgrade) else {
+                return;
+            };
+            self.handle(&env, header, frames).await;
+        }
+    }
+
+    async fn handle(&self, env: &Env, h: Header, frames: Vec<Frame>) {
+        let mut acks = Vec::new();
+        let mut lost = Vec::new();
+        for f in frames {
+            match f {
+                Frame::Heartbeat { seq, sessions } => {
+                    lost.extend(self.on_heartbeat(h, seq, sessions));
+                }
+                f @ (Frame::Bound { .. } | Frame::Unbound { .. } | Frame::Presence { .. }) => {
+                    lost.extend(self.on_event(h, f));
+                }
+                Frame::Snapshot { seq, entries } => {
+                    lost.extend(self.on_snapshot(h, seq, entries));
+                }
+                Frame::SyncRequest => self.send_snapshot(h.node),
+                Frame::Deliver { id, to, stanza } => {
+                    self.on_deliver(env, to, stanza).await;
+                    if id != 0 {
+                        acks.push(id);
+                    }
+                }
+                Frame::Ack { ids } => {
+                    let mut p = lock(&self.pending);
+                    for id in ids {
+                        p.remove(&id);
+                    }
+                }
+                Frame::Notify { to, module, token } => {
+                    if let (Some(handle), Some(module)) =
+                        (self.table.handle(&to), env.hooks.timer_module(&module))
+                    {
+                        let _ = handle
+                            .try_send(SessionMsg::Notify(Box::new(TimerKey { module, token })));
+                    }
+                }
+                Frame::Close { to, why } => {
+                    if let Some(handle) = self.table.handle(&to) {
+                        let _ = handle.try_send(SessionMsg::Close(why.into_reason()));
+                    }
+                }
+                Frame::CloseAccount { account, why } => {
+                    let reason = why.into_reason();
+                    for (_, handle) in self.table.resources_with_handles(&account) {
+                        if let Some(handle) = handle {
+                            let _ = handle.try_send(SessionMsg::Close(reason.clone()));
+                        }
+                    }
+                }
+                Frame::Leaving => {
+                    let removed = lock(&self.peers).remove(&h.node).is_some();
+                    let gone = self.table.remove_node(h.node);
+                    tracing::info!(
+                        node = h.node,
+                        left_sessions = gone.len(),
+                        known = removed,
+                        "node left the cluster"
+                    );
+                    self.reroute_pending(env, h.node).await;
+                }
+            }
+        }
+        if !acks.is_empty() {
+            self.send(Dest::Node(h.node), &Frame::Ack { ids: acks });
+        }
+        if !lost.is_empty() {
+            self.sessions_lost(env, lost).await;
+        }
+    }
+
+    /// Returns the sessions lost if `h` is a new incarnation of a known node.
+    fn on_heartbeat(&self, h: Header, seq: u64, sessions: u32) -> Vec<starling_core::SessionEntry> {
+        let mut lost = Vec::new();
+        let mut peers = lock(&self.peers);
+        let peer = self.peer(&mut peers, h, &mut lost);
+        peer.last_seen = Instant::now();
+        peer.last_heartbeat = std::time::SystemTime::now();
+        peer.sessions = sessions;
+        if !peer.awaiting && seq > peer.applied {
+            // Its last events never arrived.
+            peer.awaiting = true;
+            drop(peers);
+            self.send(Dest::Node(h.node), &Frame::SyncRequest);
+        }
+        lost
+    }
+
+    /// The peer of `h`, created (and asked for a snapshot) if new; a new
+    /// incarnation replaces the old one, whose sessions are lost.
+    fn peer<'a>(
+        &self,
+        peers: &'a mut BTreeMap<u8, Peer>,
+        h: Header,
+        lost: &mut Vec<starling_core::SessionEntry>,
+    ) -> &'a mut Peer {
+        let fresh = match peers.get(&h.node) {
+            None => true,
+            Some(p) if p.incarnation != h.incarnation => {
+                tracing::warn!(
+                    node = h.node,
+                    "node restarted: forgetting its previous sessions"
+                );
+                lost.extend(self.table.remove_node(h.node));
+                true
+            }
+            Some(_) => false,
+        };
+        if fresh {
+            tracing::info!(
+                node = h.node,
+                "node joined the cluster; asking for its sessions"
+            );
+            peers.insert(h.node, Peer::new(h.incarnation));
+            self.send(Dest::Node(h.node), &Frame::SyncRequest);
+        }
+        peers.get_mut(&h.node).expect("inserted above")
+    }
+
+    fn on_event(&self, h: Header, f: Frame) -> Vec<starling_core::SessionEntry> {
+        let seq = match &f {
+            Frame::Bound { seq, .. } | Frame::Unbound { seq, .. } | Frame::Presence { seq, .. } => {
+                *seq
+            }
+            _ => return Vec::new(),
+        };
+        let mut lost = Vec::new();
+        let mut peers = lock(&self.peers);
+        let peer = self.peer(&mut peers, h, &mut lost);
+        peer.last_seen = Instant::now();
+        if peer.awaiting {
+            peer.buffered.push((seq, f));
+            return lost;
+        }
+        if seq <= peer.applied {
+            return lost;
+        }
+        if seq != peer.applied + 1 {
+            peer.awaiting = true;
+            peer.buffered.push((seq, f));
+            drop(peers);
+            self.send(Dest::Node(h.node), &Frame::SyncRequest);
+            return lost;
+        }
+        peer.applied = seq;
+        self.apply(f);
+        lost
+    }
+
+    fn apply(&self, f: Frame) {
+        match f {
+            Frame::Bound {
+                session, bound_at, ..
+            } => {
+                if let Some(old) = self.table.remote_bound(&session, bound_at) {
+                    tracing::info!(jid = %session.jid, node = session.node, local_session = old.id, "resource conflict: bound again on another node; closing ours");
+                    let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+                }
+            }
+            Frame::Unbound { session, .. } => self.table.remote_unbound(&session),
+            Frame::Presence { entry, .. } => self.table.remote_presence(
+                &entry.session,
+                entry.presence.map(|(p, el)| (p, Arc::new(el))),
+            ),
+            _ => {}
+        }
+    }
+
+    fn on_snapshot(
+        &self,
+        h: Header,
+        seq: u64,
+        entries: Vec<EntryState>,
+    ) -> Vec<starling_core::SessionEntry> {
+        let mut lost = Vec::new();
+        let mut peers = lock(&self.peers);
+        let peer = self.peer(&mut peers, h, &mut lost);
+        peer.last_seen = Instant::now();
+        // Replace what we knew of that node.
+        let before = self.table.remove_node(h.node);
+        for e in &entries {
+            if let Some(old) = self.table.remote_bound(&e.session, e.bound_at) {
+                let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
+            }
+            if let Some((p, el)) = &e.presence {
+                self.table
+                    .remote_presence(&e.session, Some((*p, Arc::new(el.clone()))));
+            }
+        }
+        tracing::debug!(
+            node = h.node,
+            sessions = entries.len(),
+            replaced = before.len(),
+            seq,
+            "registry snapshot applied"
+        );
+        peer.applied = seq;
+        peer.awaiting = false;
+        let mut buffered = std::mem::take(&mut peer.buffered);
+        buffered.sort_by_key(|(s, _)| *s);
+        for (s, f) in buffered {
+            if s <= peer.applied {
+                continue;
+            }
+            if s != peer.applied + 1 {
+                peer.awaiting = true;
+                drop(peers);
+                self.send(Dest::Node(h.node), &Frame::SyncRequest);
+                return lost;
+            }
+            peer.applied = s;
+            self.apply(f);
+        }
+        lost
+    }
+
+    fn send_snapshot(&self, to: u8) {
+        // Under the event lock: the snapshot is as of `seq`, and later
+        // events are numbered after it.
+        let seq = lock(&self.seq);
+        let entries: Vec<EntryState> = self
+            .table
+            .local_sessions()
+            .into_iter()
+            .map(|s| EntryState {
+                bound_at: s.bound_at,
+                presence: s.entry.priority.zip(s.entry.presence.as_deref().cloned()),
+                session: s.entry.session,
+            })
+            .collect();
+        self.send(Dest::Node(to), &Frame::Snapshot { seq: *seq, entries });
+    }
+
+    async fn on_deliver(&self, env: &Env, to: SessionRef, stanza: Element) {
+        let Ok(stanza) = Stanza::from_element(stanza) else {
+            return;
+        };
+        let stanza = match self.table.handle(&to) {
+            Some(handle) => match handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
+                Ok(()) => return,
+                Err((SessionSendError::Full, SessionMsg::Stanza(s))) => {
+                    env.metrics.mailbox_full.inc();
+                    if let Some(reply) = s.error_reply(
+                        StanzaError::new(StanzaErrorCondition::ResourceConstraint)
+                            .with_text("the recipient is not reading its messages fast enough"),
+                    ) {
+                        env.route(reply).await;
+                    }
+                    return;
+                }
+                Err((_, SessionMsg::Stanza(s))) => *s,
+                Err(_) => return,
+            },
+            None => stanza,
+        };
+        // The session ended meanwhile: another resource, offline storage
+        // or an error, as on one node (RFC 6121 §8.5.3.2).
+        env.router.reroute(env, stanza).await;
+    }
+
+    /// Routes again the messages kept for `node` (it died or left).
+    async fn reroute_pending(&self, env: &Env, node: u8) {
+        let kept: Vec<Stanza> = {
+            let mut p = lock(&self.pending);
+            let mut ids: Vec<u64> = p
+                .iter()
+                .filter(|(_, v)| v.node == node)
+                .map(|(k, _)| *k)
+                .collect();
+            // In the order they were sent.
+            ids.sort_unstable();
+            ids.into_iter()
+                .filter_map(|id| p.remove(&id))
+                .map(|v| v.stanza)
+                .collect()
+        };
+        if !kept.is_empty() {
+            tracing::info!(
+                node,
+                messages = kept.len(),
+                "routing again messages the lost node never acknowledged"
+            );
+        }
+        for s in kept {
+            env.router.reroute(env, s).await;
+        }
+    }
+
+    /// Runs the session-lost handlers, on the lowest living node only.
+    async fn sessions_lost(&self, env: &Env, lost: Vec<starling_core::SessionEntry>) {
+        let lowest_alive = {
+            let peers = lock(&self.peers);
+            peers.keys().all(|n| *n > self.node)
+        };
+        if !lowest_alive {
+            return;
+        }
+        for entry in lost {
+            let _ = run_chain!(env.hooks.session_lost, "session_lost", |h| h
+                .session_lost(env, &entry));
+        }
+    }
+
+    async fn heartbeat(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let every = Duration::from_millis(self.cfg.heartbeat_ms.max(1));
+        let timeout = Duration::from_millis(self.cfg.node_timeout_ms);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            self.heartbeat_now();
+            let dead: Vec<u8> = lock(&self.peers)
+                .iter()
+                .filter(|(_, p)| p.last_seen.elapsed() > timeout)
+                .map(|(n, _)| *n)
+                .collect();
+            if dead.is_empty() {
+                continue;
+            }
+            let Some(env) = self.env.get().and_then(Weak::upgrade) else {
+                return;
+            };
+            for node in dead {
+                lock(&self.peers).remove(&node);
+                let lost = self.table.remove_node(node);
+                tracing::warn!(
+                    node,
+                    sessions = lost.len(),
+                    timeout_ms = timeout.as_millis() as u64,
+                    "node not heard from: declared dead; its sessions are gone"
+                );
+                self.reroute_pending(&env, node).await;
+                self.sessions_lost(&env, lost).await;
+            }
+        }
+    }
+}
+
+/// Publishes this node's session changes.
+struct Observer(Weak<Cluster>);
+
+impl TableObserver for Observer {
+    fn bound(&self, session: &SessionRef, bound_at: u64) {
+        if let Some(c) = self.0.upgrade() {
+            c.announce(
+                |seq| Frame::Bound {
+                    seq,
+                    session: session.clone(),
+                    bound_at,
+                },
+                true,
+            );
+        }
+    }
+
+    fn unbound(&self, session: &SessionRef) {
+        if let Some(c) = self.0.upgrade() {
+            c.announce(
+                |seq| Frame::Unbound {
+                    seq,
+                    session: session.clone(),
+                },
+                true,
+            );
+        }
+    }
+
+    fn presence(&self, session: &SessionRef, presence: Option<(i8, Arc<Element>)>) {
+        if let Some(c) = self.0.upgrade() {
+            c.announce(
+                |seq| Frame::Presence {
+                    seq,
+                    entry: EntryState {
+                        session: session.clone(),
+                        bound_at: 0,
+                        presence: presence.map(|(p, el)| (p, (*el).clone())),
+                    },
+                },
+                true,
+            );
+        }
+    }
+}

@@ -1,0 +1,519 @@
+//! Issue 11: several nodes on one NATS bus and one PostgreSQL database
+//! (docs/cluster.md). Each test starts its own `nats-server` (Debian's
+//! package) on a free loopback port and its own database on the test
+//! PostgreSQL server (`STARLING_TEST_PG_URL`, `scripts/pg-test.sh`).
+//!
+//! Without `nats-server` or `STARLING_TEST_PG_URL` the tests print
+//! `SKIPPED` and pass, unless `STARLING_REQUIRE_CLUSTER=1` (as in
+//! `scripts/test-all.sh`), where they fail.
+
+mod killable;
+
+use starling_core::storage::{RosterItem, Subscription};
+use starling_proto::sasl::Mechanism;
+use starling_proto::BareJid;
+use starling_server::Config;
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{free_port, ns, Client, TestDatabase, TestServer};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const HEARTBEAT_MS: u64 = 200;
+const NODE_TIMEOUT_MS: u64 = 1_000;
+
+fn required() -> bool {
+    std::env::var("STARLING_REQUIRE_CLUSTER").as_deref() == Ok("1")
+}
+
+fn nats_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            !required(),
+            "STARLING_REQUIRE_CLUSTER=1 but nats-server is not installed (apt-get install nats-server)"
+        );
+    }
+    found
+}
+
+fn pg_admin() -> Option<String> {
+    match std::env::var("STARLING_TEST_PG_URL") {
+        Ok(u) if !u.trim().is_empty() => Some(u),
+        _ => {
+            assert!(
+                !required(),
+                "STARLING_REQUIRE_CLUSTER=1 but STARLING_TEST_PG_URL is not set (scripts/pg-test.sh start)"
+            );
+            None
+        }
+    }
+}
+
+/// A `nats-server` on a free loopback port, stopped on drop.
+struct Nats {
+    child: Child,
+    port: u16,
+}
+
+impl Nats {
+    async fn start(bin: &PathBuf) -> Nats {
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        let nats = Nats { child, port };
+        nats.wait_up().await;
+        nats
+    }
+
+    async fn wait_up(&self) {
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("nats-server did not start");
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Everything a cluster test needs: a bus and a shared database.
+struct Env {
+    nats: Nats,
+    db: TestDatabase,
+    dir: PathBuf,
+}
+
+impl Env {
+    async fn start() -> Option<Env> {
+        let bin = nats_binary();
+        let admin = pg_admin();
+        let (Some(bin), Some(admin)) = (bin, admin) else {
+            eprintln!(
+                "SKIPPED: needs nats-server and STARLING_TEST_PG_URL (scripts/pg-test.sh start)"
+            );
+            return None;
+        };
+        let nats = Nats::start(&bin).await;
+        let dir = std::env::temp_dir().join(format!(
+            "starling-cluster-{}",
+            starling_proto::random_id(10)
+        ));
+        let db = TestDatabase::for_data_dir(&admin, &dir).await;
+        Some(Env { nats, db, dir })
+    }
+
+    fn configure(&self, cfg: &mut Config, node: u8) {
+        cfg.server.node_id = node;
+        cfg.storage.backend = "postgres".into();
+        cfg.storage.url = Some(self.db.url.clone());
+        cfg.cluster.nats_url = Some(self.nats.url());
+        cfg.cluster.name = "test".into();
+        cfg.cluster.heartbeat_ms = HEARTBEAT_MS;
+        cfg.cluster.node_timeout_ms = NODE_TIMEOUT_MS;
+    }
+
+    async fn node(&self, node: u8) -> TestServer {
+        TestServer::start_with(|cfg| self.configure(cfg, node)).await
+    }
+
+    /// The configuration file of a node run as a separate process.
+    fn binary_config(&self, node: u8, port: u16) -> PathBuf {
+        let dir = self.dir.join(format!("node{node}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("starling.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[server]\ndata_dir = {data:?}\nnode_id = {node}\n\n[[listen]]\naddress = \"127.0.0.1:{port}\"\ntls = \"starttls\"\n\n[http]\nlisten = []\n\n[storage]\nbackend = \"postgres\"\nurl = {url:?}\n\n[cluster]\nnats_url = {nats:?}\nname = \"test\"\nheartbeat_ms = {HEARTBEAT_MS}\nnode_timeout_ms = {NODE_TIMEOUT_MS}\n",
+                data = dir.join("data"),
+                url = self.db.url,
+                nats = self.nats.url(),
+            ),
+        )
+        .unwrap();
+        cfg
+    }
+
+    async fn stop(self) {
+        self.db.drop_database().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until `server` knows `n` nodes with `sessions` registry entries
+/// for node `node` (None: any).
+async fn wait_for(
+    server: &TestServer,
+    what: &str,
+    ok: impl Fn(&[starling_server::cluster::NodeStatus]) -> bool,
+) {
+    let c = server.server.cluster.as_ref().expect("a cluster node");
+    for _ in 0..200 {
+        if ok(&c.status()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", c.status());
+}
+
+fn knows_node(s: &[starling_server::cluster::NodeStatus], node: u8) -> bool {
+    s.iter().any(|n| n.node == node && !n.this_node)
+}
+
+fn entries_of(s: &[starling_server::cluster::NodeStatus], node: u8) -> u64 {
+    s.iter()
+        .find(|n| n.node == node && !n.this_node)
+        .map(|n| n.registry_entries)
+        .unwrap_or(0)
+}
+
+fn body(m: &Element) -> String {
+    m.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+fn bare(c: &Client) -> String {
+    c.jid.split('/').next().unwrap().to_owned()
+}
+
+/// Makes `a` and `b` subscribed to each other (subscription both), as if
+/// they had gone through RFC 6121 §3.
+async fn befriend(server: &TestServer, a: &str, b: &str) {
+    let roster = &server.server.env.storage.roster;
+    for (owner, contact) in [(a, b), (b, a)] {
+        let item = RosterItem {
+            jid: BareJid::new(&format!("{contact}@localhost")).unwrap(),
+            name: None,
+            subscription: Subscription::Both,
+            ask: false,
+            pending_in: false,
+            approved: false,
+            groups: Vec::new(),
+        };
+        roster
+            .put_item(&BareJid::new(&format!("{owner}@localhost")).unwrap(), &item)
+            .await
+            .unwrap();
+    }
+}
+
+/// Logs in on a node run as a separate process and sends initial presence.
+async fn login_at(port: u16, user: &str) -> Client {
+    let mut c = killable::connect(port, user, &format!("pw-{user}")).await;
+    c.send("<presence/>").await;
+    let echo = c.recv().await;
+    assert_eq!(echo.attr("from"), Some(c.jid.as_str()), "{echo}");
+    c
+}
+
+#[tokio::test]
+async fn cross_node_chat_presence_carbons_and_conflict() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    wait_for(&n2, "node 1", |s| knows_node(s, 1)).await;
+    for u in ["alice", "bob"] {
+        n1.create_user(u, &format!("pw-{u}")).await;
+    }
+    befriend(&n1, "alice", "bob").await;
+
+    // alice on node 1, bob on node 2.
+    let mut alice = n1.login("alice").await;
+    // RFC 6121 §4.2.2: bob's initial presence reaches alice across nodes,
+    // and alice's current presence is sent to bob (probe answered from the
+    // registry of node 2, which holds alice's entry from node 1).
+    let mut bob = n2.login("bob").await;
+    let p = alice
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(bob.jid.as_str()))
+        .await;
+    assert_eq!(p.attr("type"), None, "{p}");
+    let p = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(alice.jid.as_str()))
+        .await;
+    assert_eq!(p.attr("type"), None, "{p}");
+
+    // One-to-one chat both ways: to the bare JID and to the full JID.
+    alice
+        .send(&format!(
+            "<message to='{}' type='chat' id='m1'><body>hi bob</body></message>",
+            bare(&bob)
+        ))
+        .await;
+    let m = bob.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "hi bob");
+    assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
+    bob.send(&format!(
+        "<message to='{}' type='chat' id='m2'><body>hi alice</body></message>",
+        alice.jid
+    ))
+    .await;
+    let m = alice.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "hi alice");
+
+    // Presence change fans out across nodes.
+    bob.send("<presence><show>away</show></presence>").await;
+    let p = alice
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(bob.jid.as_str()))
+        .await;
+    assert_eq!(
+        p.get_child("show", ns::CLIENT).map(|s| s.text()).as_deref(),
+        Some("away")
+    );
+
+    // Carbons (XEP-0280) to alice's other resource on node 2.
+    let mut alice2 = n2.login("alice").await;
+    for c in [&mut alice, &mut alice2] {
+        let r = c
+            .iq(
+                "<iq type='set' id='c1'><enable xmlns='urn:xmpp:carbons:2'/></iq>",
+                "c1",
+            )
+            .await;
+        assert_eq!(r.attr("type"), Some("result"), "{r}");
+    }
+    alice
+        .send(&format!(
+            "<message to='{}' type='chat' id='m3'><body>carbon me</body></message>",
+            bob.jid
+        ))
+        .await;
+    let sent = alice2
+        .recv_until(|e| e.name() == "message" && e.has_child("sent", "urn:xmpp:carbons:2"))
+        .await;
+    assert!(sent.to_string().contains("carbon me"), "{sent}");
+    let m = bob
+        .recv_until(|e| e.name() == "message" && body(e) == "carbon me")
+        .await;
+    assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
+
+    // RFC 6120 §7.7.2.2 across nodes: binding alice's node-1 resource on
+    // node 2 closes the node-1 session with <conflict/>.
+    // (What alice still has queued: alice2's presence and the like.)
+    while alice
+        .next_event_within(Duration::from_millis(200))
+        .await
+        .is_some()
+    {}
+    let resource = alice.jid.split('/').nth(1).unwrap().to_owned();
+    let mut again = Client::connect(n2.starttls_addr()).await;
+    again.negotiate_tls().await;
+    again
+        .auth(Mechanism::ScramSha256, "alice", "pw-alice")
+        .await
+        .unwrap();
+    again.bind(Some(&resource)).await;
+    alice.expect_stream_error("conflict").await;
+    // Messages to that full JID now reach the node-2 session.
+    bob.send(&format!(
+        "<message to='{}' type='chat'><body>after conflict</body></message>",
+        again.jid
+    ))
+    .await;
+    let m = again
+        .recv_until(|e| e.name() == "message" && body(e) == "after conflict")
+        .await;
+    assert_eq!(m.attr("from"), Some(bob.jid.as_str()));
+
+    drop((bob, alice2, again));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    for u in ["carol", "dan"] {
+        n1.create_user(u, &format!("pw-{u}")).await;
+    }
+    befriend(&n1, "carol", "dan").await;
+    let mut carol = n1.login("carol").await;
+    let dan = n2.login("dan").await;
+    let dan_jid = dan.jid.clone();
+    wait_for(&n1, "dan's entry", |s| entries_of(s, 2) == 1).await;
+    carol
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(dan_jid.as_str()))
+        .await;
+
+    // Graceful stop: dan gets system-shutdown, carol sees him leave, and
+    // node 1 forgets node 2 at once (no timeout).
+    let stopping = tokio::spawn(n2.stop());
+    let p = carol
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(dan_jid.as_str()))
+        .await;
+    assert_eq!(p.attr("type"), Some("unavailable"), "{p}");
+    stopping.await.unwrap();
+    wait_for(&n1, "node 2 gone", |s| !knows_node(s, 2)).await;
+
+    // A message to dan is now stored offline and delivered when he comes
+    // back, on node 1.
+    carol
+        .send("<message to='dan@localhost' type='chat'><body>while you were away</body></message>")
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut dan = n1.login("dan").await;
+    let m = dan
+        .recv_until(|e| e.name() == "message" && body(e) == "while you were away")
+        .await;
+    assert_eq!(m.attr("from"), Some(carol.jid.as_str()));
+    drop(dan);
+    n1.stop().await;
+    env.stop().await;
+}
+
+/// kill -9 of a node: within the node timeout its sessions leave every
+/// registry and their contacts get unavailable presence; messages the dead
+/// node never acknowledged (it was frozen with SIGSTOP first, so it took
+/// none of them) and messages sent after its death go to offline storage.
+#[tokio::test]
+async fn a_killed_node_is_declared_dead_and_nothing_sent_to_it_is_lost() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    for u in ["erin", "frank"] {
+        n1.create_user(u, &format!("pw-{u}")).await;
+    }
+    befriend(&n1, "erin", "frank").await;
+    let port = free_port();
+    let cfg = env.binary_config(2, port);
+    let node2 = killable::KillOnDrop(killable::start_binary(&cfg, port).await);
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+
+    let mut erin = n1.login("erin").await;
+    let frank = login_at(port, "frank").await;
+    let frank_jid = frank.jid.clone();
+    erin.recv_until(|e| e.name() == "presence" && e.attr("from") == Some(frank_jid.as_str()))
+        .await;
+
+    // Freeze node 2: it reads nothing, acknowledges nothing.
+    let pid = node2.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for i in 0..3 {
+        erin.send(&format!(
+            "<message to='{frank_jid}' type='chat' id='f{i}'><body>in flight {i}</body></message>"
+        ))
+        .await;
+    }
+    // Then kill it.
+    drop(node2);
+    let started = std::time::Instant::now();
+    let p = erin
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(frank_jid.as_str()))
+        .await;
+    assert_eq!(p.attr("type"), Some("unavailable"), "{p}");
+    assert!(
+        started.elapsed() < Duration::from_millis(NODE_TIMEOUT_MS + 3 * HEARTBEAT_MS + 1_000),
+        "declared dead after {:?}",
+        started.elapsed()
+    );
+    wait_for(&n1, "node 2 forgotten", |s| !knows_node(s, 2)).await;
+    erin.send(
+        "<message to='frank@localhost' type='chat' id='f9'><body>after death</body></message>",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // frank comes back on node 1: everything is there, once, in order.
+    let mut frank = n1.login("frank").await;
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        let m = frank.recv_until(|e| e.name() == "message").await;
+        got.push(body(&m));
+    }
+    assert_eq!(
+        got,
+        ["in flight 0", "in flight 1", "in flight 2", "after death"]
+    );
+    frank.expect_silence(Duration::from_millis(300)).await;
+    drop(frank);
+    n1.stop().await;
+    env.stop().await;
+}
+
+/// XEP-0198 §5 across nodes: a detached session stays on the node it was
+/// detached on (docs/cluster.md says why). Resuming it on another node
+/// fails with `<item-not-found/>` and the client binds afresh; on its own
+/// node it still resumes.
+#[tokio::test]
+async fn resumption_on_another_node_is_refused_cleanly() {
+    const SM: &str = "urn:xmpp:sm:3";
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n2, "node 1", |s| knows_node(s, 1)).await;
+    let mut g = n1.login("gina").await;
+    g.send(&format!("<enable xmlns='{SM}' resume='1'/>")).await;
+    let enabled = g.recv_until(|e| !e.is("r", SM)).await;
+    assert!(enabled.is("enabled", SM), "{enabled}");
+    let previd = enabled.attr("id").unwrap().to_owned();
+    drop(g);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let authenticated = |addr| async move {
+        let mut c = Client::connect(addr).await;
+        c.negotiate_tls().await;
+        c.auth(Mechanism::ScramSha256, "gina", "pw-gina")
+            .await
+            .unwrap();
+        c
+    };
+    let mut elsewhere = authenticated(n2.starttls_addr()).await;
+    elsewhere
+        .send(&format!("<resume xmlns='{SM}' previd='{previd}' h='0'/>"))
+        .await;
+    let f = elsewhere.recv().await;
+    assert!(f.is("failed", SM), "{f}");
+    assert!(f.has_child("item-not-found", ns::STANZAS), "{f}");
+    assert!(elsewhere.bind(None).await.starts_with("gina@localhost/"));
+
+    let mut home = authenticated(n1.starttls_addr()).await;
+    home.send(&format!("<resume xmlns='{SM}' previd='{previd}' h='0'/>"))
+        .await;
+    let r = home.recv().await;
+    assert!(r.is("resumed", SM), "{r}");
+    drop((elsewhere, home));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
