@@ -63,7 +63,10 @@ struct Nats {
 
 impl Nats {
     async fn start(bin: &PathBuf) -> Nats {
-        let port = free_port();
+        Self::start_on(bin, free_port()).await
+    }
+
+    async fn start_on(bin: &PathBuf, port: u16) -> Nats {
         let child = Command::new(bin)
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
@@ -223,6 +226,39 @@ async fn befriend(server: &TestServer, a: &str, b: &str) {
     }
 }
 
+/// The bodies in `c`'s archive (XEP-0313), oldest first; `c` must have
+/// nothing else queued.
+async fn archived_bodies(c: &mut Client) -> Vec<String> {
+    const MAM: &str = "urn:xmpp:mam:2";
+    c.send(&format!(
+        "<iq type='set' id='mamq'><query xmlns='{MAM}' queryid='q'><set xmlns='http://jabber.org/protocol/rsm'><max>100</max></set></query></iq>"
+    ))
+    .await;
+    let mut bodies = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("mamq") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            return bodies;
+        }
+        if let Some(m) = el
+            .get_child("result", MAM)
+            .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
+            .and_then(|f| f.get_child("message", ns::CLIENT))
+        {
+            bodies.push(body(m));
+        }
+    }
+}
+
+async fn drain(c: &mut Client) {
+    while c
+        .next_event_within(Duration::from_millis(200))
+        .await
+        .is_some()
+    {}
+}
+
 /// Logs in on a node run as a separate process and sends initial presence.
 async fn login_at(port: u16, user: &str) -> Client {
     let mut c = killable::connect(port, user, &format!("pw-{user}")).await;
@@ -233,14 +269,16 @@ async fn login_at(port: u16, user: &str) -> Client {
 }
 
 #[tokio::test]
-async fn cross_node_chat_presence_carbons_and_conflict() {
+async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     let Some(env) = Env::start().await else {
         return;
     };
     let n1 = env.node(1).await;
     let n2 = env.node(2).await;
-    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
-    wait_for(&n2, "node 1", |s| knows_node(s, 1)).await;
+    let n3 = env.node(3).await;
+    for n in [&n1, &n2, &n3] {
+        wait_for(n, "the other nodes", |s| s.len() == 3).await;
+    }
     for u in ["alice", "bob"] {
         n1.create_user(u, &format!("pw-{u}")).await;
     }
@@ -289,8 +327,8 @@ async fn cross_node_chat_presence_carbons_and_conflict() {
         Some("away")
     );
 
-    // Carbons (XEP-0280) to alice's other resource on node 2.
-    let mut alice2 = n2.login("alice").await;
+    // Carbons (XEP-0280) to alice's other resource on node 3.
+    let mut alice2 = n3.login("alice").await;
     for c in [&mut alice, &mut alice2] {
         let r = c
             .iq(
@@ -315,14 +353,19 @@ async fn cross_node_chat_presence_carbons_and_conflict() {
         .await;
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
 
+    // One archive, whichever node answers (XEP-0313 on the shared
+    // database; archive writes are batched, so wait for them).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    drain(&mut alice).await;
+    drain(&mut alice2).await;
+    let on_node1 = archived_bodies(&mut alice).await;
+    let on_node3 = archived_bodies(&mut alice2).await;
+    assert_eq!(on_node1, ["hi bob", "hi alice", "carbon me"]);
+    assert_eq!(on_node1, on_node3);
+
     // RFC 6120 §7.7.2.2 across nodes: binding alice's node-1 resource on
     // node 2 closes the node-1 session with <conflict/>.
-    // (What alice still has queued: alice2's presence and the like.)
-    while alice
-        .next_event_within(Duration::from_millis(200))
-        .await
-        .is_some()
-    {}
+    drain(&mut alice).await;
     let resource = alice.jid.split('/').nth(1).unwrap().to_owned();
     let mut again = Client::connect(n2.starttls_addr()).await;
     again.negotiate_tls().await;
@@ -344,6 +387,7 @@ async fn cross_node_chat_presence_carbons_and_conflict() {
     assert_eq!(m.attr("from"), Some(bob.jid.as_str()));
 
     drop((bob, alice2, again));
+    n3.stop().await;
     n2.stop().await;
     n1.stop().await;
     env.stop().await;
@@ -513,6 +557,57 @@ async fn resumption_on_another_node_is_refused_cleanly() {
     let r = home.recv().await;
     assert!(r.is("resumed", SM), "{r}");
     drop((elsewhere, home));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
+
+/// The NATS server restarts: nodes reconnect by themselves, a message sent
+/// while the bus was down arrives once, and chat goes on both ways.
+#[tokio::test]
+async fn nats_restart_loses_nothing_acknowledged() {
+    let Some(mut env) = Env::start().await else {
+        return;
+    };
+    // Long enough that the outage does not make the nodes declare each
+    // other dead.
+    let configure = |cfg: &mut Config, node| {
+        env.configure(cfg, node);
+        cfg.cluster.node_timeout_ms = 10_000;
+    };
+    let n1 = TestServer::start_with(|c| configure(c, 1)).await;
+    let n2 = TestServer::start_with(|c| configure(c, 2)).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let mut hank = n1.login("hank").await;
+    let mut ivy = n2.login("ivy").await;
+    wait_for(&n1, "ivy's entry", |s| entries_of(s, 2) == 1).await;
+
+    // Stop the bus; send while it is down; start it again on its port.
+    let port = env.nats.port;
+    let bin = nats_binary().unwrap();
+    let _ = env.nats.child.kill();
+    let _ = env.nats.child.wait();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    hank.send(&format!(
+        "<message to='{}' type='chat'><body>sent while the bus was down</body></message>",
+        ivy.jid
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.nats = Nats::start_on(&bin, port).await;
+
+    let m = ivy.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "sent while the bus was down");
+    ivy.send(&format!(
+        "<message to='{}' type='chat'><body>back</body></message>",
+        hank.jid
+    ))
+    .await;
+    let m = hank.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "back");
+    // Exactly once, though it may have been sent twice.
+    ivy.expect_silence(Duration::from_millis(1_500)).await;
+    drop((hank, ivy));
     n2.stop().await;
     n1.stop().await;
     env.stop().await;

@@ -105,10 +105,45 @@ impl Peer {
     }
 }
 
-/// A message stanza sent to another node, kept until it is acknowledged.
+/// A message stanza sent to another node, kept until it is acknowledged
+/// (and sent again every retransmission interval until then).
 struct Pending {
-    node: u8,
+    to: SessionRef,
     stanza: Stanza,
+    sent_at: Instant,
+}
+
+/// Which deliveries of one sender (one incarnation of a node) this node
+/// has taken, so a retransmitted one is acknowledged again but delivered
+/// once. Ids are numbered per destination node, so they arrive here in
+/// order except where the bus lost some.
+#[derive(Default)]
+struct Taken {
+    /// The highest id taken.
+    max: u64,
+    /// Ids below `max` never received (lost on the bus): a
+    /// retransmission of one of them is new.
+    missing: std::collections::BTreeSet<u64>,
+}
+
+/// At most this many lost ids are remembered per sender.
+const MAX_MISSING: usize = 100_000;
+
+impl Taken {
+    /// True if delivery `id` is new (and now taken).
+    fn take(&mut self, id: u64) -> bool {
+        if id > self.max {
+            let from = (self.max + 1).max(id.saturating_sub(MAX_MISSING as u64));
+            self.missing.extend(from..id);
+            while self.missing.len() > MAX_MISSING {
+                self.missing.pop_first();
+            }
+            self.max = id;
+            true
+        } else {
+            self.missing.remove(&id)
+        }
+    }
 }
 
 /// One node as `starling cluster status` shows it.
@@ -160,8 +195,12 @@ pub struct Cluster {
     seq: Mutex<u64>,
     out: mpsc::UnboundedSender<Out>,
     out_rx: Mutex<Option<mpsc::UnboundedReceiver<Out>>>,
-    next_id: AtomicU64,
-    pending: Mutex<HashMap<u64, Pending>>,
+    /// The last delivery id used, per destination node.
+    next_id: Mutex<HashMap<u8, u64>>,
+    /// Kept messages by (destination node, id).
+    pending: Mutex<BTreeMap<(u8, u64), Pending>>,
+    /// Deliveries taken, per sending (node, incarnation).
+    taken: Mutex<HashMap<(u8, u64), Taken>>,
     peers: Mutex<BTreeMap<u8, Peer>>,
     /// Bus traffic.
     pub counters: BusCounters,
@@ -232,8 +271,9 @@ impl Cluster {
             seq: Mutex::new(0),
             out,
             out_rx: Mutex::new(Some(out_rx)),
-            next_id: AtomicU64::new(1),
-            pending: Mutex::new(HashMap::new()),
+            next_id: Mutex::new(HashMap::new()),
+            pending: Mutex::new(BTreeMap::new()),
+            taken: Mutex::new(HashMap::new()),
             peers: Mutex::new(BTreeMap::new()),
             counters: BusCounters::default(),
         }))
@@ -307,33 +347,66 @@ impl Cluster {
     /// Sends a stanza to a session of another node (the router found it
     /// there). A message is kept until that node acknowledges it.
     pub fn deliver(&self, to: &SessionRef, stanza: Stanza) {
-        let id = if stanza.kind() == StanzaKind::Message {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let frame = Frame::Deliver {
-                id,
-                to: to.clone(),
-                stanza: stanza.element().clone(),
-            };
-            lock(&self.pending).insert(
-                id,
-                Pending {
-                    node: to.node,
-                    stanza,
+        if stanza.kind() != StanzaKind::Message {
+            // Presence and iq: as on one node, not kept (an iq's sender
+            // times out; presence is state, sent again on change).
+            return self.send(
+                Dest::Node(to.node),
+                &Frame::Deliver {
+                    id: 0,
+                    to: to.clone(),
+                    stanza: stanza.into_element(),
                 },
             );
-            self.send(Dest::Node(to.node), &frame);
-            return;
-        } else {
-            0
+        }
+        // Numbered and queued under the pending lock: ids leave in order.
+        let mut pending = lock(&self.pending);
+        let id = {
+            let mut ids = lock(&self.next_id);
+            let n = ids.entry(to.node).or_insert(0);
+            *n += 1;
+            *n
         };
         self.send(
             Dest::Node(to.node),
             &Frame::Deliver {
                 id,
                 to: to.clone(),
-                stanza: stanza.into_element(),
+                stanza: stanza.element().clone(),
             },
         );
+        pending.insert(
+            (to.node, id),
+            Pending {
+                to: to.clone(),
+                stanza,
+                sent_at: Instant::now(),
+            },
+        );
+    }
+
+    /// Sends again the kept messages older than `after` to nodes still
+    /// alive (their delivery or its acknowledgement was lost on the bus).
+    fn retransmit(&self, after: Duration) -> usize {
+        let alive: Vec<u8> = lock(&self.peers).keys().copied().collect();
+        let mut pending = lock(&self.pending);
+        let mut n = 0;
+        for ((node, id), p) in pending.iter_mut() {
+            if p.sent_at.elapsed() < after || !alive.contains(node) {
+                continue;
+            }
+            p.sent_at = Instant::now();
+            self.send(
+                Dest::Node(*node),
+                &Frame::Deliver {
+                    id: *id,
+                    to: p.to.clone(),
+                    stanza: p.stanza.element().clone(),
+                },
+            );
+            n += 1;
+        }
+        n
     }
 
     /// A server-made stanza for exactly one session of another node
@@ -542,7 +615,14 @@ impl Cluster {
                 }
                 Frame::SyncRequest => self.send_snapshot(h.node),
                 Frame::Deliver { id, to, stanza } => {
-                    self.on_deliver(env, to, stanza).await;
+                    let new = id == 0
+                        || lock(&self.taken)
+                            .entry((h.node, h.incarnation))
+                            .or_default()
+                            .take(id);
+                    if new {
+                        self.on_deliver(env, to, stanza).await;
+                    }
                     if id != 0 {
                         acks.push(id);
                     }
@@ -550,7 +630,7 @@ impl Cluster {
                 Frame::Ack { ids } => {
                     let mut p = lock(&self.pending);
                     for id in ids {
-                        p.remove(&id);
+                        p.remove(&(h.node, id));
                     }
                 }
                 Frame::Notify { to, module, token } => {
@@ -786,17 +866,16 @@ impl Cluster {
 
     /// Routes again the messages kept for `node` (it died or left).
     async fn reroute_pending(&self, env: &Env, node: u8) {
+        lock(&self.taken).retain(|(n, _), _| *n != node);
         let kept: Vec<Stanza> = {
             let mut p = lock(&self.pending);
-            let mut ids: Vec<u64> = p
-                .iter()
-                .filter(|(_, v)| v.node == node)
+            // In the order they were sent (the map is ordered by id).
+            let ids: Vec<(u8, u64)> = p
+                .range((node, 0)..=(node, u64::MAX))
                 .map(|(k, _)| *k)
                 .collect();
-            // In the order they were sent.
-            ids.sort_unstable();
             ids.into_iter()
-                .filter_map(|id| p.remove(&id))
+                .filter_map(|k| p.remove(&k))
                 .map(|v| v.stanza)
                 .collect()
         };
@@ -830,6 +909,7 @@ impl Cluster {
     async fn heartbeat(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let every = Duration::from_millis(self.cfg.heartbeat_ms.max(1));
         let timeout = Duration::from_millis(self.cfg.node_timeout_ms);
+        let retransmit_after = (2 * every).max(Duration::from_millis(500));
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -838,6 +918,13 @@ impl Cluster {
                 _ = shutdown.changed() => return,
             }
             self.heartbeat_now();
+            let resent = self.retransmit(retransmit_after);
+            if resent > 0 {
+                tracing::debug!(
+                    messages = resent,
+                    "unacknowledged cross-node messages sent again"
+                );
+            }
             let dead: Vec<u8> = lock(&self.peers)
                 .iter()
                 .filter(|(_, p)| p.last_seen.elapsed() > timeout)
@@ -908,5 +995,29 @@ impl TableObserver for Observer {
                 true,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Taken;
+
+    #[test]
+    fn a_retransmitted_delivery_is_taken_once_and_a_lost_one_when_it_comes() {
+        let mut t = Taken::default();
+        assert!(t.take(1));
+        assert!(t.take(2));
+        assert!(!t.take(2), "a retransmission of a taken delivery");
+        // 3 and 4 were lost on the bus.
+        assert!(t.take(5));
+        assert!(!t.take(5));
+        assert!(t.take(4), "a lost one, sent again");
+        assert!(!t.take(4));
+        assert!(t.take(3));
+        assert!(!t.take(1));
+        assert!(t.missing.is_empty());
+        // A huge gap keeps only the newest MAX_MISSING ids.
+        assert!(t.take(10 * super::MAX_MISSING as u64));
+        assert_eq!(t.missing.len(), super::MAX_MISSING);
     }
 }
