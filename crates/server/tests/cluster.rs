@@ -316,6 +316,9 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     .await;
     let m = alice.recv_until(|e| e.name() == "message").await;
     assert_eq!(body(&m), "hi alice");
+    // Node 1 sent one message across and got its acknowledgement.
+    let metrics = n1.server.env.metrics.encode();
+    assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
 
     // Presence change fans out across nodes.
     bob.send("<presence><show>away</show></presence>").await;
@@ -413,6 +416,43 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
         .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(dan_jid.as_str()))
         .await;
 
+    // `starling cluster status` hears both nodes on the bus. (The nodes
+    // run on this test's runtime: wait for the command off it.)
+    let cfg = env.binary_config(9, free_port());
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || killable::bin().args(args).output().unwrap())
+    };
+    let with_cfg = |extra: &[&str]| {
+        let mut a = vec!["--config".to_owned(), cfg.display().to_string()];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let out = run(with_cfg(&["cluster", "status", "--json"]))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary: Vec<(u64, u64)> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["node"].as_u64().unwrap(), n["sessions"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(summary, [(1, 1), (2, 1)], "{nodes}");
+    let human = run(with_cfg(&["cluster", "status"])).await.unwrap();
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("2 node(s)"), "{text}");
+    // Without a cluster it says what to configure, and fails.
+    let none = killable::bin()
+        .args(["cluster", "status"])
+        .output()
+        .unwrap();
+    assert!(!none.status.success());
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("[cluster] nats_url"),
+        "{none:?}"
+    );
+
     // Graceful stop: dan gets system-shutdown, carol sees him leave, and
     // node 1 forgets node 2 at once (no timeout).
     let stopping = tokio::spawn(n2.stop());
@@ -508,6 +548,9 @@ async fn a_killed_node_is_declared_dead_and_nothing_sent_to_it_is_lost() {
         ["in flight 0", "in flight 1", "in flight 2", "after death"]
     );
     frank.expect_silence(Duration::from_millis(300)).await;
+    // The bus metrics say so too.
+    let metrics = n1.server.env.metrics.encode();
+    assert!(metrics.contains("cluster_rerouted_total 3"), "{metrics}");
     drop(frank);
     n1.stop().await;
     env.stop().await;

@@ -46,12 +46,13 @@ use crate::routing::sessions::{SessionTable, TableObserver};
 use bytes::Bytes;
 use frame::{CloseWhy, EntryState, Frame, Header, Writer};
 use futures_util::StreamExt as _;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use starling_core::hooks::TimerKey;
 use starling_core::{run_chain, CloseReason, Env, SessionMsg, SessionRef, SessionSendError};
 use starling_proto::{BareJid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
 use starling_xml::Element;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -111,6 +112,7 @@ struct Pending {
     to: SessionRef,
     stanza: Stanza,
     sent_at: Instant,
+    first_sent: Instant,
 }
 
 /// Which deliveries of one sender (one incarnation of a node) this node
@@ -161,23 +163,119 @@ pub struct NodeStatus {
     pub last_heartbeat_ms_ago: u64,
 }
 
-/// Bus traffic counters (Prometheus: `starling_cluster_*`).
-#[derive(Default)]
+/// Bus traffic, registered in the metrics registry as `cluster_*`.
 pub struct BusCounters {
-    /// NATS messages published.
-    pub messages_out: AtomicU64,
+    /// NATS messages (batches) published.
+    pub messages_out: Counter,
     /// Frames published.
-    pub frames_out: AtomicU64,
+    pub frames_out: Counter,
     /// Bytes published.
-    pub bytes_out: AtomicU64,
+    pub bytes_out: Counter,
     /// NATS messages received.
-    pub messages_in: AtomicU64,
+    pub messages_in: Counter,
     /// Frames received.
-    pub frames_in: AtomicU64,
+    pub frames_in: Counter,
     /// Bytes received.
-    pub bytes_in: AtomicU64,
+    pub bytes_in: Counter,
     /// Messages that could not be read.
-    pub bad_messages: AtomicU64,
+    pub bad_messages: Counter,
+    /// Frames per published message.
+    pub batch_frames: Histogram,
+    /// Seconds from sending a message to another node to its
+    /// acknowledgement (the cross-node hop, both ways).
+    pub ack_seconds: Histogram,
+    /// Messages sent again for want of an acknowledgement.
+    pub retransmitted: Counter,
+    /// Messages kept for a node declared dead or gone, routed again here.
+    pub rerouted: Counter,
+}
+
+impl BusCounters {
+    fn new() -> BusCounters {
+        BusCounters {
+            messages_out: Counter::default(),
+            frames_out: Counter::default(),
+            bytes_out: Counter::default(),
+            messages_in: Counter::default(),
+            frames_in: Counter::default(),
+            bytes_in: Counter::default(),
+            bad_messages: Counter::default(),
+            batch_frames: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            ack_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            retransmitted: Counter::default(),
+            rerouted: Counter::default(),
+        }
+    }
+
+    fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        let c = |r: &mut prometheus_client::registry::Registry, n: &str, h: &str, m: &Counter| {
+            r.register(n, h, m.clone())
+        };
+        c(
+            r,
+            "cluster_messages_out",
+            "NATS messages (batches of frames) published",
+            &self.messages_out,
+        );
+        c(
+            r,
+            "cluster_frames_out",
+            "Cluster bus frames published",
+            &self.frames_out,
+        );
+        c(
+            r,
+            "cluster_bytes_out",
+            "Cluster bus bytes published",
+            &self.bytes_out,
+        );
+        c(
+            r,
+            "cluster_messages_in",
+            "NATS messages received",
+            &self.messages_in,
+        );
+        c(
+            r,
+            "cluster_frames_in",
+            "Cluster bus frames received",
+            &self.frames_in,
+        );
+        c(
+            r,
+            "cluster_bytes_in",
+            "Cluster bus bytes received",
+            &self.bytes_in,
+        );
+        c(
+            r,
+            "cluster_bad_messages",
+            "Unreadable cluster bus messages dropped",
+            &self.bad_messages,
+        );
+        c(
+            r,
+            "cluster_retransmitted",
+            "Cross-node messages sent again for want of an acknowledgement",
+            &self.retransmitted,
+        );
+        c(
+            r,
+            "cluster_rerouted",
+            "Cross-node messages routed again after their node died or left",
+            &self.rerouted,
+        );
+        r.register(
+            "cluster_batch_frames",
+            "Frames per published NATS message",
+            self.batch_frames.clone(),
+        );
+        r.register(
+            "cluster_ack_seconds",
+            "Cross-node message to its acknowledgement",
+            self.ack_seconds.clone(),
+        );
+    }
 }
 
 /// This node's side of the cluster bus.
@@ -275,7 +373,7 @@ impl Cluster {
             pending: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(HashMap::new()),
             peers: Mutex::new(BTreeMap::new()),
-            counters: BusCounters::default(),
+            counters: BusCounters::new(),
         }))
     }
 
@@ -287,6 +385,7 @@ impl Cluster {
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Vec<tokio::task::JoinHandle<()>>, ClusterError> {
         let _ = self.env.set(Arc::downgrade(env));
+        env.metrics.with_registry(|r| self.counters.register(r));
         let all = self.client.subscribe(self.all_subject.clone()).await?;
         let mine = self
             .client
@@ -381,6 +480,7 @@ impl Cluster {
                 to: to.clone(),
                 stanza,
                 sent_at: Instant::now(),
+                first_sent: Instant::now(),
             },
         );
     }
@@ -406,6 +506,7 @@ impl Cluster {
             );
             n += 1;
         }
+        self.counters.retransmitted.inc_by(n as u64);
         n
     }
 
@@ -554,13 +655,10 @@ impl Cluster {
             None => self.all_subject.clone(),
             Some(n) => format!("{}{n}", self.node_prefix),
         };
-        self.counters.messages_out.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .frames_out
-            .fetch_add(frames, Ordering::Relaxed);
-        self.counters
-            .bytes_out
-            .fetch_add(msg.len() as u64, Ordering::Relaxed);
+        self.counters.messages_out.inc();
+        self.counters.frames_out.inc_by(frames);
+        self.counters.bytes_out.inc_by(msg.len() as u64);
+        self.counters.batch_frames.observe(frames as f64);
         if let Err(e) = self.client.publish(subject, Bytes::from(msg)).await {
             // The client queues while reconnecting; this is a closed client
             // or an oversized message. Kept messages are re-routed if the
@@ -571,14 +669,12 @@ impl Cluster {
 
     async fn receiver(self: Arc<Self>, mut sub: async_nats::Subscriber) {
         while let Some(msg) = sub.next().await {
-            self.counters.messages_in.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .bytes_in
-                .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
+            self.counters.messages_in.inc();
+            self.counters.bytes_in.inc_by(msg.payload.len() as u64);
             let (header, frames) = match frame::decode(&msg.payload) {
                 Ok(x) => x,
                 Err(e) => {
-                    self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                    self.counters.bad_messages.inc();
                     tracing::warn!(subject = %msg.subject, error = %e, "unreadable cluster bus message dropped");
                     continue;
                 }
@@ -589,9 +685,7 @@ impl Cluster {
                 }
                 continue;
             }
-            self.counters
-                .frames_in
-                .fetch_add(frames.len() as u64, Ordering::Relaxed);
+            self.counters.frames_in.inc_by(frames.len() as u64);
             let Some(env) = self.env.get().and_then(Weak::upgrade) else {
                 return;
             };
@@ -630,7 +724,11 @@ impl Cluster {
                 Frame::Ack { ids } => {
                     let mut p = lock(&self.pending);
                     for id in ids {
-                        p.remove(&(h.node, id));
+                        if let Some(k) = p.remove(&(h.node, id)) {
+                            self.counters
+                                .ack_seconds
+                                .observe(k.first_sent.elapsed().as_secs_f64());
+                        }
                     }
                 }
                 Frame::Notify { to, module, token } => {
@@ -880,6 +978,7 @@ impl Cluster {
                 .collect()
         };
         if !kept.is_empty() {
+            self.counters.rerouted.inc_by(kept.len() as u64);
             tracing::info!(
                 node,
                 messages = kept.len(),
@@ -950,6 +1049,71 @@ impl Cluster {
             }
         }
     }
+}
+
+/// A node as its heartbeats describe it (`starling cluster status`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ObservedNode {
+    /// Its `node_id`.
+    pub node: u8,
+    /// Sessions bound on it.
+    pub sessions: u32,
+    /// Its registry events so far.
+    pub registry_events: u64,
+    /// Its process incarnation (changes when it restarts).
+    pub incarnation: String,
+    /// Milliseconds since its last heartbeat, when the listening ended.
+    pub last_heartbeat_ms_ago: u64,
+}
+
+/// Listens to the bus of the cluster `cfg` describes for `listen_for` and
+/// reports every node heard (sorted by id). Sends nothing.
+pub async fn observe(
+    cfg: &ClusterSection,
+    listen_for: Duration,
+) -> Result<Vec<ObservedNode>, ClusterError> {
+    let url = cfg.nats_url.clone().unwrap_or_default();
+    let client = async_nats::ConnectOptions::new()
+        .name("starling-cluster-status")
+        .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
+        .connect(url.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+        .await
+        .map_err(|source| ClusterError::Connect {
+            url: url.clone(),
+            source,
+        })?;
+    let mut sub = client.subscribe(format!("{}.all", cfg.name)).await?;
+    let mut seen: BTreeMap<u8, (ObservedNode, Instant)> = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + listen_for;
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await {
+        let Ok((h, frames)) = frame::decode(&msg.payload) else {
+            continue;
+        };
+        for f in frames {
+            if let Frame::Heartbeat { seq, sessions } = f {
+                seen.insert(
+                    h.node,
+                    (
+                        ObservedNode {
+                            node: h.node,
+                            sessions,
+                            registry_events: seq,
+                            incarnation: format!("{:016x}", h.incarnation),
+                            last_heartbeat_ms_ago: 0,
+                        },
+                        Instant::now(),
+                    ),
+                );
+            }
+        }
+    }
+    Ok(seen
+        .into_values()
+        .map(|(mut n, at)| {
+            n.last_heartbeat_ms_ago = at.elapsed().as_millis() as u64;
+            n
+        })
+        .collect())
 }
 
 /// Publishes this node's session changes.
