@@ -33,9 +33,8 @@
 //! `<message to=…>` as on a TCP stream) are in `jabber:client`, as
 //! XEP-0206 requires, without rewriting them.
 
-use crate::client::{connect_transport, SetupError, Target, Transport};
+use crate::client::{connect_transport, SetupError, Target, Transport, Via};
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -91,7 +90,7 @@ impl Drop for BoshIo {
 impl BoshIo {
     /// Connects both lanes to `target` and starts the driver. Nothing is
     /// sent before [`BoshIo::open`].
-    pub async fn connect(target: &Target, source: Option<IpAddr>) -> Result<BoshIo, SetupError> {
+    pub async fn connect(target: &Target, source: Via) -> Result<BoshIo, SetupError> {
         // Both lanes at once: a browser keeps its second connection alive
         // too, so the server's memory per session includes it.
         let a = connect_transport(target, source).await?;
@@ -143,7 +142,7 @@ impl BoshIo {
 /// What a lane needs to connect again.
 struct ReconnectTarget {
     target: Target,
-    source: Option<IpAddr>,
+    source: Via,
 }
 
 impl ReconnectTarget {

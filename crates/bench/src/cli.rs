@@ -80,6 +80,13 @@ pub struct ConnArgs {
     /// Server port.
     #[arg(long, default_value_t = 5222)]
     pub port: u16,
+    /// More server ports on the same host, e.g. the other nodes of a
+    /// cluster: user n connects to the (n mod (1 + count))-th of --port and
+    /// these, so with random partners that share of messages crosses
+    /// nodes (half with one extra port). Memory and CPU are read for the
+    /// --port (or --server-pid) process only.
+    #[arg(long, value_delimiter = ',', value_name = "PORT,…")]
+    pub extra_ports: Vec<u16>,
     /// XMPP domain.
     #[arg(long, default_value = "localhost")]
     pub domain: String,
@@ -430,6 +437,25 @@ mod tests {
         assert_eq!(a.conn.mechanism, Mech::ScramSha1);
         assert_eq!(a.conn.source_list(60_000).len(), 3);
         assert!(a.conn.source_list(1000).is_empty());
+    }
+
+    #[test]
+    fn extra_ports_spread_users_over_nodes() {
+        let cli = Cli::parse_from([
+            "starling-bench",
+            "o2o",
+            "--port",
+            "7000",
+            "--extra-ports",
+            "7001,7002",
+        ]);
+        let Command::O2o(a) = cli.command else {
+            panic!()
+        };
+        let t = crate::engine::target_of(&a).unwrap();
+        let ports: Vec<u16> = (0..6).map(|n| t.source_for(n).addr.port()).collect();
+        assert_eq!(ports, [7000, 7001, 7002, 7000, 7001, 7002]);
+        assert!(t.source_for(4).source.is_none());
     }
 
     #[test]

@@ -166,6 +166,9 @@ pub struct Target {
     pub mech: Mech,
     /// Local source addresses, used round-robin by connection index.
     pub sources: Vec<IpAddr>,
+    /// More server ports (other nodes of a cluster): connection `i` goes
+    /// to port `[addr's, extra_ports…][i % (1 + extra)]`.
+    pub extra_ports: Vec<u16>,
     /// Timeout of each setup step.
     pub step_timeout: Duration,
     /// TLS client configuration (accepts any certificate).
@@ -182,14 +185,29 @@ pub struct Target {
     pub fast: bool,
 }
 
+/// Where one connection comes from and goes to.
+#[derive(Clone, Copy, Debug)]
+pub struct Via {
+    /// The local source address (None: the kernel's choice).
+    pub source: Option<IpAddr>,
+    /// The server address.
+    pub addr: SocketAddr,
+}
+
 impl Target {
-    /// The source address for connection number `i`.
-    pub fn source_for(&self, i: u64) -> Option<IpAddr> {
-        if self.sources.is_empty() {
+    /// The source and server addresses of connection number `i`.
+    pub fn source_for(&self, i: u64) -> Via {
+        let source = if self.sources.is_empty() {
             None
         } else {
             Some(self.sources[(i % self.sources.len() as u64) as usize])
-        }
+        };
+        let k = 1 + self.extra_ports.len() as u64;
+        let addr = match (i % k) as usize {
+            0 => self.addr,
+            j => SocketAddr::new(self.addr.ip(), self.extra_ports[j - 1]),
+        };
+        Via { source, addr }
     }
 }
 
@@ -800,17 +818,17 @@ async fn features(conn: &mut Conn, target: &Target) -> Result<Element, SetupErro
     Ok(f)
 }
 
-async fn tcp_connect(target: &Target, source: Option<IpAddr>) -> Result<TcpStream, SetupError> {
+async fn tcp_connect(target: &Target, source: Via) -> Result<TcpStream, SetupError> {
     let f = async {
-        let sock = if target.addr.is_ipv4() {
+        let sock = if source.addr.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
             TcpSocket::new_v6()?
         };
-        if let Some(ip) = source {
+        if let Some(ip) = source.source {
             sock.bind(SocketAddr::new(ip, 0))?;
         }
-        let s = sock.connect(target.addr).await?;
+        let s = sock.connect(source.addr).await?;
         s.set_nodelay(true)?;
         Ok(s)
     };
@@ -828,10 +846,7 @@ async fn tls_upgrade(target: &Target, tcp: TcpStream) -> Result<Transport, Setup
 }
 
 /// A TCP connection, with TLS from the first byte for `--tls direct`.
-pub async fn connect_transport(
-    target: &Target,
-    source: Option<IpAddr>,
-) -> Result<Transport, SetupError> {
+pub async fn connect_transport(target: &Target, source: Via) -> Result<Transport, SetupError> {
     let tcp = tcp_connect(target, source).await?;
     if target.tls == TlsMode::Direct {
         tls_upgrade(target, tcp).await
@@ -842,10 +857,7 @@ pub async fn connect_transport(
 
 /// Connects and negotiates up to (but not including) SASL; returns the
 /// connection and the features offered for authentication.
-pub async fn connect_stream(
-    target: &Target,
-    source: Option<IpAddr>,
-) -> Result<(Conn, Element), SetupError> {
+pub async fn connect_stream(target: &Target, source: Via) -> Result<(Conn, Element), SetupError> {
     if target.carrier == Carrier::Bosh {
         if target.tls == TlsMode::Starttls {
             return fail(
@@ -1072,7 +1084,7 @@ async fn authenticate(
 /// §6.4.6); returns the connection with the post-authentication features.
 async fn authenticated_stream(
     target: &Target,
-    source: Option<IpAddr>,
+    source: Via,
     user: &str,
     password: &str,
 ) -> Result<(Conn, Element), SetupError> {
@@ -1090,7 +1102,7 @@ async fn authenticated_stream(
 /// Returns the established connection.
 pub async fn establish(
     target: &Target,
-    source: Option<IpAddr>,
+    source: Via,
     user: &str,
     password: &str,
     resource: &str,
@@ -1181,7 +1193,7 @@ async fn enable_sm(conn: &mut Conn, t: Duration) -> Result<(), SetupError> {
 /// on the connection.
 pub async fn resume(
     target: &Target,
-    source: Option<IpAddr>,
+    source: Via,
     user: &str,
     password: &str,
     previd: &str,
@@ -1221,7 +1233,7 @@ pub async fn resume(
 /// returns the connection and the features after the `<success/>`.
 async fn sasl2_with_token(
     target: &Target,
-    source: Option<IpAddr>,
+    source: Via,
     user: &str,
     password: &str,
 ) -> Result<(Conn, Element), SetupError> {
@@ -1259,7 +1271,7 @@ async fn sasl2_with_token(
 /// `<success/>`, no stream restart and no separate round trip.
 async fn resume_inline(
     target: &Target,
-    source: Option<IpAddr>,
+    source: Via,
     user: &str,
     password: &str,
     previd: &str,
@@ -1377,7 +1389,7 @@ pub(crate) fn xml_escape(s: &str) -> String {
 /// Registers `user` with XEP-0077 in-band registration.
 pub async fn register(
     target: &Target,
-    source: Option<IpAddr>,
+    source: Via,
     user: &str,
     password: &str,
 ) -> Result<Registered, SetupError> {

@@ -201,6 +201,7 @@ pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
         carrier: args.conn.transport,
         mech: args.conn.mechanism,
         sources: args.conn.source_list(args.conn.users),
+        extra_ports: args.conn.extra_ports.clone(),
         step_timeout: Duration::from_secs_f64(args.conn.step_timeout),
         tls_connector: client::tls_connector()?,
         bosh_wait: args.conn.bosh_wait,

@@ -102,6 +102,7 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         carrier: c.transport,
         mech: c.mechanism,
         sources: c.source_list(c.users),
+        extra_ports: c.extra_ports.clone(),
         step_timeout: Duration::from_secs_f64(c.step_timeout),
         tls_connector: client::tls_connector()?,
         bosh_wait: c.bosh_wait,

@@ -109,8 +109,9 @@ impl Peer {
 /// A message stanza sent to another node, kept until it is acknowledged
 /// (and sent again every retransmission interval until then).
 struct Pending {
-    to: SessionRef,
-    stanza: Stanza,
+    /// The `Deliver` frame as sent (sent again as is; decoded only if the
+    /// message must be routed again here).
+    frame: Vec<u8>,
     sent_at: Instant,
     first_sent: Instant,
 }
@@ -127,6 +128,9 @@ struct Taken {
     /// retransmission of one of them is new.
     missing: std::collections::BTreeSet<u64>,
 }
+
+/// How long acknowledgements are gathered before they are sent.
+const ACK_DELAY: Duration = Duration::from_millis(2);
 
 /// At most this many lost ids are remembered per sender.
 const MAX_MISSING: usize = 100_000;
@@ -299,6 +303,11 @@ pub struct Cluster {
     pending: Mutex<BTreeMap<(u8, u64), Pending>>,
     /// Deliveries taken, per sending (node, incarnation).
     taken: Mutex<HashMap<(u8, u64), Taken>>,
+    /// Acknowledgements to send, by node: gathered for up to
+    /// [`ACK_DELAY`] so that one frame carries many (acks are not on a
+    /// message's way to its recipient, only the sender's bookkeeping).
+    acks: Mutex<BTreeMap<u8, Vec<u64>>>,
+    acks_queued: tokio::sync::Notify,
     peers: Mutex<BTreeMap<u8, Peer>>,
     /// Bus traffic.
     pub counters: BusCounters,
@@ -372,6 +381,8 @@ impl Cluster {
             next_id: Mutex::new(HashMap::new()),
             pending: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(HashMap::new()),
+            acks: Mutex::new(BTreeMap::new()),
+            acks_queued: tokio::sync::Notify::new(),
             peers: Mutex::new(BTreeMap::new()),
             counters: BusCounters::new(),
         }))
@@ -399,6 +410,7 @@ impl Cluster {
             tasks.push(tokio::spawn(self.clone().receiver(sub)));
         }
         tasks.push(tokio::spawn(self.clone().heartbeat(shutdown)));
+        tasks.push(tokio::spawn(self.clone().ack_sender()));
         // Sessions bound from now on are announced.
         self.table
             .set_observer(Arc::new(Observer(Arc::downgrade(self))) as Arc<dyn TableObserver>);
@@ -466,21 +478,17 @@ impl Cluster {
             *n += 1;
             *n
         };
-        self.send(
-            Dest::Node(to.node),
-            &Frame::Deliver {
-                id,
-                to: to.clone(),
-                stanza: stanza.element().clone(),
-            },
-        );
+        let frame = frame::encode_deliver(id, to, stanza.element());
+        let _ = self
+            .out
+            .send(Out::Frame(Dest::Node(to.node), frame.clone()));
+        let now = Instant::now();
         pending.insert(
             (to.node, id),
             Pending {
-                to: to.clone(),
-                stanza,
-                sent_at: Instant::now(),
-                first_sent: Instant::now(),
+                frame,
+                sent_at: now,
+                first_sent: now,
             },
         );
     }
@@ -491,19 +499,14 @@ impl Cluster {
         let alive: Vec<u8> = lock(&self.peers).keys().copied().collect();
         let mut pending = lock(&self.pending);
         let mut n = 0;
-        for ((node, id), p) in pending.iter_mut() {
+        for ((node, _), p) in pending.iter_mut() {
             if p.sent_at.elapsed() < after || !alive.contains(node) {
                 continue;
             }
             p.sent_at = Instant::now();
-            self.send(
-                Dest::Node(*node),
-                &Frame::Deliver {
-                    id: *id,
-                    to: p.to.clone(),
-                    stanza: p.stanza.element().clone(),
-                },
-            );
+            let _ = self
+                .out
+                .send(Out::Frame(Dest::Node(*node), p.frame.clone()));
             n += 1;
         }
         self.counters.retransmitted.inc_by(n as u64);
@@ -766,7 +769,15 @@ impl Cluster {
             }
         }
         if !acks.is_empty() {
-            self.send(Dest::Node(h.node), &Frame::Ack { ids: acks });
+            let first = {
+                let mut all = lock(&self.acks);
+                let was_empty = all.is_empty();
+                all.entry(h.node).or_default().extend(acks);
+                was_empty
+            };
+            if first {
+                self.acks_queued.notify_one();
+            }
         }
         if !lost.is_empty() {
             self.sessions_lost(env, lost).await;
@@ -974,7 +985,10 @@ impl Cluster {
                 .collect();
             ids.into_iter()
                 .filter_map(|k| p.remove(&k))
-                .map(|v| v.stanza)
+                .filter_map(|v| match frame::decode_frame(&v.frame) {
+                    Ok(Some(Frame::Deliver { stanza, .. })) => Stanza::from_element(stanza).ok(),
+                    _ => None,
+                })
                 .collect()
         };
         if !kept.is_empty() {
@@ -1002,6 +1016,18 @@ impl Cluster {
         for entry in lost {
             let _ = run_chain!(env.hooks.session_lost, "session_lost", |h| h
                 .session_lost(env, &entry));
+        }
+    }
+
+    /// Sends the gathered acknowledgements, [`ACK_DELAY`] after the first.
+    async fn ack_sender(self: Arc<Self>) {
+        loop {
+            self.acks_queued.notified().await;
+            tokio::time::sleep(ACK_DELAY).await;
+            let all = std::mem::take(&mut *lock(&self.acks));
+            for (node, ids) in all {
+                self.send(Dest::Node(node), &Frame::Ack { ids });
+            }
         }
     }
 
