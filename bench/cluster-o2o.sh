@@ -10,6 +10,9 @@
 #
 #   NODES=1 bench/cluster-o2o.sh
 #   NODES=2 bench/cluster-o2o.sh
+#   IDLE=1 NODES=2 USERS=15000 bench/cluster-o2o.sh   # idle sessions instead:
+#       all on node 1 (starling-bench idle: node 1's memory per session),
+#       and what their registry entries cost node 2
 #
 # Environment (defaults in brackets): NODES [2]  USERS [1000]
 #   RATES [5000,10000]  STEP_SECS [20]  PORT [16522] (node k: PORT+k-1)
@@ -84,6 +87,24 @@ sleep 1
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 before=()
 for p in "${node_pids[@]}"; do before+=("$(cpu "$p")"); done
+if [[ "${IDLE:-0}" == 1 ]]; then
+    rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+    other_before=""
+    [[ "$NODES" -gt 1 ]] && other_before=$(rss "${node_pids[1]}")
+    "$BENCH_BIN" idle --port "$PORT" --users "$USERS" --password 'pw{n}' --settle-secs 10 \
+        --concurrency 100 --server-pid "${node_pids[0]}" --hold-secs 5 --quiet &
+    b=$!
+    sleep 2
+    while kill -0 "$b" 2>/dev/null; do
+        [[ "$NODES" -gt 1 ]] && other_after=$(rss "${node_pids[1]}")
+        sleep 1
+    done
+    wait "$b" || true
+    if [[ "$NODES" -gt 1 ]]; then
+        log "node 2 (no sessions of its own): VmRSS $other_before -> $other_after KiB: $(echo "scale=2; ($other_after - $other_before) / $USERS" | bc) KiB per registry entry of node 1's sessions"
+    fi
+    exit 0
+fi
 extra_arg=()
 if [[ ${#extra[@]} -gt 0 ]]; then
     extra_arg=(--extra-ports "$(IFS=,; echo "${extra[*]}")")
