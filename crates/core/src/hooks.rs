@@ -279,6 +279,13 @@ pub trait SessionLostHandler: Send + Sync + 'static {
     async fn session_lost(&self, env: &crate::Env, entry: &crate::SessionEntry) -> HookResult;
 }
 
+/// Drops one entry of a module's node-local cache because the data behind
+/// it changed on another cluster node (see [`crate::Router::invalidate`]).
+pub trait CacheHandler: Send + Sync + 'static {
+    /// Forgets what is cached under `key` (the module's own key format).
+    fn invalidate(&self, key: &str);
+}
+
 /// A timer set by this module (see [`Action::SetTimer`]) fired.
 #[async_trait]
 pub trait TimerHandler: Send + Sync + 'static {
@@ -659,6 +666,8 @@ pub struct Hooks {
     pub session_closed: Chain<dyn SessionClosedHandler>,
     /// [`SessionLostHandler`]s.
     pub session_lost: Chain<dyn SessionLostHandler>,
+    /// [`CacheHandler`]s by module name.
+    caches: HashMap<&'static str, Arc<dyn CacheHandler>>,
     /// [`BoundHandler`]s.
     pub bound: Chain<dyn BoundHandler>,
     /// [`OfflineMessageHandler`]s.
@@ -734,6 +743,11 @@ impl Hooks {
     /// The timer handler of `module`.
     pub fn timer(&self, module: &str) -> Option<&Arc<dyn TimerHandler>> {
         self.timers.get(module)
+    }
+
+    /// The cache handler of `module` (a name read off the wire).
+    pub fn cache(&self, module: &str) -> Option<&Arc<dyn CacheHandler>> {
+        self.caches.get(module)
     }
 
     /// The registered name of a module with a timer handler (a name read
@@ -849,6 +863,11 @@ impl HookRegistry {
         h: Arc<dyn SessionClosedHandler>,
     ) {
         self.hooks.session_closed.add(priority, module, h);
+    }
+
+    /// Registers `module`'s [`CacheHandler`].
+    pub fn cache(&mut self, module: &'static str, h: Arc<dyn CacheHandler>) {
+        self.hooks.caches.insert(module, h);
     }
 
     /// Registers a [`SessionLostHandler`].

@@ -65,6 +65,11 @@ pub trait Router: Send + Sync + 'static {
     /// Closes every session of `account` (it was deleted, banned…).
     async fn close_sessions(&self, env: &Env, account: &BareJid, reason: CloseReason);
 
+    /// Tells the other nodes of a cluster that `module`'s data under `key`
+    /// changed, so they drop what they cached of it (their
+    /// [`crate::hooks::CacheHandler`] runs). Nothing on a single node.
+    fn invalidate(&self, _module: &'static str, _key: &str) {}
+
     /// Hands a connection to session `to` (XEP-0198 resumption). Gives it
     /// back if that session is gone.
     async fn attach(

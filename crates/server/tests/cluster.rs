@@ -316,8 +316,17 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     .await;
     let m = alice.recv_until(|e| e.name() == "message").await;
     assert_eq!(body(&m), "hi alice");
-    // Node 1 sent one message across and got its acknowledgement.
-    let metrics = n1.server.env.metrics.encode();
+    // Node 1 sent one message across and got its acknowledgement
+    // (acknowledgements are gathered for a few milliseconds).
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = n1.server.env.metrics.encode();
+        if metrics.contains("cluster_ack_seconds_count 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
 
     // Presence change fans out across nodes.
@@ -651,6 +660,54 @@ async fn nats_restart_loses_nothing_acknowledged() {
     // Exactly once, though it may have been sent twice.
     ivy.expect_silence(Duration::from_millis(1_500)).await;
     drop((hank, ivy));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
+
+/// XEP-0191 across nodes: the router of the sender's node enforces the
+/// recipient's block list, which the recipient changed on another node.
+/// Node 1 has the list cached (it delivered a message before); the block
+/// reaches it over the bus and takes effect at once.
+#[tokio::test]
+async fn a_block_made_on_one_node_is_enforced_by_the_others() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let mut jack = n1.login("jack").await;
+    let mut kate = n2.login("kate").await;
+    wait_for(&n1, "kate's entry", |s| entries_of(s, 2) == 1).await;
+    let to_kate = |text: &str| {
+        format!("<message to='kate@localhost' type='chat'><body>{text}</body></message>")
+    };
+    jack.send(&to_kate("before")).await;
+    let m = kate.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "before");
+
+    let r = kate
+        .iq(
+            "<iq type='set' id='b1'><block xmlns='urn:xmpp:blocking'><item jid='jack@localhost'/></block></iq>",
+            "b1",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    jack.send(&to_kate("after")).await;
+    // §3.5: the blocked sender's message gets service-unavailable ...
+    let e = jack
+        .recv_until(|e| e.name() == "message" && e.attr("type") == Some("error"))
+        .await;
+    assert_eq!(
+        starling_testkit::error_condition(&e).as_deref(),
+        Some("service-unavailable"),
+        "{e}"
+    );
+    // ... and kate gets nothing.
+    kate.expect_silence(Duration::from_millis(500)).await;
+    drop((jack, kate));
     n2.stop().await;
     n1.stop().await;
     env.stop().await;

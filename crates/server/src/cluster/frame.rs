@@ -166,6 +166,13 @@ pub enum Frame {
     },
     /// The sender is shutting down: forget its sessions now (broadcast).
     Leaving,
+    /// A module's data changed: drop what is cached under `key` (broadcast).
+    Invalidate {
+        /// The module's name.
+        module: String,
+        /// The module's cache key.
+        key: String,
+    },
 }
 
 /// Why a message could not be read.
@@ -400,6 +407,11 @@ fn encode_body(b: &mut Vec<u8>, frame: &Frame) -> u8 {
             11
         }
         Frame::Leaving => 12,
+        Frame::Invalidate { module, key } => {
+            put_str(b, module);
+            put_str(b, key);
+            13
+        }
     }
 }
 
@@ -582,6 +594,10 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Option<Frame>, FrameError> {
             why: r.why()?,
         },
         12 => Frame::Leaving,
+        13 => Frame::Invalidate {
+            module: r.str()?.to_owned(),
+            key: r.str()?.to_owned(),
+        },
         _ => return Ok(None),
     };
     Ok(Some(f))
@@ -682,6 +698,10 @@ mod tests {
                 ),
             },
             Frame::Leaving,
+            Frame::Invalidate {
+                module: "blocking".into(),
+                key: "a@x".into(),
+            },
         ]
     }
 
@@ -705,7 +725,7 @@ mod tests {
                 assert_eq!(decode_frame(&fast).unwrap(), Some(f.clone()));
             }
         }
-        assert_eq!(w.frames(), 13);
+        assert_eq!(w.frames(), 14);
         let (h2, frames) = decode(&w.finish()).unwrap();
         assert_eq!(h2, h);
         let mut want = every_kind();

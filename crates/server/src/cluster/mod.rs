@@ -551,6 +551,17 @@ impl Cluster {
         );
     }
 
+    /// Tells every other node to drop `module`'s cache entry `key`.
+    pub fn invalidate(&self, module: &str, key: &str) {
+        self.send(
+            Dest::All,
+            &Frame::Invalidate {
+                module: module.to_owned(),
+                key: key.to_owned(),
+            },
+        );
+    }
+
     /// Closes an account's sessions on every other node.
     pub fn close_account(&self, account: &BareJid, reason: &CloseReason) {
         self.send(
@@ -753,6 +764,11 @@ impl Cluster {
                         if let Some(handle) = handle {
                             let _ = handle.try_send(SessionMsg::Close(reason.clone()));
                         }
+                    }
+                }
+                Frame::Invalidate { module, key } => {
+                    if let Some(h) = env.hooks.cache(&module) {
+                        h.invalidate(&key);
                     }
                 }
                 Frame::Leaving => {

@@ -17,14 +17,16 @@
 //!   domain. A user's own resources are never blocked from each other.
 //!
 //! Block lists are cached per user (loaded on first use, updated by this
-//! module), so enforcement costs hash lookups, not queries.
+//! module), so enforcement costs hash lookups, not queries. In a cluster a
+//! change is also announced to the other nodes, which drop their copy
+//! (`CacheHandler`): the block takes effect there within the bus latency.
 //!
 //! Hooks: iq handler `urn:xmpp:blocking` (account scope), `inbound` (10),
 //! `user_send` (5), `user_receive` (push filtering). Storage: blocking,
 //! roster (who receives presence). Config: `[modules.blocking]`.
 
 use starling_core::hooks::{
-    HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, UserReceiveHandler,
+    CacheHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, UserReceiveHandler,
     UserSendHandler,
 };
 use starling_core::module::{EnabledConfig, Module, ModuleCtx};
@@ -65,7 +67,8 @@ impl Blocking {
         reg.disco().feature(IqScope::Server, NS_BLOCKING);
         reg.inbound(NAME, 10, m.clone());
         reg.user_send(NAME, 5, m.clone());
-        reg.user_receive(NAME, 10, m);
+        reg.user_receive(NAME, 10, m.clone());
+        reg.cache(NAME, m);
     }
 
     async fn list(&self, env: &Env, owner: &BareJid) -> StorageResult<List> {
@@ -93,11 +96,14 @@ impl Blocking {
         Ok(list)
     }
 
-    fn forget(&self, owner: &BareJid) {
+    /// Drops `owner`'s cached list here and on the other nodes of a
+    /// cluster (their routers check it for messages to `owner`).
+    fn forget(&self, env: &Env, owner: &BareJid) {
         self.cache
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(owner);
+        env.router.invalidate(NAME, owner.as_str());
     }
 
     /// True if `owner` blocks `other` (XEP-0016 §2.1 matching order).
@@ -270,7 +276,7 @@ impl IqHandler for Blocking {
                 // Presence goes out before the block takes effect.
                 self.presence_effects(env, &owner, &jids, true).await;
                 let result = env.storage.blocking.block(&owner, &jids).await;
-                self.forget(&owner);
+                self.forget(env, &owner);
                 match result {
                     Ok(_) => {
                         env.route(iq.iq_result(None)).await;
@@ -290,7 +296,7 @@ impl IqHandler for Blocking {
                 } else {
                     env.storage.blocking.unblock(&owner, &jids).await
                 };
-                self.forget(&owner);
+                self.forget(env, &owner);
                 match result {
                     Ok(removed) => {
                         env.route(iq.iq_result(None)).await;
@@ -410,5 +416,16 @@ impl Module for Blocking {
 
     async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
         Blocking::register(reg);
+    }
+}
+
+impl CacheHandler for Blocking {
+    fn invalidate(&self, key: &str) {
+        if let Ok(owner) = BareJid::new(key) {
+            self.cache
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&owner);
+        }
     }
 }

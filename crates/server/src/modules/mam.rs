@@ -249,6 +249,7 @@ impl Mam {
         reg.offline_message(NAME, 40, m.clone());
         reg.shutdown(NAME, 90, m.clone());
         reg.durability(m.clone());
+        reg.cache(NAME, m.clone());
         // XEP-0386 §3.3: the archive's state at the moment of binding.
         reg.bound(NAME, 50, m.clone());
         for name in ["query", "prefs", "metadata"] {
@@ -299,9 +300,10 @@ impl Mam {
 
     async fn prefs(&self, env: &Env, owner: &BareJid) -> Arc<ArchivePrefs> {
         let key = owner.as_str();
-        // Entries are reloaded after PREFS_TTL: preferences changed on
-        // another node of a cluster, or an account deleted and created
-        // again elsewhere, take effect within it.
+        // Entries are reloaded after PREFS_TTL: an account deleted and
+        // created again elsewhere takes effect within it (preferences
+        // changed on another cluster node are invalidated at once, see
+        // the CacheHandler below).
         if let Some((at, p)) = self
             .prefs_cache
             .lock()
@@ -789,6 +791,8 @@ impl Mam {
                     owner.as_str().to_owned(),
                     (std::time::Instant::now(), Arc::new(prefs)),
                 );
+            // Other cluster nodes archive for this account too.
+            env.router.invalidate(NAME, owner.as_str());
         }
         let prefs = self.prefs(env, owner).await;
         let list = |name: &str, jids: &[String]| {
@@ -1179,6 +1183,16 @@ impl Module for Mam {
             reg,
         )
         .await;
+    }
+}
+
+/// A cluster node changed an account's archive preferences.
+impl starling_core::hooks::CacheHandler for Mam {
+    fn invalidate(&self, key: &str) {
+        self.prefs_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 }
 

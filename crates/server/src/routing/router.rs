@@ -474,6 +474,12 @@ impl Router for LocalRouter {
         }
     }
 
+    fn invalidate(&self, module: &'static str, key: &str) {
+        if let Some(c) = self.cluster.get() {
+            c.invalidate(module, key);
+        }
+    }
+
     async fn close_sessions(&self, _env: &Env, account: &BareJid, reason: CloseReason) {
         for (_, h) in self.table.resources_with_handles(account) {
             if let Some(h) = h {
