@@ -251,6 +251,27 @@ async fn archived_bodies(c: &mut Client) -> Vec<String> {
     }
 }
 
+/// The XEP-0430 inbox of `c`: (conversation, unread, entry id) each.
+async fn inbox_entries(c: &mut Client) -> Vec<(String, String, String)> {
+    const INBOX: &str = "urn:xmpp:inbox:1";
+    c.send(&format!(
+        "<iq type='get' id='inbq'><inbox xmlns='{INBOX}'/></iq>"
+    ))
+    .await;
+    let mut entries = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("inbq") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            return entries;
+        }
+        if let Some(e) = el.get_child("entry", INBOX) {
+            let a = |n: &str| e.attr(n).unwrap_or_default().to_owned();
+            entries.push((a("jid"), a("unread"), a("id")));
+        }
+    }
+}
+
 async fn drain(c: &mut Client) {
     while c
         .next_event_within(Duration::from_millis(200))
@@ -374,6 +395,16 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     let on_node3 = archived_bodies(&mut alice2).await;
     assert_eq!(on_node1, ["hi bob", "hi alice", "carbon me"]);
     assert_eq!(on_node1, on_node3);
+    // And one inbox (XEP-0430): alice's conversation with bob, one unread
+    // ("hi alice"), the same on node 1 and node 3.
+    let inbox1 = inbox_entries(&mut alice).await;
+    let inbox3 = inbox_entries(&mut alice2).await;
+    assert_eq!(inbox1.len(), 1, "{inbox1:?}");
+    assert_eq!(
+        (inbox1[0].0.as_str(), inbox1[0].1.as_str()),
+        ("bob@localhost", "1")
+    );
+    assert_eq!(inbox1, inbox3);
 
     // RFC 6120 §7.7.2.2 across nodes: binding alice's node-1 resource on
     // node 2 closes the node-1 session with <conflict/>.
