@@ -449,7 +449,7 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
     }
     befriend(&n1, "carol", "dan").await;
     let mut carol = n1.login("carol").await;
-    let dan = n2.login("dan").await;
+    let mut dan = n2.login("dan").await;
     let dan_jid = dan.jid.clone();
     wait_for(&n1, "dan's entry", |s| entries_of(s, 2) == 1).await;
     carol
@@ -495,7 +495,10 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
 
     // Graceful stop: dan gets system-shutdown, carol sees him leave, and
     // node 1 forgets node 2 at once (no timeout).
+    drain(&mut dan).await;
     let stopping = tokio::spawn(n2.stop());
+    // RFC 6120 §4.9.3.17: the client is told, and reconnects elsewhere.
+    dan.expect_stream_error("system-shutdown").await;
     let p = carol
         .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(dan_jid.as_str()))
         .await;
