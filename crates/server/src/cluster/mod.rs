@@ -129,6 +129,9 @@ struct Taken {
     missing: std::collections::BTreeSet<u64>,
 }
 
+/// Frames that follow a publish this closely wait this long to be batched.
+const LINGER_WHEN_BUSY: Duration = Duration::from_millis(1);
+
 /// How long acknowledgements are gathered before they are sent.
 const ACK_DELAY: Duration = Duration::from_millis(2);
 
@@ -618,7 +621,15 @@ impl Cluster {
     /// Batches queued frames by destination into NATS messages.
     async fn publisher(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Out>) {
         let mut batches: BTreeMap<Option<u8>, Writer> = BTreeMap::new();
+        let mut last_publish = Instant::now() - Duration::from_secs(1);
         while let Some(first) = rx.recv().await {
+            // Under load (the previous batch left less than a millisecond
+            // ago), wait for the next timer tick so that one NATS message
+            // carries what queues meanwhile.
+            if last_publish.elapsed() < LINGER_WHEN_BUSY {
+                tokio::time::sleep(LINGER_WHEN_BUSY).await;
+            }
+            last_publish = Instant::now();
             let mut next = Some(first);
             let mut n = 0;
             let mut flushed = Vec::new();
