@@ -1223,6 +1223,39 @@ pub async fn inbox(s: &Storage) {
         (carol.last_id, carol.unread),
         (ArchiveId::from_parts(2, 0), 1)
     );
+    // Changes that come with an older message than the conversation's
+    // newest leave the count alone: in a cluster, a reply's reset (from
+    // the owner's node) may be written before the count of a message
+    // that preceded it (from the sender's node); and a batch written
+    // twice counts once.
+    let frank = "frank@example.org";
+    let alice_ref = &alice;
+    let unread_of = |remote: &'static str| async move {
+        i.get(alice_ref, remote).await.unwrap().unwrap().unread
+    };
+    i.apply(&[upd(&alice, frank, Some(10), UnreadChange::Set(0))])
+        .await
+        .unwrap();
+    i.apply(&[upd(&alice, frank, Some(9), UnreadChange::Add(1))])
+        .await
+        .unwrap();
+    assert_eq!(unread_of(frank).await, 0, "the older message was read");
+    i.apply(&[upd(&alice, frank, Some(11), UnreadChange::Add(1))])
+        .await
+        .unwrap();
+    i.apply(&[upd(&alice, frank, Some(11), UnreadChange::Add(1))])
+        .await
+        .unwrap();
+    assert_eq!(unread_of(frank).await, 1, "a newer message counts once");
+    i.apply(&[upd(&alice, frank, Some(10), UnreadChange::Set(0))])
+        .await
+        .unwrap();
+    assert_eq!(
+        unread_of(frank).await,
+        1,
+        "an older reset does not clear it"
+    );
+    assert!(i.remove(&alice, frank).await.unwrap());
     // A retraction's tombstone in the archive is what the inbox shows.
     assert!(s
         .archive

@@ -232,9 +232,18 @@ impl Dialect for PostgresStorage {
             .into_iter()
             .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
         let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Older than the row's newest message: the count is left alone
+        // (see the SQLite dialect: two cluster nodes' queues in either
+        // order).
         for (group, sql) in [
-            (&adding, "i.unread + excluded.unread"),
-            (&setting, "excluded.unread"),
+            (
+                &adding,
+                "CASE WHEN excluded.last_id > i.last_id THEN i.unread + excluded.unread ELSE i.unread END",
+            ),
+            (
+                &setting,
+                "CASE WHEN excluded.last_id >= i.last_id THEN excluded.unread ELSE i.unread END",
+            ),
         ] {
             if group.is_empty() {
                 continue;

@@ -209,9 +209,21 @@ impl Dialect for SqliteStorage {
             .into_iter()
             .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
         let mut tx = self.begin_write().await.map_err(backend)?;
+        // A change that comes with an older message than the row's newest
+        // does not touch the count: in a cluster, two nodes' queues may
+        // write a message's count and the owner's later reset (a reply)
+        // in either order, and archive ids are time-ordered across nodes
+        // (docs/cluster.md). On one node the queue keeps the order, so
+        // this only makes a replayed batch harmless.
         for (group, unread_sql) in [
-            (&adding, "unread + excluded.unread"),
-            (&setting, "excluded.unread"),
+            (
+                &adding,
+                "CASE WHEN excluded.last_id > last_id THEN unread + excluded.unread ELSE unread END",
+            ),
+            (
+                &setting,
+                "CASE WHEN excluded.last_id >= last_id THEN excluded.unread ELSE unread END",
+            ),
         ] {
             for chunk in group.chunks(ROWS_PER_INSERT) {
                 let mut b = QueryBuilder::<Sqlite>::new(
