@@ -482,6 +482,21 @@ impl Config {
                 ));
             }
             let c = &self.cluster;
+            let urls = crate::cluster::server_list(c.nats_url.as_deref().unwrap_or_default());
+            if urls.is_empty() {
+                return Err(invalid(
+                    "cluster.nats_url",
+                    "empty: give the NATS server, e.g. \"nats://10.0.0.5:4222\"".into(),
+                ));
+            }
+            for u in &urls {
+                if let Err(e) = u.parse::<async_nats::ServerAddr>() {
+                    return Err(invalid(
+                        "cluster.nats_url",
+                        format!("{u:?} is not a NATS server address ({e}); e.g. \"nats://10.0.0.5:4222\""),
+                    ));
+                }
+            }
             if c.name.is_empty()
                 || !c
                     .name
@@ -792,6 +807,17 @@ enabled = false
         assert!(err.contains("cluster.node_timeout_ms"), "{err}");
         let c = parse(&format!("{pg}[cluster]\nnats_url = \"nats://h:4222\"\n")).unwrap();
         assert_eq!(c.cluster.node_timeout_ms, 5000);
+        // Several servers, comma-separated; each must be an address.
+        parse(&format!(
+            "{pg}[cluster]\nnats_url = \"nats://a:4222, nats://b:4222\"\n"
+        ))
+        .unwrap();
+        let err = parse(&format!(
+            "{pg}[cluster]\nnats_url = \"nats://a:4222,http://[\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cluster.nats_url"), "{err}");
         // No cluster: no requirement.
         assert!(Config::default().cluster.nats_url.is_none());
     }

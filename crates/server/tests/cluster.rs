@@ -296,7 +296,12 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     };
     let n1 = env.node(1).await;
     let n2 = env.node(2).await;
-    let n3 = env.node(3).await;
+    // Node 3 is given a list whose first server is down: it fails over.
+    let n3 = TestServer::start_with(|cfg| {
+        env.configure(cfg, 3);
+        cfg.cluster.nats_url = Some(format!("nats://127.0.0.1:1, {}", env.nats.url()));
+    })
+    .await;
     for n in [&n1, &n2, &n3] {
         wait_for(n, "the other nodes", |s| s.len() == 3).await;
     }

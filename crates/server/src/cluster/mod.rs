@@ -334,6 +334,16 @@ pub enum ClusterError {
     Subscribe(#[from] async_nats::SubscribeError),
 }
 
+/// The servers of `nats_url` (comma-separated), for the client to try in
+/// turn and fail over between.
+pub fn server_list(url: &str) -> Vec<String> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -360,7 +370,7 @@ impl Cluster {
                     other => tracing::info!(node, event = %other, "cluster bus (NATS) event"),
                 }
             })
-            .connect(url.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+            .connect(server_list(&url))
             .await
             .map_err(|source| ClusterError::Connect {
                 url: url.clone(),
@@ -1129,7 +1139,7 @@ pub async fn observe(
     let client = async_nats::ConnectOptions::new()
         .name("starling-cluster-status")
         .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
-        .connect(url.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+        .connect(server_list(&url))
         .await
         .map_err(|source| ClusterError::Connect {
             url: url.clone(),
