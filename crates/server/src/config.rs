@@ -376,6 +376,10 @@ pub struct ClusterSection {
     pub node_timeout_ms: u64,
     /// How long to wait for the NATS server at start, seconds.
     pub connect_timeout_secs: u64,
+    /// Registry snapshots (sent to a node that joins) go in parts of about
+    /// this many bytes; keep it well under the NATS server's
+    /// `max_payload` (1 MiB by default).
+    pub snapshot_part_bytes: usize,
 }
 
 impl Default for ClusterSection {
@@ -386,6 +390,7 @@ impl Default for ClusterSection {
             heartbeat_ms: 1000,
             node_timeout_ms: 5000,
             connect_timeout_secs: 10,
+            snapshot_part_bytes: 256 * 1024,
         }
     }
 }

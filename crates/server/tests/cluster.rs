@@ -449,14 +449,28 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
         return;
     };
     let n1 = env.node(1).await;
-    let n2 = env.node(2).await;
-    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
-    for u in ["carol", "dan"] {
+    for u in ["carol", "dan", "eve"] {
         n1.create_user(u, &format!("pw-{u}")).await;
     }
     befriend(&n1, "carol", "dan").await;
     let mut carol = n1.login("carol").await;
+    let eve = n1.login("eve").await;
+    // Node 2 joins a node that has sessions: it learns them from a
+    // snapshot, here in one part per session.
+    let n2 = TestServer::start_with(|cfg| {
+        env.configure(cfg, 2);
+        cfg.cluster.snapshot_part_bytes = 1;
+    })
+    .await;
+    wait_for(&n2, "node 1's two sessions", |s| entries_of(s, 1) == 2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
     let mut dan = n2.login("dan").await;
+    // RFC 6121 §4.2: dan's probe of carol is answered on node 2 from the
+    // registry entry the snapshot gave it.
+    dan.recv_until(|e| e.name() == "presence" && e.attr("from") == Some(carol.jid.as_str()))
+        .await;
+    drop(eve);
+    wait_for(&n2, "eve's session gone", |s| entries_of(s, 1) == 1).await;
     let dan_jid = dan.jid.clone();
     wait_for(&n1, "dan's entry", |s| entries_of(s, 2) == 1).await;
     carol

@@ -116,12 +116,17 @@ pub enum Frame {
         /// The session and its new state.
         entry: EntryState,
     },
-    /// Every session of the sender, as of event `seq` (to one node).
+    /// Every session of the sender, as of event `seq` (to one node), in
+    /// one or more parts (a NATS message has a size limit).
     Snapshot {
         /// The sender's last registry event.
         seq: u64,
-        /// Its sessions.
+        /// Its sessions (this part's).
         entries: Vec<EntryState>,
+        /// The first part: forget what you knew of the sender.
+        first: bool,
+        /// The last part: the snapshot is complete.
+        last: bool,
     },
     /// "Send me your snapshot" (to one node).
     SyncRequest,
@@ -273,6 +278,35 @@ pub fn encode_deliver(id: u64, to: &SessionRef, stanza: &Element) -> Vec<u8> {
     b
 }
 
+/// A snapshot of `entries` as of `seq`, split into parts of about
+/// `max_bytes` each (always at least one part).
+pub fn snapshot_parts(seq: u64, entries: Vec<EntryState>, max_bytes: usize) -> Vec<Frame> {
+    let mut parts: Vec<Vec<EntryState>> = vec![Vec::new()];
+    let mut size = 0;
+    for e in entries {
+        let n = 32
+            + e.session.jid.as_str().len()
+            + e.presence.as_ref().map_or(0, |(_, el)| el.size_hint());
+        if size + n > max_bytes && !parts.last().expect("one part").is_empty() {
+            parts.push(Vec::new());
+            size = 0;
+        }
+        size += n;
+        parts.last_mut().expect("one part").push(e);
+    }
+    let count = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, entries)| Frame::Snapshot {
+            seq,
+            entries,
+            first: i == 0,
+            last: i + 1 == count,
+        })
+        .collect()
+}
+
 /// Reads one frame in its wire form ([`encode_frame`], [`encode_deliver`]).
 pub fn decode_frame(bytes: &[u8]) -> Result<Option<Frame>, FrameError> {
     let mut r = Reader { b: bytes };
@@ -368,12 +402,18 @@ fn encode_body(b: &mut Vec<u8>, frame: &Frame) -> u8 {
             put_entry(b, entry);
             4
         }
-        Frame::Snapshot { seq, entries } => {
+        Frame::Snapshot {
+            seq,
+            entries,
+            first,
+            last,
+        } => {
             put_u64(b, *seq);
             put_u32(b, entries.len() as u32);
             for e in entries {
                 put_entry(b, e);
             }
+            b.push(u8::from(*first) | u8::from(*last) << 1);
             5
         }
         Frame::SyncRequest => 6,
@@ -564,7 +604,14 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Option<Frame>, FrameError> {
             for _ in 0..n {
                 entries.push(r.entry()?);
             }
-            Frame::Snapshot { seq, entries }
+            // Parts (appended in version 1; none: a whole snapshot).
+            let parts = if r.b.is_empty() { 0b11 } else { r.u8()? };
+            Frame::Snapshot {
+                seq,
+                entries,
+                first: parts & 1 != 0,
+                last: parts & 2 != 0,
+            }
         }
         6 => Frame::SyncRequest,
         7 => Frame::Deliver {
@@ -661,6 +708,8 @@ mod tests {
             },
             Frame::Snapshot {
                 seq: 10,
+                first: true,
+                last: false,
                 entries: vec![
                     EntryState {
                         session: session("a@x/r", 2, 43),
@@ -764,6 +813,53 @@ mod tests {
                     bound_at: 77
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn large_snapshots_go_in_parts_that_fit_a_nats_message() {
+        let entry = |i: u64| EntryState {
+            session: session(&format!("user{i}@example.org/phone"), 2, i),
+            bound_at: i,
+            presence: Some((
+                0,
+                Element::builder("presence", "jabber:client")
+                    .append(
+                        Element::builder("status", "jabber:client")
+                            .text("x".repeat(200))
+                            .build(),
+                    )
+                    .build(),
+            )),
+        };
+        let parts = snapshot_parts(7, (0..20_000).map(entry).collect(), 256 * 1024);
+        assert!(parts.len() > 10, "{}", parts.len());
+        let mut total = 0;
+        for (i, p) in parts.iter().enumerate() {
+            let bytes = encode_frame(p);
+            assert!(bytes.len() < 300 * 1024, "part {i}: {} bytes", bytes.len());
+            let Some(Frame::Snapshot {
+                seq,
+                entries,
+                first,
+                last,
+            }) = decode_frame(&bytes).unwrap()
+            else {
+                panic!("a snapshot part")
+            };
+            assert_eq!((seq, first, last), (7, i == 0, i + 1 == parts.len()));
+            total += entries.len();
+        }
+        assert_eq!(total, 20_000);
+        // No sessions: one empty part, first and last.
+        assert_eq!(
+            snapshot_parts(3, Vec::new(), 1024),
+            [Frame::Snapshot {
+                seq: 3,
+                entries: Vec::new(),
+                first: true,
+                last: true
+            }]
         );
     }
 

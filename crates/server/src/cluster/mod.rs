@@ -739,8 +739,13 @@ impl Cluster {
                 f @ (Frame::Bound { .. } | Frame::Unbound { .. } | Frame::Presence { .. }) => {
                     lost.extend(self.on_event(h, f));
                 }
-                Frame::Snapshot { seq, entries } => {
-                    lost.extend(self.on_snapshot(h, seq, entries));
+                Frame::Snapshot {
+                    seq,
+                    entries,
+                    first,
+                    last,
+                } => {
+                    lost.extend(self.on_snapshot(h, seq, entries, first, last));
                 }
                 Frame::SyncRequest => self.send_snapshot(h.node),
                 Frame::Deliver { id, to, stanza } => {
@@ -923,13 +928,19 @@ impl Cluster {
         h: Header,
         seq: u64,
         entries: Vec<EntryState>,
+        first: bool,
+        last: bool,
     ) -> Vec<starling_core::SessionEntry> {
         let mut lost = Vec::new();
         let mut peers = lock(&self.peers);
         let peer = self.peer(&mut peers, h, &mut lost);
         peer.last_seen = Instant::now();
-        // Replace what we knew of that node.
-        let before = self.table.remove_node(h.node);
+        // The first part replaces what we knew of that node.
+        let before = if first {
+            self.table.remove_node(h.node)
+        } else {
+            Vec::new()
+        };
         for e in &entries {
             if let Some(old) = self.table.remote_bound(&e.session, e.bound_at) {
                 let _ = old.try_send(SessionMsg::Close(CloseReason::Replaced));
@@ -944,8 +955,15 @@ impl Cluster {
             sessions = entries.len(),
             replaced = before.len(),
             seq,
-            "registry snapshot applied"
+            first,
+            last,
+            "registry snapshot part applied"
         );
+        if !last {
+            // Its events keep waiting for the rest.
+            peer.awaiting = true;
+            return lost;
+        }
         peer.applied = seq;
         peer.awaiting = false;
         let mut buffered = std::mem::take(&mut peer.buffered);
@@ -980,7 +998,9 @@ impl Cluster {
                 session: s.entry.session,
             })
             .collect();
-        self.send(Dest::Node(to), &Frame::Snapshot { seq: *seq, entries });
+        for part in frame::snapshot_parts(*seq, entries, self.cfg.snapshot_part_bytes.max(1)) {
+            self.send(Dest::Node(to), &part);
+        }
     }
 
     async fn on_deliver(&self, env: &Env, to: SessionRef, stanza: Element) {
