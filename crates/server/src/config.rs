@@ -516,6 +516,17 @@ impl Config {
                     ),
                 ));
             }
+            // A stanza crosses the bus in one NATS message (1 MiB at most
+            // by default), with its routing header.
+            if self.c2s.max_stanza_bytes > 768 * 1024 {
+                return Err(invalid(
+                    "c2s.max_stanza_bytes",
+                    format!(
+                        "{} bytes: in a cluster a stanza must fit one NATS message (1 MiB by default); use at most 786432",
+                        self.c2s.max_stanza_bytes
+                    ),
+                ));
+            }
             if c.heartbeat_ms == 0 || c.node_timeout_ms < 2 * c.heartbeat_ms {
                 return Err(invalid(
                     "cluster.node_timeout_ms",
@@ -812,6 +823,12 @@ enabled = false
         assert!(err.contains("cluster.node_timeout_ms"), "{err}");
         let c = parse(&format!("{pg}[cluster]\nnats_url = \"nats://h:4222\"\n")).unwrap();
         assert_eq!(c.cluster.node_timeout_ms, 5000);
+        let err = parse(&format!(
+            "{pg}[c2s]\nmax_stanza_bytes = 2000000\n[cluster]\nnats_url = \"nats://h:4222\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("c2s.max_stanza_bytes"), "{err}");
         // Several servers, comma-separated; each must be an address.
         parse(&format!(
             "{pg}[cluster]\nnats_url = \"nats://a:4222, nats://b:4222\"\n"

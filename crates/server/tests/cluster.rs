@@ -741,6 +741,11 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
     jack.send(&to_kate("before")).await;
     let m = kate.recv_until(|e| e.name() == "message").await;
     assert_eq!(body(&m), "before");
+    // A stanza near the size limit (256 KiB) crosses the bus whole.
+    let big = "x".repeat(200_000);
+    jack.send(&to_kate(&big)).await;
+    let m = kate.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m).len(), 200_000);
 
     let r = kate
         .iq(

@@ -658,6 +658,15 @@ impl Cluster {
                     Dest::All => None,
                     Dest::Node(k) => Some(k),
                 };
+                // A frame that would take the batch past its size goes in
+                // the next one: a message stays under NATS' payload limit.
+                if batches
+                    .get(&key)
+                    .is_some_and(|w| !w.is_empty() && w.len() + bytes.len() > MAX_BATCH_BYTES)
+                {
+                    let w = batches.remove(&key).expect("just seen");
+                    self.publish(key, w).await;
+                }
                 let w = batches
                     .entry(key)
                     .or_insert_with(|| Writer::new(self.header()));
