@@ -277,6 +277,18 @@ pub trait SessionClosedHandler: Send + Sync + 'static {
 pub trait SessionLostHandler: Send + Sync + 'static {
     /// Runs once per lost session.
     async fn session_lost(&self, env: &crate::Env, entry: &crate::SessionEntry) -> HookResult;
+
+    /// The node was only cut off (a partition longer than the node
+    /// timeout): it is back with the same process and this session, which
+    /// [`SessionLostHandler::session_lost`] announced as gone, is still
+    /// there. Called on one surviving node per session.
+    async fn session_returned(
+        &self,
+        _env: &crate::Env,
+        _entry: &crate::SessionEntry,
+    ) -> HookResult {
+        Ok(crate::Flow::Continue)
+    }
 }
 
 /// Drops one entry of a module's node-local cache because the data behind

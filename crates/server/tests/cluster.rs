@@ -772,3 +772,57 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
     n1.stop().await;
     env.stop().await;
 }
+
+/// A partition longer than the node timeout (node 2 frozen with SIGSTOP,
+/// then resumed): node 1 declares it dead and tells its users' contacts
+/// they left; when node 2 is heard again with the same process, its
+/// sessions are back in the registry, the contacts get their presence
+/// again, and messages reach them.
+#[tokio::test]
+async fn a_node_back_from_a_partition_is_announced_again() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    for u in ["lena", "mike"] {
+        n1.create_user(u, &format!("pw-{u}")).await;
+    }
+    befriend(&n1, "lena", "mike").await;
+    let port = free_port();
+    let cfg = env.binary_config(2, port);
+    let node2 = killable::KillOnDrop(killable::start_binary(&cfg, port).await);
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let mut lena = n1.login("lena").await;
+    let mut mike = login_at(port, "mike").await;
+    let mike_jid = mike.jid.clone();
+    let from_mike =
+        |e: &Element| e.name() == "presence" && e.attr("from") == Some(mike_jid.as_str());
+    lena.recv_until(from_mike).await;
+
+    let pid = node2.0.id().to_string();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    signal("-STOP");
+    let p = lena.recv_until(from_mike).await;
+    assert_eq!(p.attr("type"), Some("unavailable"), "{p}");
+    signal("-CONT");
+    let p = lena.recv_until(from_mike).await;
+    assert_eq!(p.attr("type"), None, "mike is announced again: {p}");
+    wait_for(&n1, "mike's entry", |s| entries_of(s, 2) == 1).await;
+    lena.send(&format!(
+        "<message to='{mike_jid}' type='chat'><body>welcome back</body></message>"
+    ))
+    .await;
+    let m = mike
+        .recv_until(|e| e.name() == "message" && body(e) == "welcome back")
+        .await;
+    assert_eq!(m.attr("from"), Some(lena.jid.as_str()));
+    drop((lena, mike, node2));
+    n1.stop().await;
+    env.stop().await;
+}

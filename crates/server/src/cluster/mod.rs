@@ -90,6 +90,9 @@ struct Peer {
     sessions: u32,
     /// Wall-clock time of its last heartbeat (for `cluster status`).
     last_heartbeat: std::time::SystemTime,
+    /// This process was declared dead and is back (a partition): its
+    /// sessions in the coming snapshot were announced as lost.
+    returned: bool,
 }
 
 impl Peer {
@@ -102,6 +105,7 @@ impl Peer {
             buffered: Vec::new(),
             sessions: 0,
             last_heartbeat: std::time::SystemTime::now(),
+            returned: false,
         }
     }
 }
@@ -312,6 +316,8 @@ pub struct Cluster {
     acks: Mutex<BTreeMap<u8, Vec<u64>>>,
     acks_queued: tokio::sync::Notify,
     peers: Mutex<BTreeMap<u8, Peer>>,
+    /// Nodes declared dead, with the incarnation that was.
+    dead: Mutex<HashMap<u8, u64>>,
     /// Bus traffic.
     pub counters: BusCounters,
 }
@@ -397,6 +403,7 @@ impl Cluster {
             acks: Mutex::new(BTreeMap::new()),
             acks_queued: tokio::sync::Notify::new(),
             peers: Mutex::new(BTreeMap::new()),
+            dead: Mutex::new(HashMap::new()),
             counters: BusCounters::new(),
         }))
     }
@@ -740,6 +747,7 @@ impl Cluster {
     async fn handle(&self, env: &Env, h: Header, frames: Vec<Frame>) {
         let mut acks = Vec::new();
         let mut lost = Vec::new();
+        let mut found = Vec::new();
         for f in frames {
             match f {
                 Frame::Heartbeat { seq, sessions } => {
@@ -754,7 +762,7 @@ impl Cluster {
                     first,
                     last,
                 } => {
-                    lost.extend(self.on_snapshot(h, seq, entries, first, last));
+                    lost.extend(self.on_snapshot(h, seq, entries, first, last, &mut found));
                 }
                 Frame::SyncRequest => self.send_snapshot(h.node),
                 Frame::Deliver { id, to, stanza } => {
@@ -833,6 +841,12 @@ impl Cluster {
         if !lost.is_empty() {
             self.sessions_lost(env, lost).await;
         }
+        if !found.is_empty() && self.lowest_alive() {
+            for entry in found {
+                let _ = run_chain!(env.hooks.session_lost, "session_returned", |h| h
+                    .session_returned(env, &entry));
+            }
+        }
     }
 
     /// Returns the sessions lost if `h` is a new incarnation of a known node.
@@ -877,7 +891,15 @@ impl Cluster {
                 node = h.node,
                 "node joined the cluster; asking for its sessions"
             );
-            peers.insert(h.node, Peer::new(h.incarnation));
+            let mut peer = Peer::new(h.incarnation);
+            peer.returned = lock(&self.dead).remove(&h.node) == Some(h.incarnation);
+            if peer.returned {
+                tracing::warn!(
+                    node = h.node,
+                    "node declared dead is back (a partition ended); its sessions will be announced again"
+                );
+            }
+            peers.insert(h.node, peer);
             self.send(Dest::Node(h.node), &Frame::SyncRequest);
         }
         peers.get_mut(&h.node).expect("inserted above")
@@ -939,10 +961,19 @@ impl Cluster {
         entries: Vec<EntryState>,
         first: bool,
         last: bool,
+        found: &mut Vec<starling_core::SessionEntry>,
     ) -> Vec<starling_core::SessionEntry> {
         let mut lost = Vec::new();
         let mut peers = lock(&self.peers);
         let peer = self.peer(&mut peers, h, &mut lost);
+        if peer.returned {
+            found.extend(entries.iter().map(|e| starling_core::SessionEntry {
+                session: e.session.clone(),
+                priority: e.presence.as_ref().map(|(p, _)| *p),
+                presence: e.presence.as_ref().map(|(_, el)| Arc::new(el.clone())),
+            }));
+            peer.returned = !last;
+        }
         peer.last_seen = Instant::now();
         // The first part replaces what we knew of that node.
         let before = if first {
@@ -1070,13 +1101,14 @@ impl Cluster {
         }
     }
 
+    /// True if no living node has a lower id than this one.
+    fn lowest_alive(&self) -> bool {
+        lock(&self.peers).keys().all(|n| *n > self.node)
+    }
+
     /// Runs the session-lost handlers, on the lowest living node only.
     async fn sessions_lost(&self, env: &Env, lost: Vec<starling_core::SessionEntry>) {
-        let lowest_alive = {
-            let peers = lock(&self.peers);
-            peers.keys().all(|n| *n > self.node)
-        };
-        if !lowest_alive {
+        if !self.lowest_alive() {
             return;
         }
         for entry in lost {
@@ -1128,7 +1160,9 @@ impl Cluster {
                 return;
             };
             for node in dead {
-                lock(&self.peers).remove(&node);
+                if let Some(p) = lock(&self.peers).remove(&node) {
+                    lock(&self.dead).insert(node, p.incarnation);
+                }
                 let lost = self.table.remove_node(node);
                 tracing::warn!(
                     node,

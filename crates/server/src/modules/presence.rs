@@ -341,6 +341,36 @@ impl SessionLostHandler for Presence {
         }
         Ok(Flow::Continue)
     }
+
+    /// The lost session is back: its last broadcast presence again, to the
+    /// same people.
+    async fn session_returned(&self, env: &Env, entry: &starling_core::SessionEntry) -> HookResult {
+        let (Some(_), Some(last)) = (entry.priority, entry.presence.as_deref()) else {
+            return Ok(Flow::Continue);
+        };
+        let me = entry.session.jid.clone();
+        let owner = me.to_bare();
+        let again = |to: Jid| -> Option<Stanza> {
+            let mut s = Stanza::from_element(last.clone()).ok()?;
+            s.set_from(Some(me.clone().into()));
+            s.set_to(Some(to));
+            Some(s)
+        };
+        for other in env.sessions.resources(&owner) {
+            if other.priority.is_some() && other.session != entry.session {
+                if let Some(s) = again(other.session.jid.into()) {
+                    env.route(s).await;
+                }
+            }
+        }
+        let (_, items) = env.storage.roster.get_roster(&owner).await?;
+        for item in items.iter().filter(|i| i.subscription.has_from()) {
+            if let Some(s) = again(item.jid.clone().into()) {
+                env.route(s).await;
+            }
+        }
+        Ok(Flow::Continue)
+    }
 }
 
 #[async_trait]
