@@ -826,3 +826,73 @@ async fn a_node_back_from_a_partition_is_announced_again() {
     n1.stop().await;
     env.stop().await;
 }
+
+/// RFC 6121 §3.1 across nodes: the subscription request, the approval, the
+/// roster pushes (made by the node that handles each side, for sessions on
+/// the other) and the contact's presence.
+#[tokio::test]
+async fn a_subscription_handshake_across_nodes() {
+    const ROSTER: &str = "jabber:iq:roster";
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let mut nina = n1.login("nina").await;
+    let mut omar = n2.login("omar").await;
+    wait_for(&n1, "omar's entry", |s| entries_of(s, 2) == 1).await;
+    for c in [&mut nina, &mut omar] {
+        // §2.2: a session that asked for the roster gets its pushes.
+        let r = c
+            .iq(
+                &format!("<iq type='get' id='rg'><query xmlns='{ROSTER}'/></iq>"),
+                "rg",
+            )
+            .await;
+        assert_eq!(r.attr("type"), Some("result"), "{r}");
+    }
+    let push_of = |e: &Element| -> Option<(String, String)> {
+        let item = e.get_child("query", ROSTER)?.get_child("item", ROSTER)?;
+        Some((
+            item.attr("jid")?.to_owned(),
+            item.attr("subscription")?.to_owned(),
+        ))
+    };
+    let is_push = |e: &Element| e.name() == "iq" && e.attr("type") == Some("set");
+
+    nina.send("<presence to='omar@localhost' type='subscribe'/>")
+        .await;
+    let req = omar
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("subscribe"))
+        .await;
+    assert_eq!(req.attr("from"), Some("nina@localhost"));
+
+    omar.send("<presence to='nina@localhost' type='subscribed'/>")
+        .await;
+    // Omar's own push (node 2, local), then nina's side on node 1.
+    let p = omar.recv_until(is_push).await;
+    assert_eq!(push_of(&p), Some(("nina@localhost".into(), "from".into())));
+    let ok = nina
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("subscribed"))
+        .await;
+    assert_eq!(ok.attr("from"), Some("omar@localhost"));
+    let mut saw_push = false;
+    let mut saw_presence = false;
+    while !(saw_push && saw_presence) {
+        let e = nina
+            .recv_until(|e| is_push(e) || e.name() == "presence")
+            .await;
+        if is_push(&e) {
+            assert_eq!(push_of(&e), Some(("omar@localhost".into(), "to".into())));
+            saw_push = true;
+        } else if e.attr("from") == Some(omar.jid.as_str()) && e.attr("type").is_none() {
+            // §3.1.6: the contact's current presence follows the approval.
+            saw_presence = true;
+        }
+    }
+    drop((nina, omar));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
