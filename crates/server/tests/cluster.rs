@@ -896,3 +896,59 @@ async fn a_subscription_handshake_across_nodes() {
     n1.stop().await;
     env.stop().await;
 }
+
+/// Bad input on the bus (garbage, a cut-off frame, a newer version, an
+/// empty message): each is dropped and counted, and the nodes go on
+/// routing. (Well-formed frames from an impostor are another matter: the
+/// bus is trusted, docs/cluster.md.)
+#[tokio::test]
+async fn garbage_on_the_bus_is_dropped_and_counted() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let mut pat = n1.login("pat").await;
+    let mut quinn = n2.login("quinn").await;
+    wait_for(&n1, "quinn's entry", |s| entries_of(s, 2) == 1).await;
+
+    let rogue = async_nats::connect(env.nats.url()).await.unwrap();
+    let mut cut = b"SB\x01\x02".to_vec();
+    cut.extend_from_slice(&[0; 8]);
+    cut.extend_from_slice(&[7, 255, 255, 0, 0, 1, 2]); // a Deliver cut short
+    let mut newer = b"SB\x09\x02".to_vec();
+    newer.extend_from_slice(&[0; 8]);
+    for (subject, payload) in [
+        ("test.all", b"hello, is this XMPP?".to_vec()),
+        ("test.node.1", cut),
+        ("test.node.1", newer),
+        ("test.all", Vec::new()),
+    ] {
+        rogue
+            .publish(subject, bytes::Bytes::from(payload))
+            .await
+            .unwrap();
+    }
+    rogue.flush().await.unwrap();
+    drop(rogue);
+
+    pat.send(&format!(
+        "<message to='{}' type='chat'><body>still here</body></message>",
+        quinn.jid
+    ))
+    .await;
+    let m = quinn.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "still here");
+    let metrics = n1.server.env.metrics.encode();
+    let bad: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("starling_cluster_bad_messages_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(bad >= 3, "{metrics}");
+    drop((pat, quinn));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
