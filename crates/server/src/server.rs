@@ -34,6 +34,7 @@ pub struct RunningServer {
     drain_timeout: Duration,
     /// This node's side of the cluster bus (`[cluster] nats_url` set).
     pub cluster: Option<Arc<Cluster>>,
+    cluster_tasks: Vec<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -89,8 +90,12 @@ impl RunningServer {
                 .is_ok();
         }
         if let Some(c) = &self.cluster {
-            // The sessions' Unbound events are queued: say goodbye after them.
+            // The sessions' Unbound events are queued: say goodbye after them,
+            // then stop the bus tasks (their NATS connection closes with them).
             c.leave().await;
+            for t in self.cluster_tasks.drain(..) {
+                t.abort();
+            }
         }
         if closed {
             tracing::info!(
@@ -265,9 +270,11 @@ pub async fn start_with(
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (done_tx, done_rx) = mpsc::channel(1);
+    let mut cluster_tasks = Vec::new();
     if let Some(c) = &cluster {
         // Before the listeners: a session bound from now on is announced.
-        c.start(&env, shutdown_rx.clone())
+        cluster_tasks = c
+            .start(&env, shutdown_rx.clone())
             .await
             .context("joining the cluster")?;
     }
@@ -341,6 +348,7 @@ pub async fn start_with(
         shutdown_timeout: Duration::from_secs(cfg.server.shutdown_timeout_secs),
         drain_timeout: Duration::from_secs(cfg.server.drain_timeout_secs),
         cluster,
+        cluster_tasks,
     })
 }
 
