@@ -309,11 +309,7 @@ pub fn snapshot_parts(seq: u64, entries: Vec<EntryState>, max_bytes: usize) -> V
 
 /// Reads one frame in its wire form ([`encode_frame`], [`encode_deliver`]).
 pub fn decode_frame(bytes: &[u8]) -> Result<Option<Frame>, FrameError> {
-    let mut r = Reader { b: bytes };
-    let kind = r.u8()?;
-    let len = r.u32()? as usize;
-    let body = r.take(len)?;
-    decode_body(kind, body)
+    Reader { b: bytes }.frame()
 }
 
 fn put_u32(b: &mut Vec<u8>, v: u32) {
@@ -473,10 +469,7 @@ pub fn decode(msg: &[u8]) -> Result<(Header, Vec<Frame>), FrameError> {
     };
     let mut frames = Vec::new();
     while !r.b.is_empty() {
-        let kind = r.u8()?;
-        let len = r.u32()? as usize;
-        let body = r.take(len)?;
-        if let Some(f) = decode_body(kind, body)? {
+        if let Some(f) = r.frame()? {
             frames.push(f);
         }
     }
@@ -488,6 +481,14 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// The next frame (`None`: a kind this version does not know).
+    fn frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let kind = self.u8()?;
+        let len = self.u32()? as usize;
+        let body = self.take(len)?;
+        decode_body(kind, body)
+    }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
         if self.b.len() < n {
             return Err(FrameError::Malformed("cut short"));

@@ -95,7 +95,29 @@ struct Peer {
     returned: bool,
 }
 
+/// Where a registry event stands against what was applied of its node.
+enum Order {
+    /// Already applied (a snapshot covered it, or a duplicate).
+    Stale,
+    /// The next one: applied now.
+    Next,
+    /// One or more before it are missing: ask for a snapshot.
+    Gap,
+}
+
 impl Peer {
+    /// Places event `seq`; `Next` counts it as applied.
+    fn order(&mut self, seq: u64) -> Order {
+        if seq <= self.applied {
+            Order::Stale
+        } else if seq == self.applied + 1 {
+            self.applied = seq;
+            Order::Next
+        } else {
+            Order::Gap
+        }
+    }
+
     fn new(incarnation: u64) -> Peer {
         Peer {
             incarnation,
@@ -350,6 +372,20 @@ pub fn server_list(url: &str) -> Vec<String> {
         .collect()
 }
 
+/// Connects to the servers of `cfg.nats_url` with `options`, within
+/// `connect_timeout_secs`.
+async fn connect_client(
+    cfg: &ClusterSection,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, ClusterError> {
+    let url = cfg.nats_url.clone().unwrap_or_default();
+    options
+        .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
+        .connect(server_list(&url))
+        .await
+        .map_err(|source| ClusterError::Connect { url, source })
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -361,10 +397,8 @@ impl Cluster {
         node: u8,
         table: Arc<SessionTable>,
     ) -> Result<Arc<Cluster>, ClusterError> {
-        let url = cfg.nats_url.clone().unwrap_or_default();
-        let client = async_nats::ConnectOptions::new()
+        let options = async_nats::ConnectOptions::new()
             .name(format!("starling-node-{node}"))
-            .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
             .event_callback(move |event| async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -375,13 +409,8 @@ impl Cluster {
                     }
                     other => tracing::info!(node, event = %other, "cluster bus (NATS) event"),
                 }
-            })
-            .connect(server_list(&url))
-            .await
-            .map_err(|source| ClusterError::Connect {
-                url: url.clone(),
-                source,
-            })?;
+            });
+        let client = connect_client(cfg, options).await?;
         let mut incarnation = [0u8; 8];
         getrandom::fill(&mut incarnation).expect("the OS random source works");
         let (out, out_rx) = mpsc::unbounded_channel();
@@ -481,14 +510,8 @@ impl Cluster {
         if stanza.kind() != StanzaKind::Message {
             // Presence and iq: as on one node, not kept (an iq's sender
             // times out; presence is state, sent again on change).
-            return self.send(
-                Dest::Node(to.node),
-                &Frame::Deliver {
-                    id: 0,
-                    to: to.clone(),
-                    stanza: stanza.into_element(),
-                },
-            );
+            let _ = self.deliver_unacked(to, stanza);
+            return;
         }
         // Numbered and queued under the pending lock: ids leave in order.
         let mut pending = lock(&self.pending);
@@ -859,9 +882,7 @@ impl Cluster {
         peer.sessions = sessions;
         if !peer.awaiting && seq > peer.applied {
             // Its last events never arrived.
-            peer.awaiting = true;
-            drop(peers);
-            self.send(Dest::Node(h.node), &Frame::SyncRequest);
+            self.resync(peer, h.node);
         }
         lost
     }
@@ -920,19 +941,21 @@ impl Cluster {
             peer.buffered.push((seq, f));
             return lost;
         }
-        if seq <= peer.applied {
-            return lost;
+        match peer.order(seq) {
+            Order::Stale => {}
+            Order::Next => self.apply(f),
+            Order::Gap => {
+                peer.buffered.push((seq, f));
+                self.resync(peer, h.node);
+            }
         }
-        if seq != peer.applied + 1 {
-            peer.awaiting = true;
-            peer.buffered.push((seq, f));
-            drop(peers);
-            self.send(Dest::Node(h.node), &Frame::SyncRequest);
-            return lost;
-        }
-        peer.applied = seq;
-        self.apply(f);
         lost
+    }
+
+    /// Asks `node` for a snapshot; its events wait for it.
+    fn resync(&self, peer: &mut Peer, node: u8) {
+        peer.awaiting = true;
+        self.send(Dest::Node(node), &Frame::SyncRequest);
     }
 
     fn apply(&self, f: Frame) {
@@ -1009,17 +1032,15 @@ impl Cluster {
         let mut buffered = std::mem::take(&mut peer.buffered);
         buffered.sort_by_key(|(s, _)| *s);
         for (s, f) in buffered {
-            if s <= peer.applied {
-                continue;
+            match peer.order(s) {
+                Order::Stale => {}
+                Order::Next => self.apply(f),
+                Order::Gap => {
+                    // The next snapshot is taken after these were sent.
+                    self.resync(peer, h.node);
+                    break;
+                }
             }
-            if s != peer.applied + 1 {
-                peer.awaiting = true;
-                drop(peers);
-                self.send(Dest::Node(h.node), &Frame::SyncRequest);
-                return lost;
-            }
-            peer.applied = s;
-            self.apply(f);
         }
         lost
     }
@@ -1198,16 +1219,8 @@ pub async fn observe(
     cfg: &ClusterSection,
     listen_for: Duration,
 ) -> Result<Vec<ObservedNode>, ClusterError> {
-    let url = cfg.nats_url.clone().unwrap_or_default();
-    let client = async_nats::ConnectOptions::new()
-        .name("starling-cluster-status")
-        .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
-        .connect(server_list(&url))
-        .await
-        .map_err(|source| ClusterError::Connect {
-            url: url.clone(),
-            source,
-        })?;
+    let options = async_nats::ConnectOptions::new().name("starling-cluster-status");
+    let client = connect_client(cfg, options).await?;
     let mut sub = client.subscribe(format!("{}.all", cfg.name)).await?;
     let mut seen: BTreeMap<u8, (ObservedNode, Instant)> = BTreeMap::new();
     let deadline = tokio::time::Instant::now() + listen_for;
