@@ -278,6 +278,12 @@ pub fn encode_deliver(id: u64, to: &SessionRef, stanza: &Element) -> Vec<u8> {
     b
 }
 
+/// Sets the id of a frame written by [`encode_deliver`] (it follows the
+/// kind byte and the length).
+pub fn set_deliver_id(frame: &mut [u8], id: u64) {
+    frame[5..13].copy_from_slice(&id.to_le_bytes());
+}
+
 /// A snapshot of `entries` as of `seq`, split into parts of about
 /// `max_bytes` each (always at least one part).
 pub fn snapshot_parts(seq: u64, entries: Vec<EntryState>, max_bytes: usize) -> Vec<Frame> {
@@ -770,7 +776,8 @@ mod tests {
         // The hot path's encoder writes what the generic one does.
         for f in every_kind() {
             if let Frame::Deliver { id, to, stanza } = &f {
-                let fast = encode_deliver(*id, to, stanza);
+                let mut fast = encode_deliver(0, to, stanza);
+                set_deliver_id(&mut fast, *id);
                 assert_eq!(fast, encode_frame(&f));
                 assert_eq!(decode_frame(&fast).unwrap(), Some(f.clone()));
             }

@@ -513,7 +513,9 @@ impl Cluster {
             let _ = self.deliver_unacked(to, stanza);
             return;
         }
-        // Numbered and queued under the pending lock: ids leave in order.
+        // Serialized outside any lock; numbered and queued under the
+        // pending lock, so ids leave in order.
+        let mut frame = frame::encode_deliver(0, to, stanza.element());
         let mut pending = lock(&self.pending);
         let id = {
             let mut ids = lock(&self.next_id);
@@ -521,7 +523,7 @@ impl Cluster {
             *n += 1;
             *n
         };
-        let frame = frame::encode_deliver(id, to, stanza.element());
+        frame::set_deliver_id(&mut frame, id);
         let _ = self
             .out
             .send(Out::Frame(Dest::Node(to.node), frame.clone()));
@@ -1046,9 +1048,12 @@ impl Cluster {
     }
 
     fn send_snapshot(&self, to: u8) {
-        // Under the event lock: the snapshot is as of `seq`, and later
-        // events are numbered after it.
-        let seq = lock(&self.seq);
+        // As of event `seq` at least: every numbered event's change is in
+        // the table before its number is taken. Changes made while the
+        // entries are read may be in it too; their events come after `seq`
+        // and applying them again is harmless. (The event lock is not held
+        // while the table is read: binds go on meanwhile.)
+        let seq = *lock(&self.seq);
         let entries: Vec<EntryState> = self
             .table
             .local_sessions()
@@ -1059,7 +1064,7 @@ impl Cluster {
                 session: s.entry.session,
             })
             .collect();
-        for part in frame::snapshot_parts(*seq, entries, self.cfg.snapshot_part_bytes.max(1)) {
+        for part in frame::snapshot_parts(seq, entries, self.cfg.snapshot_part_bytes.max(1)) {
             self.send(Dest::Node(to), &part);
         }
     }
