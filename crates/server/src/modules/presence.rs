@@ -327,19 +327,11 @@ impl SessionLostHandler for Presence {
         if entry.priority.is_none() {
             return Ok(Flow::Continue);
         }
-        let me = entry.session.jid.clone();
-        let owner = me.to_bare();
-        let unavailable = |to: Jid| Stanza::presence(Some("unavailable"), me.clone().into(), to);
-        for other in env.sessions.resources(&owner) {
-            if other.priority.is_some() && other.session != entry.session {
-                env.route(unavailable(other.session.jid.into())).await;
-            }
-        }
-        let (_, items) = env.storage.roster.get_roster(&owner).await?;
-        for item in items.iter().filter(|i| i.subscription.has_from()) {
-            env.route(unavailable(item.jid.clone().into())).await;
-        }
-        Ok(Flow::Continue)
+        let from: Jid = entry.session.jid.clone().into();
+        announce(env, entry, |to| {
+            Some(Stanza::presence(Some("unavailable"), from.clone(), to))
+        })
+        .await
     }
 
     /// The lost session is back: its last broadcast presence again, to the
@@ -348,29 +340,41 @@ impl SessionLostHandler for Presence {
         let (Some(_), Some(last)) = (entry.priority, entry.presence.as_deref()) else {
             return Ok(Flow::Continue);
         };
-        let me = entry.session.jid.clone();
-        let owner = me.to_bare();
-        let again = |to: Jid| -> Option<Stanza> {
+        let from: Jid = entry.session.jid.clone().into();
+        announce(env, entry, |to| {
             let mut s = Stanza::from_element(last.clone()).ok()?;
-            s.set_from(Some(me.clone().into()));
+            s.set_from(Some(from.clone()));
             s.set_to(Some(to));
             Some(s)
-        };
-        for other in env.sessions.resources(&owner) {
-            if other.priority.is_some() && other.session != entry.session {
-                if let Some(s) = again(other.session.jid.into()) {
-                    env.route(s).await;
-                }
-            }
-        }
-        let (_, items) = env.storage.roster.get_roster(&owner).await?;
-        for item in items.iter().filter(|i| i.subscription.has_from()) {
-            if let Some(s) = again(item.jid.clone().into()) {
+        })
+        .await
+    }
+}
+
+/// Routes what `make` builds for each of the account's other available
+/// resources and each subscriber in its stored roster (a session of a
+/// cluster node that died or came back: there is no session state to read
+/// them from).
+async fn announce(
+    env: &Env,
+    entry: &starling_core::SessionEntry,
+    make: impl Fn(Jid) -> Option<Stanza>,
+) -> HookResult {
+    let owner = entry.session.jid.to_bare();
+    for other in env.sessions.resources(&owner) {
+        if other.priority.is_some() && other.session != entry.session {
+            if let Some(s) = make(other.session.jid.into()) {
                 env.route(s).await;
             }
         }
-        Ok(Flow::Continue)
     }
+    let (_, items) = env.storage.roster.get_roster(&owner).await?;
+    for item in items.iter().filter(|i| i.subscription.has_from()) {
+        if let Some(s) = make(item.jid.clone().into()) {
+            env.route(s).await;
+        }
+    }
+    Ok(Flow::Continue)
 }
 
 #[async_trait]

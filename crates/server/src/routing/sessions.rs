@@ -30,6 +30,21 @@ struct Slot {
     bound_at: u64,
 }
 
+impl Slot {
+    /// A freshly bound session, not available yet.
+    fn new(session: SessionRef, handle: Option<SessionHandle>, bound_at: u64) -> Slot {
+        Slot {
+            entry: SessionEntry {
+                session,
+                priority: None,
+                presence: None,
+            },
+            handle,
+            bound_at,
+        }
+    }
+}
+
 type Shard = RwLock<HashMap<BareJid, Vec<Slot>>>;
 
 /// Told of every change to this node's own sessions (the cluster's
@@ -136,15 +151,7 @@ impl SessionTable {
             let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
             // Most accounts have one or two resources: size exactly.
             let slots = shard.entry(bare).or_insert_with(|| Vec::with_capacity(1));
-            let new = Slot {
-                entry: SessionEntry {
-                    session: session.clone(),
-                    priority: None,
-                    presence: None,
-                },
-                handle: Some(handle),
-                bound_at,
-            };
+            let new = Slot::new(session.clone(), Some(handle), bound_at);
             self.count.fetch_add(1, Ordering::Relaxed);
             match slots.iter_mut().find(|s| s.entry.jid() == jid) {
                 Some(slot) => {
@@ -177,15 +184,7 @@ impl SessionTable {
         let bare = session.jid.to_bare();
         let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
         let slots = shard.entry(bare).or_insert_with(|| Vec::with_capacity(1));
-        let new = Slot {
-            entry: SessionEntry {
-                session: session.clone(),
-                priority: None,
-                presence: None,
-            },
-            handle: None,
-            bound_at,
-        };
+        let new = Slot::new(session.clone(), None, bound_at);
         match slots.iter_mut().find(|s| s.entry.jid() == &session.jid) {
             Some(slot) if slot.entry.session == *session => {
                 // Already known (a snapshot and an event both said so).
