@@ -226,31 +226,6 @@ async fn befriend(server: &TestServer, a: &str, b: &str) {
     }
 }
 
-/// The bodies in `c`'s archive (XEP-0313), oldest first; `c` must have
-/// nothing else queued.
-async fn archived_bodies(c: &mut Client) -> Vec<String> {
-    const MAM: &str = "urn:xmpp:mam:2";
-    c.send(&format!(
-        "<iq type='set' id='mamq'><query xmlns='{MAM}' queryid='q'><set xmlns='http://jabber.org/protocol/rsm'><max>100</max></set></query></iq>"
-    ))
-    .await;
-    let mut bodies = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some("mamq") {
-            assert_eq!(el.attr("type"), Some("result"), "{el}");
-            return bodies;
-        }
-        if let Some(m) = el
-            .get_child("result", MAM)
-            .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
-            .and_then(|f| f.get_child("message", ns::CLIENT))
-        {
-            bodies.push(body(m));
-        }
-    }
-}
-
 /// The XEP-0430 inbox of `c`: (conversation, unread, entry id) each.
 async fn inbox_entries(c: &mut Client) -> Vec<(String, String, String)> {
     const INBOX: &str = "urn:xmpp:inbox:1";
@@ -270,14 +245,6 @@ async fn inbox_entries(c: &mut Client) -> Vec<(String, String, String)> {
             entries.push((a("jid"), a("unread"), a("id")));
         }
     }
-}
-
-async fn drain(c: &mut Client) {
-    while c
-        .next_event_within(Duration::from_millis(200))
-        .await
-        .is_some()
-    {}
 }
 
 /// Logs in on a node run as a separate process and sends initial presence.
@@ -394,10 +361,10 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     // One archive, whichever node answers (XEP-0313 on the shared
     // database; archive writes are batched, so wait for them).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    drain(&mut alice).await;
-    drain(&mut alice2).await;
-    let on_node1 = archived_bodies(&mut alice).await;
-    let on_node3 = archived_bodies(&mut alice2).await;
+    alice.drain().await;
+    alice2.drain().await;
+    let on_node1 = alice.archived_bodies().await;
+    let on_node3 = alice2.archived_bodies().await;
     assert_eq!(on_node1, ["hi bob", "hi alice", "carbon me"]);
     assert_eq!(on_node1, on_node3);
     // And one inbox (XEP-0430): alice's conversation with bob, the same on
@@ -415,7 +382,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
 
     // RFC 6120 §7.7.2.2 across nodes: binding alice's node-1 resource on
     // node 2 closes the node-1 session with <conflict/>.
-    drain(&mut alice).await;
+    alice.drain().await;
     let resource = alice.jid.split('/').nth(1).unwrap().to_owned();
     let mut again = Client::connect(n2.starttls_addr()).await;
     again.negotiate_tls().await;
@@ -516,7 +483,7 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
 
     // Graceful stop: dan gets system-shutdown, carol sees him leave, and
     // node 1 forgets node 2 at once (no timeout).
-    drain(&mut dan).await;
+    dan.drain().await;
     let stopping = tokio::spawn(n2.stop());
     // RFC 6120 §4.9.3.17: the client is told, and reconnects elsewhere.
     dan.expect_stream_error("system-shutdown").await;

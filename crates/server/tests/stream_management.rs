@@ -14,7 +14,6 @@ use starling_testkit::{
 use std::time::Duration;
 
 const SM: &str = "urn:xmpp:sm:3";
-const MAM: &str = "urn:xmpp:mam:2";
 const QUIET: Duration = Duration::from_millis(300);
 
 /// A new stream authenticated as `user` (who must exist), not bound.
@@ -57,29 +56,6 @@ async fn ack(c: &mut Client) -> u32 {
     c.send(&format!("<r xmlns='{SM}'/>")).await;
     let a = c.recv_until(|e| e.is("a", SM)).await;
     a.attr("h").unwrap().parse().unwrap()
-}
-
-/// The bodies of every message in `c`'s archive.
-async fn archived_bodies(c: &mut Client) -> Vec<String> {
-    c.send(&format!(
-        "<iq type='set' id='mamq'><query xmlns='{MAM}' queryid='q'><set xmlns='http://jabber.org/protocol/rsm'><max>100</max></set></query></iq>"
-    ))
-    .await;
-    let mut bodies = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some("mamq") {
-            assert_eq!(el.attr("type"), Some("result"), "{el}");
-            return bodies;
-        }
-        if let Some(m) = el
-            .get_child("result", MAM)
-            .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
-            .and_then(|f| f.get_child("message", ns::CLIENT))
-        {
-            bodies.push(body(m));
-        }
-    }
 }
 
 #[tokio::test]
@@ -408,7 +384,7 @@ async fn expired_session_hands_unacked_messages_to_offline_storage_archived_once
         assert_eq!(delays, 1, "one delay stamp: {m}");
     }
     a2.drain().await;
-    let bodies = archived_bodies(&mut a2).await;
+    let bodies = a2.archived_bodies().await;
     assert_eq!(
         bodies.iter().filter(|b| *b == "e1").count(),
         1,
@@ -522,9 +498,9 @@ async fn acked_message_is_archived_even_after_sigkill() {
 
     server = killable::KillOnDrop(killable::start_binary(&cfg, p1).await);
     let mut alice = killable::connect(p1, "alice", "secret-a").await;
-    assert_eq!(archived_bodies(&mut alice).await, ["acked"]);
+    assert_eq!(alice.archived_bodies().await, ["acked"]);
     let mut bob = killable::connect(p1, "bob", "secret-b").await;
-    assert_eq!(archived_bodies(&mut bob).await, ["acked"]);
+    assert_eq!(bob.archived_bodies().await, ["acked"]);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1109,6 +1109,36 @@ impl Client {
         self.recv_until(|e| e.name() == "message").await
     }
 
+    /// The bodies of the messages in this account's archive (XEP-0313,
+    /// the first 100), oldest first. Nothing else may be queued for the
+    /// client.
+    pub async fn archived_bodies(&mut self) -> Vec<String> {
+        const MAM: &str = "urn:xmpp:mam:2";
+        self.send(&format!(
+            "<iq type='set' id='mamq'><query xmlns='{MAM}' queryid='q'><set xmlns='http://jabber.org/protocol/rsm'><max>100</max></set></query></iq>"
+        ))
+        .await;
+        let mut bodies = Vec::new();
+        loop {
+            let el = self.recv().await;
+            if el.name() == "iq" && el.attr("id") == Some("mamq") {
+                assert_eq!(el.attr("type"), Some("result"), "{el}");
+                return bodies;
+            }
+            if let Some(m) = el
+                .get_child("result", MAM)
+                .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
+                .and_then(|f| f.get_child("message", ns::CLIENT))
+            {
+                bodies.push(
+                    m.get_child("body", ns::CLIENT)
+                        .map(|b| b.text())
+                        .unwrap_or_default(),
+                );
+            }
+        }
+    }
+
     /// Discards whatever arrives until the connection has been quiet for
     /// 200 ms.
     pub async fn drain(&mut self) {
