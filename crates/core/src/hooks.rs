@@ -499,6 +499,15 @@ pub trait ShutdownHandler: Send + Sync + 'static {
     async fn shutdown(&self, env: &Env);
 }
 
+/// Runs once when the server has built its [`Env`], before the listeners
+/// open: for modules with tasks of their own that need it (group-chat
+/// rooms run as tasks that route stanzas). Keep a `Weak` of it: the
+/// environment holds the hooks, which hold the handler.
+pub trait StartedHandler: Send + Sync + 'static {
+    /// The server's environment.
+    fn started(&self, env: &Arc<Env>);
+}
+
 /// Who an iq is addressed to, from the server's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IqScope {
@@ -690,6 +699,8 @@ pub struct Hooks {
     pub stream_features: Vec<Arc<dyn StreamFeatureProvider>>,
     /// [`ShutdownHandler`]s.
     pub shutdown: Chain<dyn ShutdownHandler>,
+    /// [`StartedHandler`]s.
+    pub started: Vec<Arc<dyn StartedHandler>>,
     /// [`TrafficObserver`]s.
     pub traffic: Vec<Arc<dyn TrafficObserver>>,
     /// [`ConnectionLostHandler`]s.
@@ -910,6 +921,11 @@ impl HookRegistry {
     /// Registers a [`ShutdownHandler`].
     pub fn shutdown(&mut self, module: &'static str, priority: i32, h: Arc<dyn ShutdownHandler>) {
         self.hooks.shutdown.add(priority, module, h);
+    }
+
+    /// Registers a [`StartedHandler`].
+    pub fn started(&mut self, h: Arc<dyn StartedHandler>) {
+        self.hooks.started.push(h);
     }
 
     /// Registers a [`TrafficObserver`].

@@ -20,6 +20,7 @@
 //!   between the roster and presence modules.
 //! - [`module::Module`]: what a module declares (name, config, hooks).
 //! - [`Metrics`]: the metrics registry and pre-resolved hot-path handles.
+//! - [`forms`]: XEP-0004 data forms, read and built.
 //!
 //! Architecture invariant: this crate has no I/O of its own and no knowledge
 //! of any XEP. It is small on purpose so module authors have a stable target.
@@ -27,6 +28,7 @@
 pub mod disco;
 mod env;
 mod extensions;
+pub mod forms;
 mod handover;
 pub mod hooks;
 mod metrics;

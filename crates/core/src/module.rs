@@ -15,7 +15,7 @@
 //! this crate ([`crate::roster::SessionRoster`]).
 
 use crate::hooks::HookRegistry;
-use crate::storage::Storage;
+use crate::storage::{ArchiveIds, Storage};
 use crate::{Metrics, Pressure};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
@@ -32,6 +32,9 @@ pub struct ModuleCtx<'a> {
     pub scram_iterations: u32,
     /// Storage handles.
     pub storage: &'a Storage,
+    /// The node's archive id generator (one per node: ids are unique
+    /// across every archive).
+    pub archive_ids: &'a Arc<ArchiveIds>,
     /// Metrics registry.
     pub metrics: &'a Metrics,
     /// Storage back-pressure, for modules with write-behind queues.

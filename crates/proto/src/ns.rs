@@ -52,3 +52,5 @@ pub const RECEIPTS: &str = "urn:xmpp:receipts";
 pub const CHAT_MARKERS: &str = "urn:xmpp:chat-markers:0";
 /// XEP-0313: message archive management.
 pub const MAM: &str = "urn:xmpp:mam:2";
+/// XEP-0359 unique and stable stanza ids.
+pub const SID: &str = "urn:xmpp:sid:0";

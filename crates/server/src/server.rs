@@ -266,6 +266,9 @@ pub async fn start_with(
         pressure,
         handover: Arc::new(starling_core::HandoverGate::new()),
     });
+    for h in &env.hooks.started {
+        h.started(&env);
+    }
     let http_tls = tls.http.clone();
     let shared = Arc::new(C2sShared::new(env.clone(), Some(tls), &cfg));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

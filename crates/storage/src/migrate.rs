@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 7] = [
+const STEPS: [&str; 8] = [
     "accounts",
     "im-core",
     "offline",
@@ -15,6 +15,7 @@ const STEPS: [&str; 7] = [
     "inbox-unindexed",
     "fast-tokens",
     "archive-buckets",
+    "muc",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

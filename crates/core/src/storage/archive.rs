@@ -75,6 +75,50 @@ impl ArchiveId {
     }
 }
 
+/// The archive id generator of a node, shared by every module that
+/// archives (one-to-one archives, room archives): ids are unique across
+/// owners, so two generators on one node could repeat one.
+#[derive(Debug)]
+pub struct ArchiveIds {
+    node: u8,
+    last: std::sync::atomic::AtomicI64,
+}
+
+impl ArchiveIds {
+    /// A generator for node `node` whose ids are all greater than `above`
+    /// (the greatest id in storage at start-up).
+    pub fn new(node: u8, above: Option<ArchiveId>) -> ArchiveIds {
+        ArchiveIds {
+            node,
+            last: std::sync::atomic::AtomicI64::new(above.map_or(0, |i| i.0)),
+        }
+    }
+
+    /// A new id: its microsecond part is strictly greater than that of
+    /// every id this generator gave before and of the id it was seeded
+    /// with, so a clock that steps back (or a restart after one) never
+    /// repeats an id; the low byte is always this node's.
+    pub fn next(&self) -> ArchiveId {
+        use std::sync::atomic::Ordering;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        let mut prev = self.last.load(Ordering::Relaxed);
+        loop {
+            let micros = now.max((prev >> 8) + 1);
+            let next = ArchiveId::from_parts(micros, self.node).0;
+            match self
+                .last
+                .compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return ArchiveId(next),
+                Err(p) => prev = p,
+            }
+        }
+    }
+}
+
 /// Bit in [`ArchiveRecord::flags`]: an instant message (it has a body);
 /// counted as unread by the inbox.
 pub const FLAG_BODY: i32 = 1;

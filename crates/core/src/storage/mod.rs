@@ -7,11 +7,12 @@
 
 mod archive;
 mod im;
+mod muc;
 mod offline;
 
 pub use archive::coalesce_inbox_updates;
 pub use archive::{
-    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
+    ArchiveId, ArchiveIds, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
     UnreadChange, WithFilter, FLAG_BODY,
 };
@@ -19,6 +20,7 @@ pub use im::{
     BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
     UserDataStore,
 };
+pub use muc::{MucStore, RoomAffiliation, StoredRoom};
 pub use offline::{OfflineMessage, OfflineStore, OfflineStoreError};
 
 use async_trait::async_trait;
@@ -169,6 +171,8 @@ pub struct Storage {
     pub archive: Arc<dyn ArchiveStore>,
     /// Inboxes (XEP-0430).
     pub inbox: Arc<dyn InboxStore>,
+    /// Group-chat rooms (XEP-0045).
+    pub muc: Arc<dyn MucStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
 }
@@ -185,6 +189,7 @@ impl Storage {
         self.offline.remove_user(jid).await?;
         self.archive.remove_user(jid).await?;
         self.inbox.remove_user(jid).await?;
+        self.muc.remove_user(jid).await?;
         self.accounts.delete(jid).await
     }
 }

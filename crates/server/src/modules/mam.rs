@@ -72,8 +72,8 @@ use starling_core::hooks::{
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
-    ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore, PrefsDefault,
-    Storage, StorageResult, WithFilter, FLAG_BODY,
+    ArchiveId, ArchiveIds, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
+    PrefsDefault, Storage, StorageResult, WithFilter, FLAG_BODY,
 };
 use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
 use starling_proto::datetime::{parse_xep0082, xep0082_datetime};
@@ -85,7 +85,6 @@ use starling_proto::{
 };
 use starling_xml::Element;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -144,8 +143,7 @@ const PREFS_TTL: Duration = Duration::from_secs(60);
 
 /// The archive module; shared with the inbox module.
 pub struct Mam {
-    node: u8,
-    last: AtomicI64,
+    ids: Arc<ArchiveIds>,
     store: Arc<dyn ArchiveStore>,
     queue: WriteBehind<ArchiveRecord>,
     default_mode: PrefsDefault,
@@ -192,7 +190,7 @@ impl Mam {
     pub async fn register(
         cfg: &MamConfig,
         domains: &[String],
-        node: u8,
+        ids: Arc<ArchiveIds>,
         storage: &Storage,
         metrics: &Metrics,
         pressure: &Arc<Pressure>,
@@ -206,17 +204,8 @@ impl Mam {
             metrics.write_behind.queue("archive"),
             pressure.clone(),
         );
-        // Seed the id generator above everything stored (see next_id).
-        let seed = match store.max_id().await {
-            Ok(id) => id.map_or(0, |i| i.0),
-            Err(e) => {
-                tracing::error!(module = NAME, error = %e, "reading the greatest archive id failed; ids start from the clock");
-                0
-            }
-        };
         let m = Arc::new(Mam {
-            node,
-            last: AtomicI64::new(seed),
+            ids,
             store: store.clone(),
             queue,
             default_mode: PrefsDefault::parse(&cfg.default_mode).unwrap_or(PrefsDefault::Always),
@@ -273,24 +262,9 @@ impl Mam {
         m
     }
 
-    /// A new id: its microsecond part is strictly greater than that of
-    /// every id this node gave before and of the greatest id in storage at
-    /// start-up, so a clock that steps back (or a restart after one) never
-    /// repeats an id; the low byte is always this node's.
+    /// A new archive id (the node's shared generator).
     pub fn next_id(&self) -> ArchiveId {
-        let now = now_micros();
-        let mut prev = self.last.load(Ordering::Relaxed);
-        loop {
-            let micros = now.max((prev >> 8) + 1);
-            let next = ArchiveId::from_parts(micros, self.node).0;
-            match self
-                .last
-                .compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return ArchiveId(next),
-                Err(p) => prev = p,
-            }
-        }
+        self.ids.next()
     }
 
     /// Waits until every record queued so far is written.
@@ -1176,7 +1150,7 @@ impl Module for Mam {
         Mam::register(
             cfg,
             ctx.domains,
-            ctx.node_id,
+            ctx.archive_ids.clone(),
             ctx.storage,
             ctx.metrics,
             ctx.pressure,
@@ -1279,7 +1253,8 @@ mod tests {
         let cfg = MamConfig::default();
         let metrics = Metrics::new();
         let pressure = Arc::new(Pressure::new());
-        let m = Mam::register(&cfg, &[], 3, &storage, &metrics, &pressure, &mut reg).await;
+        let ids = super::super::archive_ids(&storage, 3).await;
+        let m = Mam::register(&cfg, &[], ids, &storage, &metrics, &pressure, &mut reg).await;
         let ids: Vec<ArchiveId> = (0..1000).map(|_| m.next_id()).collect();
         assert!(ids[0].micros() > future.micros());
         assert!(ids.windows(2).all(|w| w[0].micros() < w[1].micros()));

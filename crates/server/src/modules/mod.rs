@@ -47,7 +47,7 @@ use crate::config::Config;
 use serde::Deserialize as _;
 use starling_core::hooks::{HookRegistry, Hooks};
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::Storage;
+use starling_core::storage::{ArchiveIds, Storage};
 use starling_core::{Metrics, Pressure};
 use std::any::Any;
 use std::fmt;
@@ -294,6 +294,19 @@ impl<'de> serde::Deserialize<'de> for ModulesSection {
     }
 }
 
+/// The node's archive id generator, seeded above the greatest id in
+/// storage (a restart after the clock stepped back repeats no id).
+pub async fn archive_ids(storage: &Storage, node: u8) -> Arc<ArchiveIds> {
+    let above = match storage.archive.max_id().await {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::error!(error = %e, "reading the greatest archive id failed; ids start from the clock");
+            None
+        }
+    };
+    Arc::new(ArchiveIds::new(node, above))
+}
+
 /// Starts every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
 /// the Tokio runtime.
@@ -306,11 +319,13 @@ pub async fn build_hooks(
 ) -> Hooks {
     let mut reg = HookRegistry::new();
     let is_enabled = |name: &str| cfg.modules.is_enabled(name);
+    let archive_ids = archive_ids(storage, cfg.server.node_id).await;
     let ctx = ModuleCtx {
         domains: &cfg.server.domains,
         node_id: cfg.server.node_id,
         scram_iterations: cfg.auth.scram_iterations,
         storage,
+        archive_ids: &archive_ids,
         metrics,
         pressure,
         is_enabled: &is_enabled,

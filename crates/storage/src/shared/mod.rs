@@ -24,6 +24,7 @@ mod accounts;
 mod archive;
 pub(crate) mod buckets;
 mod im;
+mod muc;
 mod offline;
 
 use super::Store;
@@ -49,6 +50,7 @@ impl Store {
             offline: me.clone(),
             archive: me.clone(),
             inbox: me.clone(),
+            muc: me.clone(),
             backend: me,
         }
     }

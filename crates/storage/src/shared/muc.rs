@@ -1,0 +1,220 @@
+//! [`MucStore`]: group-chat rooms and their affiliations.
+//!
+//! A room JID `name@service` is keyed by `(service, name)`, its domain and
+//! node (as [`split`] gives an account's). Writers of one stored room are
+//! serialized by its `muc_rooms` row: `delete_room` deletes it first and
+//! `set_affiliations` locks it first (`FOR UPDATE` on PostgreSQL; SQLite
+//! has one writer anyway), so the lock order is the same everywhere (room
+//! row, then affiliation rows). Affiliations do not require a stored room:
+//! the module may write them before the room itself.
+
+use super::{backend, split, Db, Dialect, Store};
+use async_trait::async_trait;
+use sqlx::{Database, Row};
+use starling_core::storage::{MucStore, RoomAffiliation, StorageResult, StoredRoom};
+use starling_proto::BareJid;
+
+/// The room JID of a `(service, name)` key; `None` if it is no longer a
+/// valid JID.
+fn room_jid(service: &str, name: &str) -> Option<BareJid> {
+    if name.is_empty() {
+        BareJid::new(service).ok()
+    } else {
+        BareJid::new(&format!("{name}@{service}")).ok()
+    }
+}
+
+/// A `muc_rooms` row (`service, name, config, subject, created_at`).
+fn room_from_row(r: &<Db as Database>::Row) -> Option<StoredRoom> {
+    Some(StoredRoom {
+        jid: room_jid(r.get("service"), r.get("name"))?,
+        config: r.get("config"),
+        subject: r.get("subject"),
+        created_at: r.get("created_at"),
+    })
+}
+
+/// A `muc_affiliations` row (`jid, affiliation, nick, reason`).
+fn affiliation_from_row(r: &<Db as Database>::Row) -> RoomAffiliation {
+    RoomAffiliation {
+        jid: r.get("jid"),
+        affiliation: r.get("affiliation"),
+        nick: r.get("nick"),
+        reason: r.get("reason"),
+    }
+}
+
+#[async_trait]
+impl MucStore for Store {
+    async fn room(&self, room: &BareJid) -> StorageResult<Option<StoredRoom>> {
+        let (service, name) = split(room);
+        let row = sqlx::query(
+            "SELECT service, name, config, subject, created_at FROM muc_rooms
+             WHERE service = $1 AND name = $2",
+        )
+        .bind(service)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.as_ref().and_then(room_from_row))
+    }
+
+    async fn put_room(&self, room: &StoredRoom) -> StorageResult<()> {
+        let (service, name) = split(&room.jid);
+        // One statement: atomic on both engines; created_at is not in the
+        // update, so an existing room keeps its own.
+        sqlx::query(
+            "INSERT INTO muc_rooms (service, name, config, subject, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (service, name) DO UPDATE SET
+               config = excluded.config, subject = excluded.subject",
+        )
+        .bind(service)
+        .bind(name)
+        .bind(room.config.as_str())
+        .bind(room.subject.as_str())
+        .bind(room.created_at)
+        .execute(&self.writer)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn delete_room(&self, room: &BareJid) -> StorageResult<bool> {
+        let (service, name) = split(room);
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        // The room row first: the lock order of set_affiliations.
+        let existed = sqlx::query("DELETE FROM muc_rooms WHERE service = $1 AND name = $2")
+            .bind(service)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?
+            .rows_affected()
+            > 0;
+        sqlx::query("DELETE FROM muc_affiliations WHERE service = $1 AND name = $2")
+            .bind(service)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(existed)
+    }
+
+    async fn rooms(
+        &self,
+        service: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StorageResult<Vec<StoredRoom>> {
+        let rows = sqlx::query(
+            "SELECT service, name, config, subject, created_at FROM muc_rooms
+             WHERE service = $1 AND name > $2
+             ORDER BY name LIMIT $3",
+        )
+        .bind(service)
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.iter().filter_map(room_from_row).collect())
+    }
+
+    async fn affiliations(&self, room: &BareJid) -> StorageResult<Vec<RoomAffiliation>> {
+        let (service, name) = split(room);
+        let rows = sqlx::query(
+            "SELECT jid, affiliation, nick, reason FROM muc_affiliations
+             WHERE service = $1 AND name = $2 ORDER BY jid",
+        )
+        .bind(service)
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows.iter().map(affiliation_from_row).collect())
+    }
+
+    async fn set_affiliations(
+        &self,
+        room: &BareJid,
+        changes: &[RoomAffiliation],
+    ) -> StorageResult<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let (service, name) = split(room);
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        // Lock order: the room row (if stored), then the affiliations, as
+        // delete_room does; concurrent writers of one room take turns.
+        sqlx::query(for_update!(
+            "SELECT 1 FROM muc_rooms WHERE service = $1 AND name = $2"
+        ))
+        .bind(service)
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        // In the caller's order: of two changes of one JID, the last wins.
+        for c in changes {
+            if c.affiliation == "none" {
+                sqlx::query(
+                    "DELETE FROM muc_affiliations WHERE service = $1 AND name = $2 AND jid = $3",
+                )
+                .bind(service)
+                .bind(name)
+                .bind(c.jid.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            } else {
+                sqlx::query(
+                    "INSERT INTO muc_affiliations (service, name, jid, affiliation, nick, reason)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (service, name, jid) DO UPDATE SET
+                       affiliation = excluded.affiliation, nick = excluded.nick,
+                       reason = excluded.reason",
+                )
+                .bind(service)
+                .bind(name)
+                .bind(c.jid.as_str())
+                .bind(c.affiliation.as_str())
+                .bind(c.nick.as_deref())
+                .bind(c.reason.as_deref())
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            }
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn rooms_of(&self, jid: &BareJid) -> StorageResult<Vec<(BareJid, RoomAffiliation)>> {
+        let rows = sqlx::query(
+            "SELECT service, name, jid, affiliation, nick, reason FROM muc_affiliations
+             WHERE jid = $1 ORDER BY service, name",
+        )
+        .bind(jid.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let room = room_jid(r.get("service"), r.get("name"))?;
+                Some((room, affiliation_from_row(r)))
+            })
+            .collect())
+    }
+
+    async fn remove_user(&self, jid: &BareJid) -> StorageResult<()> {
+        sqlx::query("DELETE FROM muc_affiliations WHERE jid = $1")
+            .bind(jid.as_str())
+            .execute(&self.writer)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+}
