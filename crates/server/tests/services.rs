@@ -122,9 +122,16 @@ async fn the_server_lists_its_services_in_disco_items() {
         })
         .collect();
     // The fixed domain is not under localhost: not listed there.
+    // (The group-chat module's service is listed beside it.)
     assert_eq!(
         listed,
-        [("echo.localhost".to_owned(), Some("Echo".to_owned()))]
+        [
+            (
+                "conference.localhost".to_owned(),
+                Some("Chatrooms".to_owned())
+            ),
+            ("echo.localhost".to_owned(), Some("Echo".to_owned()))
+        ]
     );
     server.stop().await;
 }

@@ -14,6 +14,7 @@ pub mod disco;
 pub mod inbox;
 pub mod last;
 pub mod mam;
+pub mod muc;
 pub mod offline;
 pub mod ping;
 pub mod presence;
@@ -32,6 +33,7 @@ pub use disco::Disco;
 pub use inbox::Inbox;
 pub use last::Last;
 pub use mam::Mam;
+pub use muc::Muc;
 pub use offline::Offline;
 pub use ping::Ping;
 pub use presence::Presence;
@@ -74,6 +76,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Carbons>(PhantomData),
     &Entry::<Mam>(PhantomData),
     &Entry::<Inbox>(PhantomData),
+    &Entry::<Muc>(PhantomData),
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
 ];

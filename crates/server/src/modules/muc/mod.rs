@@ -1,0 +1,900 @@
+//! Multi-User Chat (XEP-0045) at `conference.<domain>` (`[modules.muc]
+//! subdomain`): a local service (DESIGN.md "Sessions, connections and
+//! services") whose rooms run as tasks.
+//!
+//! - **One task per live room.** The service hands each stanza for a room
+//!   or one of its occupants to that room's bounded queue and returns; the
+//!   room's task applies the rules (`room.rs`, synchronous: a stanza in,
+//!   stanzas to route and rows to store out), stores what must outlive it,
+//!   then routes what it produced, in order. A room is never locked by two
+//!   tasks, a stanza the room sends itself (an error bounced back to it)
+//!   only queues, and a flooded room answers `resource-constraint` without
+//!   slowing any other room. The task of an empty room ends after
+//!   `idle_unload_secs` (a persistent room is loaded again from storage
+//!   on its next stanza); a temporary room is destroyed when its last
+//!   occupant leaves (§10.1 "temporary room").
+//! - **Creation** (§10.1): an available presence to a room that does not
+//!   exist creates it if `create_rooms` allows the sender (`local`: any
+//!   account of a served domain; `admins`: the service admins), up to
+//!   `max_rooms_per_user` persistent rooms owned per user. The room stays
+//!   locked (entering gives `item-not-found`, §7.2.10) until the owner
+//!   submits the configuration form, an empty one for an instant room
+//!   (§10.1.2); cancelling it destroys the room.
+//! - **Storage**: configuration, subject and affiliations (with registered
+//!   nicknames) of persistent rooms in `MucStore` (written before the
+//!   stanzas that report the change are routed); messages in the archive
+//!   under the room's JID (through a write-behind queue of its own) when
+//!   `muc#roomconfig_enablelogging` is on, which also keeps the history
+//!   sent on entering across restarts (the last `muc#maxhistoryfetch`
+//!   messages are loaded with the room).
+//! - **Stanza ids and occupant ids**: every groupchat message gets a
+//!   XEP-0359 `<stanza-id by='room'/>` (its archive id) and every
+//!   presence and message an XEP-0421 `<occupant-id/>` (a keyed hash of
+//!   the real bare JID with a random secret of the room); ones a client
+//!   put there are removed.
+//! - **Self-ping** (XEP-0410 with the optimization): a ping to one's own
+//!   occupant JID is answered by the room.
+//! - **Shutdown**: occupants get unavailable presence with status 332.
+//!
+//! Hooks: a [`Service`] at the configured subdomain, disco identity and
+//! features of the service, a `started` handler (the room tasks route
+//! through the server's environment), `shutdown`. Storage: muc, archive.
+//! Config: `[modules.muc]` ([`MucConfig`]).
+
+mod config;
+mod room;
+
+use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use config::RoomConfig;
+use room::{Ctx, Out, Room};
+use serde::Deserialize;
+use starling_core::hooks::{
+    HookRegistry, Service, ServiceAddress, ShutdownHandler, StartedHandler,
+};
+use starling_core::module::{ConfigProblem, Module, ModuleCtx};
+use starling_core::storage::{
+    ArchiveIds, ArchiveQuery, ArchiveRecord, ArchiveStore, Storage, StorageResult, StoredRoom,
+};
+use starling_core::{async_trait, Env};
+use starling_proto::{
+    ns, BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
+use starling_xml::Element;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+const NAME: &str = "muc";
+/// XEP-0045 namespaces.
+pub const NS_MUC: &str = "http://jabber.org/protocol/muc";
+/// `muc#user`.
+pub const NS_MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+/// `muc#admin`.
+pub const NS_MUC_ADMIN: &str = "http://jabber.org/protocol/muc#admin";
+/// `muc#owner`.
+pub const NS_MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
+/// `muc#request` (voice requests).
+pub const NS_MUC_REQUEST: &str = "http://jabber.org/protocol/muc#request";
+/// `muc#unique` (§10.1.4).
+pub const NS_MUC_UNIQUE: &str = "http://jabber.org/protocol/muc#unique";
+/// XEP-0421 occupant ids.
+pub const NS_OCCUPANT_ID: &str = "urn:xmpp:occupant-id:0";
+/// XEP-0410 self-ping optimization.
+pub const NS_SELF_PING_OPT: &str = "http://jabber.org/protocol/muc#self-ping-optimization";
+
+/// `[modules.muc]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MucConfig {
+    /// Run the group-chat service.
+    pub enabled: bool,
+    /// The service's subdomain of every served domain (`conference` gives
+    /// `conference.example.org`).
+    pub subdomain: String,
+    /// Its name in service discovery.
+    pub name: String,
+    /// Who may create rooms: `local` (any account of a served domain) or
+    /// `admins` (only the JIDs in `admins`).
+    pub create_rooms: String,
+    /// Service administrators (bare JIDs): may always create rooms.
+    pub admins: Vec<String>,
+    /// Most persistent rooms one user may own (0: no limit).
+    pub max_rooms_per_user: u32,
+    /// Most occupants a room may be configured for.
+    pub max_users: u32,
+    /// A new room's occupant limit.
+    pub default_max_users: u32,
+    /// Most messages a room keeps for the history on entering.
+    pub max_history: u32,
+    /// A new room's `muc#maxhistoryfetch`.
+    pub default_history: u32,
+    /// Longest nickname, in characters.
+    pub max_nick_len: u32,
+    /// Longest subject, in characters.
+    pub max_subject_len: u32,
+    /// Owners may make rooms persistent.
+    pub allow_persistent: bool,
+    /// New rooms' defaults (§10.1.2 instant rooms keep them).
+    pub default_persistent: bool,
+    /// See `default_persistent`.
+    pub default_public: bool,
+    /// See `default_persistent`.
+    pub default_members_only: bool,
+    /// See `default_persistent`.
+    pub default_moderated: bool,
+    /// See `default_persistent` (archive messages on the room's JID).
+    pub default_logging: bool,
+    /// Stanzas waiting for one room before senders get
+    /// `resource-constraint`.
+    pub room_queue: usize,
+    /// Seconds an empty persistent room stays in memory.
+    pub idle_unload_secs: u64,
+}
+
+impl Default for MucConfig {
+    fn default() -> Self {
+        MucConfig {
+            enabled: true,
+            subdomain: "conference".into(),
+            name: "Chatrooms".into(),
+            create_rooms: "local".into(),
+            admins: Vec::new(),
+            max_rooms_per_user: 100,
+            max_users: 5000,
+            default_max_users: 200,
+            max_history: 100,
+            default_history: 20,
+            max_nick_len: 64,
+            max_subject_len: 1024,
+            allow_persistent: true,
+            default_persistent: false,
+            default_public: true,
+            default_members_only: false,
+            default_moderated: false,
+            default_logging: true,
+            room_queue: 1024,
+            idle_unload_secs: 60,
+        }
+    }
+}
+
+/// The group-chat module.
+pub struct Muc;
+
+impl Module for Muc {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str =
+        "XEP-0045 multi-user chat (with XEP-0359 stanza ids, XEP-0410 self-ping, XEP-0421 occupant ids) at conference.<domain>";
+    type Config = MucConfig;
+    const STORAGE: &'static [&'static str] = &["muc", "archive"];
+
+    fn enabled(cfg: &MucConfig) -> bool {
+        cfg.enabled
+    }
+
+    fn validate(cfg: &MucConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
+        let label_ok = !cfg.subdomain.is_empty()
+            && cfg.subdomain.len() <= 63
+            && cfg
+                .subdomain
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !label_ok {
+            return Err(ConfigProblem::new(
+                "subdomain",
+                "must be one DNS label of lowercase letters, digits and '-', e.g. \"conference\"",
+            ));
+        }
+        if !matches!(cfg.create_rooms.as_str(), "local" | "admins") {
+            return Err(ConfigProblem::new(
+                "create_rooms",
+                "must be \"local\" or \"admins\"",
+            ));
+        }
+        for a in &cfg.admins {
+            if BareJid::new(a).is_err() {
+                return Err(ConfigProblem::new(
+                    "admins",
+                    format!("{a} is not a bare JID"),
+                ));
+            }
+        }
+        if cfg.max_users == 0 || cfg.default_max_users == 0 || cfg.default_max_users > cfg.max_users
+        {
+            return Err(ConfigProblem::new(
+                "default_max_users",
+                "must be between 1 and max_users",
+            ));
+        }
+        if cfg.default_history > cfg.max_history {
+            return Err(ConfigProblem::new(
+                "default_history",
+                "must be at most max_history",
+            ));
+        }
+        if cfg.room_queue == 0 {
+            return Err(ConfigProblem::new("room_queue", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    async fn start(cfg: &MucConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        let archive = WriteBehind::spawn(
+            "muc_archive",
+            Arc::new(Sink(ctx.storage.archive.clone())),
+            WriteBehindConfig {
+                capacity: 100_000,
+                max_bytes: 64 << 20,
+                max_batch: 500,
+                max_delay: Duration::from_millis(5),
+            },
+            ctx.metrics.write_behind.queue("muc_archive"),
+            ctx.pressure.clone(),
+        );
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            env: OnceLock::new(),
+            rooms: Mutex::new(HashMap::new()),
+            ids: ctx.archive_ids.clone(),
+            archive,
+            storage: ctx.storage.clone(),
+            next_gen: std::sync::atomic::AtomicU64::new(1),
+            full_log: Default::default(),
+        });
+        // The label lives as long as the server (one per start).
+        let label: &'static str = Box::leak(cfg.subdomain.clone().into_boxed_str());
+        let svc = Arc::new(MucService(inner));
+        reg.service(
+            NAME,
+            ServiceAddress::Subdomain(label),
+            &cfg.name,
+            svc.clone(),
+        );
+        reg.started(svc.clone());
+        reg.shutdown(NAME, 20, svc);
+    }
+}
+
+struct Sink(Arc<dyn ArchiveStore>);
+
+#[async_trait]
+impl BatchSink<ArchiveRecord> for Sink {
+    async fn write(&self, batch: &[ArchiveRecord]) -> StorageResult<()> {
+        self.0.append(batch).await
+    }
+}
+
+/// What the service knows of a live room without asking its task.
+#[derive(Clone, Debug, Default)]
+struct Listing {
+    name: String,
+    public: bool,
+    locked: bool,
+    occupants: usize,
+}
+
+struct RoomHandle {
+    tx: mpsc::Sender<RoomMsg>,
+    generation: u64,
+    listing: Arc<Mutex<Listing>>,
+}
+
+enum RoomMsg {
+    Stanza(Stanza),
+    Shutdown(oneshot::Sender<()>),
+}
+
+struct Inner {
+    cfg: MucConfig,
+    env: OnceLock<Weak<Env>>,
+    rooms: Mutex<HashMap<BareJid, RoomHandle>>,
+    ids: Arc<ArchiveIds>,
+    archive: WriteBehind<ArchiveRecord>,
+    storage: Storage,
+    next_gen: std::sync::atomic::AtomicU64,
+    /// The full-queue warning, throttled (a flood must not flood the log).
+    full_log: starling_core::throttle::LogThrottle,
+}
+
+struct MucService(Arc<Inner>);
+
+impl StartedHandler for MucService {
+    fn started(&self, env: &Arc<Env>) {
+        let _ = self.0.env.set(Arc::downgrade(env));
+    }
+}
+
+#[async_trait]
+impl ShutdownHandler for MucService {
+    async fn shutdown(&self, _env: &Env) {
+        let senders: Vec<mpsc::Sender<RoomMsg>> = self
+            .0
+            .rooms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|h| h.tx.clone())
+            .collect();
+        let mut acks = Vec::new();
+        for tx in senders {
+            let (ack, rx) = oneshot::channel();
+            if tx.send(RoomMsg::Shutdown(ack)).await.is_ok() {
+                acks.push(rx);
+            }
+        }
+        let all = futures_util::future::join_all(acks);
+        if tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(module = NAME, "some rooms did not stop within 5 s");
+        }
+        self.0.archive.close().await;
+    }
+}
+
+fn error(c: StanzaErrorCondition, text: &str) -> StanzaError {
+    StanzaError::new(c).with_text(text)
+}
+
+#[async_trait]
+impl Service for MucService {
+    async fn handle(&self, env: &Env, stanza: Stanza) {
+        let Some(to) = stanza.to().cloned() else {
+            return;
+        };
+        if to.node().is_none() {
+            if let Some(reply) = self.0.service_stanza(env, &stanza).await {
+                env.route(reply).await;
+            }
+            return;
+        }
+        if let Some(reply) = self.0.dispatch(to.to_bare(), stanza) {
+            env.route(reply).await;
+        }
+    }
+}
+
+impl Inner {
+    fn env(&self) -> Option<Arc<Env>> {
+        self.env.get().and_then(Weak::upgrade)
+    }
+
+    /// Queues a stanza for its room, starting the room's task if needed.
+    /// Returns the error reply when the room's queue is full.
+    fn dispatch(self: &Arc<Self>, room: BareJid, stanza: Stanza) -> Option<Stanza> {
+        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        let handle = rooms.entry(room.clone()).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(self.cfg.room_queue);
+            let generation = self
+                .next_gen
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let listing = Arc::new(Mutex::new(Listing::default()));
+            tokio::spawn(run_room(
+                self.clone(),
+                room.clone(),
+                rx,
+                generation,
+                listing.clone(),
+            ));
+            RoomHandle {
+                tx,
+                generation,
+                listing,
+            }
+        });
+        match handle.tx.try_send(RoomMsg::Stanza(stanza)) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(s)))
+            | Err(mpsc::error::TrySendError::Closed(RoomMsg::Stanza(s))) => {
+                if let Some(suppressed) = self.full_log.check() {
+                    tracing::warn!(module = NAME, room = %room, suppressed, "room queue full; stanza refused with resource-constraint");
+                }
+                s.error_reply(
+                    error(
+                        StanzaErrorCondition::ResourceConstraint,
+                        "this room is too busy, try again later",
+                    )
+                    .with_type(ErrorType::Wait),
+                )
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Removes the room's entry if its queue is empty (no stanza can be
+    /// queued while the map is locked). Returns whether the task may end.
+    fn unregister(&self, room: &BareJid, generation: u64, rx: &mpsc::Receiver<RoomMsg>) -> bool {
+        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        if !rx.is_empty() {
+            return false;
+        }
+        if rooms.get(room).is_some_and(|h| h.generation == generation) {
+            rooms.remove(room);
+        }
+        true
+    }
+
+    /// Loads a stored room (with its affiliations and recent history).
+    async fn load(&self, jid: &BareJid) -> StorageResult<Option<Room>> {
+        let Some(stored) = self.storage.muc.room(jid).await? else {
+            return Ok(None);
+        };
+        let config = RoomConfig::from_stored(&stored.config).unwrap_or_else(|| {
+            tracing::error!(module = NAME, room = %jid, "stored room configuration unreadable; defaults used");
+            RoomConfig::new_room(&self.cfg, starling_proto::random_id(24))
+        });
+        let mut room = Room::new(jid.clone(), config, stored.subject, stored.created_at);
+        room.stored = true;
+        for a in self.storage.muc.affiliations(jid).await? {
+            if let Some(aff) = room::Affiliation::parse(&a.affiliation) {
+                room.affiliations.insert(
+                    a.jid,
+                    room::Aff {
+                        affiliation: aff,
+                        nick: a.nick,
+                        reason: a.reason,
+                    },
+                );
+            }
+        }
+        let keep = room
+            .config
+            .history_size
+            .max(self.cfg.default_history)
+            .min(self.cfg.max_history);
+        if room.config.logging && keep > 0 {
+            let page = self
+                .storage
+                .archive
+                .query(
+                    jid,
+                    &ArchiveQuery {
+                        limit: keep,
+                        from_end: true,
+                        ..ArchiveQuery::default()
+                    },
+                )
+                .await?;
+            for m in page.messages {
+                if let Ok(el) = m.stanza.parse::<Element>() {
+                    let chars = el.size_hint();
+                    room.history.push_back(room::HistoryItem {
+                        id: m.id,
+                        el,
+                        chars,
+                    });
+                }
+            }
+        }
+        Ok(Some(room))
+    }
+
+    /// Whether `who` may create a room.
+    fn may_create(&self, env: &Env, who: &BareJid) -> bool {
+        self.cfg.admins.iter().any(|a| a == who.as_str())
+            || (self.cfg.create_rooms == "local" && env.hosts.is_local(who.domain().as_str()))
+    }
+
+    /// Stanzas to the service itself (§6.1–§6.3, §10.1.4).
+    async fn service_stanza(&self, env: &Env, st: &Stanza) -> Option<Stanza> {
+        if st.kind() != StanzaKind::Iq {
+            if st.kind() == StanzaKind::Message && !st.is_error() {
+                return st.error_reply(error(
+                    StanzaErrorCondition::ServiceUnavailable,
+                    "send messages to a room",
+                ));
+            }
+            return None;
+        }
+        if !st.is_iq_request() {
+            return None;
+        }
+        let q = st.payload()?;
+        let get = st.type_attr() == Some("get");
+        let reply = match (q.ns(), q.name(), get) {
+            (ns::DISCO_INFO, "query", true) if q.attr("node").is_none() => {
+                let mut r = Element::new("query", ns::DISCO_INFO);
+                r.append_child(
+                    Element::builder("identity", ns::DISCO_INFO)
+                        .attr("category", "conference")
+                        .attr("name", self.cfg.name.as_str())
+                        .attr("type", "text")
+                        .build(),
+                );
+                for f in [
+                    NS_MUC,
+                    NS_MUC_UNIQUE,
+                    ns::DISCO_INFO,
+                    ns::DISCO_ITEMS,
+                    ns::REGISTER,
+                    NS_OCCUPANT_ID,
+                    ns::PING,
+                ] {
+                    r.append_child(
+                        Element::builder("feature", ns::DISCO_INFO)
+                            .attr("var", f)
+                            .build(),
+                    );
+                }
+                Ok(Some(r))
+            }
+            (ns::DISCO_ITEMS, "query", true) if q.attr("node").is_none() => {
+                self.room_list(env, st).await
+            }
+            (NS_MUC_UNIQUE, "unique", true) => Ok(Some(
+                Element::builder("unique", NS_MUC_UNIQUE)
+                    .text(starling_proto::random_id(16).to_lowercase())
+                    .build(),
+            )),
+            (ns::PING, "ping", true) => Ok(None),
+            _ => Err(StanzaError::new(StanzaErrorCondition::ServiceUnavailable)),
+        };
+        match reply {
+            Ok(p) => Some(st.iq_result(p)),
+            Err(e) => st.error_reply(e),
+        }
+    }
+
+    /// §6.2: public rooms — live ones and stored persistent ones — with
+    /// XEP-0059 paging (`max`, `after`).
+    async fn room_list(&self, _env: &Env, st: &Stanza) -> Result<Option<Element>, StanzaError> {
+        let service = st
+            .to()
+            .map(|t| t.domain().as_str().to_owned())
+            .unwrap_or_default();
+        let set = st
+            .payload()
+            .and_then(|q| q.get_child("set", "http://jabber.org/protocol/rsm"));
+        let max = set
+            .and_then(|s| s.get_child("max", "http://jabber.org/protocol/rsm"))
+            .and_then(|m| m.text().trim().parse::<usize>().ok())
+            .unwrap_or(1000)
+            .min(1000);
+        let after = set
+            .and_then(|s| s.get_child("after", "http://jabber.org/protocol/rsm"))
+            .map(|a| a.text());
+        let mut rooms: std::collections::BTreeMap<String, String> =
+            std::collections::BTreeMap::new();
+        for (jid, h) in self.rooms.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let l = h.listing.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if jid.domain().as_str() == service && l.public && !l.locked && l.occupants > 0 {
+                let name = if l.name.is_empty() {
+                    jid.node()
+                        .map(|n| n.as_str().to_owned())
+                        .unwrap_or_default()
+                } else {
+                    l.name
+                };
+                rooms.insert(jid.to_string(), name);
+            }
+        }
+        let mut cursor: Option<String> = after
+            .as_ref()
+            .and_then(|a| BareJid::new(a).ok())
+            .and_then(|j| j.node().map(|n| n.as_str().to_owned()));
+        // Stored rooms, a page at a time, until enough public ones.
+        loop {
+            let page = self
+                .storage
+                .muc
+                .rooms(&service, cursor.as_deref(), 500)
+                .await
+                .map_err(|e| {
+                    tracing::error!(module = NAME, error = %e, "listing rooms failed");
+                    StanzaError::new(StanzaErrorCondition::InternalServerError)
+                        .with_type(ErrorType::Wait)
+                })?;
+            let n = page.len();
+            for r in page {
+                cursor = r.jid.node().map(|n| n.as_str().to_owned());
+                if let Some(c) = RoomConfig::from_stored(&r.config) {
+                    if c.public {
+                        let name = if c.name.is_empty() {
+                            cursor.clone().unwrap_or_default()
+                        } else {
+                            c.name
+                        };
+                        rooms.entry(r.jid.to_string()).or_insert(name);
+                    }
+                }
+            }
+            if n < 500 || rooms.len() > max + 1000 {
+                break;
+            }
+        }
+        let mut q = Element::new("query", ns::DISCO_ITEMS);
+        let mut first = None;
+        let mut last = None;
+        let total = rooms.len();
+        for (jid, name) in rooms
+            .into_iter()
+            .filter(|(j, _)| after.as_ref().is_none_or(|a| j.as_str() > a.as_str()))
+            .take(max)
+        {
+            first.get_or_insert_with(|| jid.clone());
+            last = Some(jid.clone());
+            q.append_child(
+                Element::builder("item", ns::DISCO_ITEMS)
+                    .attr("jid", jid)
+                    .attr("name", name)
+                    .build(),
+            );
+        }
+        if set.is_some() {
+            let rsm = "http://jabber.org/protocol/rsm";
+            let mut s = Element::new("set", rsm);
+            if let (Some(f), Some(l)) = (first, last) {
+                s.append_child(Element::builder("first", rsm).text(f).build());
+                s.append_child(Element::builder("last", rsm).text(l).build());
+            }
+            s.append_child(
+                Element::builder("count", rsm)
+                    .text(total.to_string())
+                    .build(),
+            );
+            q.append_child(s);
+        }
+        Ok(Some(q))
+    }
+
+    /// How many rooms `who` owns (stored ones).
+    async fn owned_rooms(&self, who: &BareJid) -> StorageResult<usize> {
+        Ok(self
+            .storage
+            .muc
+            .rooms_of(who)
+            .await?
+            .iter()
+            .filter(|(_, a)| a.affiliation == "owner")
+            .count())
+    }
+
+    /// Stores what a handler changed, before its stanzas are routed.
+    async fn persist(&self, room: &mut Room, out: &mut Out) -> StorageResult<()> {
+        if out.destroyed {
+            if room.stored {
+                self.storage.muc.delete_room(&room.jid).await?;
+                room.stored = false;
+            }
+            return Ok(());
+        }
+        if room.config.persistent && !room.locked {
+            if !room.stored || out.save {
+                self.storage
+                    .muc
+                    .put_room(&StoredRoom {
+                        jid: room.jid.clone(),
+                        config: room.config.to_stored(),
+                        subject: room.stored_subject(),
+                        created_at: room.created_at,
+                    })
+                    .await?;
+            }
+            if !room.stored {
+                // Newly persistent: every affiliation so far.
+                let all: Vec<_> = room
+                    .affiliations
+                    .iter()
+                    .map(|(j, a)| starling_core::storage::RoomAffiliation {
+                        jid: j.clone(),
+                        affiliation: a.affiliation.as_str().to_owned(),
+                        nick: a.nick.clone(),
+                        reason: a.reason.clone(),
+                    })
+                    .collect();
+                self.storage.muc.set_affiliations(&room.jid, &all).await?;
+                room.stored = true;
+            } else if !out.affiliations.is_empty() {
+                self.storage
+                    .muc
+                    .set_affiliations(&room.jid, &out.affiliations)
+                    .await?;
+            }
+        } else if room.stored && !room.config.persistent {
+            // Made temporary: it lives on in memory until it empties.
+            self.storage.muc.delete_room(&room.jid).await?;
+            room.stored = false;
+        }
+        Ok(())
+    }
+}
+
+/// A room's task: loads it, then applies its stanzas one at a time.
+async fn run_room(
+    inner: Arc<Inner>,
+    jid: BareJid,
+    mut rx: mpsc::Receiver<RoomMsg>,
+    generation: u64,
+    listing: Arc<Mutex<Listing>>,
+) {
+    let idle = Duration::from_secs(inner.cfg.idle_unload_secs);
+    let mut room = match inner.load(&jid).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(module = NAME, room = %jid, error = %e, "loading the room failed");
+            // Answer what waits, then let the next stanza try again.
+            loop {
+                let msg = rx.try_recv();
+                let Some(env) = inner.env() else { break };
+                match msg {
+                    Ok(RoomMsg::Stanza(s)) => {
+                        if let Some(r) = s.error_reply(
+                            error(
+                                StanzaErrorCondition::InternalServerError,
+                                "the room could not be loaded",
+                            )
+                            .with_type(ErrorType::Wait),
+                        ) {
+                            env.route(r).await;
+                        }
+                    }
+                    Ok(RoomMsg::Shutdown(ack)) => {
+                        let _ = ack.send(());
+                    }
+                    Err(_) => {
+                        if inner.unregister(&jid, generation, &rx) {
+                            break;
+                        }
+                    }
+                }
+            }
+            return;
+        }
+    };
+    loop {
+        let empty = room.as_ref().is_none_or(Room::is_empty);
+        let msg = if empty {
+            match tokio::time::timeout(
+                if room.is_none() { Duration::ZERO } else { idle },
+                rx.recv(),
+            )
+            .await
+            {
+                Ok(m) => m,
+                Err(_) => {
+                    if inner.unregister(&jid, generation, &rx) {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            rx.recv().await
+        };
+        let Some(msg) = msg else { break };
+        let Some(env) = inner.env() else { break };
+        match msg {
+            RoomMsg::Shutdown(ack) => {
+                if let Some(r) = &mut room {
+                    let mut out = Out::default();
+                    r.shutdown(&mut out);
+                    for s in out.stanzas {
+                        env.route(s).await;
+                    }
+                }
+                let _ = ack.send(());
+                // Stay until the server is gone: stanzas still get answered.
+            }
+            RoomMsg::Stanza(st) => {
+                process(&inner, &env, &jid, &mut room, st).await;
+                let mut l = listing.lock().unwrap_or_else(|e| e.into_inner());
+                *l = match &room {
+                    Some(r) => Listing {
+                        name: r.config.name.clone(),
+                        public: r.config.public,
+                        locked: r.locked,
+                        occupants: r.occupant_count(),
+                    },
+                    None => Listing::default(),
+                };
+            }
+        }
+    }
+}
+
+/// One stanza for room `jid` (which may not exist yet).
+async fn process(
+    inner: &Arc<Inner>,
+    env: &Env,
+    jid: &BareJid,
+    room: &mut Option<Room>,
+    st: Stanza,
+) {
+    let cx = Ctx {
+        svc: &inner.cfg,
+        ids: &inner.ids,
+    };
+    let mut out = Out::default();
+    match room {
+        Some(r) => r.handle(&cx, st, &mut out),
+        None => {
+            let creating = st.kind() == StanzaKind::Presence
+                && st.type_attr().is_none()
+                && st.to().is_some_and(|t| t.resource().is_some());
+            let Some(from) = st.from().cloned() else {
+                return;
+            };
+            if !creating {
+                if st.is_iq_request() || (st.kind() == StanzaKind::Message && !st.is_error()) {
+                    if let Some(r) = st.error_reply(error(
+                        StanzaErrorCondition::ItemNotFound,
+                        "this room does not exist",
+                    )) {
+                        env.route(r).await;
+                    }
+                }
+                return;
+            }
+            let creator = from.to_bare();
+            if !inner.may_create(env, &creator) {
+                if let Some(r) = st.error_reply(error(
+                    StanzaErrorCondition::NotAllowed,
+                    "you may not create rooms on this service",
+                )) {
+                    env.route(r).await;
+                }
+                return;
+            }
+            if inner.cfg.max_rooms_per_user > 0 && inner.cfg.default_persistent {
+                match inner.owned_rooms(&creator).await {
+                    Ok(n) if n >= inner.cfg.max_rooms_per_user as usize => {
+                        if let Some(r) = st.error_reply(error(
+                            StanzaErrorCondition::NotAllowed,
+                            "you own as many rooms as this service allows",
+                        )) {
+                            env.route(r).await;
+                        }
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(module = NAME, error = %e, "counting owned rooms failed");
+                        return;
+                    }
+                }
+            }
+            let mut r = Room::new(
+                jid.clone(),
+                RoomConfig::new_room(&inner.cfg, starling_proto::random_id(24)),
+                String::new(),
+                room::now_millis(),
+            );
+            r.locked = true;
+            r.make_owner(&creator, &mut out);
+            r.creating = true;
+            r.handle(&cx, st, &mut out);
+            r.creating = false;
+            if r.is_empty() {
+                // The creator could not enter (a bad nickname): no room.
+                out.affiliations.clear();
+                out.stanzas.retain(|s| s.is_error());
+            } else {
+                tracing::info!(module = NAME, room = %jid, owner = %creator, "room created");
+                *room = Some(r);
+            }
+        }
+    }
+    if let Some(r) = room.as_mut() {
+        if let Err(e) = inner.persist(r, &mut out).await {
+            tracing::error!(module = NAME, room = %jid, error = %e, "storing the room failed");
+        }
+        for rec in out.archive.drain(..) {
+            inner.archive.push(rec).await;
+        }
+        // A temporary (or never configured) room ends with its last occupant.
+        if out.destroyed || (r.is_empty() && (!r.config.persistent || r.locked)) {
+            if r.stored {
+                if let Err(e) = inner.storage.muc.delete_room(&r.jid).await {
+                    tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room failed");
+                }
+            }
+            tracing::info!(module = NAME, room = %jid, "room destroyed");
+            *room = None;
+        }
+    }
+    for s in out.stanzas {
+        env.route(s).await;
+    }
+}

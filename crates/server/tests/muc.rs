@@ -1,0 +1,1023 @@
+//! Multi-User Chat (XEP-0045) over real sockets, one scenario per use case
+//! (section numbers in each test), with XEP-0359 stanza ids, XEP-0410
+//! self-ping and XEP-0421 occupant ids. Includes the cases the Smack
+//! integration tests hold ejabberd and Prosody to: a locked room is not
+//! joinable, a full room says so, the default role in a moderated room is
+//! visitor, occupants see each other's presence before their own, occupant
+//! disco answers correctly.
+
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::time::Duration;
+
+const MUC: &str = "http://jabber.org/protocol/muc";
+const MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+const MUC_ADMIN: &str = "http://jabber.org/protocol/muc#admin";
+const MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
+const SERVICE: &str = "conference.localhost";
+const QUIET: Duration = Duration::from_millis(300);
+
+fn room(name: &str) -> String {
+    format!("{name}@{SERVICE}")
+}
+
+fn statuses(el: &Element) -> Vec<String> {
+    el.get_child("x", MUC_USER)
+        .map(|x| {
+            x.children()
+                .filter(|c| c.name() == "status")
+                .filter_map(|c| c.attr("code").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn item(el: &Element) -> &Element {
+    el.get_child("x", MUC_USER)
+        .and_then(|x| x.get_child("item", MUC_USER))
+        .unwrap_or_else(|| panic!("no muc#user item: {el}"))
+}
+
+fn body(m: &Element) -> String {
+    m.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+/// Sends a join presence (`extra` inside `<x xmlns=muc>`) and returns
+/// every stanza up to and including the subject message, which ends the
+/// entering sequence (§7.2.15). Panics on an error presence.
+async fn join_with(c: &mut Client, room: &str, nick: &str, extra: &str) -> Vec<Element> {
+    c.send(&format!(
+        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
+    ))
+    .await;
+    let mut got = Vec::new();
+    loop {
+        let el = c.recv().await;
+        assert_ne!(el.attr("type"), Some("error"), "entering failed: {el}");
+        let done = el.name() == "message" && el.has_child("subject", ns::CLIENT);
+        got.push(el);
+        if done {
+            return got;
+        }
+    }
+}
+
+async fn join(c: &mut Client, room: &str, nick: &str) -> Vec<Element> {
+    join_with(c, room, nick, "").await
+}
+
+/// A join that must fail: the error presence's condition.
+async fn join_error(c: &mut Client, room: &str, nick: &str, extra: &str) -> String {
+    c.send(&format!(
+        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
+    ))
+    .await;
+    let el = c
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
+        .await;
+    assert_eq!(
+        el.attr("from"),
+        Some(format!("{room}/{nick}").as_str()),
+        "{el}"
+    );
+    error_condition(&el).unwrap_or_default()
+}
+
+/// §10.1.2: the owner accepts the default configuration.
+async fn instant(c: &mut Client, room: &str) {
+    let r = c
+        .iq(
+            &format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'/></query></iq>"),
+            "inst",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+}
+
+/// Submits configuration fields (`(var, value)`).
+async fn configure(c: &mut Client, room: &str, fields: &[(&str, &str)]) -> Element {
+    let mut f = String::new();
+    for (var, v) in fields {
+        f.push_str(&format!("<field var='{var}'><value>{v}</value></field>"));
+    }
+    c.iq(
+        &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#roomconfig</value></field>{f}</x></query></iq>"),
+        "cfg",
+    )
+    .await
+}
+
+/// Creates an open room owned by `c` (instant) and drains what follows.
+async fn open_room(c: &mut Client, name: &str, nick: &str) -> String {
+    let r = room(name);
+    join(c, &r, nick).await;
+    instant(c, &r).await;
+    c.drain().await;
+    r
+}
+
+async fn admin_set(c: &mut Client, room: &str, item: &str) -> Element {
+    c.iq(
+        &format!(
+            "<iq to='{room}' type='set' id='adm'><query xmlns='{MUC_ADMIN}'>{item}</query></iq>"
+        ),
+        "adm",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn creating_a_room_locks_it_until_configured_and_presence_comes_in_order() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let r = room("lobby");
+
+    // §10.1.1: the creator is owner and moderator, told 110 and 201.
+    let got = join(&mut alice, &r, "Alice").await;
+    let own = got.iter().find(|e| e.name() == "presence").unwrap();
+    assert_eq!(own.attr("from"), Some(format!("{r}/Alice").as_str()));
+    let codes = statuses(own);
+    assert!(
+        codes.contains(&"110".into()) && codes.contains(&"201".into()),
+        "{own}"
+    );
+    assert_eq!(item(own).attr("affiliation"), Some("owner"));
+    assert_eq!(item(own).attr("role"), Some("moderator"));
+    assert!(
+        own.has_child("occupant-id", "urn:xmpp:occupant-id:0"),
+        "XEP-0421: {own}"
+    );
+
+    // §7.2.10: a locked room is not joinable.
+    assert_eq!(join_error(&mut bob, &r, "Bob", "").await, "item-not-found");
+
+    // §10.1.2: an instant room.
+    instant(&mut alice, &r).await;
+    let got = join(&mut bob, &r, "Bob").await;
+    let presences: Vec<&Element> = got.iter().filter(|e| e.name() == "presence").collect();
+    // §7.2.3: the others' presence first, the own one last with 110.
+    assert_eq!(presences.len(), 2, "{got:?}");
+    assert_eq!(
+        presences[0].attr("from"),
+        Some(format!("{r}/Alice").as_str())
+    );
+    assert!(statuses(presences[0]).is_empty());
+    assert_eq!(presences[1].attr("from"), Some(format!("{r}/Bob").as_str()));
+    assert!(statuses(presences[1]).contains(&"110".into()));
+    assert_eq!(item(presences[1]).attr("role"), Some("participant"));
+    assert_eq!(item(presences[1]).attr("affiliation"), Some("none"));
+    // Semi-anonymous by default: bob does not see alice's real JID…
+    assert!(item(presences[0]).attr("jid").is_none(), "{}", presences[0]);
+    // …alice (a moderator) sees bob's.
+    let p = alice
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(&format!("{r}/Bob")))
+        .await;
+    assert_eq!(item(&p).attr("jid"), Some(bob.jid.as_str()));
+    assert!(statuses(&p).is_empty());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_subject_and_history_on_entering() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "talk", "Alice").await;
+
+    // §8.1: the moderator sets the subject; everyone gets it.
+    alice
+        .send(&format!(
+            "<message to='{r}' type='groupchat' id='s1'><subject>Plans</subject></message>"
+        ))
+        .await;
+    let s = alice.recv_message().await;
+    assert_eq!(s.get_child("subject", ns::CLIENT).unwrap().text(), "Plans");
+    // §7.4: messages are reflected to the sender too, with a stanza-id by
+    // the room and the sender's id kept.
+    for i in 1..=3 {
+        alice
+            .send(&format!("<message to='{r}' type='groupchat' id='m{i}'><body>hello {i}</body><occupant-id xmlns='urn:xmpp:occupant-id:0' id='forged'/></message>"))
+            .await;
+        let m = alice.recv_message().await;
+        assert_eq!(m.attr("from"), Some(format!("{r}/Alice").as_str()));
+        assert_eq!(m.attr("id"), Some(format!("m{i}").as_str()));
+        assert_eq!(body(&m), format!("hello {i}"));
+        let sid = m
+            .get_child("stanza-id", "urn:xmpp:sid:0")
+            .expect("stanza-id");
+        assert_eq!(sid.attr("by"), Some(r.as_str()));
+        let oids: Vec<_> = m
+            .children()
+            .filter(|c| c.is("occupant-id", "urn:xmpp:occupant-id:0"))
+            .collect();
+        assert_eq!(oids.len(), 1, "client occupant-id replaced: {m}");
+        assert_ne!(oids[0].attr("id"), Some("forged"));
+    }
+
+    // §7.2.13, §7.2.14: history (2 asked) with delays, then the subject.
+    let mut bob = server.login("bob").await;
+    let got = join_with(&mut bob, &r, "Bob", "<history maxstanzas='2'/>").await;
+    let msgs: Vec<&Element> = got.iter().filter(|e| e.name() == "message").collect();
+    assert_eq!(msgs.len(), 3, "{got:?}");
+    assert_eq!(body(msgs[0]), "hello 2");
+    assert_eq!(body(msgs[1]), "hello 3");
+    let delay = msgs[0].get_child("delay", "urn:xmpp:delay").expect("delay");
+    assert_eq!(delay.attr("from"), Some(r.as_str()));
+    assert_eq!(
+        msgs[2].get_child("subject", ns::CLIENT).unwrap().text(),
+        "Plans"
+    );
+    assert_eq!(msgs[2].attr("from"), Some(format!("{r}/Alice").as_str()));
+    // maxstanzas='0': no history at all.
+    let mut carol = server.login("carol").await;
+    let got = join_with(&mut carol, &r, "Carol", "<history maxstanzas='0'/>").await;
+    assert_eq!(got.iter().filter(|e| e.name() == "message").count(), 1);
+
+    // §7.4: non-occupants cannot send; §7.3: participants may not change
+    // the subject by default.
+    let mut dave = server.login("dave").await;
+    dave.send(&format!(
+        "<message to='{r}' type='groupchat' id='x'><body>hi</body></message>"
+    ))
+    .await;
+    let e = dave.recv_message().await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    bob.drain().await;
+    bob.send(&format!(
+        "<message to='{r}' type='groupchat' id='s2'><subject>mine</subject></message>"
+    ))
+    .await;
+    let e = bob.recv_message().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn private_messages_nick_changes_and_leaving() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "pm", "Alice").await;
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &r, "Bob").await;
+    alice.drain().await;
+
+    // §7.5: a private message arrives from the sender's occupant JID.
+    bob.send(&format!(
+        "<message to='{r}/Alice' type='chat' id='p1'><body>psst</body></message>"
+    ))
+    .await;
+    let m = alice.recv_message().await;
+    assert_eq!(m.attr("from"), Some(format!("{r}/Bob").as_str()));
+    assert_eq!(body(&m), "psst");
+    assert!(m.has_child("x", MUC_USER));
+    // To a nick nobody has: item-not-found.
+    bob.send(&format!(
+        "<message to='{r}/Nobody' type='chat' id='p2'><body>?</body></message>"
+    ))
+    .await;
+    let e = bob.recv_message().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("item-not-found"));
+    // groupchat to an occupant: bad-request.
+    bob.send(&format!(
+        "<message to='{r}/Alice' type='groupchat' id='p3'><body>?</body></message>"
+    ))
+    .await;
+    let e = bob.recv_message().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("bad-request"));
+
+    // §7.6: nick change: unavailable with 303 and the new nick, then the
+    // new presence.
+    bob.send(&format!("<presence to='{r}/Robert'/>")).await;
+    let un = alice.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(un.attr("type"), Some("unavailable"));
+    assert_eq!(un.attr("from"), Some(format!("{r}/Bob").as_str()));
+    assert_eq!(item(&un).attr("nick"), Some("Robert"));
+    assert!(statuses(&un).contains(&"303".into()));
+    let av = alice.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(av.attr("from"), Some(format!("{r}/Robert").as_str()));
+    assert_eq!(av.attr("type"), None);
+    let own = bob.recv_until(|e| e.name() == "presence").await;
+    assert!(statuses(&own).contains(&"303".into()) && statuses(&own).contains(&"110".into()));
+    bob.recv_until(|e| e.name() == "presence").await;
+    // The old nick is free, taking alice's is a conflict (§7.6.3).
+    bob.send(&format!("<presence to='{r}/Alice'/>")).await;
+    let e = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(error_condition(&e).as_deref(), Some("conflict"), "{e}");
+
+    // §7.14: leaving; a closed connection leaves too (directed presence).
+    bob.send(&format!(
+        "<presence to='{r}/Robert' type='unavailable'><status>bye</status></presence>"
+    ))
+    .await;
+    let un = alice.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(un.attr("type"), Some("unavailable"));
+    assert_eq!(item(&un).attr("role"), Some("none"));
+    let own = bob.recv_until(|e| e.name() == "presence").await;
+    assert!(statuses(&own).contains(&"110".into()));
+    let mut carol = server.login("carol").await;
+    join(&mut carol, &r, "Carol").await;
+    alice.drain().await;
+    carol.close().await;
+    let un = alice.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(un.attr("from"), Some(format!("{r}/Carol").as_str()));
+    assert_eq!(un.attr("type"), Some("unavailable"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn entering_errors_password_members_ban_nick_full_and_bad_nick() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+
+    // §7.2.5: password.
+    let r = room("secret");
+    join(&mut alice, &r, "Alice").await;
+    let c = configure(
+        &mut alice,
+        &r,
+        &[
+            ("muc#roomconfig_passwordprotectedroom", "1"),
+            ("muc#roomconfig_roomsecret", "open sesame"),
+        ],
+    )
+    .await;
+    assert_eq!(c.attr("type"), Some("result"), "{c}");
+    assert_eq!(join_error(&mut bob, &r, "Bob", "").await, "not-authorized");
+    assert_eq!(
+        join_error(&mut bob, &r, "Bob", "<password>wrong</password>").await,
+        "not-authorized"
+    );
+    join_with(&mut bob, &r, "Bob", "<password>open sesame</password>").await;
+
+    // §7.2.8: nick conflict.
+    let mut carol = server.login("carol").await;
+    assert_eq!(
+        join_error(&mut carol, &r, "Bob", "<password>open sesame</password>").await,
+        "conflict"
+    );
+    // A nickname that is not a valid resourcepart, or too long.
+    let long = "n".repeat(65);
+    assert_eq!(join_error(&mut carol, &r, &long, "").await, "jid-malformed");
+
+    // §7.2.6: members-only.
+    let r2 = room("club");
+    join(&mut alice, &r2, "Alice").await;
+    configure(&mut alice, &r2, &[("muc#roomconfig_membersonly", "1")]).await;
+    assert_eq!(
+        join_error(&mut carol, &r2, "Carol", "").await,
+        "registration-required"
+    );
+    let a = admin_set(
+        &mut alice,
+        &r2,
+        "<item affiliation='member' jid='carol@localhost'/>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    join(&mut carol, &r2, "Carol").await;
+
+    // §7.2.9: full (owners still enter).
+    let r3 = room("tiny");
+    join(&mut alice, &r3, "Alice").await;
+    configure(&mut alice, &r3, &[("muc#roomconfig_maxusers", "2")]).await;
+    join(&mut bob, &r3, "Bob").await;
+    assert_eq!(
+        join_error(&mut carol, &r3, "Carol", "").await,
+        "service-unavailable"
+    );
+    // A maxusers above the service limit is refused.
+    let c = configure(&mut alice, &r3, &[("muc#roomconfig_maxusers", "999999")]).await;
+    assert_eq!(
+        error_condition(&c).as_deref(),
+        Some("not-acceptable"),
+        "{c}"
+    );
+    let c = configure(
+        &mut alice,
+        &r3,
+        &[("muc#roomconfig_moderatedroom", "perhaps")],
+    )
+    .await;
+    assert_eq!(error_condition(&c).as_deref(), Some("bad-request"), "{c}");
+
+    // §7.2.7 / §9.1: banned.
+    alice.drain().await;
+    let a = admin_set(
+        &mut alice,
+        &r3,
+        "<item affiliation='outcast' jid='bob@localhost'><reason>spam</reason></item>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    let gone = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(&format!("{r3}/Bob")))
+        .await;
+    assert_eq!(gone.attr("type"), Some("unavailable"));
+    assert!(statuses(&gone).contains(&"301".into()), "{gone}");
+    assert_eq!(item(&gone).attr("affiliation"), Some("outcast"));
+    assert_eq!(
+        item(&gone)
+            .get_child("reason", MUC_USER)
+            .map(|r| r.text())
+            .as_deref(),
+        Some("spam")
+    );
+    assert_eq!(join_error(&mut bob, &r3, "Bob", "").await, "forbidden");
+    // §9.2: the ban list.
+    let l = alice
+        .iq(
+            &format!("<iq to='{r3}' type='get' id='bl'><query xmlns='{MUC_ADMIN}'><item affiliation='outcast'/></query></iq>"),
+            "bl",
+        )
+        .await;
+    let items: Vec<_> = l
+        .get_child("query", MUC_ADMIN)
+        .unwrap()
+        .children()
+        .collect();
+    assert_eq!(items.len(), 1, "{l}");
+    assert_eq!(items[0].attr("jid"), Some("bob@localhost"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn moderated_rooms_visitors_voice_and_kick() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = room("stage");
+    join(&mut alice, &r, "Alice").await;
+    configure(&mut alice, &r, &[("muc#roomconfig_moderatedroom", "1")]).await;
+    alice.drain().await;
+    let mut bob = server.login("bob").await;
+    let got = join(&mut bob, &r, "Bob").await;
+    // §5.1.2: the default role in a moderated room is visitor.
+    let own = got.iter().rfind(|e| e.name() == "presence").unwrap();
+    assert_eq!(item(own).attr("role"), Some("visitor"), "{own}");
+    // §7.4: visitors may not speak.
+    bob.send(&format!(
+        "<message to='{r}' type='groupchat' id='v1'><body>hi</body></message>"
+    ))
+    .await;
+    let e = bob.recv_message().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
+    // §8.5: the voice list is for moderators.
+    let l = bob
+        .iq(
+            &format!("<iq to='{r}' type='get' id='vl'><query xmlns='{MUC_ADMIN}'><item role='participant'/></query></iq>"),
+            "vl",
+        )
+        .await;
+    assert_eq!(error_condition(&l).as_deref(), Some("forbidden"));
+    // §7.12: a voice request reaches the moderator, §8.6 approving it
+    // gives voice.
+    bob.send(&format!("<message to='{r}' id='vr'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#role'><value>participant</value></field></x></message>"))
+        .await;
+    let req = alice.recv_message().await;
+    assert!(req.has_child("x", "jabber:x:data"), "{req}");
+    alice
+        .send(&format!("<message to='{r}' id='ok'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#roomnick'><value>Bob</value></field><field var='muc#request_allow'><value>true</value></field></x></message>"))
+        .await;
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(item(&p).attr("role"), Some("participant"), "{p}");
+    bob.send(&format!(
+        "<message to='{r}' type='groupchat' id='v2'><body>thanks</body></message>"
+    ))
+    .await;
+    assert_eq!(body(&bob.recv_message().await), "thanks");
+    // §8.4: revoking voice, §8.3 granting it with the admin iq.
+    let a = admin_set(&mut alice, &r, "<item nick='Bob' role='visitor'/>").await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(item(&p).attr("role"), Some("visitor"));
+    // A visitor cannot kick; a moderator cannot be kicked by a participant.
+    let k = admin_set(&mut bob, &r, "<item nick='Alice' role='none'/>").await;
+    assert_eq!(error_condition(&k).as_deref(), Some("forbidden"), "{k}");
+    // §8.2: kick, 307 with the actor and reason.
+    let k = admin_set(
+        &mut alice,
+        &r,
+        "<item nick='Bob' role='none'><reason>noise</reason></item>",
+    )
+    .await;
+    assert_eq!(k.attr("type"), Some("result"), "{k}");
+    let gone = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
+        .await;
+    let codes = statuses(&gone);
+    assert!(
+        codes.contains(&"307".into()) && codes.contains(&"110".into()),
+        "{gone}"
+    );
+    assert_eq!(
+        item(&gone)
+            .get_child("actor", MUC_USER)
+            .and_then(|a| a.attr("nick")),
+        Some("Alice")
+    );
+    // Kicking someone not there: item-not-found; an owner cannot be kicked
+    // by an admin (§8.2: not-allowed).
+    let k = admin_set(&mut alice, &r, "<item nick='Bob' role='none'/>").await;
+    assert_eq!(error_condition(&k).as_deref(), Some("item-not-found"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn affiliations_admins_owners_and_the_last_owner() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "org", "Alice").await;
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &r, "Bob").await;
+    alice.drain().await;
+    // §9.6 via an affiliation: admin makes bob a moderator at once.
+    let a = admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='admin' jid='bob@localhost'/>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(item(&p).attr("affiliation"), Some("admin"));
+    assert_eq!(item(&p).attr("role"), Some("moderator"));
+    // An admin may not touch an owner (§9.1, §10.4).
+    let a = admin_set(
+        &mut bob,
+        &r,
+        "<item affiliation='outcast' jid='alice@localhost'/>",
+    )
+    .await;
+    assert_eq!(error_condition(&a).as_deref(), Some("not-allowed"), "{a}");
+    let a = admin_set(
+        &mut bob,
+        &r,
+        "<item affiliation='owner' jid='bob@localhost'/>",
+    )
+    .await;
+    assert_eq!(error_condition(&a).as_deref(), Some("not-allowed"), "{a}");
+    // Only owners see the owner list and the configuration form (§10.5, §10.2).
+    let f = bob
+        .iq(
+            &format!("<iq to='{r}' type='get' id='cf'><query xmlns='{MUC_OWNER}'/></iq>"),
+            "cf",
+        )
+        .await;
+    assert_eq!(error_condition(&f).as_deref(), Some("forbidden"));
+    let f = alice
+        .iq(
+            &format!("<iq to='{r}' type='get' id='cf'><query xmlns='{MUC_OWNER}'/></iq>"),
+            "cf",
+        )
+        .await;
+    let form = f
+        .get_child("query", MUC_OWNER)
+        .and_then(|q| q.get_child("x", "jabber:x:data"))
+        .expect("form");
+    let vars: Vec<&str> = form.children().filter_map(|c| c.attr("var")).collect();
+    for v in [
+        "muc#roomconfig_roomname",
+        "muc#roomconfig_persistentroom",
+        "muc#roomconfig_membersonly",
+        "muc#roomconfig_whois",
+        "muc#roomconfig_roomowners",
+    ] {
+        assert!(vars.contains(&v), "{v} missing from {form}");
+    }
+    // §10.4: the last owner cannot step down.
+    let a = admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='member' jid='alice@localhost'/>",
+    )
+    .await;
+    assert_eq!(error_condition(&a).as_deref(), Some("conflict"), "{a}");
+    // §10.3: a second owner, then the first may leave the list.
+    let a = admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='owner' jid='bob@localhost'/>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"));
+    let a = admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='member' jid='alice@localhost'/>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    // §9.5: the member list.
+    let l = bob
+        .iq(&format!("<iq to='{r}' type='get' id='ml'><query xmlns='{MUC_ADMIN}'><item affiliation='member'/></query></iq>"), "ml")
+        .await;
+    let jids: Vec<_> = l
+        .get_child("query", MUC_ADMIN)
+        .unwrap()
+        .children()
+        .filter_map(|i| i.attr("jid"))
+        .collect();
+    assert_eq!(jids, ["alice@localhost"], "{l}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn destroying_a_room_with_an_alternate_venue() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "old", "Alice").await;
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &r, "Bob").await;
+    let d = bob
+        .iq(
+            &format!(
+                "<iq to='{r}' type='set' id='d'><query xmlns='{MUC_OWNER}'><destroy/></query></iq>"
+            ),
+            "d",
+        )
+        .await;
+    assert_eq!(error_condition(&d).as_deref(), Some("forbidden"));
+    // §10.9
+    let d = alice
+        .iq(&format!("<iq to='{r}' type='set' id='d'><query xmlns='{MUC_OWNER}'><destroy jid='{}'><reason>moved</reason></destroy></query></iq>", room("new")), "d")
+        .await;
+    assert_eq!(d.attr("type"), Some("result"), "{d}");
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(p.attr("type"), Some("unavailable"));
+    let destroy = p
+        .get_child("x", MUC_USER)
+        .and_then(|x| x.get_child("destroy", MUC_USER))
+        .expect("destroy");
+    assert_eq!(destroy.attr("jid"), Some(room("new").as_str()));
+    assert_eq!(
+        destroy
+            .get_child("reason", MUC_USER)
+            .map(|r| r.text())
+            .as_deref(),
+        Some("moved")
+    );
+    // The room is gone: disco answers item-not-found.
+    let i = bob
+        .iq(
+            &format!(
+                "<iq to='{r}' type='get' id='i'><query xmlns='{}'/></iq>",
+                ns::DISCO_INFO
+            ),
+            "i",
+        )
+        .await;
+    assert_eq!(
+        error_condition(&i).as_deref(),
+        Some("item-not-found"),
+        "{i}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn discovery_of_the_service_rooms_and_occupants() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    // §6.1: the server lists the service.
+    let items = alice
+        .iq(
+            &format!(
+                "<iq to='localhost' type='get' id='it'><query xmlns='{}'/></iq>",
+                ns::DISCO_ITEMS
+            ),
+            "it",
+        )
+        .await;
+    assert!(items.to_string().contains(SERVICE), "{items}");
+    // §6.2
+    let f = alice.disco_features(SERVICE).await;
+    assert!(f.contains(&MUC.to_owned()), "{f:?}");
+    let r = open_room(&mut alice, "public", "Alice").await;
+    let hidden = room("hidden");
+    join(&mut alice, &hidden, "Alice").await;
+    configure(&mut alice, &hidden, &[("muc#roomconfig_publicroom", "0")]).await;
+    alice.drain().await;
+    let l = alice
+        .iq(
+            &format!(
+                "<iq to='{SERVICE}' type='get' id='rl'><query xmlns='{}'/></iq>",
+                ns::DISCO_ITEMS
+            ),
+            "rl",
+        )
+        .await;
+    let jids: Vec<_> = l
+        .get_child("query", ns::DISCO_ITEMS)
+        .unwrap()
+        .children()
+        .filter_map(|i| i.attr("jid"))
+        .collect();
+    assert_eq!(jids, [r.as_str()], "{l}");
+    // §6.4: room features and the roominfo form.
+    let f = alice.disco_features(&r).await;
+    for v in [
+        MUC,
+        "muc_public",
+        "muc_temporary",
+        "muc_open",
+        "muc_unmoderated",
+        "muc_semianonymous",
+        "muc_unsecured",
+        "urn:xmpp:occupant-id:0",
+        "http://jabber.org/protocol/muc#self-ping-optimization",
+    ] {
+        assert!(f.contains(&v.to_owned()), "{v} missing: {f:?}");
+    }
+    let f = alice.disco_features(&hidden).await;
+    assert!(f.contains(&"muc_hidden".to_owned()));
+    // §6.5: occupant disco from a non-occupant is bad-request.
+    let mut bob = server.login("bob").await;
+    let d = bob
+        .iq(
+            &format!(
+                "<iq to='{r}/Alice' type='get' id='od'><query xmlns='{}'/></iq>",
+                ns::DISCO_INFO
+            ),
+            "od",
+        )
+        .await;
+    assert_eq!(error_condition(&d).as_deref(), Some("bad-request"), "{d}");
+    // From an occupant it reaches the occupant's client, whose answer
+    // comes back from the occupant JID.
+    join(&mut bob, &r, "Bob").await;
+    alice.drain().await;
+    bob.send(&format!(
+        "<iq to='{r}/Alice' type='get' id='od2'><query xmlns='{}'/></iq>",
+        ns::DISCO_INFO
+    ))
+    .await;
+    let q = alice.recv_until(|e| e.name() == "iq").await;
+    assert_eq!(q.attr("from"), Some(format!("{r}/Bob").as_str()), "{q}");
+    let id = q.attr("id").unwrap().to_owned();
+    alice
+        .send(&format!("<iq to='{r}/Bob' type='result' id='{id}'><query xmlns='{}'><feature var='x-test'/></query></iq>", ns::DISCO_INFO))
+        .await;
+    let a = bob.recv_until(|e| e.name() == "iq").await;
+    assert_eq!(a.attr("id"), Some("od2"), "{a}");
+    assert_eq!(a.attr("from"), Some(format!("{r}/Alice").as_str()));
+    assert!(a.to_string().contains("x-test"));
+    // XEP-0410: self-ping answered by the room; not joined: not-acceptable.
+    let p = bob
+        .iq(
+            &format!("<iq to='{r}/Bob' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            "sp",
+        )
+        .await;
+    assert_eq!(p.attr("type"), Some("result"), "{p}");
+    let mut carol = server.login("carol").await;
+    let p = carol
+        .iq(
+            &format!("<iq to='{r}/Carol' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            "sp",
+        )
+        .await;
+    assert_eq!(
+        error_condition(&p).as_deref(),
+        Some("not-acceptable"),
+        "{p}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invitations_mediated_direct_and_declined() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "party", "Alice").await;
+    let mut bob = server.login("bob").await;
+    // §7.8.2: mediated.
+    alice
+        .send(&format!("<message to='{r}' id='inv'><x xmlns='{MUC_USER}'><invite to='bob@localhost'><reason>come</reason></invite></x></message>"))
+        .await;
+    let m = bob.recv_message().await;
+    assert_eq!(m.attr("from"), Some(r.as_str()));
+    let inv = m
+        .get_child("x", MUC_USER)
+        .and_then(|x| x.get_child("invite", MUC_USER))
+        .expect("invite");
+    assert_eq!(inv.attr("from"), Some(alice.jid.as_str()));
+    assert_eq!(
+        inv.get_child("reason", MUC_USER)
+            .map(|r| r.text())
+            .as_deref(),
+        Some("come")
+    );
+    // Declining reaches the inviter.
+    bob.send(&format!("<message to='{r}' id='dec'><x xmlns='{MUC_USER}'><decline to='alice@localhost'><reason>busy</reason></decline></x></message>"))
+        .await;
+    let m = alice.recv_message().await;
+    let d = m
+        .get_child("x", MUC_USER)
+        .and_then(|x| x.get_child("decline", MUC_USER))
+        .expect("decline");
+    assert_eq!(d.attr("from"), Some("bob@localhost"));
+    // XEP-0249 direct invitations are client to client: they pass through.
+    alice
+        .send(&format!("<message to='bob@localhost' id='di'><x xmlns='jabber:x:conference' jid='{r}'/></message>"))
+        .await;
+    let m = bob.recv_message().await;
+    assert_eq!(
+        m.get_child("x", "jabber:x:conference")
+            .and_then(|x| x.attr("jid")),
+        Some(r.as_str())
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registering_a_nickname_reserves_it() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "reg", "Alice").await;
+    let mut bob = server.login("bob").await;
+    // §7.10
+    let f = bob
+        .iq(
+            &format!("<iq to='{r}' type='get' id='rg'><query xmlns='jabber:iq:register'/></iq>"),
+            "rg",
+        )
+        .await;
+    assert!(f.to_string().contains("muc#register_roomnick"), "{f}");
+    let s = bob
+        .iq(&format!("<iq to='{r}' type='set' id='rs'><query xmlns='jabber:iq:register'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#register</value></field><field var='muc#register_roomnick'><value>Bobby</value></field></x></query></iq>"), "rs")
+        .await;
+    assert_eq!(s.attr("type"), Some("result"), "{s}");
+    // §7.13: discovering the reserved nick.
+    let d = bob
+        .iq(
+            &format!(
+                "<iq to='{r}' type='get' id='rn'><query xmlns='{}' node='x-roomuser-item'/></iq>",
+                ns::DISCO_INFO
+            ),
+            "rn",
+        )
+        .await;
+    let id = d
+        .get_child("query", ns::DISCO_INFO)
+        .and_then(|q| q.get_child("identity", ns::DISCO_INFO))
+        .expect("identity");
+    assert_eq!(id.attr("name"), Some("Bobby"));
+    // Nobody else may take it (§7.2.8).
+    let mut carol = server.login("carol").await;
+    assert_eq!(join_error(&mut carol, &r, "Bobby", "").await, "conflict");
+    let got = join(&mut bob, &r, "Bobby").await;
+    let own = got.iter().rfind(|e| e.name() == "presence").unwrap();
+    assert_eq!(item(own).attr("affiliation"), Some("member"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
+    let dir = std::env::temp_dir().join(format!("starling-muc-{}", starling_proto::random_id(10)));
+    let d = dir.clone();
+    let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+    let mut alice = server.login("alice").await;
+    let r = room("forever");
+    join(&mut alice, &r, "Alice").await;
+    let c = configure(
+        &mut alice,
+        &r,
+        &[
+            ("muc#roomconfig_persistentroom", "1"),
+            ("muc#roomconfig_roomname", "Forever"),
+            ("muc#roomconfig_membersonly", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(c.attr("type"), Some("result"), "{c}");
+    admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='member' jid='bob@localhost'/>",
+    )
+    .await;
+    alice
+        .send(&format!(
+            "<message to='{r}' type='groupchat' id='s'><subject>Kept</subject></message>"
+        ))
+        .await;
+    for i in 1..=3 {
+        alice
+            .send(&format!(
+                "<message to='{r}' type='groupchat' id='m{i}'><body>old {i}</body></message>"
+            ))
+            .await;
+    }
+    alice.drain().await;
+    // The room outlives its last occupant.
+    alice
+        .send(&format!("<presence to='{r}/Alice' type='unavailable'/>"))
+        .await;
+    alice.drain().await;
+    server.server.shutdown().await; // keeps the data directory
+
+    let d = dir.clone();
+    let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+    let mut bob = server.login("bob").await;
+    let got = join(&mut bob, &r, "Bob").await;
+    let msgs: Vec<&Element> = got.iter().filter(|e| e.name() == "message").collect();
+    let bodies: Vec<String> = msgs
+        .iter()
+        .map(|m| body(m))
+        .filter(|b| !b.is_empty())
+        .collect();
+    assert_eq!(bodies, ["old 1", "old 2", "old 3"], "{got:?}");
+    assert_eq!(
+        msgs.last()
+            .unwrap()
+            .get_child("subject", ns::CLIENT)
+            .unwrap()
+            .text(),
+        "Kept"
+    );
+    let f = bob.disco_features(&r).await;
+    assert!(
+        f.contains(&"muc_persistent".to_owned()) && f.contains(&"muc_membersonly".to_owned()),
+        "{f:?}"
+    );
+    let mut carol = server.login("carol").await;
+    assert_eq!(
+        join_error(&mut carol, &r, "Carol", "").await,
+        "registration-required"
+    );
+    // Persistent public rooms are listed even when empty.
+    let l = carol
+        .iq(
+            &format!(
+                "<iq to='{SERVICE}' type='get' id='rl'><query xmlns='{}'/></iq>",
+                ns::DISCO_ITEMS
+            ),
+            "rl",
+        )
+        .await;
+    assert!(l.to_string().contains("Forever"), "{l}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_into_one_room_leaves_other_rooms_alone() {
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<starling_server::modules::Muc>()
+            .room_queue = 2;
+    })
+    .await;
+    let mut alice = server.login("alice").await;
+    let busy = open_room(&mut alice, "busy", "Alice").await;
+    let mut bob = server.login("bob").await;
+    let calm = open_room(&mut bob, "calm", "Bob").await;
+    let mut burst = String::new();
+    for i in 0..400 {
+        burst.push_str(&format!(
+            "<message to='{busy}' type='groupchat' id='f{i}'><body>{i}</body></message>"
+        ));
+    }
+    alice.send(&burst).await;
+    bob.send(&format!(
+        "<message to='{calm}' type='groupchat' id='c'><body>fine</body></message>"
+    ))
+    .await;
+    assert_eq!(body(&bob.recv_message().await), "fine");
+    let mut delivered = 0;
+    let mut refused = 0;
+    while let Some(starling_testkit::Event::Element(e)) =
+        alice.next_event_within(Duration::from_secs(2)).await
+    {
+        if e.name() != "message" {
+            continue;
+        }
+        match e.attr("type") {
+            Some("error") => {
+                assert_eq!(
+                    error_condition(&e).as_deref(),
+                    Some("resource-constraint"),
+                    "{e}"
+                );
+                refused += 1;
+            }
+            _ => delivered += 1,
+        }
+        if delivered + refused == 400 {
+            break;
+        }
+    }
+    assert_eq!(
+        delivered + refused,
+        400,
+        "every message is delivered or refused"
+    );
+    assert!(refused > 0, "a queue of 2 refused nothing out of 400");
+    alice.expect_silence(QUIET).await;
+    server.stop().await;
+}
