@@ -137,6 +137,10 @@ impl Env {
         cfg.cluster.name = "test".into();
         cfg.cluster.heartbeat_ms = HEARTBEAT_MS;
         cfg.cluster.node_timeout_ms = NODE_TIMEOUT_MS;
+        // Group chat is not clustered yet (the configuration refuses it).
+        cfg.modules
+            .get_mut::<starling_server::modules::Muc>()
+            .enabled = false;
     }
 
     async fn node(&self, node: u8) -> TestServer {

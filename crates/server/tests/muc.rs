@@ -475,7 +475,7 @@ async fn moderated_rooms_visitors_voice_and_kick() {
         )
         .await;
     assert_eq!(error_condition(&l).as_deref(), Some("forbidden"));
-    // §7.12: a voice request reaches the moderator, §8.6 approving it
+    // §7.13: a voice request reaches the moderator, §8.6 approving it
     // gives voice.
     bob.send(&format!("<message to='{r}' id='vr'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#role'><value>participant</value></field></x></message>"))
         .await;
@@ -853,7 +853,7 @@ async fn registering_a_nickname_reserves_it() {
         .iq(&format!("<iq to='{r}' type='set' id='rs'><query xmlns='jabber:iq:register'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#register</value></field><field var='muc#register_roomnick'><value>Bobby</value></field></x></query></iq>"), "rs")
         .await;
     assert_eq!(s.attr("type"), Some("result"), "{s}");
-    // §7.13: discovering the reserved nick.
+    // §7.12: discovering the reserved nick.
     let d = bob
         .iq(
             &format!(

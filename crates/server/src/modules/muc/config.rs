@@ -1,5 +1,5 @@
 //! A room's configuration (XEP-0045 §10.2, the `muc#roomconfig` form of
-//! §15.5.3) and the room information form (`muc#roominfo`, §15.5.4).
+//! §16.5.3) and the room information form (`muc#roominfo`, §16.5.4).
 //!
 //! Stored as JSON (`v` is the format version); unknown keys of a newer
 //! version are ignored and missing keys take their defaults, so a rolling
@@ -94,7 +94,7 @@ pub struct RoomConfig {
     pub presence_broadcast: Vec<String>,
     /// Roles that may get the member list.
     pub get_member_list: Vec<String>,
-    /// Visitors may ask for voice (§7.12).
+    /// Visitors may ask for voice (§7.13).
     pub voice_requests: bool,
     /// Secret of the room's stable occupant ids (XEP-0421).
     pub salt: String,
@@ -403,7 +403,7 @@ impl RoomConfig {
         Ok((c, lists))
     }
 
-    /// The `muc#roominfo` form of disco#info (§6.4, §15.5.4).
+    /// The `muc#roominfo` form of disco#info (§6.4, §16.5.4).
     pub fn info_form(&self, occupants: usize, subject: &str) -> FormBuilder {
         let occupants = occupants.to_string();
         let history = self.history_size.to_string();

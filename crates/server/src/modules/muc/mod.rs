@@ -76,7 +76,7 @@ pub const NS_MUC_ADMIN: &str = "http://jabber.org/protocol/muc#admin";
 pub const NS_MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
 /// `muc#request` (voice requests).
 pub const NS_MUC_REQUEST: &str = "http://jabber.org/protocol/muc#request";
-/// `muc#unique` (§10.1.4).
+/// `muc#unique` (unique room names, from earlier versions of XEP-0045; clients still ask for them).
 pub const NS_MUC_UNIQUE: &str = "http://jabber.org/protocol/muc#unique";
 /// XEP-0421 occupant ids.
 pub const NS_OCCUPANT_ID: &str = "urn:xmpp:occupant-id:0";
@@ -477,7 +477,7 @@ impl Inner {
             || (self.cfg.create_rooms == "local" && env.hosts.is_local(who.domain().as_str()))
     }
 
-    /// Stanzas to the service itself (§6.1–§6.3, §10.1.4).
+    /// Stanzas to the service itself (§6.1–§6.3, and `muc#unique`).
     async fn service_stanza(&self, env: &Env, st: &Stanza) -> Option<Stanza> {
         if st.kind() != StanzaKind::Iq {
             if st.kind() == StanzaKind::Message && !st.is_error() {

@@ -912,7 +912,7 @@ impl Room {
         self.occupants.remove(&nick);
     }
 
-    /// Removes one session (an error bounce, §13.1: status 333) or, with
+    /// Removes one session (an error bounce, §11.1: status 333) or, with
     /// `codes` of a kick or ban, the whole occupant.
     fn remove_session(&mut self, from: &FullJid, codes: &[u16], out: &mut Out) {
         let Some(nick) = self.by_jid.get(from).cloned() else {
@@ -960,7 +960,7 @@ impl Room {
     }
 
     // ---------------------------------------------------------------
-    // Messages (§7.4, §7.5, §7.8, §7.12, §8.1)
+    // Messages (§7.4, §7.5, §7.8, §7.13, §8.1)
     // ---------------------------------------------------------------
 
     fn on_room_message(&mut self, cx: &Ctx<'_>, st: &Stanza, from: &FullJid, out: &mut Out) {
@@ -1288,7 +1288,7 @@ impl Room {
             .push(Stanza::new(m, Some(self.jid.clone().into()), Some(to)));
     }
 
-    /// §7.12: a visitor asks for voice (forwarded to the moderators);
+    /// §7.13: a visitor asks for voice (forwarded to the moderators);
     /// §8.6: a moderator approves a request.
     fn voice_request(&mut self, st: &Stanza, from: &FullJid, f: &Submitted, out: &mut Out) {
         let Some(nick) = self.by_jid.get(from).cloned() else {
@@ -1386,7 +1386,7 @@ impl Room {
         }
     }
 
-    /// §6.4 (and §7.13 for the `x-roomuser-item` node).
+    /// §6.4 (and §7.12 for the `x-roomuser-item` node).
     fn disco_info(
         &self,
         _st: &Stanza,
