@@ -13,9 +13,12 @@
 //! - [`modules`]: features, one module per file, each a
 //!   `starling_core::module::Module`, on the hook API.
 //! - [`accounts`]: account operations shared by CLI and modules.
+//! - `archive_query`: XEP-0313 query parsing and result rendering, shared
+//!   by the archives modules answer for (users' own, rooms').
 //! - [`tls`]: certificates and channel bindings.
 
 pub mod accounts;
+mod archive_query;
 mod c2s;
 pub mod cluster;
 pub mod config;

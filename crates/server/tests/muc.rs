@@ -1021,3 +1021,451 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     alice.expect_silence(QUIET).await;
     server.stop().await;
 }
+
+/// XEP-0313 queries of a room's archive (section numbers are XEP-0313's,
+/// version 1.1.3).
+mod room_archive {
+    use super::*;
+
+    const MAM: &str = "urn:xmpp:mam:2";
+    const RSM: &str = "http://jabber.org/protocol/rsm";
+    const FWD: &str = "urn:xmpp:forward:0";
+    const SID: &str = "urn:xmpp:sid:0";
+
+    /// The forwarded messages of one query (with their result ids) and
+    /// the final iq.
+    struct Page {
+        items: Vec<(String, Element)>,
+        fin: Element,
+    }
+
+    impl Page {
+        fn bodies(&self) -> Vec<String> {
+            self.items.iter().map(|(_, m)| body(m)).collect()
+        }
+        fn complete(&self) -> bool {
+            self.fin
+                .get_child("fin", MAM)
+                .and_then(|f| f.attr("complete"))
+                == Some("true")
+        }
+        fn rsm(&self, name: &str) -> Option<String> {
+            self.fin
+                .get_child("fin", MAM)?
+                .get_child("set", RSM)?
+                .get_child(name, RSM)
+                .map(|e| e.text())
+        }
+        fn error(&self) -> Option<String> {
+            (self.fin.attr("type") == Some("error"))
+                .then(|| error_condition(&self.fin).unwrap_or_default())
+        }
+    }
+
+    fn form(fields: &[(&str, &str)]) -> String {
+        let mut x = format!(
+            "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>{MAM}</value></field>"
+        );
+        for (var, value) in fields {
+            x.push_str(&format!(
+                "<field var='{var}'><value>{value}</value></field>"
+            ));
+        }
+        x + "</x>"
+    }
+
+    fn max(n: u32, extra: &str) -> String {
+        format!("<set xmlns='{RSM}'><max>{n}</max>{extra}</set>")
+    }
+
+    /// §4: a query to the room's bare JID (§3.3.2); results come from it.
+    async fn query(c: &mut Client, room: &str, qid: &str, inner: &str) -> Page {
+        let id = format!("mam-{qid}");
+        c.send(&format!(
+            "<iq to='{room}' type='set' id='{id}'><query xmlns='{MAM}' queryid='{qid}'>{inner}</query></iq>"
+        ))
+        .await;
+        let mut items = Vec::new();
+        loop {
+            let el = c.recv().await;
+            if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
+                if el.attr("type") == Some("result") {
+                    assert_eq!(el.attr("from"), Some(room), "{el}");
+                }
+                return Page { items, fin: el };
+            }
+            if let Some(r) = el.get_child("result", MAM) {
+                assert_eq!(el.attr("from"), Some(room), "{el}");
+                assert_eq!(r.attr("queryid"), Some(qid), "{el}");
+                let m = r
+                    .get_child("forwarded", FWD)
+                    .and_then(|f| f.get_child("message", ns::CLIENT))
+                    .unwrap_or_else(|| panic!("no forwarded message: {el}"))
+                    .clone();
+                items.push((r.attr("id").unwrap().to_owned(), m));
+            }
+        }
+    }
+
+    fn real_jid(m: &Element) -> Option<String> {
+        m.get_child("x", MUC_USER)
+            .and_then(|x| x.get_child("item", MUC_USER))
+            .and_then(|i| i.attr("jid"))
+            .map(str::to_owned)
+    }
+
+    fn bare(c: &Client) -> String {
+        c.jid.split('/').next().unwrap().to_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_rooms_archive_pages_over_mam_and_hides_real_jids() {
+        let server = TestServer::start().await;
+        let mut alice = server.login("alice").await;
+        let r = open_room(&mut alice, "archived", "Alice").await;
+        // §7: advertised on the room while it is logged (the default).
+        let f = alice.disco_features(&r).await;
+        assert!(
+            f.contains(&MAM.to_owned()) && f.contains(&format!("{MAM}#extended")),
+            "{f:?}"
+        );
+        for i in 1..=5 {
+            // §8.4: a sender's own muc#user <x/> is not believed.
+            let forged = if i == 3 {
+                format!("<x xmlns='{MUC_USER}'><item jid='mallory@localhost'/></x>")
+            } else {
+                String::new()
+            };
+            alice
+                .send(&format!(
+                    "<message to='{r}' type='groupchat' id='m{i}'><body>m{i}</body>{forged}</message>"
+                ))
+                .await;
+        }
+        alice.drain().await;
+
+        // §6.1.2: anyone may read an open room's archive, even without
+        // entering it; §4.3.2: pages with RSM <max/> and <after/>.
+        let mut bob = server.login("bob").await;
+        let p1 = query(&mut bob, &r, "p1", &max(2, "")).await;
+        assert_eq!(p1.error(), None, "{}", p1.fin);
+        assert_eq!(p1.bodies(), ["m1", "m2"]);
+        assert!(!p1.complete(), "{}", p1.fin);
+        assert_eq!(p1.rsm("first").as_deref(), Some(p1.items[0].0.as_str()));
+        assert_eq!(p1.rsm("last").as_deref(), Some(p1.items[1].0.as_str()));
+        let (id, m) = &p1.items[0];
+        // §6.1.2: from the occupant JID, no 'to'; §3.5: its stanza id.
+        assert_eq!(m.attr("from"), Some(format!("{r}/Alice").as_str()), "{m}");
+        assert_eq!(m.attr("to"), None, "{m}");
+        let sid = m.get_child("stanza-id", SID).unwrap();
+        assert_eq!(
+            (sid.attr("by"), sid.attr("id")),
+            (Some(r.as_str()), Some(id.as_str()))
+        );
+        let last = p1.rsm("last").unwrap();
+        let p2 = query(
+            &mut bob,
+            &r,
+            "p2",
+            &max(2, &format!("<after>{last}</after>")),
+        )
+        .await;
+        assert_eq!(p2.bodies(), ["m3", "m4"]);
+        assert!(!p2.complete());
+        let last = p2.rsm("last").unwrap();
+        let p3 = query(
+            &mut bob,
+            &r,
+            "p3",
+            &max(2, &format!("<after>{last}</after>")),
+        )
+        .await;
+        assert_eq!(p3.bodies(), ["m5"]);
+        assert!(p3.complete(), "{}", p3.fin);
+        // §4.3.3: the last page; RSM max=0: the count.
+        let tail = query(&mut bob, &r, "tail", &max(2, "<before/>")).await;
+        assert_eq!(tail.bodies(), ["m4", "m5"]);
+        let n = query(&mut bob, &r, "n", &max(0, "")).await;
+        assert_eq!(n.rsm("count").as_deref(), Some("5"), "{}", n.fin);
+
+        // Semi-anonymous room (the default): bob sees no real JID, not
+        // even the forged one; the owner sees the sender's.
+        let all = query(&mut bob, &r, "all", "").await;
+        assert_eq!(all.items.len(), 5);
+        assert!(
+            all.items.iter().all(|(_, m)| real_jid(m).is_none()),
+            "{:?}",
+            all.items
+        );
+        let owner_view = query(&mut alice, &r, "own", "").await;
+        for (_, m) in &owner_view.items {
+            assert_eq!(real_jid(m), Some(bare(&alice)), "{m}");
+            assert_eq!(
+                m.children().filter(|c| c.is("x", MUC_USER)).count(),
+                1,
+                "{m}"
+            );
+        }
+
+        // §4.1.1: 'with' is the sender's real JID, only for those who may
+        // know it (or their own); an occupant JID is not supported.
+        let alice_bare = bare(&alice);
+        let w = query(&mut alice, &r, "w1", &form(&[("with", &alice_bare)])).await;
+        assert_eq!(w.items.len(), 5);
+        let w = query(&mut bob, &r, "w2", &form(&[("with", &alice_bare)])).await;
+        assert_eq!(w.error().as_deref(), Some("forbidden"), "{}", w.fin);
+        let bob_bare = bare(&bob);
+        let w = query(&mut bob, &r, "w3", &form(&[("with", &bob_bare)])).await;
+        assert!(w.items.is_empty() && w.complete(), "{}", w.fin);
+        let w = query(
+            &mut bob,
+            &r,
+            "w4",
+            &form(&[("with", &format!("{r}/Alice"))]),
+        )
+        .await;
+        assert_eq!(w.error().as_deref(), Some("feature-not-implemented"));
+
+        // §4.1.3 and §4.3.4 (#extended): ids and flipped pages.
+        let ids = all
+            .items
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect::<Vec<_>>();
+        let one = query(&mut bob, &r, "one", &form(&[("ids", &ids[1])])).await;
+        assert_eq!(one.bodies(), ["m2"]);
+        let flipped = query(
+            &mut bob,
+            &r,
+            "flip",
+            &format!("{}<flip-page/>", max(2, "<before/>")),
+        )
+        .await;
+        assert_eq!(flipped.bodies(), ["m5", "m4"]);
+        let unknown = query(&mut bob, &r, "unk", &form(&[("after-id", "0000000000000")])).await;
+        assert_eq!(unknown.error().as_deref(), Some("item-not-found"));
+
+        // §5: metadata; §4.1.5: the form.
+        let md = bob
+            .iq(
+                &format!("<iq to='{r}' type='get' id='md'><metadata xmlns='{MAM}'/></iq>"),
+                "md",
+            )
+            .await;
+        let md = md
+            .get_child("metadata", MAM)
+            .unwrap_or_else(|| panic!("{md}"));
+        assert_eq!(
+            md.get_child("start", MAM).unwrap().attr("id"),
+            Some(ids[0].as_str())
+        );
+        assert_eq!(
+            md.get_child("end", MAM).unwrap().attr("id"),
+            Some(ids[4].as_str())
+        );
+        let fq = bob
+            .iq(
+                &format!("<iq to='{r}' type='get' id='fq'><query xmlns='{MAM}'/></iq>"),
+                "fq",
+            )
+            .await;
+        assert!(
+            fq.get_child("query", MAM)
+                .and_then(|q| q.get_child("x", "jabber:x:data"))
+                .is_some(),
+            "{fq}"
+        );
+
+        // Logging off: no longer advertised.
+        let c = configure(&mut alice, &r, &[("muc#roomconfig_enablelogging", "0")]).await;
+        assert_eq!(c.attr("type"), Some("result"), "{c}");
+        alice.drain().await;
+        let f = bob.disco_features(&r).await;
+        assert!(!f.iter().any(|v| v.starts_with(MAM)), "{f:?}");
+        server.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn only_those_who_may_enter_read_the_archive() {
+        let server = TestServer::start().await;
+        let mut alice = server.login("alice").await;
+        let mut bob = server.login("bob").await;
+        let mut carol = server.login("carol").await;
+        let r = open_room(&mut alice, "inner", "Alice").await;
+        let c = configure(&mut alice, &r, &[("muc#roomconfig_membersonly", "1")]).await;
+        assert_eq!(c.attr("type"), Some("result"), "{c}");
+        admin_set(
+            &mut alice,
+            &r,
+            "<item affiliation='member' jid='bob@localhost'/>",
+        )
+        .await;
+        alice
+            .send(&format!(
+                "<message to='{r}' type='groupchat' id='x'><body>members only</body></message>"
+            ))
+            .await;
+        alice.drain().await;
+        // §6.1.2: "In a members-only chat room, only owners, admins or
+        // members can query a room archive."
+        let p = query(&mut carol, &r, "c", "").await;
+        assert_eq!(p.error().as_deref(), Some("forbidden"), "{}", p.fin);
+        assert!(p.items.is_empty());
+        let p = query(&mut bob, &r, "b", "").await;
+        assert_eq!(p.bodies(), ["members only"]);
+
+        // An open room: anyone but an outcast.
+        let open = open_room(&mut alice, "outer", "Alice").await;
+        admin_set(
+            &mut alice,
+            &open,
+            "<item affiliation='outcast' jid='carol@localhost'/>",
+        )
+        .await;
+        let p = query(&mut carol, &open, "o", "").await;
+        assert_eq!(p.error().as_deref(), Some("forbidden"), "{}", p.fin);
+        let p = query(&mut bob, &open, "o2", "").await;
+        assert_eq!(p.error(), None, "{}", p.fin);
+        server.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_persistent_rooms_archive_outlives_a_restart_but_not_the_room() {
+        let dir =
+            std::env::temp_dir().join(format!("starling-muc-{}", starling_proto::random_id(10)));
+        let d = dir.clone();
+        let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+        let mut alice = server.login("alice").await;
+        let r = open_room(&mut alice, "kept", "Alice").await;
+        configure(&mut alice, &r, &[("muc#roomconfig_persistentroom", "1")]).await;
+        for i in 1..=2 {
+            alice
+                .send(&format!(
+                    "<message to='{r}' type='groupchat' id='k{i}'><body>kept {i}</body></message>"
+                ))
+                .await;
+        }
+        // A temporary room that ends with its last occupant.
+        let gone = open_room(&mut alice, "fleeting", "Alice").await;
+        alice
+            .send(&format!(
+                "<message to='{gone}' type='groupchat' id='s'><body>secret</body></message>"
+            ))
+            .await;
+        alice.drain().await;
+        alice
+            .send(&format!("<presence to='{gone}/Alice' type='unavailable'/>"))
+            .await;
+        alice.drain().await;
+        server.server.shutdown().await; // keeps the data directory
+
+        let d = dir.clone();
+        let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+        let mut bob = server.login("bob").await;
+        let p = query(&mut bob, &r, "k", "").await;
+        assert_eq!(p.bodies(), ["kept 1", "kept 2"], "{}", p.fin);
+        // The same name, a new room: the old conversation is not its archive.
+        let again = open_room(&mut bob, "fleeting", "Bob").await;
+        let p = query(&mut bob, &again, "f", "").await;
+        assert!(
+            p.items.is_empty() && p.complete(),
+            "{:?} {}",
+            p.bodies(),
+            p.fin
+        );
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn moderators_retract_messages_leaving_a_tombstone() {
+    const MODERATE: &str = "urn:xmpp:message-moderate:1";
+    const RETRACT: &str = "urn:xmpp:message-retract:1";
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "modroom", "Alice").await;
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &r, "Bob").await;
+    alice.drain().await;
+    bob.send(&format!(
+        "<message to='{r}' type='groupchat' id='spam'><body>buy potions</body></message>"
+    ))
+    .await;
+    let m = alice.recv_message().await;
+    let sid = m
+        .get_child("stanza-id", "urn:xmpp:sid:0")
+        .and_then(|s| s.attr("id"))
+        .unwrap()
+        .to_owned();
+    bob.drain().await;
+    let f = alice.disco_features(&r).await;
+    assert!(f.contains(&MODERATE.to_owned()), "XEP-0425 §2: {f:?}");
+    // XEP-0425 §3: a participant may not moderate.
+    let e = bob
+        .iq(&format!("<iq to='{r}' type='set' id='mod1'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod1")
+        .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
+    // An id the room never gave: item-not-found.
+    let e = alice
+        .iq(&format!("<iq to='{r}' type='set' id='mod2'><moderate id='0000000000000' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod2")
+        .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    // The moderator retracts: everyone gets the retraction from the room.
+    alice
+        .send(&format!("<iq to='{r}' type='set' id='mod3'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/><reason>spam</reason></moderate></iq>"))
+        .await;
+    let n = bob.recv_message().await;
+    assert_eq!(n.attr("from"), Some(r.as_str()), "{n}");
+    let retract = n.get_child("retract", RETRACT).expect("retract");
+    assert_eq!(retract.attr("id"), Some(sid.as_str()));
+    let moderated = retract.get_child("moderated", MODERATE).expect("moderated");
+    assert_eq!(moderated.attr("by"), Some(format!("{r}/Alice").as_str()));
+    assert!(moderated.has_child("occupant-id", "urn:xmpp:occupant-id:0"));
+    assert_eq!(
+        retract
+            .get_child("reason", RETRACT)
+            .map(|r| r.text())
+            .as_deref(),
+        Some("spam")
+    );
+    let ok = alice
+        .recv_until(|e| e.name() == "iq" && e.attr("id") == Some("mod3"))
+        .await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    // §4: newcomers' history shows the tombstone, not the message.
+    let mut carol = server.login("carol").await;
+    let got = join(&mut carol, &r, "Carol").await;
+    let text: String = got.iter().map(|e| e.to_string()).collect();
+    assert!(!text.contains("buy potions"), "{text}");
+    assert!(text.contains("retracted"), "{text}");
+    // §4: the room's archive keeps the tombstone only.
+    alice.drain().await;
+    alice
+        .send(&format!("<iq to='{r}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"))
+        .await;
+    let mut pages = String::new();
+    loop {
+        let el = alice.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("mq") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            break;
+        }
+        pages.push_str(&el.to_string());
+    }
+    assert!(!pages.contains("buy potions"), "{pages}");
+    assert!(pages.contains("retracted") && pages.contains(&sid), "{pages}");
+    // Retracting it again: it is already gone.
+    let e = alice
+        .iq(&format!("<iq to='{r}' type='set' id='mod4'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod4")
+        .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    server.stop().await;
+}

@@ -32,7 +32,8 @@
 //!   → `feature-not-implemented`; malformed forms or dates → `bad-request`;
 //!   someone else's archive → `forbidden`. Query form (get), metadata
 //!   (§6, `#extended`) and preferences (XEP-0441: default always/roster/
-//!   never plus always/never lists) are answered.
+//!   never plus always/never lists) are answered. Parsing and rendering
+//!   are [`crate::archive_query`]'s, shared with rooms' archives.
 //! - Retraction (XEP-0424): when the author retracts, the original in the
 //!   author's archive and in the recipient's is replaced by a tombstone
 //!   `<retracted id='(retraction id)' stamp='…'/>` keeping the original's
@@ -63,6 +64,7 @@
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]` ([`MamConfig`]), `server.node_id`.
 
+use crate::archive_query::{self, NS_MAM_EXTENDED};
 use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
@@ -72,14 +74,12 @@ use starling_core::hooks::{
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
-    ArchiveId, ArchiveIds, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
-    PrefsDefault, Storage, StorageResult, WithFilter, FLAG_BODY,
+    ArchiveId, ArchiveIds, ArchivePrefs, ArchiveRecord, ArchiveStore, PrefsDefault, Storage,
+    StorageResult, FLAG_BODY,
 };
 use starling_core::{async_trait, Env, Flow, HookResult, Metrics, Pressure, SessionCtx};
-use starling_proto::datetime::{parse_xep0082, xep0082_datetime};
-use starling_proto::mam::{
-    classify, origin_id, result_message, rsm_first_last, Kind, NS_MAM, NS_RETRACT, NS_RSM, NS_SID,
-};
+use starling_proto::datetime::xep0082_datetime;
+use starling_proto::mam::{classify, origin_id, Kind, NS_MAM, NS_RETRACT, NS_SID};
 use starling_proto::{
     ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -135,9 +135,7 @@ impl Default for MamConfig {
 }
 
 const NAME: &str = "mam";
-const NS_MAM_EXTENDED: &str = "urn:xmpp:mam:2#extended";
 const NS_RETRACT_TOMBSTONE: &str = "urn:xmpp:message-retract:1#tombstone";
-const NS_XDATA_VALIDATE: &str = "http://jabber.org/protocol/xdata-validate";
 const PREFS_CACHE_MAX: usize = 100_000;
 const PREFS_TTL: Duration = Duration::from_secs(60);
 
@@ -422,304 +420,29 @@ impl Mam {
         iq: &Stanza,
     ) -> Result<(Vec<Element>, Element), StanzaError> {
         let q = iq.payload().expect("checked by caller");
-        let mut query = ArchiveQuery::default();
-        let mut after: Option<ArchiveId> = None;
-        let mut before: Option<ArchiveId> = None;
-        let mut ids_to_check: Vec<ArchiveId> = Vec::new();
-        let tighten_after = |a: &mut Option<ArchiveId>, v: ArchiveId| {
-            *a = Some(a.map_or(v, |x| x.max(v)));
-        };
-        let tighten_before = |b: &mut Option<ArchiveId>, v: ArchiveId| {
-            *b = Some(b.map_or(v, |x| x.min(v)));
-        };
-        let decode = |s: &str| {
-            ArchiveId::decode(s.trim()).ok_or_else(|| {
-                err(
-                    StanzaErrorCondition::ItemNotFound,
-                    "no message with this id in the archive",
-                )
-            })
-        };
-        if let Some(x) = q.get_child("x", ns::DATA_FORMS) {
-            if !matches!(x.attr("type"), Some("submit") | None) {
-                return Err(err(
-                    StanzaErrorCondition::BadRequest,
-                    "the form must be of type submit",
-                ));
-            }
-            for f in x.children().filter(|c| c.is("field", ns::DATA_FORMS)) {
-                let var = f.attr("var").unwrap_or("");
-                let values: Vec<String> = f
-                    .children()
-                    .filter(|c| c.is("value", ns::DATA_FORMS))
-                    .map(|v| v.text())
-                    .collect();
-                let single = || -> Result<Option<&str>, StanzaError> {
-                    match values.len() {
-                        0 => Ok(None),
-                        1 => Ok(Some(values[0].trim())),
-                        _ => Err(err(
-                            StanzaErrorCondition::BadRequest,
-                            "field takes one value",
-                        )),
-                    }
-                };
-                match var {
-                    "FORM_TYPE" => {
-                        if single()? != Some(NS_MAM) {
-                            return Err(err(
-                                StanzaErrorCondition::BadRequest,
-                                "FORM_TYPE must be urn:xmpp:mam:2",
-                            ));
-                        }
-                    }
-                    "with" => {
-                        if let Some(v) = single()?.filter(|v| !v.is_empty()) {
-                            let j: Jid = v.parse().map_err(|_| {
-                                err(
-                                    StanzaErrorCondition::JidMalformed,
-                                    "'with' is not a valid JID",
-                                )
-                            })?;
-                            let bare = j.to_bare().as_str().to_owned();
-                            query.with = Some(match j.resource() {
-                                None => WithFilter::Bare(bare),
-                                Some(_) => WithFilter::Full {
-                                    bare,
-                                    full: j.to_string(),
-                                },
-                            });
-                        }
-                    }
-                    "start" | "end" => {
-                        if let Some(v) = single()?.filter(|v| !v.is_empty()) {
-                            let micros = parse_xep0082(v).ok_or_else(|| {
-                                err(
-                                    StanzaErrorCondition::BadRequest,
-                                    "dates must be XEP-0082 DateTimes like 2024-01-31T12:00:00Z",
-                                )
-                            })?;
-                            if var == "start" {
-                                tighten_after(
-                                    &mut after,
-                                    ArchiveId(ArchiveId::lower_bound(micros).0 - 1),
-                                );
-                            } else {
-                                tighten_before(
-                                    &mut before,
-                                    ArchiveId(ArchiveId::upper_bound(micros).0.saturating_add(1)),
-                                );
-                            }
-                        }
-                    }
-                    "after-id" | "before-id" => {
-                        if let Some(v) = single()?.filter(|v| !v.is_empty()) {
-                            let id = decode(v)?;
-                            ids_to_check.push(id);
-                            if var == "after-id" {
-                                tighten_after(&mut after, id);
-                            } else {
-                                tighten_before(&mut before, id);
-                            }
-                        }
-                    }
-                    "ids" => {
-                        // One page's worth at most: the ids become bound
-                        // parameters of one statement.
-                        if values.len() > self.max_page as usize {
-                            return Err(StanzaError::new(StanzaErrorCondition::PolicyViolation)
-                                .with_text(format!("at most {} ids per query", self.max_page)));
-                        }
-                        for v in &values {
-                            let id = decode(v)?;
-                            ids_to_check.push(id);
-                            query.ids.push(id);
-                        }
-                        if query.ids.is_empty() {
-                            return Err(err(
-                                StanzaErrorCondition::BadRequest,
-                                "'ids' needs at least one value",
-                            ));
-                        }
-                    }
-                    other => {
-                        return Err(err(
-                            StanzaErrorCondition::FeatureNotImplemented,
-                            &format!("unknown query field {other:?}"),
-                        ))
-                    }
-                }
-            }
-        }
-        let mut max: Option<u32> = None;
-        if let Some(set) = q.get_child("set", NS_RSM) {
-            for c in set.children() {
-                match (c.ns(), c.name()) {
-                    (NS_RSM, "max") => {
-                        max = Some(c.text().trim().parse().map_err(|_| {
-                            err(StanzaErrorCondition::BadRequest, "<max/> must be a number")
-                        })?);
-                    }
-                    (NS_RSM, "after") => {
-                        let id = decode(&c.text())?;
-                        ids_to_check.push(id);
-                        tighten_after(&mut after, id);
-                    }
-                    (NS_RSM, "before") => {
-                        query.from_end = true;
-                        let t = c.text();
-                        if !t.trim().is_empty() {
-                            let id = decode(&t)?;
-                            ids_to_check.push(id);
-                            tighten_before(&mut before, id);
-                        }
-                    }
-                    (NS_RSM, "index") => {
-                        return Err(err(
-                            StanzaErrorCondition::FeatureNotImplemented,
-                            "RSM <index/> is not supported; page with <after/> and <before/>",
-                        ))
-                    }
-                    _ => {
-                        return Err(err(
-                            StanzaErrorCondition::BadRequest,
-                            "unexpected element in <set/>",
-                        ))
-                    }
-                }
-            }
-        }
-        let flip = q.has_child("flip-page", NS_MAM);
-        query.after = after;
-        query.before = before;
-        query.limit = max.map_or(self.default_page, |m| m.min(self.max_page));
-
+        let req = archive_query::parse(q, self.default_page, self.max_page)?;
         self.flush().await;
-        let backend = |e: starling_core::storage::StorageError| {
-            tracing::error!(module = NAME, user = %owner, error = %e, "archive query failed");
-            StanzaError::new(StanzaErrorCondition::InternalServerError)
-        };
-        if !ids_to_check.is_empty() {
-            ids_to_check.sort();
-            ids_to_check.dedup();
-            let found = self
-                .store
-                .existing(owner, &ids_to_check)
-                .await
-                .map_err(backend)?;
-            if found.len() != ids_to_check.len() {
-                return Err(err(
-                    StanzaErrorCondition::ItemNotFound,
-                    "no message with this id in the archive",
-                ));
-            }
-        }
-        let queryid = q.attr("queryid");
-        let mut set = Element::new("set", NS_RSM);
-        let mut fin = Element::new("fin", NS_MAM);
-        let mut results = Vec::new();
-        if max == Some(0) {
-            let n = self.store.count(owner, &query).await.map_err(backend)?;
-            set.append_child(
-                Element::builder("count", NS_RSM)
-                    .text(n.to_string())
-                    .build(),
-            );
-            fin.set_attr("complete", if n == 0 { "true" } else { "false" });
-        } else {
-            let ArchivePage { messages, complete } =
-                self.store.query(owner, &query).await.map_err(backend)?;
-            rsm_first_last(
-                &mut set,
-                messages.first().map(|m| m.id.encode()),
-                messages.last().map(|m| m.id.encode()),
-            );
-            if complete {
-                fin.set_attr("complete", "true");
-            }
-            for m in &messages {
-                let Ok(stored) = m.stanza.parse::<Element>() else {
-                    tracing::error!(module = NAME, user = %owner, id = m.id.0, "archived stanza does not parse; skipped");
-                    continue;
-                };
-                results.push(result_message(
-                    owner,
-                    requester,
-                    queryid,
-                    &m.id.encode(),
-                    &m.id.stamp(),
-                    stored,
-                ));
-            }
-            if flip {
-                results.reverse();
-            }
-        }
-        fin.append_child(set);
-        let mut reply = iq.iq_result(Some(fin));
-        reply.set_from(Some(owner.clone().into()));
-        reply.set_to(Some(requester.clone().into()));
-        Ok((results, reply.into_element()))
-    }
-
-    fn query_form() -> Element {
-        let field = |var: &str, ty: &str| {
-            Element::builder("field", ns::DATA_FORMS)
-                .attr("var", var)
-                .attr("type", ty)
-                .build()
-        };
-        let mut form = Element::builder("x", ns::DATA_FORMS)
-            .attr("type", "form")
-            .build();
-        form.append_child(
-            Element::builder("field", ns::DATA_FORMS)
-                .attr("var", "FORM_TYPE")
-                .attr("type", "hidden")
-                .append(
-                    Element::builder("value", ns::DATA_FORMS)
-                        .text(NS_MAM)
-                        .build(),
-                )
-                .build(),
-        );
-        form.append_child(field("with", "jid-single"));
-        form.append_child(field("start", "text-single"));
-        form.append_child(field("end", "text-single"));
-        form.append_child(field("before-id", "text-single"));
-        form.append_child(field("after-id", "text-single"));
-        let mut ids = field("ids", "list-multi");
-        ids.append_child(
-            Element::builder("validate", NS_XDATA_VALIDATE)
-                .attr("datatype", "xs:string")
-                .append(Element::new("open", NS_XDATA_VALIDATE))
-                .build(),
-        );
-        form.append_child(ids);
-        Element::builder("query", NS_MAM).append(form).build()
+        archive_query::answer(
+            self.store.as_ref(),
+            owner,
+            requester,
+            iq,
+            &req,
+            NAME,
+            |_, stored| stored,
+        )
+        .await
     }
 
     async fn metadata(&self, owner: &BareJid) -> Result<Element, StanzaError> {
         self.flush().await;
-        let mut md = Element::new("metadata", NS_MAM);
         match self.store.bounds(owner).await {
-            Ok(Some((first, last))) => {
-                for (name, id) in [("start", first), ("end", last)] {
-                    md.append_child(
-                        Element::builder(name, NS_MAM)
-                            .attr("id", id.encode())
-                            .attr("timestamp", id.stamp())
-                            .build(),
-                    );
-                }
-            }
-            Ok(None) => {}
+            Ok(bounds) => Ok(archive_query::metadata(bounds)),
             Err(e) => {
                 tracing::error!(module = NAME, user = %owner, error = %e, "archive metadata failed");
-                return Err(StanzaErrorCondition::InternalServerError.into());
+                Err(StanzaErrorCondition::InternalServerError.into())
             }
         }
-        Ok(md)
     }
 
     async fn prefs_iq(&self, env: &Env, owner: &BareJid, iq: &Stanza) -> IqResponse {
@@ -1051,7 +774,7 @@ impl OwnIqHandler for Mam {
         let env = cx.env;
         let p = iq.payload().expect("dispatched by payload");
         match (p.name(), iq.type_attr()) {
-            ("query", Some("get")) => IqResponse::Result(Some(Self::query_form())),
+            ("query", Some("get")) => IqResponse::Result(Some(archive_query::query_form())),
             // Results go straight to this session: large pages never pass
             // through a mailbox.
             ("query", Some("set")) => match self.run_query(&owner, &me, iq).await {

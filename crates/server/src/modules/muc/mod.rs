@@ -27,6 +27,12 @@
 //!   `muc#roomconfig_enablelogging` is on, which also keeps the history
 //!   sent on entering across restarts (the last `muc#maxhistoryfetch`
 //!   messages are loaded with the room).
+//! - **Archive queries** (XEP-0313 on the room's bare JID, `mam.rs`):
+//!   checked against the room's state in its task (locked, outcast,
+//!   members-only and password-protected rooms: members and occupants
+//!   only), run in a task of their own, results routed from the room;
+//!   real JIDs only to those who may see them; messages of an earlier
+//!   room of the same name never show. Advertised while logging is on.
 //! - **Stanza ids and occupant ids**: every groupchat message gets a
 //!   XEP-0359 `<stanza-id by='room'/>` (its archive id) and every
 //!   presence and message an XEP-0421 `<occupant-id/>` (a keyed hash of
@@ -42,6 +48,7 @@
 //! Config: `[modules.muc]` ([`MucConfig`]).
 
 mod config;
+mod mam;
 mod room;
 
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
@@ -80,6 +87,10 @@ pub const NS_MUC_REQUEST: &str = "http://jabber.org/protocol/muc#request";
 pub const NS_MUC_UNIQUE: &str = "http://jabber.org/protocol/muc#unique";
 /// XEP-0421 occupant ids.
 pub const NS_OCCUPANT_ID: &str = "urn:xmpp:occupant-id:0";
+/// XEP-0425 moderated message retraction.
+pub const NS_MODERATE: &str = "urn:xmpp:message-moderate:1";
+/// XEP-0424 message retraction.
+pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
 /// XEP-0410 self-ping optimization.
 pub const NS_SELF_PING_OPT: &str = "http://jabber.org/protocol/muc#self-ping-optimization";
 
@@ -453,6 +464,12 @@ impl Inner {
                     &ArchiveQuery {
                         limit: keep,
                         from_end: true,
+                        // Nothing from an earlier room of the same name.
+                        after: Some(starling_core::storage::ArchiveId(
+                            starling_core::storage::ArchiveId::lower_bound(room.created_at * 1000)
+                                .0
+                                - 1,
+                        )),
                         ..ArchiveQuery::default()
                     },
                 )
@@ -808,7 +825,48 @@ async fn process(
     };
     let mut out = Out::default();
     match room {
-        Some(r) => r.handle(&cx, st, &mut out),
+        Some(r) => {
+            // XEP-0313 queries of the room's archive run beside the room.
+            let Some(st) = mam::intercept(inner, env, r, st).await else {
+                return;
+            };
+            r.handle(&cx, st, &mut out);
+            if let Some(m) = out.moderation.take() {
+                // XEP-0425: the message is read from the archive (after
+                // what is still queued for it is written).
+                inner.archive.flush().await;
+                let original = match inner
+                    .storage
+                    .archive
+                    .query(
+                        jid,
+                        &ArchiveQuery {
+                            ids: vec![m.id],
+                            limit: 1,
+                            ..ArchiveQuery::default()
+                        },
+                    )
+                    .await
+                {
+                    Ok(page) => page
+                        .messages
+                        .into_iter()
+                        .next()
+                        .filter(|a| a.id.micros() / 1000 >= r.created_at)
+                        .and_then(|a| a.stanza.parse::<Element>().ok()),
+                    Err(e) => {
+                        tracing::error!(module = NAME, room = %jid, error = %e, "reading a message to moderate failed");
+                        None
+                    }
+                };
+                let id = m.id;
+                if let Some(tomb) = r.finish_moderation(&cx, m, original, &mut out) {
+                    if let Err(e) = inner.storage.archive.replace(jid, id, &tomb).await {
+                        tracing::error!(module = NAME, room = %jid, error = %e, "storing a moderation tombstone failed");
+                    }
+                }
+            }
+        }
         None => {
             let creating = st.kind() == StanzaKind::Presence
                 && st.type_attr().is_none()
@@ -889,6 +947,11 @@ async fn process(
                 if let Err(e) = inner.storage.muc.delete_room(&r.jid).await {
                     tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room failed");
                 }
+            }
+            // Its history goes with it (after what is still queued).
+            inner.archive.flush().await;
+            if let Err(e) = inner.storage.archive.purge_user(&r.jid, None).await {
+                tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room's archive failed");
             }
             tracing::info!(module = NAME, room = %jid, "room destroyed");
             *room = None;

@@ -5,9 +5,10 @@
 
 use super::config::{AllowPm, FormProblem, RoomConfig, Whois};
 use super::{
-    MucConfig, NS_MUC, NS_MUC_ADMIN, NS_MUC_OWNER, NS_MUC_REQUEST, NS_MUC_USER, NS_OCCUPANT_ID,
-    NS_SELF_PING_OPT,
+    MucConfig, NS_MODERATE, NS_MUC, NS_MUC_ADMIN, NS_MUC_OWNER, NS_MUC_REQUEST, NS_MUC_USER,
+    NS_OCCUPANT_ID, NS_RETRACT, NS_SELF_PING_OPT,
 };
+use crate::archive_query::NS_MAM_EXTENDED;
 use starling_core::forms::{FormBuilder, Submitted};
 use starling_core::storage::{ArchiveId, ArchiveIds, ArchiveRecord, RoomAffiliation, FLAG_BODY};
 use starling_proto::{
@@ -140,6 +141,24 @@ pub struct Out {
     pub archive: Vec<ArchiveRecord>,
     /// The room was destroyed (delete it and stop).
     pub destroyed: bool,
+    /// A moderator's retraction waiting for the archived message
+    /// (XEP-0425): the task looks it up, then calls
+    /// [`Room::finish_moderation`].
+    pub moderation: Option<Moderation>,
+}
+
+/// A moderation request whose message must be read from the archive.
+pub struct Moderation {
+    /// The moderator's iq.
+    pub iq: Stanza,
+    /// The message's stanza id (its archive id).
+    pub id: ArchiveId,
+    /// The moderator's occupant JID.
+    pub by: Jid,
+    /// The moderator's occupant id.
+    pub by_occupant: Element,
+    /// Why.
+    pub reason: Option<String>,
 }
 
 /// What a handler needs besides the room.
@@ -1061,8 +1080,10 @@ impl Room {
         }
         for node in el.nodes() {
             match node {
+                // A sender's own muc#user payload could claim a real JID.
                 Node::Element(c)
-                    if c.is("occupant-id", NS_OCCUPANT_ID)
+                    if c.ns() == NS_MUC_USER
+                        || c.is("occupant-id", NS_OCCUPANT_ID)
                         || (c.is("stanza-id", ns::SID)
                             && c.attr("by") == Some(self.jid.as_str())) => {}
                 other => m.nodes_mut().push(other.clone()),
@@ -1368,6 +1389,9 @@ impl Room {
             return reply_error(st, StanzaErrorCondition::BadRequest.into(), out);
         };
         let get = st.type_attr() == Some("get");
+        if q.is("moderate", NS_MODERATE) && !get {
+            return self.moderate(st, from, q, out);
+        }
         let answer = match (q.ns(), q.name(), get) {
             (ns::DISCO_INFO, "query", true) => self.disco_info(st, from, q),
             (ns::DISCO_ITEMS, "query", true) => Ok(Some(self.disco_items(from))),
@@ -1461,15 +1485,19 @@ impl Room {
             NS_MUC_REQUEST,
             NS_OCCUPANT_ID,
             NS_SELF_PING_OPT,
+            NS_MODERATE,
             ns::SID,
             ns::DISCO_INFO,
             ns::DISCO_ITEMS,
             ns::PING,
         ];
-        for f in features {
+        // XEP-0313 §7: the room's archive (mam.rs), while it is kept.
+        let archive = [starling_proto::mam::NS_MAM, NS_MAM_EXTENDED];
+        let archive = if c.logging { &archive[..] } else { &[] };
+        for f in features.iter().chain(archive) {
             r.append_child(
                 Element::builder("feature", ns::DISCO_INFO)
-                    .attr("var", f)
+                    .attr("var", *f)
                     .build(),
             );
         }
@@ -2247,6 +2275,159 @@ impl Room {
             Some(self.occupant_jid(&nick)),
             Some(to.into()),
         ));
+    }
+
+    /// XEP-0425 §3: a moderator asks to retract a message by its stanza
+    /// id; the message itself is read from the archive by the task.
+    fn moderate(&mut self, st: &Stanza, from: &FullJid, q: &Element, out: &mut Out) {
+        let Some(nick) = self.by_jid.get(from).cloned() else {
+            return reply_error(
+                st,
+                err(
+                    StanzaErrorCondition::Forbidden,
+                    "only moderators of the room may moderate messages",
+                ),
+                out,
+            );
+        };
+        let o = &self.occupants[&nick];
+        if o.role != Role::Moderator {
+            return reply_error(
+                st,
+                err(
+                    StanzaErrorCondition::Forbidden,
+                    "only moderators are allowed to moderate other participants' messages",
+                ),
+                out,
+            );
+        }
+        if !q.children().any(|c| c.is("retract", NS_RETRACT)) {
+            return reply_error(
+                st,
+                err(
+                    StanzaErrorCondition::FeatureNotImplemented,
+                    "only retraction is supported",
+                ),
+                out,
+            );
+        }
+        let Some(id) = q.attr("id").and_then(ArchiveId::decode) else {
+            return reply_error(
+                st,
+                err(
+                    StanzaErrorCondition::ItemNotFound,
+                    "no message of this room has this id",
+                ),
+                out,
+            );
+        };
+        out.moderation = Some(Moderation {
+            iq: st.clone(),
+            id,
+            by: self.occupant_jid(&nick),
+            by_occupant: self.occupant_id_el(&o.bare),
+            reason: q.get_child("reason", NS_MODERATE).map(|r| r.text()),
+        });
+    }
+
+    /// XEP-0425 §3–§4: with the archived message (`None`: not found), tells
+    /// everyone of the retraction (archived too, for clients catching up),
+    /// answers the moderator and returns the tombstone that replaces the
+    /// message in the archive (and in the history).
+    pub fn finish_moderation(
+        &mut self,
+        cx: &Ctx<'_>,
+        m: Moderation,
+        original: Option<Element>,
+        out: &mut Out,
+    ) -> Option<String> {
+        let Some(original) = original
+            .filter(|o| o.name() == "message" && o.get_child("retracted", NS_RETRACT).is_none())
+        else {
+            reply_error(
+                &m.iq,
+                err(
+                    StanzaErrorCondition::ItemNotFound,
+                    "no message of this room has this id",
+                ),
+                out,
+            );
+            return None;
+        };
+        let moderated = |el_name: &str| {
+            let mut x = Element::builder(el_name, NS_RETRACT).build();
+            let mut md = Element::builder("moderated", NS_MODERATE)
+                .attr("by", m.by.as_str())
+                .build();
+            md.append_child(m.by_occupant.clone());
+            x.append_child(md);
+            if let Some(r) = &m.reason {
+                x.append_child(
+                    Element::builder("reason", NS_RETRACT)
+                        .text(r.as_str())
+                        .build(),
+                );
+            }
+            x
+        };
+        let mut retract = moderated("retract");
+        retract.set_attr("id", m.id.encode());
+        let id = cx.ids.next();
+        let mut msg = Element::builder("message", ns::CLIENT)
+            .attr("type", "groupchat")
+            .attr("id", starling_proto::random_id(10))
+            .append(retract)
+            .append(
+                Element::builder("stanza-id", ns::SID)
+                    .attr("id", id.encode())
+                    .attr("by", self.jid.as_str())
+                    .build(),
+            )
+            .build();
+        msg.set_attr("from", self.jid.as_str());
+        if self.config.logging {
+            out.archive.push(ArchiveRecord {
+                owner: self.jid.clone(),
+                id,
+                with_bare: self.jid.to_string(),
+                remote: self.jid.to_string(),
+                outgoing: false,
+                origin_id: None,
+                flags: 0,
+                stanza: msg.to_string(),
+            });
+        }
+        let room: Jid = self.jid.clone().into();
+        for o in self.occupants.values() {
+            for (to, _) in &o.sessions {
+                out.stanzas.push(Stanza::new(
+                    msg.clone(),
+                    Some(room.clone()),
+                    Some(to.clone().into()),
+                ));
+            }
+        }
+        // The tombstone keeps who sent it (and when), nothing of what.
+        let mut tomb = Element::new("message", ns::CLIENT);
+        for (k, v) in original.attrs() {
+            tomb.set_attr(k, v);
+        }
+        for c in original.children() {
+            if c.is("occupant-id", NS_OCCUPANT_ID) || c.is("stanza-id", ns::SID) {
+                tomb.append_child(c.clone());
+            }
+        }
+        let mut retracted = moderated("retracted");
+        retracted.set_attr(
+            "stamp",
+            starling_proto::datetime::xep0082_datetime(now_millis().max(0) as u128),
+        );
+        tomb.append_child(retracted);
+        if let Some(h) = self.history.iter_mut().find(|h| h.id == m.id) {
+            h.el = tomb.clone();
+        }
+        out.stanzas.push(m.iq.iq_result(None));
+        Some(tomb.to_string())
     }
 
     /// A new room's creator becomes its owner (§10.1.1).
