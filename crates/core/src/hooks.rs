@@ -412,6 +412,9 @@ pub struct Archived<'a> {
     pub kind: starling_proto::mam::Kind,
     /// The message as archived.
     pub element: &'a Element,
+    /// The copy is in the peer's archive, not the owner's: a group chat
+    /// room archived it once for all its members (`owner` is a member).
+    pub shared: bool,
 }
 
 /// Follows what the archive keeps: the inbox counts unread messages from

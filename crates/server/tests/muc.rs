@@ -1445,7 +1445,9 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     // §4: the room's archive keeps the tombstone only.
     alice.drain().await;
     alice
-        .send(&format!("<iq to='{r}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"))
+        .send(&format!(
+            "<iq to='{r}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
+        ))
         .await;
     let mut pages = String::new();
     loop {
@@ -1457,7 +1459,10 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
         pages.push_str(&el.to_string());
     }
     assert!(!pages.contains("buy potions"), "{pages}");
-    assert!(pages.contains("retracted") && pages.contains(&sid), "{pages}");
+    assert!(
+        pages.contains("retracted") && pages.contains(&sid),
+        "{pages}"
+    );
     // Retracting it again: it is already gone.
     let e = alice
         .iq(&format!("<iq to='{r}' type='set' id='mod4'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod4")
@@ -1466,6 +1471,86 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
         error_condition(&e).as_deref(),
         Some("item-not-found"),
         "{e}"
+    );
+    server.stop().await;
+}
+
+/// (jid, unread, last body) of each conversation of `c`'s inbox (XEP-0430).
+async fn inbox_of(c: &mut Client) -> Vec<(String, u32, String)> {
+    const INBOX: &str = "urn:xmpp:inbox:1";
+    c.drain().await;
+    c.send(&format!(
+        "<iq type='get' id='ibx'><inbox xmlns='{INBOX}'/></iq>"
+    ))
+    .await;
+    let mut out = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("ibx") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            return out;
+        }
+        if let Some(e) = el.get_child("entry", INBOX) {
+            let body = el
+                .get_child("result", "urn:xmpp:mam:2")
+                .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
+                .and_then(|f| f.get_child("message", ns::CLIENT))
+                .map(body)
+                .unwrap_or_default();
+            out.push((
+                e.attr("jid").unwrap_or("").to_owned(),
+                e.attr("unread").and_then(|u| u.parse().ok()).unwrap_or(0),
+                body,
+            ));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn members_see_the_room_in_their_inbox_with_unread_counts() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "team", "Alice").await;
+    let a = admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='member' jid='bob@localhost'/>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &r, "Bob").await;
+    let mut carol = server.login("carol").await;
+    join(&mut carol, &r, "Carol").await;
+    for (i, text) in ["one", "two"].iter().enumerate() {
+        carol
+            .send(&format!(
+                "<message to='{r}' type='groupchat' id='c{i}'><body>{text}</body></message>"
+            ))
+            .await;
+        carol.recv_message().await;
+    }
+    // Members (bob; alice, the owner) count both; carol, no member, has
+    // no entry for the room.
+    assert_eq!(inbox_of(&mut bob).await, [(r.clone(), 2, "two".to_owned())]);
+    assert_eq!(
+        inbox_of(&mut alice).await,
+        [(r.clone(), 2, "two".to_owned())]
+    );
+    assert!(inbox_of(&mut carol).await.is_empty());
+    // Writing in the room reads it: bob's count goes to 0, alice's grows.
+    bob.send(&format!(
+        "<message to='{r}' type='groupchat' id='b1'><body>three</body></message>"
+    ))
+    .await;
+    bob.recv_message().await;
+    assert_eq!(
+        inbox_of(&mut bob).await,
+        [(r.clone(), 0, "three".to_owned())]
+    );
+    assert_eq!(
+        inbox_of(&mut alice).await,
+        [(r.clone(), 3, "three".to_owned())]
     );
     server.stop().await;
 }

@@ -1066,6 +1066,7 @@ fn upd(owner: &BareJid, remote: &str, last: Option<i64>, unread: UnreadChange) -
         remote: remote.to_owned(),
         last: last.map(|t| ArchiveId::from_parts(t, 0)),
         unread,
+        shared: false,
     }
 }
 
@@ -1281,6 +1282,55 @@ pub async fn inbox(s: &Storage) {
         None,
         "never another owner's archive row"
     );
+    // Groups: a room's archive holds the message once; a member's row
+    // marked shared points into it, an unmarked one does not.
+    let room = jid("room@conference.example.org");
+    s.archive
+        .append(&[archived(&room, "carol@example.org", 50)])
+        .await
+        .unwrap();
+    let shared = |owner: &BareJid, unread| InboxUpdate {
+        shared: true,
+        ..upd(owner, "room@conference.example.org", Some(50), unread)
+    };
+    // (delivered twice, e.g. replayed after a crash: counted once)
+    for _ in 0..2 {
+        i.apply(&[shared(&alice, UnreadChange::Add(1))])
+            .await
+            .unwrap();
+    }
+    i.apply(&[upd(
+        &bob,
+        "room@conference.example.org",
+        Some(50),
+        UnreadChange::Add(1),
+    )])
+    .await
+    .unwrap();
+    let g = i
+        .get(&alice, "room@conference.example.org")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.last_stanza.as_deref(), Some("<message id='50'/>"));
+    assert_eq!(g.unread, 1, "the same message counts once");
+    let listed = i.list(&alice, &all).await.unwrap();
+    assert_eq!(listed[0].remote, "room@conference.example.org");
+    assert_eq!(listed[0].last_stanza.as_deref(), Some("<message id='50'/>"));
+    assert_eq!(
+        i.get(&bob, "room@conference.example.org")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_stanza,
+        None,
+        "an unmarked row never shows another archive's message"
+    );
+    assert!(i
+        .remove(&alice, "room@conference.example.org")
+        .await
+        .unwrap());
+    assert!(i.remove(&bob, "room@conference.example.org").await.unwrap());
     // Removal and isolation.
     assert!(i.remove(&alice, "dave@example.org").await.unwrap());
     assert!(!i.remove(&alice, "dave@example.org").await.unwrap());

@@ -171,7 +171,7 @@ where
     let (domain, user) = split(owner);
     let mut b = QueryBuilder::new(
         "SELECT i.remote, i.last_id, a.stanza, CAST(i.unread AS BIGINT) FROM inbox i
-         LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+         LEFT JOIN archive a ON a.id = i.last_id AND CASE WHEN i.shared THEN a.username || '@' || a.domain = i.remote ELSE a.domain = i.domain AND a.username = i.username END
          WHERE i.domain = ",
     );
     b.push_bind(domain)

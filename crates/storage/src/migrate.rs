@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 8] = [
+const STEPS: [&str; 9] = [
     "accounts",
     "im-core",
     "offline",
@@ -16,6 +16,7 @@ const STEPS: [&str; 8] = [
     "fast-tokens",
     "archive-buckets",
     "muc",
+    "inbox-groups",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

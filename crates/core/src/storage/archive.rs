@@ -327,10 +327,14 @@ pub struct InboxUpdate {
     pub owner: BareJid,
     /// The conversation partner's bare JID.
     pub remote: String,
-    /// A new last message: its id in the owner's archive.
+    /// A new last message: its id in the owner's archive (or, for a
+    /// `shared` conversation, in the remote's).
     pub last: Option<ArchiveId>,
     /// The unread count change.
     pub unread: UnreadChange,
+    /// The conversation's messages are in the remote's archive: a group
+    /// chat room's, which every member's inbox row points into.
+    pub shared: bool,
 }
 
 /// Merges updates per conversation, keeping the order in which
@@ -349,6 +353,7 @@ pub fn coalesce_inbox_updates(updates: &[InboxUpdate]) -> Vec<InboxUpdate> {
                 if let Some(last) = u.last {
                     if m.last.is_none_or(|id| id <= last) {
                         m.last = Some(last);
+                        m.shared = u.shared;
                     }
                 }
                 m.unread = m.unread.then(u.unread);
@@ -459,6 +464,7 @@ mod tests {
             remote: remote.into(),
             last: last.map(ArchiveId),
             unread,
+            shared: false,
         }
     }
 

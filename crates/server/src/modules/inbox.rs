@@ -186,18 +186,19 @@ impl Inbox {
     }
 
     /// The owner sent an archived message `id` to `peer`.
-    async fn outgoing(
-        &self,
-        env: &Env,
-        owner: &BareJid,
-        peer: &BareJid,
-        id: ArchiveId,
-        kind: Kind,
-        el: &Element,
-    ) {
+    async fn outgoing(&self, env: &Env, msg: &Archived<'_>) {
+        let (owner, peer, id, kind, el, shared) = (
+            msg.owner,
+            msg.peer,
+            msg.id,
+            msg.kind,
+            msg.element,
+            msg.shared,
+        );
         match kind {
             Kind::Instant | Kind::Correction => {
-                self.push(owner, peer, Some(id), UnreadChange::Set(0)).await;
+                self.push(owner, peer, Some(id), UnreadChange::Set(0), shared)
+                    .await;
             }
             Kind::Other => {
                 let marker = el
@@ -219,7 +220,8 @@ impl Inbox {
                     } else {
                         self.unread_after(env, owner, peer, marked).await
                     };
-                    self.push(owner, peer, None, UnreadChange::Set(n)).await;
+                    self.push(owner, peer, None, UnreadChange::Set(n), shared)
+                        .await;
                 }
             }
             Kind::Skip => {}
@@ -227,14 +229,15 @@ impl Inbox {
     }
 
     /// The owner received an archived message `id` from `peer`.
-    async fn incoming(
-        &self,
-        owner: &BareJid,
-        peer: &BareJid,
-        id: ArchiveId,
-        kind: Kind,
-        el: &Element,
-    ) {
+    async fn incoming(&self, msg: &Archived<'_>) {
+        let (owner, peer, id, kind, el, shared) = (
+            msg.owner,
+            msg.peer,
+            msg.id,
+            msg.kind,
+            msg.element,
+            msg.shared,
+        );
         match kind {
             Kind::Instant => {
                 if let Some(o) = origin_id(el) {
@@ -244,9 +247,13 @@ impl Inbox {
                     }
                     newest.insert(conversation_key(owner, peer), o);
                 }
-                self.push(owner, peer, Some(id), UnreadChange::Add(1)).await
+                self.push(owner, peer, Some(id), UnreadChange::Add(1), shared)
+                    .await
             }
-            Kind::Correction => self.push(owner, peer, Some(id), UnreadChange::Keep).await,
+            Kind::Correction => {
+                self.push(owner, peer, Some(id), UnreadChange::Keep, shared)
+                    .await
+            }
             Kind::Other | Kind::Skip => {}
         }
     }
@@ -257,6 +264,7 @@ impl Inbox {
         peer: &BareJid,
         last: Option<ArchiveId>,
         unread: UnreadChange,
+        shared: bool,
     ) {
         self.queue
             .push(InboxUpdate {
@@ -264,6 +272,7 @@ impl Inbox {
                 remote: peer.as_str().to_owned(),
                 last,
                 unread,
+                shared,
             })
             .await;
     }
@@ -429,7 +438,7 @@ impl Inbox {
                     .with_text("reset needs a valid 'jid' attribute"),
             );
         };
-        self.push(owner, &jid.to_bare(), None, UnreadChange::Set(0))
+        self.push(owner, &jid.to_bare(), None, UnreadChange::Set(0), false)
             .await;
         self.queue.flush().await;
         IqResponse::Result(None)
@@ -440,11 +449,9 @@ impl Inbox {
 impl ArchivedHandler for Inbox {
     async fn archived(&self, env: &Env, msg: &Archived<'_>) {
         if msg.outgoing {
-            self.outgoing(env, msg.owner, msg.peer, msg.id, msg.kind, msg.element)
-                .await;
+            self.outgoing(env, msg).await;
         } else {
-            self.incoming(msg.owner, msg.peer, msg.id, msg.kind, msg.element)
-                .await;
+            self.incoming(msg).await;
         }
     }
 }

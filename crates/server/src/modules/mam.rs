@@ -369,6 +369,7 @@ impl Mam {
                     outgoing,
                     kind,
                     element: el,
+                    shared: false,
                 },
             )
             .await;

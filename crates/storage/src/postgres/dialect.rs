@@ -248,8 +248,14 @@ impl Dialect for PostgresStorage {
             if group.is_empty() {
                 continue;
             }
-            let (mut domains, mut users, mut remotes, mut ids, mut counts) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut domains, mut users, mut remotes, mut ids, mut counts, mut shared) = (
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            );
             for u in group.iter() {
                 let (domain, user) = split(&u.owner);
                 let id = u.last.expect("partitioned on last");
@@ -257,13 +263,14 @@ impl Dialect for PostgresStorage {
                 users.push(user);
                 remotes.push(u.remote.as_str());
                 ids.push(id.0);
+                shared.push(u.shared);
                 counts.push(match u.unread {
                     UnreadChange::Keep => 0i32,
                     UnreadChange::Add(n) | UnreadChange::Set(n) => n.min(i32::MAX as u32) as i32,
                 });
             }
             let mut b = QueryBuilder::<Postgres>::new(
-                "INSERT INTO inbox AS i (domain, username, remote, last_id, unread)
+                "INSERT INTO inbox AS i (domain, username, remote, last_id, unread, shared)
                  SELECT * FROM unnest(",
             );
             b.push_bind(&domains)
@@ -275,10 +282,13 @@ impl Dialect for PostgresStorage {
                 .push_bind(&ids)
                 .push("::bigint[], ")
                 .push_bind(&counts)
+                .push("::int[], ")
+                .push_bind(&shared)
                 .push(
-                    "::int[])
+                    "::bool[])
                  ON CONFLICT (domain, username, remote) DO UPDATE SET
                    last_id = GREATEST(i.last_id, excluded.last_id),
+                   shared = CASE WHEN excluded.last_id >= i.last_id THEN excluded.shared ELSE i.shared END,
                    unread = ",
                 )
                 .push(sql);

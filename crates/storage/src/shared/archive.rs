@@ -346,7 +346,7 @@ impl InboxStore for Store {
         let (domain, user) = split(owner);
         let row = sqlx::query(
             "SELECT i.remote, i.last_id, a.stanza, CAST(i.unread AS BIGINT) FROM inbox i
-             LEFT JOIN archive a ON a.id = i.last_id AND a.domain = i.domain AND a.username = i.username
+             LEFT JOIN archive a ON a.id = i.last_id AND CASE WHEN i.shared THEN a.username || '@' || a.domain = i.remote ELSE a.domain = i.domain AND a.username = i.username END
              WHERE i.domain = $1 AND i.username = $2 AND i.remote = $3",
         )
         .bind(domain)

@@ -227,7 +227,7 @@ impl Dialect for SqliteStorage {
         ] {
             for chunk in group.chunks(ROWS_PER_INSERT) {
                 let mut b = QueryBuilder::<Sqlite>::new(
-                    "INSERT INTO inbox (domain, username, remote, last_id, unread) ",
+                    "INSERT INTO inbox (domain, username, remote, last_id, unread, shared) ",
                 );
                 b.push_values(chunk, |mut row, u| {
                     let (domain, user) = split(&u.owner);
@@ -240,11 +240,13 @@ impl Dialect for SqliteStorage {
                         .push_bind(user)
                         .push_bind(u.remote.as_str())
                         .push_bind(id.0)
-                        .push_bind(n);
+                        .push_bind(n)
+                        .push_bind(u.shared);
                 });
                 b.push(
                     " ON CONFLICT (domain, username, remote) DO UPDATE SET
                        last_id = MAX(last_id, excluded.last_id),
+                       shared = CASE WHEN excluded.last_id >= last_id THEN excluded.shared ELSE shared END,
                        unread = ",
                 );
                 b.push(unread_sql);

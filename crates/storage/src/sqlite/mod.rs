@@ -34,6 +34,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0006_fast_tokens.sql"),
     include_str!("0007_archive_buckets.sql"),
     include_str!("0008_muc.sql"),
+    include_str!("0009_inbox_groups.sql"),
 ];
 
 /// The SQLite backend.

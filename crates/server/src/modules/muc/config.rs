@@ -13,6 +13,10 @@ use starling_core::forms::{FieldError, FormBuilder, Submitted};
 pub const NS_ROOMCONFIG: &str = "http://jabber.org/protocol/muc#roomconfig";
 /// `muc#roominfo` FORM_TYPE.
 pub const NS_ROOMINFO: &str = "http://jabber.org/protocol/muc#roominfo";
+/// Longest room name (`muc#roomconfig_roomname`), in characters.
+pub const MAX_NAME_CHARS: usize = 200;
+/// Longest room password (`muc#roomconfig_roomsecret`), in characters.
+pub const MAX_PASSWORD_CHARS: usize = 200;
 
 /// Who may see occupants' real JIDs (`muc#roomconfig_whois`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,10 +283,14 @@ impl RoomConfig {
             }
             Ok(())
         };
-        text("muc#roomconfig_roomname", 200, &mut c.name)?;
+        text("muc#roomconfig_roomname", MAX_NAME_CHARS, &mut c.name)?;
         text("muc#roomconfig_roomdesc", 1000, &mut c.description)?;
         text("muc#roomconfig_lang", 35, &mut c.lang)?;
-        text("muc#roomconfig_roomsecret", 200, &mut c.password)?;
+        text(
+            "muc#roomconfig_roomsecret",
+            MAX_PASSWORD_CHARS,
+            &mut c.password,
+        )?;
         let flag = |var: &'static str, into: &mut bool| -> Result<(), FormProblem> {
             if let Some(b) = form.boolean(var)? {
                 *into = b;

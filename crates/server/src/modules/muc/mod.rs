@@ -56,7 +56,8 @@ use config::RoomConfig;
 use room::{Ctx, Out, Room};
 use serde::Deserialize;
 use starling_core::hooks::{
-    HookRegistry, Service, ServiceAddress, ShutdownHandler, StartedHandler,
+    Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler,
+    StartedHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
@@ -263,8 +264,84 @@ impl Module for Muc {
             svc.clone(),
         );
         reg.started(svc.clone());
+        // What the rooms queued for their archives counts for
+        // read-your-writes (inbox and archive queries) and acks.
+        reg.durability(svc.clone());
         reg.shutdown(NAME, 20, svc);
     }
+}
+
+/// A room an administrator makes outside XMPP (`starling room create`):
+/// what differs from the service's new-room defaults.
+#[derive(Clone, Debug, Default)]
+pub struct CliRoom {
+    /// Natural-language name (`muc#roomconfig_roomname`); empty for none.
+    pub name: String,
+    /// Only members may enter (else the service default).
+    pub members_only: bool,
+    /// Not listed in the service's disco#items (else the service default).
+    pub hidden: bool,
+    /// Entering needs this password.
+    pub password: Option<String>,
+}
+
+/// The stored configuration (`StoredRoom::config`) of a persistent,
+/// unlocked room made by `starling room create`: the service's new-room
+/// defaults (`max_users`, history, logging, …) changed by `room`, with a
+/// fresh occupant-id secret. `Err` says which value the service refuses,
+/// as the configuration form would.
+pub fn stored_config_for_cli(svc: &MucConfig, room: &CliRoom) -> Result<String, String> {
+    if !svc.allow_persistent {
+        return Err(
+            "this service keeps no rooms ([modules.muc] allow_persistent = false): set it to true first"
+                .into(),
+        );
+    }
+    if room.name.chars().count() > config::MAX_NAME_CHARS {
+        return Err(format!(
+            "the name is longer than {} characters",
+            config::MAX_NAME_CHARS
+        ));
+    }
+    let mut c = RoomConfig::new_room(svc, starling_proto::random_id(24));
+    c.persistent = true;
+    c.name = room.name.clone();
+    c.members_only |= room.members_only;
+    c.public &= !room.hidden;
+    if let Some(p) = &room.password {
+        if p.is_empty() || p.chars().count() > config::MAX_PASSWORD_CHARS {
+            return Err(format!(
+                "the password must have 1 to {} characters",
+                config::MAX_PASSWORD_CHARS
+            ));
+        }
+        c.password_protected = true;
+        c.password = p.clone();
+    }
+    Ok(c.to_stored())
+}
+
+/// What `starling room list` shows of a stored room's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredConfigSummary {
+    /// Natural-language name (may be empty).
+    pub name: String,
+    /// Listed in the service's disco#items.
+    pub public: bool,
+    /// Only members may enter.
+    pub members_only: bool,
+    /// Entering needs a password.
+    pub password_protected: bool,
+}
+
+/// Reads a stored room configuration; `None` if it is not this module's.
+pub fn stored_config_summary(stored: &str) -> Option<StoredConfigSummary> {
+    RoomConfig::from_stored(stored).map(|c| StoredConfigSummary {
+        name: c.name,
+        public: c.public,
+        members_only: c.members_only,
+        password_protected: c.password_protected,
+    })
 }
 
 struct Sink(Arc<dyn ArchiveStore>);
@@ -309,6 +386,13 @@ struct Inner {
 }
 
 struct MucService(Arc<Inner>);
+
+#[async_trait]
+impl DurabilityHandler for MucService {
+    async fn durable(&self, _env: &Env) {
+        self.0.archive.committed_all().await;
+    }
+}
 
 impl StartedHandler for MucService {
     fn started(&self, env: &Arc<Env>) {
@@ -941,6 +1025,30 @@ async fn process(
         for rec in out.archive.drain(..) {
             inner.archive.push(rec).await;
         }
+        // XEP-0430: members' inboxes list the room, pointing into its
+        // archive (one copy for everyone).
+        if !out.inbox.is_empty() && !env.hooks.archived.is_empty() {
+            let members = r.members();
+            let room_jid = r.jid.clone();
+            for (id, sender, kind, el) in out.inbox.drain(..) {
+                for m in &members {
+                    env.hooks
+                        .archived(
+                            env,
+                            &Archived {
+                                owner: m,
+                                peer: &room_jid,
+                                id,
+                                outgoing: *m == sender,
+                                kind,
+                                element: &el,
+                                shared: true,
+                            },
+                        )
+                        .await;
+                }
+            }
+        }
         // A temporary (or never configured) room ends with its last occupant.
         if out.destroyed || (r.is_empty() && (!r.config.persistent || r.locked)) {
             if r.stored {
@@ -959,5 +1067,48 @@ async fn process(
     }
     for s in out.stanzas {
         env.route(s).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cli_room_is_persistent_with_the_service_defaults_and_a_random_salt() {
+        let svc = MucConfig {
+            default_max_users: 30,
+            max_users: 40,
+            default_moderated: true,
+            ..MucConfig::default()
+        };
+        let room = CliRoom {
+            name: "Lobby".into(),
+            hidden: true,
+            password: Some("s3cret".into()),
+            ..CliRoom::default()
+        };
+        let a = RoomConfig::from_stored(&stored_config_for_cli(&svc, &room).unwrap()).unwrap();
+        let b = RoomConfig::from_stored(&stored_config_for_cli(&svc, &room).unwrap()).unwrap();
+        assert!(a.persistent && a.moderated && !a.public && !a.members_only);
+        assert_eq!((a.max_users, a.name.as_str()), (30, "Lobby"));
+        assert!(a.password_protected && a.password == "s3cret");
+        assert_eq!(a.salt.len(), 24);
+        assert_ne!(a.salt, b.salt);
+        let s = stored_config_summary(&a.to_stored()).unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.public, s.password_protected),
+            ("Lobby", false, true)
+        );
+        let no_persistence = MucConfig {
+            allow_persistent: false,
+            ..MucConfig::default()
+        };
+        assert!(stored_config_for_cli(&no_persistence, &CliRoom::default()).is_err());
+        let empty_password = CliRoom {
+            password: Some(String::new()),
+            ..CliRoom::default()
+        };
+        assert!(stored_config_for_cli(&svc, &empty_password).is_err());
     }
 }

@@ -145,6 +145,9 @@ pub struct Out {
     /// (XEP-0425): the task looks it up, then calls
     /// [`Room::finish_moderation`].
     pub moderation: Option<Moderation>,
+    /// Archived messages the members' inboxes count (XEP-0430): id,
+    /// sender, kind, the message.
+    pub inbox: Vec<(ArchiveId, BareJid, starling_proto::mam::Kind, Element)>,
 }
 
 /// A moderation request whose message must be read from the archive.
@@ -1104,6 +1107,17 @@ impl Room {
         m.set_attr("from", from_jid.as_str());
         if subject.is_none() && is_archivable(el) {
             if archived {
+                let kind = match (
+                    el.has_child("body", ns::CLIENT),
+                    el.has_child("replace", "urn:xmpp:message-correct:0"),
+                ) {
+                    (true, false) => Some(starling_proto::mam::Kind::Instant),
+                    (true, true) => Some(starling_proto::mam::Kind::Correction),
+                    _ => None,
+                };
+                if let Some(kind) = kind {
+                    out.inbox.push((id, bare.clone(), kind, m.clone()));
+                }
                 out.archive.push(ArchiveRecord {
                     owner: self.jid.clone(),
                     id,
@@ -2428,6 +2442,16 @@ impl Room {
         }
         out.stanzas.push(m.iq.iq_result(None));
         Some(tomb.to_string())
+    }
+
+    /// Members (affiliation member, admin or owner) with an account JID:
+    /// whose inboxes list the room.
+    pub fn members(&self) -> Vec<BareJid> {
+        self.affiliations
+            .iter()
+            .filter(|(_, a)| a.affiliation >= Affiliation::Member)
+            .filter_map(|(j, _)| BareJid::new(j).ok().filter(|b| b.node().is_some()))
+            .collect()
     }
 
     /// A new room's creator becomes its owner (§10.1.1).
