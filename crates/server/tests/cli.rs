@@ -812,3 +812,380 @@ fn modules_lists_each_module_with_its_state() {
         "{err}"
     );
 }
+
+/// The values of field `var` in the first data form inside `el`.
+fn form_values(el: &starling_testkit::starling_xml::Element, var: &str) -> Vec<String> {
+    fn find<'a>(
+        el: &'a starling_testkit::starling_xml::Element,
+        var: &str,
+    ) -> Option<&'a starling_testkit::starling_xml::Element> {
+        if el.name() == "field" && el.attr("var") == Some(var) {
+            return Some(el);
+        }
+        el.children().find_map(|c| find(c, var))
+    }
+    find(el, var)
+        .map(|f| {
+            f.children()
+                .filter(|v| v.name() == "value")
+                .map(|v| v.text())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 12: `starling room list|create|destroy` work on the database
+/// like `user …`; a server started on the same data directory serves the
+/// created room (persistent, unlocked, its owner configures it), and a
+/// destroyed room is gone with its affiliations and archive.
+#[tokio::test(flavor = "multi_thread")]
+async fn room_create_list_serve_and_destroy() {
+    use starling_testkit::{ns, TestServer};
+    const MUC: &str = "http://jabber.org/protocol/muc";
+    const MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
+    const MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let lobby = "lobby@conference.localhost";
+
+    // Refused: not a JID, no room name, a resource, a service this server
+    // does not run, an owner that is not a bare JID.
+    for (args, says) in [
+        (
+            vec!["not a room", "--owner", "alice@localhost"],
+            "not a valid JID",
+        ),
+        (
+            vec!["conference.localhost", "--owner", "alice@localhost"],
+            "no room name",
+        ),
+        (
+            vec![
+                "lobby@conference.localhost/Nick",
+                "--owner",
+                "alice@localhost",
+            ],
+            "has a resource",
+        ),
+        (
+            vec!["lobby@chat.localhost", "--owner", "alice@localhost"],
+            "not a group-chat service",
+        ),
+        (vec![lobby, "--owner", "alice@localhost/phone"], "bare JID"),
+        (vec![lobby, "--owner", "localhost"], "no user part"),
+    ] {
+        let mut a = vec!["room", "create"];
+        a.extend(args);
+        let (ok, _, err) = run_cli(&cfg, &a, "");
+        assert!(!ok && err.contains(says), "{a:?}: {err}");
+    }
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &[
+            "room",
+            "create",
+            "lobby@chat.localhost",
+            "--owner",
+            "alice@localhost",
+        ],
+        "",
+    );
+    assert!(
+        !ok && err.contains("conference.localhost"),
+        "names the configured service: {err}"
+    );
+
+    let (ok, out, err) = run_cli(
+        &cfg,
+        &[
+            "room",
+            "create",
+            lobby,
+            "--owner",
+            "alice@localhost",
+            "--name",
+            "The Lobby",
+            "--members-only",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("created {lobby} (owner alice@localhost)\n"));
+    assert!(
+        err.contains("user add alice@localhost"),
+        "no account yet: {err}"
+    );
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &["room", "create", lobby, "--owner", "bob@localhost"],
+        "",
+    );
+    assert!(
+        !ok && err.contains("already exists") && err.contains("room destroy"),
+        "{err}"
+    );
+    let (ok, _, err) = run_cli(
+        &cfg,
+        &[
+            "room",
+            "create",
+            "quiet@conference.localhost",
+            "--owner",
+            "bob@localhost",
+            "--hidden",
+            "--password",
+            "pw",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+
+    let (ok, out, err) = run_cli(&cfg, &["room", "list"], "");
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with(
+            "lobby@conference.localhost  public  members-only  owners alice@localhost  created 20"
+        ) && lines[0].ends_with("name \"The Lobby\""),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "quiet@conference.localhost  hidden  open, password  owners bob@localhost"
+        ),
+        "{out}"
+    );
+    let (ok, out, err) = run_cli(
+        &cfg,
+        &[
+            "room",
+            "list",
+            "--service",
+            "conference.localhost",
+            "--json",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let rooms: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rooms = rooms.as_array().unwrap();
+    assert_eq!(rooms.len(), 2, "{out}");
+    assert_eq!(rooms[0]["jid"], lobby);
+    assert_eq!(rooms[0]["name"], "The Lobby");
+    assert_eq!(rooms[0]["public"], true);
+    assert_eq!(rooms[0]["members_only"], true);
+    assert_eq!(rooms[0]["owners"], serde_json::json!(["alice@localhost"]));
+    assert!(rooms[0]["created_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(rooms[1]["public"], false);
+    assert_eq!(rooms[1]["password_protected"], true);
+    let (ok, out, err) = run_cli(
+        &cfg,
+        &[
+            "room",
+            "list",
+            "--service",
+            "conference.example.org",
+            "--json",
+        ],
+        "",
+    );
+    assert!(ok && err.contains("not a group-chat service"), "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        serde_json::json!([])
+    );
+
+    // A server on the same data directory serves the room.
+    let data = dir.join("data");
+    let server = TestServer::start_with(|c| c.server.data_dir = data).await;
+    let mut alice = server.login("alice").await;
+    let features = alice.disco_features(lobby).await;
+    assert!(
+        features.iter().any(|f| f == "muc_persistent")
+            && features.iter().any(|f| f == "muc_membersonly")
+            && features.iter().any(|f| f == "muc_public"),
+        "{features:?}"
+    );
+    let form = alice
+        .iq(
+            &format!("<iq to='{lobby}' type='get' id='cf'><query xmlns='{MUC_OWNER}'/></iq>"),
+            "cf",
+        )
+        .await;
+    assert_eq!(
+        form.attr("type"),
+        Some("result"),
+        "the owner gets the form: {form}"
+    );
+    assert_eq!(form_values(&form, "muc#roomconfig_roomname"), ["The Lobby"]);
+    assert_eq!(form_values(&form, "muc#roomconfig_persistentroom"), ["1"]);
+    assert_eq!(form_values(&form, "muc#roomconfig_membersonly"), ["1"]);
+    assert_eq!(
+        form_values(&form, "muc#roomconfig_roomowners"),
+        ["alice@localhost"]
+    );
+    assert_eq!(
+        form_values(&form, "muc#roomconfig_maxusers"),
+        ["200"],
+        "the service default"
+    );
+    // Unlocked: the owner enters an existing room (no 201) and talks.
+    alice
+        .send(&format!(
+            "<presence to='{lobby}/Alice'><x xmlns='{MUC}'/></presence>"
+        ))
+        .await;
+    let own = alice
+        .recv_until(|e| {
+            e.name() == "presence" && e.attr("from") == Some("lobby@conference.localhost/Alice")
+        })
+        .await;
+    assert_ne!(own.attr("type"), Some("error"), "{own}");
+    let x = own.get_child("x", MUC_USER).unwrap();
+    assert_eq!(
+        x.get_child("item", MUC_USER).unwrap().attr("affiliation"),
+        Some("owner")
+    );
+    assert!(
+        !x.children()
+            .any(|s| s.name() == "status" && s.attr("code") == Some("201")),
+        "not a new room: {own}"
+    );
+    alice
+        .recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
+        .await;
+    alice
+        .send(&format!(
+            "<message to='{lobby}' type='groupchat' id='m1'><body>hello</body></message>"
+        ))
+        .await;
+    alice
+        .recv_until(|e| e.name() == "message" && e.attr("id") == Some("m1"))
+        .await;
+    // The hidden room is not in the service's room list.
+    let items = alice
+        .iq(
+            &format!(
+                "<iq to='conference.localhost' type='get' id='rl'><query xmlns='{}'/></iq>",
+                ns::DISCO_ITEMS
+            ),
+            "rl",
+        )
+        .await;
+    let listed: Vec<String> = items
+        .get_child("query", ns::DISCO_ITEMS)
+        .unwrap()
+        .children()
+        .filter_map(|i| i.attr("jid").map(str::to_owned))
+        .collect();
+    assert_eq!(listed, [lobby], "{items}");
+    alice
+        .send(&format!(
+            "<presence to='{lobby}/Alice' type='unavailable'/>"
+        ))
+        .await;
+    alice.drain().await;
+    let backend = server.backend_config();
+    server.server.shutdown().await; // keeps the data directory
+
+    // Destroyed with its affiliations and archive; piped standard input
+    // (not a terminal) needs no --yes, like `user del` and `archive purge`.
+    let (ok, out, err) = run_cli(&cfg, &["room", "destroy", lobby, "--yes"], "");
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!("destroyed {lobby}: 1 affiliation(s) and 1 archived message(s) deleted\n")
+    );
+    let (ok, out, err) = run_cli(&cfg, &["room", "destroy", "quiet@conference.localhost"], "");
+    assert!(
+        ok && out.starts_with("destroyed quiet@conference.localhost"),
+        "{err}"
+    );
+    let (ok, _, err) = run_cli(&cfg, &["room", "destroy", lobby, "--yes"], "");
+    assert!(!ok && err.contains("no stored room"), "{err}");
+    let (ok, _, err) = run_cli(&cfg, &["room", "destroy", "not a room", "--yes"], "");
+    assert!(!ok && err.contains("not a valid JID"), "{err}");
+    let (ok, out, err) = run_cli(&cfg, &["room", "list"], "");
+    assert!(ok && out.is_empty(), "{out}{err}");
+    let (ok, out, _) = run_cli(&cfg, &["room", "list", "--json"], "");
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        serde_json::json!([])
+    );
+    let storage = starling_storage::open(&backend).await.unwrap();
+    let room = starling_proto::BareJid::new(lobby).unwrap();
+    let alice_jid = starling_proto::BareJid::new("alice@localhost").unwrap();
+    assert!(storage.muc.affiliations(&room).await.unwrap().is_empty());
+    assert!(storage.muc.rooms_of(&alice_jid).await.unwrap().is_empty());
+    let all = starling_core::storage::ArchiveQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(storage.archive.count(&room, &all).await.unwrap(), 0);
+    storage.backend.close().await;
+}
+
+/// Issue 12: `room list` reads rooms a page at a time and lists every one
+/// across pages, in order, as text or as one JSON array; `room --help`
+/// says the commands act on storage and what a running server does.
+#[tokio::test(flavor = "multi_thread")]
+async fn room_list_pages_through_many_rooms() {
+    use starling_core::storage::StoredRoom;
+    use starling_server::modules::muc::{stored_config_for_cli, CliRoom, MucConfig};
+    let dir = temp_dir();
+    let cfg = write_binary_config(&dir, 1, 2);
+    let db_cfg = starling_server::Config::load(&cfg)
+        .unwrap()
+        .backend_config();
+    let storage = starling_storage::open(&db_cfg).await.unwrap();
+    let n = 1_201;
+    for i in 0..n {
+        let config = stored_config_for_cli(&MucConfig::default(), &CliRoom::default()).unwrap();
+        storage
+            .muc
+            .put_room(&StoredRoom {
+                jid: starling_proto::BareJid::new(&format!("r{i:05}@conference.localhost"))
+                    .unwrap(),
+                config,
+                subject: String::new(),
+                created_at: 1_700_000_000_000,
+            })
+            .await
+            .unwrap();
+    }
+    storage.backend.close().await;
+    let (ok, out, err) = run_cli(&cfg, &["room", "list"], "");
+    assert!(ok, "{err}");
+    let jids: Vec<&str> = out
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    let expected: Vec<String> = (0..n)
+        .map(|i| format!("r{i:05}@conference.localhost"))
+        .collect();
+    assert_eq!(jids, expected);
+    assert!(
+        out.lines()
+            .next()
+            .unwrap()
+            .ends_with("owners -  created 2023-11-14T22:13:20.000Z"),
+        "{out}"
+    );
+    let (ok, out, err) = run_cli(&cfg, &["room", "list", "--json"], "");
+    assert!(ok, "{err}");
+    let rooms: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(rooms.as_array().unwrap().len(), n);
+    assert_eq!(
+        rooms[n - 1]["jid"],
+        format!("r{:05}@conference.localhost", n - 1)
+    );
+
+    let out = bin().args(["room", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("act on storage directly") && help.contains("until it is next loaded"),
+        "{help}"
+    );
+}

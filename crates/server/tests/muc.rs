@@ -1554,3 +1554,70 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "pics", "Alice").await;
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &r, "Bob").await;
+    alice.drain().await;
+    let f = bob.disco_features(&r).await;
+    assert!(f.contains(&"vcard-temp".to_owned()), "{f:?}");
+    // Only owners set it.
+    let vcard = "<vCard xmlns='vcard-temp'><PHOTO><TYPE>image/png</TYPE><BINVAL>aGVsbG8=</BINVAL></PHOTO></vCard>";
+    let e = bob
+        .iq(
+            &format!("<iq to='{r}' type='set' id='v1'>{vcard}</iq>"),
+            "v1",
+        )
+        .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
+    let ok = alice
+        .iq(
+            &format!("<iq to='{r}' type='set' id='v2'>{vcard}</iq>"),
+            "v2",
+        )
+        .await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    // Occupants get the XEP-0153 hash from the room's JID: SHA-1("hello").
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    assert_eq!(p.attr("from"), Some(r.as_str()), "{p}");
+    let photo = p
+        .get_child("x", "vcard-temp:x:update")
+        .and_then(|x| x.get_child("photo", "vcard-temp:x:update"))
+        .map(|p| p.text());
+    assert_eq!(
+        photo.as_deref(),
+        Some("aaf4c61ddcc5e8a2dabede0f3b482cd9aea9434d")
+    );
+    // Anyone reads it back; the room info form carries the hash.
+    let v = bob
+        .iq(
+            &format!("<iq to='{r}' type='get' id='v3'><vCard xmlns='vcard-temp'/></iq>"),
+            "v3",
+        )
+        .await;
+    assert!(v.to_string().contains("aGVsbG8="), "{v}");
+    let i = bob
+        .iq(
+            &format!(
+                "<iq to='{r}' type='get' id='v4'><query xmlns='{}'/></iq>",
+                ns::DISCO_INFO
+            ),
+            "v4",
+        )
+        .await;
+    assert!(
+        i.to_string()
+            .contains("aaf4c61ddcc5e8a2dabede0f3b482cd9aea9434d"),
+        "{i}"
+    );
+    // Not base64: bad-request; too large: not-acceptable.
+    let e = alice
+        .iq(&format!("<iq to='{r}' type='set' id='v5'><vCard xmlns='vcard-temp'><PHOTO><BINVAL>***</BINVAL></PHOTO></vCard></iq>"), "v5")
+        .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
+    server.stop().await;
+}

@@ -102,6 +102,10 @@ pub struct RoomConfig {
     pub voice_requests: bool,
     /// Secret of the room's stable occupant ids (XEP-0421).
     pub salt: String,
+    /// The room's vCard (vcard-temp XML; empty: none), set by owners.
+    pub vcard: String,
+    /// SHA-1 of the vCard's photo (XEP-0153), hex; empty: no avatar.
+    pub avatar_hash: String,
 }
 
 impl Default for RoomConfig {
@@ -128,6 +132,8 @@ impl Default for RoomConfig {
             get_member_list: vec!["moderator".into(), "participant".into()],
             voice_requests: true,
             salt: String::new(),
+            vcard: String::new(),
+            avatar_hash: String::new(),
         }
     }
 }
@@ -456,6 +462,16 @@ impl RoomConfig {
                 "text-single",
                 Some("Most messages of history"),
                 &[&history],
+            )
+            .field(
+                "muc#roominfo_avatarhash",
+                "text-multi",
+                Some("Avatar hash"),
+                &if self.avatar_hash.is_empty() {
+                    vec![]
+                } else {
+                    vec![self.avatar_hash.as_str()]
+                },
             )
     }
 }

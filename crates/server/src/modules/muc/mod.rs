@@ -92,6 +92,10 @@ pub const NS_OCCUPANT_ID: &str = "urn:xmpp:occupant-id:0";
 pub const NS_MODERATE: &str = "urn:xmpp:message-moderate:1";
 /// XEP-0424 message retraction.
 pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
+/// vcard-temp (room avatars, as XEP-0486 describes).
+pub const NS_VCARD: &str = "vcard-temp";
+/// XEP-0153 avatar hash in presence.
+pub const NS_VCARD_UPDATE: &str = "vcard-temp:x:update";
 /// XEP-0410 self-ping optimization.
 pub const NS_SELF_PING_OPT: &str = "http://jabber.org/protocol/muc#self-ping-optimization";
 
@@ -125,6 +129,8 @@ pub struct MucConfig {
     pub max_nick_len: u32,
     /// Longest subject, in characters.
     pub max_subject_len: u32,
+    /// Largest room vCard (avatar included), bytes of XML.
+    pub max_vcard_bytes: usize,
     /// Owners may make rooms persistent.
     pub allow_persistent: bool,
     /// New rooms' defaults (§10.1.2 instant rooms keep them).
@@ -159,6 +165,7 @@ impl Default for MucConfig {
             default_history: 20,
             max_nick_len: 64,
             max_subject_len: 1024,
+            max_vcard_bytes: 256 * 1024,
             allow_persistent: true,
             default_persistent: false,
             default_public: true,

@@ -6,7 +6,7 @@
 use super::config::{AllowPm, FormProblem, RoomConfig, Whois};
 use super::{
     MucConfig, NS_MODERATE, NS_MUC, NS_MUC_ADMIN, NS_MUC_OWNER, NS_MUC_REQUEST, NS_MUC_USER,
-    NS_OCCUPANT_ID, NS_RETRACT, NS_SELF_PING_OPT,
+    NS_OCCUPANT_ID, NS_RETRACT, NS_SELF_PING_OPT, NS_VCARD, NS_VCARD_UPDATE,
 };
 use crate::archive_query::NS_MAM_EXTENDED;
 use starling_core::forms::{FormBuilder, Submitted};
@@ -1407,6 +1407,13 @@ impl Room {
             (ns::REGISTER, "query", true) => self.register_get(from),
             (ns::REGISTER, "query", false) => self.register_set(from, q, out),
             (ns::PING, "ping", true) => Ok(None),
+            (NS_VCARD, "vCard", true) => Ok(Some(
+                self.config
+                    .vcard
+                    .parse::<Element>()
+                    .unwrap_or_else(|_| Element::new("vCard", NS_VCARD)),
+            )),
+            (NS_VCARD, "vCard", false) => self.set_vcard(cx, from, q, out),
             _ => Err(StanzaErrorCondition::ServiceUnavailable.into()),
         };
         match answer {
@@ -1491,6 +1498,7 @@ impl Room {
             NS_OCCUPANT_ID,
             NS_SELF_PING_OPT,
             NS_MODERATE,
+            NS_VCARD,
             ns::SID,
             ns::DISCO_INFO,
             ns::DISCO_ITEMS,
@@ -2443,6 +2451,81 @@ impl Room {
             .filter(|(_, a)| a.affiliation >= Affiliation::Member)
             .filter_map(|(j, _)| BareJid::new(j).ok().filter(|b| b.node().is_some()))
             .collect()
+    }
+
+    /// Room avatars (vcard-temp on the room's JID, as XEP-0486 describes):
+    /// owners set the vCard; when its photo changes, occupants get
+    /// presence from the room's JID with the XEP-0153 hash.
+    fn set_vcard(
+        &mut self,
+        cx: &Ctx<'_>,
+        from: &FullJid,
+        q: &Element,
+        out: &mut Out,
+    ) -> Result<Option<Element>, StanzaError> {
+        if self.affiliation_of(&from.to_bare()) != Affiliation::Owner {
+            return Err(err(
+                StanzaErrorCondition::Forbidden,
+                "only owners may change the room's vCard",
+            ));
+        }
+        let xml = q.to_string();
+        if xml.len() > cx.svc.max_vcard_bytes {
+            return Err(err(
+                StanzaErrorCondition::NotAcceptable,
+                "the vCard is too large",
+            ));
+        }
+        let photo = q
+            .get_child("PHOTO", NS_VCARD)
+            .and_then(|p| p.get_child("BINVAL", NS_VCARD))
+            .map(|b| b.text().split_whitespace().collect::<String>());
+        let hash = match photo {
+            None => String::new(),
+            Some(b64) => {
+                use base64::Engine as _;
+                use sha1::Digest as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64.as_bytes())
+                    .map_err(|_| {
+                        err(
+                            StanzaErrorCondition::BadRequest,
+                            "PHOTO/BINVAL is not base64",
+                        )
+                    })?;
+                sha1::Sha1::digest(&bytes)
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            }
+        };
+        self.config.vcard = if q.children().next().is_some() {
+            xml
+        } else {
+            String::new()
+        };
+        out.save = true;
+        if hash != self.config.avatar_hash {
+            self.config.avatar_hash = hash;
+            let room: Jid = self.jid.clone().into();
+            let mut x = Element::new("x", NS_VCARD_UPDATE);
+            let mut photo = Element::new("photo", NS_VCARD_UPDATE);
+            if !self.config.avatar_hash.is_empty() {
+                photo.append_text(self.config.avatar_hash.as_str());
+            }
+            x.append_child(photo);
+            let p = Element::builder("presence", ns::CLIENT).append(x).build();
+            for o in self.occupants.values() {
+                for (to, _) in &o.sessions {
+                    out.stanzas.push(Stanza::new(
+                        p.clone(),
+                        Some(room.clone()),
+                        Some(to.clone().into()),
+                    ));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// A new room's creator becomes its owner (§10.1.1).
