@@ -58,8 +58,6 @@ config() { # node port
     printf '\n[storage]\nbackend = "postgres"\nurl = "%s"\npool_size = 8\n' "$url"
     if [[ "$NODES" -gt 1 ]]; then
         printf '\n[cluster]\nnats_url = "nats://127.0.0.1:%s"\nname = "bench"\n' "$NATS_PORT"
-        # Group chat is not clustered yet: the configuration refuses it.
-        printf '\n[modules.muc]\nenabled = false\n'
     fi
 }
 for k in $(seq 1 "$NODES"); do

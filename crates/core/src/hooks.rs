@@ -573,6 +573,13 @@ pub trait Service: Send + Sync + 'static {
     /// Handles one stanza. Replies go out through `env.route`; errors are
     /// the service's to send (a stanza it ignores is dropped).
     async fn handle(&self, env: &Env, stanza: Stanza);
+
+    /// Handles a stanza another cluster node placed here
+    /// ([`crate::Router::to_service_on`]): it must be handled on this node,
+    /// never sent on again.
+    async fn handle_placed(&self, env: &Env, stanza: Stanza) {
+        self.handle(env, stanza).await
+    }
 }
 
 struct ServiceEntry {

@@ -70,6 +70,22 @@ pub trait Router: Send + Sync + 'static {
     /// [`crate::hooks::CacheHandler`] runs). Nothing on a single node.
     fn invalidate(&self, _module: &'static str, _key: &str) {}
 
+    /// The cluster node that runs the thing named `key` (a group-chat
+    /// room, which must live on exactly one node): rendezvous hashing over
+    /// the living nodes, so every node computes the same answer and only
+    /// the keys of a node that comes or goes move. `None` when it is this
+    /// node (always, on a single node).
+    fn placement(&self, _key: &str) -> Option<u8> {
+        None
+    }
+
+    /// Hands a stanza for a local service to the same service on `node`
+    /// (the one [`Router::placement`] chose), where it arrives through
+    /// [`crate::hooks::Service::handle_placed`]. Messages are kept until
+    /// that node took them; if it dies first they are routed again here
+    /// (so placed again). Nothing on a single node.
+    async fn to_service_on(&self, _env: &Env, _node: u8, _stanza: Stanza) {}
+
     /// Hands a connection to session `to` (XEP-0198 resumption). Gives it
     /// back if that session is gone.
     async fn attach(

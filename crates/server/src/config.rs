@@ -486,12 +486,6 @@ impl Config {
                     "a cluster's nodes share one database: set [storage] backend = \"postgres\" (SQLite is a single node's)".into(),
                 ));
             }
-            if self.modules.is_enabled("muc") {
-                return Err(invalid(
-                    "modules.muc.enabled",
-                    "group chat does not run on a cluster yet (each room must live on one node, which is not built): set [modules.muc] enabled = false on clustered nodes".into(),
-                ));
-            }
             let c = &self.cluster;
             let urls = crate::cluster::server_list(c.nats_url.as_deref().unwrap_or_default());
             if urls.is_empty() {
@@ -807,13 +801,7 @@ enabled = false
     #[test]
     fn config_cluster_needs_postgres_a_subject_safe_name_and_a_sane_timeout() {
         let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
-        let err = parse(
-            "[storage]\nbackend = \"postgres\"\nurl = \"postgres://a@b/c\"\n[cluster]\nnats_url = \"nats://h:4222\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("modules.muc.enabled"), "{err}");
-        let pg = "[storage]\nbackend = \"postgres\"\nurl = \"postgres://a@b/c\"\n[modules.muc]\nenabled = false\n";
+        let pg = "[storage]\nbackend = \"postgres\"\nurl = \"postgres://a@b/c\"\n";
         let err = parse("[cluster]\nnats_url = \"nats://127.0.0.1:4222\"\n")
             .unwrap_err()
             .to_string();

@@ -137,10 +137,6 @@ impl Env {
         cfg.cluster.name = "test".into();
         cfg.cluster.heartbeat_ms = HEARTBEAT_MS;
         cfg.cluster.node_timeout_ms = NODE_TIMEOUT_MS;
-        // Group chat is not clustered yet (the configuration refuses it).
-        cfg.modules
-            .get_mut::<starling_server::modules::Muc>()
-            .enabled = false;
     }
 
     async fn node(&self, node: u8) -> TestServer {
@@ -919,6 +915,236 @@ async fn garbage_on_the_bus_is_dropped_and_counted() {
         .unwrap_or(0);
     assert!(bad >= 3, "{metrics}");
     drop((pat, quinn));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
+
+// ---- group chat (issue 12): each room runs on one node ----
+
+const MUC_NS: &str = "http://jabber.org/protocol/muc";
+const MUC_USER_NS: &str = "http://jabber.org/protocol/muc#user";
+
+/// A room name whose owner among `nodes` is `owner` (rendezvous hashing,
+/// the rule every node applies).
+fn room_owned_by(owner: u8, nodes: &[u8], prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}@conference.localhost"))
+        .find(|r| starling_server::cluster::rendezvous(r, nodes) == Some(owner))
+        .unwrap()
+}
+
+/// Enters `room` as `nick`; returns once the subject arrived (the end of
+/// XEP-0045 §7.2's sequence). Panics on an error presence.
+async fn enter(c: &mut Client, room: &str, nick: &str) {
+    c.send(&format!(
+        "<presence to='{room}/{nick}'><x xmlns='{MUC_NS}'/></presence>"
+    ))
+    .await;
+    loop {
+        let el = c.recv().await;
+        assert_ne!(el.attr("type"), Some("error"), "entering failed: {el}");
+        if el.name() == "message" && el.has_child("subject", ns::CLIENT) {
+            return;
+        }
+    }
+}
+
+/// Rooms of XEP-0045 on three nodes: a room runs on the node rendezvous
+/// hashing picks (here node 2), and occupants on every node create it,
+/// enter it, see each other and chat, privately too; its archive answers
+/// from any node.
+#[tokio::test]
+async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    let n3 = env.node(3).await;
+    for n in [&n1, &n2, &n3] {
+        wait_for(n, "the other nodes", |s| s.len() == 3).await;
+    }
+    let room = room_owned_by(2, &[1, 2, 3], "lobby");
+    let mut alice = n1.login("alice").await;
+    let mut bob = n2.login("bob").await;
+    let mut carol = n3.login("carol").await;
+    // Created from node 1 (on node 2), configured as an instant room.
+    enter(&mut alice, &room, "Alice").await;
+    let r = alice
+        .iq(
+            &format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC_NS}#owner'><x xmlns='jabber:x:data' type='submit'/></query></iq>"),
+            "inst",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    enter(&mut bob, &room, "Bob").await;
+    enter(&mut carol, &room, "Carol").await;
+    // Alice (node 1) saw both arrive, with their occupant JIDs.
+    for nick in ["Bob", "Carol"] {
+        let from = format!("{room}/{nick}");
+        let p = alice
+            .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(from.as_str()))
+            .await;
+        assert!(p.has_child("x", MUC_USER_NS), "{p}");
+    }
+    bob.drain().await;
+    // A message from node 3 reaches node 1 and node 2 (and its sender).
+    carol
+        .send(&format!(
+            "<message to='{room}' type='groupchat' id='g1'><body>hello nodes</body></message>"
+        ))
+        .await;
+    for c in [&mut alice, &mut bob, &mut carol] {
+        let m = c.recv_until(|e| e.name() == "message").await;
+        assert_eq!(body(&m), "hello nodes", "{m}");
+        assert_eq!(m.attr("from"), Some(format!("{room}/Carol").as_str()));
+    }
+    // §7.5 across nodes.
+    alice
+        .send(&format!(
+            "<message to='{room}/Carol' type='chat' id='p1'><body>psst</body></message>"
+        ))
+        .await;
+    let m = carol.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "psst");
+    assert_eq!(m.attr("from"), Some(format!("{room}/Alice").as_str()));
+    // XEP-0410 self-ping from any node reaches the one room.
+    let p = bob
+        .iq(
+            &format!("<iq to='{room}/Bob' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            "sp",
+        )
+        .await;
+    assert_eq!(p.attr("type"), Some("result"), "{p}");
+    // The room lives on node 2 only.
+    let live = |n: &TestServer| {
+        let m = n.server.env.metrics.encode();
+        m.contains("muc_rooms_live 1")
+    };
+    assert!(
+        live(&n2) && !live(&n1) && !live(&n3),
+        "the room is on node 2 only"
+    );
+    for c in [alice, bob, carol] {
+        drop(c);
+    }
+    for n in [n1, n2, n3] {
+        n.stop().await;
+    }
+    env.stop().await;
+}
+
+/// The room's node is killed: within the node timeout another node owns
+/// the room; an occupant's XEP-0410 self-ping is answered `not-acceptable`
+/// (the new node does not know them), so they enter again, and the
+/// persistent room comes back from storage with its configuration.
+#[tokio::test]
+async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    for u in ["dora", "ed"] {
+        n1.create_user(u, &format!("pw-{u}")).await;
+    }
+    let port = free_port();
+    let cfg = env.binary_config(2, port);
+    let node2 = killable::KillOnDrop(killable::start_binary(&cfg, port).await);
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let room = room_owned_by(2, &[1, 2], "keep");
+    assert_eq!(starling_server::cluster::rendezvous(&room, &[1]), Some(1));
+    let mut dora = n1.login("dora").await;
+    let mut ed = n1.login("ed").await;
+    enter(&mut dora, &room, "Dora").await;
+    let c = dora
+        .iq(
+            &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_NS}#owner'><x xmlns='jabber:x:data' type='submit'><field var='muc#roomconfig_persistentroom'><value>1</value></field><field var='muc#roomconfig_roomname'><value>Kept room</value></field></x></query></iq>"),
+            "cfg",
+        )
+        .await;
+    assert_eq!(c.attr("type"), Some("result"), "{c}");
+    enter(&mut ed, &room, "Ed").await;
+    dora.drain().await;
+    drop(node2); // SIGKILL
+    wait_for(&n1, "node 2 declared dead", |s| !knows_node(s, 2)).await;
+    // XEP-0410 §4: the room (now on node 1) does not know dora.
+    let p = dora
+        .iq(
+            &format!("<iq to='{room}/Dora' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            "sp",
+        )
+        .await;
+    assert_eq!(
+        starling_testkit::error_condition(&p).as_deref(),
+        Some("not-acceptable"),
+        "{p}"
+    );
+    // Entering again: the stored room, its name and owner kept.
+    enter(&mut dora, &room, "Dora").await;
+    enter(&mut ed, &room, "Ed").await;
+    let info = ed
+        .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
+        .await;
+    assert!(info.to_string().contains("Kept room"), "{info}");
+    assert!(info.to_string().contains("muc_persistent"), "{info}");
+    dora.drain().await;
+    ed.send(&format!(
+        "<message to='{room}' type='groupchat' id='g'><body>still here</body></message>"
+    ))
+    .await;
+    let m = dora.recv_until(|e| e.name() == "message").await;
+    assert_eq!(body(&m), "still here");
+    drop(dora);
+    drop(ed);
+    n1.stop().await;
+    env.stop().await;
+}
+
+/// A node joins and wins a live room (rendezvous hashing moves the rooms
+/// it wins): the old node hands it off — occupants get unavailable
+/// presence with status 332 and enter again on the new node, where the
+/// persistent room is loaded from storage.
+#[tokio::test]
+async fn a_joining_node_takes_over_the_rooms_it_wins() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let room = room_owned_by(2, &[1, 2], "moving");
+    let mut fay = n1.login("fay").await;
+    enter(&mut fay, &room, "Fay").await;
+    let c = fay
+        .iq(
+            &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_NS}#owner'><x xmlns='jabber:x:data' type='submit'><field var='muc#roomconfig_persistentroom'><value>1</value></field><field var='muc#roomconfig_roomname'><value>Moving room</value></field></x></query></iq>"),
+            "cfg",
+        )
+        .await;
+    assert_eq!(c.attr("type"), Some("result"), "{c}");
+    fay.drain().await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let own = format!("{room}/Fay");
+    let gone = fay
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(own.as_str()))
+        .await;
+    assert_eq!(gone.attr("type"), Some("unavailable"), "{gone}");
+    let codes: Vec<&str> = gone
+        .get_child("x", MUC_USER_NS)
+        .map(|x| x.children().filter_map(|s| s.attr("code")).collect())
+        .unwrap_or_default();
+    assert!(codes.contains(&"332") && codes.contains(&"110"), "{gone}");
+    enter(&mut fay, &room, "Fay").await;
+    let info = fay
+        .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
+        .await;
+    assert!(info.to_string().contains("Moving room"), "{info}");
+    let m2 = n2.server.env.metrics.encode();
+    assert!(
+        m2.contains("muc_rooms_live 1"),
+        "the room runs on node 2 now"
+    );
+    drop(fay);
     n2.stop().await;
     n1.stop().await;
     env.stop().await;

@@ -362,6 +362,34 @@ pub enum ClusterError {
     Subscribe(#[from] async_nats::SubscribeError),
 }
 
+/// The [`SessionRef::id`] of a [`Frame::Deliver`] that carries a stanza
+/// for a local service placed on the receiving node, not for a session
+/// (session ids count up from 1 and never reach it).
+pub const SERVICE_DELIVERY: u64 = u64::MAX;
+
+/// The rendezvous weight of `node` for `key`: FNV-1a over the key and the
+/// node, finished with SplitMix64's mixer (the same on every node and
+/// build; std's hasher is randomly seeded per process).
+pub fn rendezvous_score(key: &str, node: u8) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes().chain(std::iter::once(node)) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The node of `nodes` that runs `key` ([`Cluster::placement`]'s rule,
+/// for tests and tools).
+pub fn rendezvous(key: &str, nodes: &[u8]) -> Option<u8> {
+    nodes
+        .iter()
+        .copied()
+        .max_by_key(|n| (rendezvous_score(key, *n), *n))
+}
+
 /// The servers of `nats_url` (comma-separated), for the client to try in
 /// turn and fail over between.
 pub fn server_list(url: &str) -> Vec<String> {
@@ -536,6 +564,39 @@ impl Cluster {
                 first_sent: now,
             },
         );
+    }
+
+    /// The node that runs `key` (a group-chat room): rendezvous hashing
+    /// over the living nodes, this one included — every node computes the
+    /// same owner from the same membership, and when a node comes or goes
+    /// only the keys it wins or held move.
+    pub fn placement(&self, key: &str) -> u8 {
+        let mut best = (self.node, rendezvous_score(key, self.node));
+        for n in lock(&self.peers).keys() {
+            let s = rendezvous_score(key, *n);
+            if s > best.1 || (s == best.1 && *n > best.0) {
+                best = (*n, s);
+            }
+        }
+        best.0
+    }
+
+    /// Hands a stanza for a local service (a room) to the same service on
+    /// `node` ([`starling_core::Router::to_service_on`]): a
+    /// [`Frame::Deliver`] marked [`SERVICE_DELIVERY`], so a message is kept
+    /// until that node took it and placed again here if the node dies.
+    /// `false` if the stanza has no full `from` (the marker needs one).
+    pub fn deliver_service(&self, node: u8, stanza: Stanza) -> bool {
+        let Some(from) = stanza.from().and_then(|f| f.try_as_full().ok()).cloned() else {
+            return false;
+        };
+        let to = SessionRef {
+            jid: from,
+            node,
+            id: SERVICE_DELIVERY,
+        };
+        self.deliver(&to, stanza);
+        true
     }
 
     /// Sends again the kept messages older than `after` to nodes still
@@ -1073,6 +1134,18 @@ impl Cluster {
         let Ok(stanza) = Stanza::from_element(stanza) else {
             return;
         };
+        if to.id == SERVICE_DELIVERY {
+            // A stanza another node placed on this one's service (a room).
+            let service = stanza.to().and_then(|t| {
+                env.hooks
+                    .service_for(t.domain().as_str(), |d| env.hosts.is_local(d))
+                    .cloned()
+            });
+            if let Some(s) = service {
+                s.handle_placed(env, stanza).await;
+            }
+            return;
+        }
         let stanza = match self.table.handle(&to) {
             Some(handle) => match handle.try_send(SessionMsg::Stanza(Box::new(stanza))) {
                 Ok(()) => return,
@@ -1099,7 +1172,7 @@ impl Cluster {
     /// Routes again the messages kept for `node` (it died or left).
     async fn reroute_pending(&self, env: &Env, node: u8) {
         lock(&self.taken).retain(|(n, _), _| *n != node);
-        let kept: Vec<Stanza> = {
+        let kept: Vec<(Stanza, bool)> = {
             let mut p = lock(&self.pending);
             // In the order they were sent (the map is ordered by id).
             let ids: Vec<(u8, u64)> = p
@@ -1109,7 +1182,9 @@ impl Cluster {
             ids.into_iter()
                 .filter_map(|k| p.remove(&k))
                 .filter_map(|v| match frame::decode_frame(&v.frame) {
-                    Ok(Some(Frame::Deliver { stanza, .. })) => Stanza::from_element(stanza).ok(),
+                    Ok(Some(Frame::Deliver { stanza, to, .. })) => Stanza::from_element(stanza)
+                        .ok()
+                        .map(|s| (s, to.id == SERVICE_DELIVERY)),
                     _ => None,
                 })
                 .collect()
@@ -1122,8 +1197,13 @@ impl Cluster {
                 "routing again messages the lost node never acknowledged"
             );
         }
-        for s in kept {
-            env.router.reroute(env, s).await;
+        for (s, placed) in kept {
+            if placed {
+                // A room's stanza: placed again, on a living node.
+                env.route(s).await;
+            } else {
+                env.router.reroute(env, s).await;
+            }
         }
     }
 

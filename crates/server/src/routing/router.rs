@@ -480,6 +480,33 @@ impl Router for LocalRouter {
         }
     }
 
+    fn placement(&self, key: &str) -> Option<u8> {
+        let c = self.cluster.get()?;
+        let n = c.placement(key);
+        (n != c.node()).then_some(n)
+    }
+
+    async fn to_service_on(&self, env: &Env, node: u8, stanza: Stanza) {
+        let stanza = match self.cluster.get() {
+            Some(c) if node != c.node() => {
+                if c.deliver_service(node, stanza.clone()) {
+                    return;
+                }
+                stanza
+            }
+            _ => stanza,
+        };
+        // No cluster, or nothing to mark it with: handled here.
+        let service = stanza.to().and_then(|t| {
+            env.hooks
+                .service_for(t.domain().as_str(), |d| env.hosts.is_local(d))
+                .cloned()
+        });
+        if let Some(s) = service {
+            s.handle_placed(env, stanza).await;
+        }
+    }
+
     async fn close_sessions(&self, _env: &Env, account: &BareJid, reason: CloseReason) {
         for (_, h) in self.table.resources_with_handles(account) {
             if let Some(h) = h {

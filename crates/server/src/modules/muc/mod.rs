@@ -260,6 +260,15 @@ impl Module for Muc {
             storage: ctx.storage.clone(),
             next_gen: std::sync::atomic::AtomicU64::new(1),
             full_log: Default::default(),
+            rooms_live: Default::default(),
+        });
+        let live = inner.rooms_live.clone();
+        ctx.metrics.with_registry(|r| {
+            r.register(
+                "muc_rooms_live",
+                "Group-chat rooms loaded on this node",
+                live,
+            )
         });
         // The label lives as long as the server (one per start).
         let label: &'static str = Box::leak(cfg.subdomain.clone().into_boxed_str());
@@ -378,6 +387,8 @@ struct RoomHandle {
 enum RoomMsg {
     Stanza(Stanza),
     Shutdown(oneshot::Sender<()>),
+    /// Another cluster node owns the room now.
+    Handoff,
 }
 
 struct Inner {
@@ -390,6 +401,17 @@ struct Inner {
     next_gen: std::sync::atomic::AtomicU64,
     /// The full-queue warning, throttled (a flood must not flood the log).
     full_log: starling_core::throttle::LogThrottle,
+    /// Rooms loaded on this node (`starling_muc_rooms_live`).
+    rooms_live: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// Counts a room task while it runs.
+struct LiveRoom(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for LiveRoom {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 struct MucService(Arc<Inner>);
@@ -404,6 +426,34 @@ impl DurabilityHandler for MucService {
 impl StartedHandler for MucService {
     fn started(&self, env: &Arc<Env>) {
         let _ = self.0.env.set(Arc::downgrade(env));
+        tokio::spawn(handoff_task(Arc::downgrade(&self.0)));
+    }
+}
+
+/// On a cluster, a node that comes or goes moves some rooms to another
+/// node ([`starling_core::Router::placement`]). Every second, the live
+/// rooms this node no longer owns are handed off: their occupants get
+/// unavailable presence with status 332 and enter again at the new owner
+/// (which loads a persistent room from storage), and stanzas still queued
+/// are routed again, to the new owner. On a single node nothing moves.
+async fn handoff_task(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let Some(env) = inner.env() else { return };
+        let moved: Vec<mpsc::Sender<RoomMsg>> = inner
+            .rooms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(jid, _)| env.router.placement(jid.as_str()).is_some())
+            .map(|(_, h)| h.tx.clone())
+            .collect();
+        for tx in moved {
+            let _ = tx.send(RoomMsg::Handoff).await;
+        }
     }
 }
 
@@ -443,6 +493,25 @@ fn error(c: StanzaErrorCondition, text: &str) -> StanzaError {
 #[async_trait]
 impl Service for MucService {
     async fn handle(&self, env: &Env, stanza: Stanza) {
+        let Some(to) = stanza.to().cloned() else {
+            return;
+        };
+        if to.node().is_none() {
+            if let Some(reply) = self.0.service_stanza(env, &stanza).await {
+                env.route(reply).await;
+            }
+            return;
+        }
+        // On a cluster a room runs on one node: the one placement picks.
+        if let Some(node) = env.router.placement(to.to_bare().as_str()) {
+            return env.router.to_service_on(env, node, stanza).await;
+        }
+        if let Some(reply) = self.0.dispatch(to.to_bare(), stanza) {
+            env.route(reply).await;
+        }
+    }
+
+    async fn handle_placed(&self, env: &Env, stanza: Stanza) {
         let Some(to) = stanza.to().cloned() else {
             return;
         };
@@ -502,6 +571,14 @@ impl Inner {
                 )
             }
             Err(_) => None,
+        }
+    }
+
+    /// Removes the room's entry (its task is ending).
+    fn forget(&self, room: &BareJid, generation: u64) {
+        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        if rooms.get(room).is_some_and(|h| h.generation == generation) {
+            rooms.remove(room);
         }
     }
 
@@ -817,6 +894,8 @@ async fn run_room(
     generation: u64,
     listing: Arc<Mutex<Listing>>,
 ) {
+    inner.rooms_live.inc();
+    let _live = LiveRoom(inner.rooms_live.clone());
     let idle = Duration::from_secs(inner.cfg.idle_unload_secs);
     let mut room = match inner.load(&jid).await {
         Ok(r) => r,
@@ -841,6 +920,7 @@ async fn run_room(
                     Ok(RoomMsg::Shutdown(ack)) => {
                         let _ = ack.send(());
                     }
+                    Ok(RoomMsg::Handoff) => {}
                     Err(_) => {
                         if inner.unregister(&jid, generation, &rx) {
                             break;
@@ -884,6 +964,28 @@ async fn run_room(
                 }
                 let _ = ack.send(());
                 // Stay until the server is gone: stanzas still get answered.
+            }
+            RoomMsg::Handoff => {
+                if env.router.placement(jid.as_str()).is_none() {
+                    continue; // the membership changed back meanwhile
+                }
+                if let Some(r) = &mut room {
+                    tracing::info!(module = NAME, room = %jid, occupants = r.occupant_count(), "room moves to another cluster node");
+                    let mut out = Out::default();
+                    r.shutdown(&mut out);
+                    for s in out.stanzas {
+                        env.route(s).await;
+                    }
+                }
+                // No stanza can be queued once the entry is gone; those
+                // already queued go to the new owner.
+                inner.forget(&jid, generation);
+                while let Ok(m) = rx.try_recv() {
+                    if let RoomMsg::Stanza(s) = m {
+                        env.route(s).await;
+                    }
+                }
+                break;
             }
             RoomMsg::Stanza(st) => {
                 process(&inner, &env, &jid, &mut room, st).await;
