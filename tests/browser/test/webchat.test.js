@@ -7,51 +7,9 @@
 // of every page are written to ARTIFACTS when a test fails.
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import path from "node:path";
-import { chromium } from "playwright-core";
+import { URL, STEP, closeBrowser, login, screenshots, waitForText } from "../lib/converse.js";
 
-const URL = process.env.WEBCHAT_URL;
-const ARTIFACTS = process.env.ARTIFACTS || "artifacts";
-const STEP = 20000;
-
-let browser;
-const pages = [];
-
-async function launch() {
-  browser ??= await chromium.launch({
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    headless: true,
-    // No sandbox as root; no background traffic to hosts this machine cannot reach.
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
-  return browser;
-}
-
-after(async () => { await browser?.close(); });
-
-async function screenshots(name) {
-  for (const [i, { who, page }] of pages.entries()) {
-    await page.screenshot({ path: path.join(ARTIFACTS, `${name}-${i}-${who}.png`) }).catch(() => {});
-  }
-}
-
-/** Logs `user` in, in a new browser profile (over BOSH if `bosh`), and
- * waits for the roster. */
-async function login(user, { bosh = false } = {}) {
-  const ctx = await (await launch()).newContext();
-  const page = await ctx.newPage();
-  pages.push({ who: user, page });
-  const sockets = [];
-  page.on("websocket", (ws) => sockets.push(ws.url()));
-  page.sockets = sockets;
-  await page.goto(bosh ? `${URL}?bosh` : URL);
-  await page.fill("#converse-login-jid", user, { timeout: STEP });
-  await page.fill("#converse-login-password", `pw-${user}`);
-  await page.click("button[type=submit]");
-  await page.waitForSelector("converse-roster", { timeout: STEP });
-  return page;
-}
+after(closeBrowser);
 
 /** The message box of the chat with `jid`, once it is shown. */
 function chatBox(page, jid) {
@@ -78,14 +36,6 @@ async function say(page, text) {
   const box = chatBox(page, page.chatWith);
   await box.fill(text);
   await box.press("Enter");
-}
-
-async function waitForText(page, text) {
-  await page.waitForFunction(
-    (t) => [...document.querySelectorAll(".chat-msg__text")].some((e) => e.textContent.includes(t)),
-    text,
-    { timeout: STEP },
-  );
 }
 
 test("browsers chat over WebSocket and BOSH; history survives a new login", { timeout: 120000 }, async (t) => {

@@ -1499,6 +1499,8 @@ impl Room {
             NS_SELF_PING_OPT,
             NS_MODERATE,
             NS_VCARD,
+            // Reflected messages keep the sender's id.
+            "http://jabber.org/protocol/muc#stable_id",
             ns::SID,
             ns::DISCO_INFO,
             ns::DISCO_ITEMS,
