@@ -11,6 +11,7 @@
 #   SERVERS="starling" USERS=2000 bench/compare.sh
 #   ARCHIVE=1 SERVERS="ejabberd prosody" bench/compare.sh   # archives on
 #   TRANSPORT=websocket bench/compare.sh   # the scenarios over WebSocket
+#   MUC=1 bench/compare.sh                 # multi-user chat (XEP-0045)
 #
 # ARCHIVE=1: every server runs with its message archive (XEP-0313) on,
 # from bench/peers/*-archive.* (ejabberd mod_mam on SQLite, Prosody mod_mam
@@ -29,6 +30,15 @@
 # self-signed certificate). Accounts are still created over the c2s TCP
 # port (ejabberd's in-band registration over STARTTLS). Results are
 # appended as a "WebSocket" section.
+#
+# MUC=1: multi-user chat (XEP-0045) at conference.localhost instead of the
+# idle and o2o runs (every server's bench/peers/ config has its MUC service
+# on): on a fresh server, the `muc` scenario with O2O_USERS users in rooms
+# of ROOM_SIZE (join storm, then the MUC_RATES ramp of messages sent per
+# second, each delivered to every occupant); then on another fresh server
+# one room of all O2O_USERS users (the join storm into one room, then the
+# BIG_RATES ramp: fan-out to every occupant). Results are appended as a
+# "multi-user chat" section.
 #
 # Environment (defaults in brackets):
 #   SERVERS        servers to run, in order        [starling ejabberd prosody]
@@ -59,6 +69,11 @@
 #     PAGE_SIZE      RSM page size                 [50]
 #   In ARCHIVE mode USERS defaults to O2O_USERS + 2 (the accounts needed)
 #   and RATES starts lower (50 msg/s): archiving servers saturate early.
+#   MUC=1          multi-user chat mode (above); then also:
+#     ROOM_SIZE      members per room              [5]
+#     MUC_RATES      messages sent/s, rooms of ROOM_SIZE [1000,2000,5000,7500,10000,15000,20000]
+#     BIG_RATES      messages sent/s, one room of O2O_USERS [5,10,20,50,100,200]
+#   In MUC mode USERS defaults to O2O_USERS.
 #
 # Requires root for apt-get and to run the peers as their system users.
 # The open-file limit of this shell is inherited by every server (raise it
@@ -71,8 +86,17 @@ peers="$root/bench/peers"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 SERVERS=${SERVERS:-"starling ejabberd prosody"}
 ARCHIVE=${ARCHIVE:-}
+MUC=${MUC:-}
 O2O_USERS=${O2O_USERS:-1000}
-if [[ -n "$ARCHIVE" ]]; then
+ROOM_SIZE=${ROOM_SIZE:-5}
+MUC_RATES=${MUC_RATES:-"1000,2000,5000,7500,10000,15000,20000"}
+BIG_RATES=${BIG_RATES:-"5,10,20,50,100,200"}
+[[ -n "$ARCHIVE" && -n "$MUC" ]] && { echo "compare: ARCHIVE=1 and MUC=1 are separate runs" >&2; exit 1; }
+if [[ -n "$MUC" ]]; then
+    sfx=
+    USERS=${USERS:-$O2O_USERS}
+    RATES=${RATES:-}
+elif [[ -n "$ARCHIVE" ]]; then
     sfx=-archive   # peer config variant: bench/peers/<server>-archive.*
     USERS=${USERS:-$((O2O_USERS + 2))}
     RATES=${RATES:-"50,100,200,500,1000,2000,5000,10000,15000,20000,30000,40000,60000,80000,100000"}
@@ -400,6 +424,27 @@ for s in $SERVERS; do
     [[ $TRANSPORT == websocket ]] && p=${HPORT[$s]}
     label=$(version_of "$s")
     rm -f "$RUN_ROOT/results/$s-"*.json
+    if [[ -n "$MUC" ]]; then
+        sleep 3
+        echo "$s muc, rooms of $ROOM_SIZE: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+        log "$s: muc, $O2O_USERS users in rooms of $ROOM_SIZE"
+        run "$BENCH_BIN" muc --port "$p" --users "$O2O_USERS" --room-size "$ROOM_SIZE" \
+            --rates "$MUC_RATES" --step-secs "$STEP_SECS" --p99-bound-ms "$P99_BOUND_MS" \
+            --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-muc.json" \
+            || log "$s: muc run failed (see above)"
+        # A fresh process for the big room (nothing left of 200 rooms).
+        stop_server
+        launch_server "$s"
+        sleep 3
+        echo "$s muc, one room of $O2O_USERS: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+        log "$s: muc, one room of $O2O_USERS"
+        run "$BENCH_BIN" muc --port "$p" --users "$O2O_USERS" --room-size "$O2O_USERS" \
+            --rates "$BIG_RATES" --step-secs "$STEP_SECS" --p99-bound-ms "$P99_BOUND_MS" \
+            --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-muc-big.json" \
+            || log "$s: muc (one big room) run failed (see above)"
+        stop_server
+        continue
+    fi
     if [[ -z "$ARCHIVE" ]]; then
         sleep 2
         echo "$s idle: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
@@ -441,10 +486,11 @@ SERVERS=${ran# }
 
 # ---------------------------------------------------------------- report
 mkdir -p "$(dirname "$OUT")"
-python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" <<'PY'
+python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" "$MUC" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 run_root, out, servers, archive = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4] != ""
 websocket, tls = sys.argv[5] == "websocket", sys.argv[6]
+muc = sys.argv[7] != ""
 
 def load(s, kind):
     p = os.path.join(run_root, "results", f"{s}-{kind}.json")
@@ -511,6 +557,29 @@ for s in servers:
         if a["warmup"]["errors"]:
             notes.append(f"{s}: {a['warmup']['errors']} warm-up queries failed, e.g. {a['warmup'].get('first_error')}")
         r["archive_users"], r["archive_page"], r["archive_fill"] = a["users"], a["page_size"], (a.get("fill") or {}).get("per_user", 0)
+    for kind in ("muc", "muc-big"):
+        res = load(s, kind)
+        if not res or not res.get("muc"):
+            continue
+        labels.setdefault(s, res["target"]["label"])
+        m, k = res["muc"], kind.replace("-", "_")
+        j = m["join"]
+        r[f"{k}_size"], r[f"{k}_rooms"] = m["room_size"], m["rooms"]
+        r[f"{k}_joins"] = j["joins_per_s"]
+        if j["joined"]:
+            r[f"{k}_join_p50"], r[f"{k}_join_p99"] = j["latency"]["p50_ms"], j["latency"]["p99_ms"]
+        if j.get("server_cpu_s") is not None and j["joined"]:
+            r[f"{k}_join_cpu"] = j["server_cpu_s"] * 1000 / j["joined"]
+        if j["failed"]:
+            notes.append(f"{s}: {kind}: {j['failed']} of {j['attempted']} joins failed {j['failures']} e.g. {j.get('first_error')}")
+        ok = [st for st in m["steps"] if st["ok"]]
+        if ok:
+            st = ok[-1]
+            r[f"{k}_sat"], r[f"{k}_sat_copies"] = st["target_rate"], st["delivered_per_s"]
+            r[f"{k}_p99"], r[f"{k}_last_p99"] = st["latency"]["p99_ms"], st["last_copy_latency"]["p99_ms"]
+            r[f"{k}_us"], r[f"{k}_cpu"] = st.get("server_cpu_us_per_copy"), st.get("server_cpu_pct")
+            r[f"{k}_sat_reached"] = m["saturation"]["reached"]
+        r[f"{k}_note"] = m["saturation"]["note"]
     rows[s] = r
 
 base = servers[0]
@@ -534,7 +603,7 @@ for l in open("/proc/cpuinfo"):
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 o = []
 ws_title = f" — over WebSocket (RFC 7395, {'wss:' if tls == 'direct' else 'ws:'})" if websocket else ""
-o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{ws_title}\n")
+o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{' — multi-user chat (XEP-0045)' if muc else ''}{ws_title}\n")
 o.append(f"Machine: {os.cpu_count()} CPUs ({cpu}), {ram_gib:.1f} GiB RAM, kernel {platform.release()}; "
          "client and server on the same machine over loopback. "
          f"Versions: " + "; ".join(f"{names.get(s, s)}: {labels.get(s, '?')}" for s in servers) + ".\n")
@@ -547,7 +616,23 @@ o.append(f"Ratios in parentheses are relative to {names.get(base, base)} (for me
 hdr = "| Metric | " + " | ".join(names.get(s, s) for s in servers) + " |"
 o.append(hdr)
 o.append("|" + "---|" * (len(servers) + 1))
-if not archive:
+if muc:
+    some = next((rows[s] for s in servers if rows.get(s, {}).get("muc_size")), {})
+    big = next((rows[s] for s in servers if rows.get(s, {}).get("muc_big_size")), {})
+    for k, what in (("muc", f"{some.get('muc_rooms', '?')} rooms of {some.get('muc_size', '?')}"),
+                    ("muc_big", f"one room of {big.get('muc_big_size', '?')}")):
+        o.append(f"| Join storm, {what} (joins/s) | " + " | ".join(cell(s, f"{k}_joins", "{:,.0f}") for s in servers) + " |")
+        o.append(f"| Join p50 / p99, {what} (ms; presence → subject) | " + " | ".join(
+            (f"{rows[s][f'{k}_join_p50']:.1f} / {rows[s][f'{k}_join_p99']:.1f}" if rows.get(s, {}).get(f"{k}_join_p99") is not None else "n/a") for s in servers) + " |")
+        o.append(f"| Server CPU per join, {what} (ms) | " + " | ".join(cell(s, f"{k}_join_cpu", "{:.2f}") for s in servers) + " |")
+        o.append(f"| Saturation, {what} (messages sent/s, p99 per copy ≤ bound) | " + " | ".join(
+            (cell(s, f"{k}_sat", "{:,.0f}") + (" (≥: ramp end)" if rows.get(s, {}).get(f"{k}_sat") and not rows[s].get(f"{k}_sat_reached", True) else "")) for s in servers) + " |")
+        o.append(f"| Copies delivered/s at that rate, {what} | " + " | ".join(cell(s, f"{k}_sat_copies", "{:,.0f}") for s in servers) + " |")
+        o.append(f"| p99 per copy / p99 until the last occupant got it, {what} (ms) | " + " | ".join(
+            (f"{rows[s][f'{k}_p99']:.1f} / {rows[s][f'{k}_last_p99']:.1f}" if rows.get(s, {}).get(f"{k}_p99") is not None else "n/a") for s in servers) + " |")
+        o.append(f"| Server CPU at that rate, {what} (% of one core; µs per copy) | " + " | ".join(
+            (f"{rows[s][f'{k}_cpu']:.0f}% ({rows[s][f'{k}_us']:.1f} µs)" if rows.get(s, {}).get(f"{k}_cpu") is not None and rows[s].get(f"{k}_us") is not None else "n/a") for s in servers) + " |")
+elif not archive:
     o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
     o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
     setup = {"plain": "plain TCP", "starttls": "STARTTLS", "direct": "direct TLS"}.get(tls, tls)
@@ -556,13 +641,14 @@ if not archive:
     o.append(f"| Connection rate (sessions/s, {setup} + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
     o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
     o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
-o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
+if not muc:
+    o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
     (cell(s, "sat", "{:,.0f}") + (" (≥: ramp end)" if rows.get(s, {}).get("sat") and not rows[s].get("sat_reached", True) else "")) for s in servers) + " |")
-o.append("| p99 latency at that rate (ms) | " + " | ".join(cell(s, "sat_p99", "{:.1f}") for s in servers) + " |")
-o.append("| Server CPU at that rate (% of one core; load generator in brackets) | " + " | ".join(
+    o.append("| p99 latency at that rate (ms) | " + " | ".join(cell(s, "sat_p99", "{:.1f}") for s in servers) + " |")
+    o.append("| Server CPU at that rate (% of one core; load generator in brackets) | " + " | ".join(
     (f"{rows[s]['sat_cpu']:.0f}% [{rows[s].get('sat_cli_cpu') or 0:.0f}%]" if rows.get(s, {}).get("sat_cpu") is not None else "n/a") for s in servers) + " |")
-o.append("| Server CPU per delivered message at that rate (µs) | " + " | ".join(cell(s, "us_per_msg", "{:.1f}") for s in servers) + " |")
-o.append("| Cost per billion delivered messages | " + " | ".join(cell(s, "cost", "{:.3f}") for s in servers) + " |")
+    o.append("| Server CPU per delivered message at that rate (µs) | " + " | ".join(cell(s, "us_per_msg", "{:.1f}") for s in servers) + " |")
+    o.append("| Cost per billion delivered messages | " + " | ".join(cell(s, "cost", "{:.3f}") for s in servers) + " |")
 if archive:
     any_row = next((rows[s] for s in servers if rows.get(s, {}).get("archive_users")), {})
     o.append("| Archive fill (delivered msg/s, " + f"{any_row.get('archive_fill', 0)} per user) | " + " | ".join(cell(s, "fill_rate", "{:,.0f}") for s in servers) + " |")
@@ -576,6 +662,9 @@ o.append("")
 for s in servers:
     if rows.get(s, {}).get("sat_note"):
         o.append(f"- {names.get(s, s)} o2o: {rows[s]['sat_note']}.")
+    for k, what in (("muc", "rooms"), ("muc_big", "one big room")):
+        if rows.get(s, {}).get(f"{k}_note"):
+            o.append(f"- {names.get(s, s)} muc, {what}: {rows[s][f'{k}_note']}.")
 for n in notes:
     o.append(f"- {n}")
 o.append("\nLoad average before each run (other jobs shared this machine):\n")

@@ -2,12 +2,14 @@
 # End-to-end smoke test of starling-bench against a short-lived Starling on
 # loopback: a handful of users, a few seconds of one-to-one chat over TCP,
 # WebSocket and BOSH, with and without stream management, a resumption
-# run, and assertions that (nearly) every message was delivered.
+# run, a few seconds of multi-user chat (XEP-0045: rooms created, locked,
+# configured, entered, messages to every occupant), and assertions that
+# (nearly) every message was delivered.
 #
 #   STARLING_BIN=target/debug/starling BENCH_BIN=target/debug/starling-bench bench/smoke.sh
 #
 # Defaults: target/release/… if present, else target/debug/…. Exits non-zero
-# on any failure. Takes about 20 seconds plus account creation.
+# on any failure. Takes about 25 seconds plus account creation.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +20,9 @@ pick() { # first existing of release/debug
 STARLING_BIN=${STARLING_BIN:-$(pick starling)}
 BENCH_BIN=${BENCH_BIN:-$(pick starling-bench)}
 USERS=${SMOKE_USERS:-8}
+# The muc run: 4 rooms of 5.
+MUC_USERS=20
+ACCOUNTS=$(( USERS > MUC_USERS ? USERS : MUC_USERS ))
 for b in "$STARLING_BIN" "$BENCH_BIN"; do
     [[ -x "$b" ]] || { echo "smoke: missing binary $b (build it first)" >&2; exit 1; }
 done
@@ -61,7 +66,7 @@ TOML
 
 "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
     --starling-config "$work/starling.toml" --iterations 4096 \
-    --users "$USERS" --password 'pw{n}' --domain localhost >"$work/provision.log" 2>&1 \
+    --users "$ACCOUNTS" --password 'pw{n}' --domain localhost >"$work/provision.log" 2>&1 \
     || { cat "$work/provision.log" >&2; echo "smoke: account import failed" >&2; exit 1; }
 
 "$STARLING_BIN" --config "$work/starling.toml" >"$work/server.log" 2>&1 &
@@ -118,6 +123,28 @@ wait_ready "$work/server.log" "$pid" 60 || { echo "smoke: the server did not sta
     --tls starttls --mechanism SCRAM-SHA-256 --unacked 5 --settle-secs 0.5 \
     --require-ratio 1 --json --quiet >"$work/resume3.json" 2>"$work/bench.log" \
     || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: resume --sasl2 --fast failed" >&2; exit 1; }
+
+# XEP-0045: 20 users in 4 rooms of 5 (each room created by its first
+# member, locked until its instant-room form, then entered by the others),
+# then 3 s of groupchat messages, each to be delivered to all 5 occupants.
+"$BENCH_BIN" muc --port "$port" --users "$MUC_USERS" --room-size 5 --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 \
+    --rates 20 --step-secs 3 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --json --quiet >"$work/muc.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: muc failed" >&2; exit 1; }
+python3 - "$work/muc.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["muc"]
+j = m["join"]
+assert j["joined"] == j["attempted"] == 20 and j["created"] == m["rooms"] == 4, j
+s = m["steps"][0]
+assert s["sent"] > 0 and s["expected_copies"] == 5 * s["sent"], s
+assert s["delivered_copies"] >= 0.99 * s["expected_copies"], s
+assert s["last_copy_latency"]["count"] == s["messages_complete"] > 0, s
+print(f"smoke: OK: muc: {j['joined']} joined {m['rooms']} rooms ({j['created']} created), "
+      f"{s['delivered_copies']}/{s['expected_copies']} copies delivered, "
+      f"last-copy p99 {s['last_copy_latency']['p99_ms']:.1f} ms")
+PY
 
 python3 - "$work/sm.json" "$work/resume.json" "$work/resume2.json" "$work/resume3.json" <<'PY'
 import json, sys

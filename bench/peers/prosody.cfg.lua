@@ -1,6 +1,7 @@
 -- Prosody for bench/compare.sh: loopback only, STARTTLS, features as close
 -- as possible to bench/peers/starling.toml (disco, ping, presence, in-band
--- registration). @RUN@ and @PORT@ are filled in by compare.sh.
+-- registration, multi-user chat at conference.localhost). @RUN@ and @PORT@
+-- are filled in by compare.sh.
 pidfile = "@RUN@/prosody.pid"
 data_path = "@RUN@/data"
 log = { warn = "@RUN@/prosody.log" }
@@ -28,3 +29,14 @@ ssl = {
   key = "@RUN@/key.pem";
 }
 VirtualHost "localhost"
+
+-- XEP-0045, as Starling's [modules.muc]: local users create rooms (locked
+-- until configured: muc_room_locking, on by default), history 20. Prosody
+-- keeps at most muc_room_cache_size rooms live (100 by default; the others
+-- are saved and reloaded): raised so that the bench's rooms stay live. No
+-- mod_muc_mam, so room messages are not archived (Starling archives them
+-- by default).
+Component "conference.localhost" "muc"
+  restrict_room_creation = "local"
+  muc_room_cache_size = 10000
+  muc_room_default_history_length = 20

@@ -23,10 +23,15 @@ pub enum Command {
     Idle(ScenarioArgs),
     /// One-to-one chat at a ramp of total rates; saturation point.
     O2o(ScenarioArgs),
-    /// Rooms of 5 members (not supported by Starling yet).
+    /// MUC Light rooms (not supported by Starling yet).
     MucLight(ScenarioArgs),
-    /// MUC rooms (not supported by Starling yet).
-    Muc(ScenarioArgs),
+    /// Multi-user chat (XEP-0045): users enter rooms of `--room-size`
+    /// (the join storm: joins/s, join latency, failures by cause), then a
+    /// ramp of groupchat messages (`--rates` = messages sent per second);
+    /// every occupant's copy is counted and timed, and per message the
+    /// time until its last occupant got it. Works against any XEP-0045
+    /// service.
+    Muc(MucArgs),
     /// Message Archive Management (XEP-0313) query latency: each user runs
     /// `latest`, `by-id` and/or `with` page queries in a closed loop (or at
     /// `--rate`) for `--duration-secs`; optionally fills the archives first
@@ -40,6 +45,55 @@ pub enum Command {
     Resume(ResumeArgs),
     /// Create N accounts.
     Provision(ProvisionArgs),
+}
+
+/// Options of the `muc` scenario.
+///
+/// User `first-user + i` is member `i mod room-size` of room `i / room-size
+/// + 1` (`{room-prefix}{k}@{service}`), nickname = its user name.
+#[derive(Args, Debug, Clone)]
+pub struct MucArgs {
+    /// Connection, ramp and output options (as for `o2o`; `--rates` are
+    /// messages sent per second over all rooms, each delivered to every
+    /// occupant).
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Members per room (consecutive users).
+    #[arg(long, default_value_t = 5)]
+    pub room_size: u64,
+    /// The MUC service (default: `conference.<--domain>`).
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Room names: this prefix and the room number.
+    #[arg(long, default_value = "bench")]
+    pub room_prefix: String,
+    /// Members of each room that send (its lowest-numbered joined users);
+    /// 0: every member.
+    #[arg(long, default_value_t = 0)]
+    pub senders_per_room: u64,
+    /// `maxstanzas` of the history asked for on entering (XEP-0045
+    /// §7.2.13).
+    #[arg(long, default_value_t = 0)]
+    pub history: u32,
+    /// Give up entering after this many seconds (re-sends after
+    /// `item-not-found` included).
+    #[arg(long, default_value_t = 60.0)]
+    pub join_timeout_secs: f64,
+    /// Joins in flight at once (default: `--concurrency`).
+    #[arg(long)]
+    pub join_concurrency: Option<usize>,
+    /// Only log in and enter the rooms (the join storm), no message ramp.
+    #[arg(long)]
+    pub join_only: bool,
+}
+
+impl MucArgs {
+    /// The MUC service's domain.
+    pub fn service(&self) -> String {
+        self.service
+            .clone()
+            .unwrap_or_else(|| format!("conference.{}", self.scenario.conn.domain))
+    }
 }
 
 /// Options of the `resume` scenario.
@@ -175,7 +229,8 @@ pub struct ScenarioArgs {
     pub max_per_process: u64,
     /// Fail (exit 1) unless at least this fraction of sessions was
     /// established and, for `o2o`, of messages delivered over the whole
-    /// run. 0 disables the check.
+    /// run (for `muc`: of joins, and of the copies every occupant should
+    /// get). 0 disables the check.
     #[arg(long, default_value_t = 0.0)]
     pub require_ratio: f64,
 

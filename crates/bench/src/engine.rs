@@ -1,8 +1,12 @@
-//! The scenarios: connection storm, idle sessions, one-to-one chat ramp.
+//! The scenarios: connection storm, idle sessions, one-to-one chat ramp,
+//! and the machinery the `muc` scenario ([`crate::muc`]) shares with them.
 //!
 //! Every session is two small tasks: a reader (parses, records deliveries,
 //! answers server pings) and a writer (drains a bounded outbox, coalescing
-//! writes). The storm keeps at most `--concurrency` setups in flight.
+//! writes). The storm keeps at most `--concurrency` setups in flight. The
+//! rate ramp ([`ramp`]) sends whatever its caller builds (a chat message to
+//! a random user, a groupchat message to a room) at each step's rate and
+//! attributes every delivered copy to the step its message was sent in.
 
 use crate::cli::ScenarioArgs;
 use crate::client::{self, Event, Inbound, Target, Transport, NS_SM, READ_CHUNK};
@@ -36,6 +40,8 @@ pub enum Scenario {
     Archive,
     /// Stream resumption (run by [`crate::resume`], not by [`run`]).
     Resume,
+    /// Multi-user chat (run by [`crate::muc`], not by [`run`]).
+    Muc,
 }
 
 impl Scenario {
@@ -47,6 +53,7 @@ impl Scenario {
             Scenario::O2o => "o2o",
             Scenario::Archive => "archive",
             Scenario::Resume => "resume",
+            Scenario::Muc => "muc",
         }
     }
 }
@@ -67,6 +74,9 @@ fn now_ms() -> u64 {
 #[derive(Default)]
 struct StepCounters {
     sent: AtomicU64,
+    /// Copies the messages sent should produce (= sent for o2o; sent ×
+    /// occupants for a room).
+    expected: AtomicU64,
     delivered: AtomicU64,
     /// Benchmark messages that *arrived* during this step, whenever sent.
     arrived: AtomicU64,
@@ -90,6 +100,8 @@ pub struct Shared {
     start_us: AtomicU64,
     schedule: RateSchedule,
     steps: Vec<StepCounters>,
+    /// The `muc` scenario's bookkeeping (joins, copies per message).
+    pub(crate) muc: Option<Arc<crate::muc::Tracker>>,
 }
 
 impl Shared {
@@ -106,7 +118,14 @@ impl Shared {
             start_us: AtomicU64::new(0),
             schedule,
             steps,
+            muc: None,
         }
+    }
+
+    /// With the `muc` scenario's tracker (its elements go there first).
+    pub(crate) fn with_muc(mut self, t: Arc<crate::muc::Tracker>) -> Shared {
+        self.muc = Some(t);
+        self
     }
 
     /// The ramp step a message sent at `ts_us` belongs to (a message sent
@@ -129,25 +148,20 @@ impl Shared {
         self.schedule.step_at((ts_us - start) as f64 / 1e6)
     }
 
-    fn on_message(&self, el: &Element) {
-        let Some(body) = el.children().find(|c| c.name() == "body") else {
-            return;
-        };
+    /// Records a benchmark message (its send time is the body's first
+    /// word); returns its step, latency in µs and the body's second word
+    /// as a number (the `muc` scenario's message number) if it is a
+    /// delivery (not an error bounce, not from before the ramp).
+    fn on_message(&self, el: &Element) -> Option<(usize, u64, Option<u64>)> {
+        let body = el.children().find(|c| c.name() == "body")?;
         let text = body.text();
-        let Some(ts) = text
-            .split_whitespace()
-            .next()
-            .and_then(|t| t.parse::<u64>().ok())
-        else {
-            return;
-        };
-        let Some(step) = self.step_of(ts) else {
-            return;
-        };
+        let mut words = text.split_whitespace();
+        let ts = words.next().and_then(|t| t.parse::<u64>().ok())?;
+        let step = self.step_of(ts)?;
         let c = &self.steps[step];
         if el.attr("type") == Some("error") {
             c.errors.fetch_add(1, Relaxed);
-            return;
+            return None;
         }
         let now = now_us();
         let lat = now.saturating_sub(ts);
@@ -159,6 +173,7 @@ impl Shared {
         if let Ok(mut h) = c.latency.lock() {
             h.record_us(lat);
         }
+        Some((step, lat, words.next().and_then(|t| t.parse::<u64>().ok())))
     }
 }
 
@@ -187,10 +202,10 @@ impl Mode {
     }
 }
 
-/// A live session: its outbox and its tasks.
-struct Session {
-    user: u64,
-    outbox: mpsc::Sender<Vec<u8>>,
+/// A live session: its user number and its outbox.
+pub(crate) struct Session {
+    pub(crate) user: u64,
+    pub(crate) outbox: mpsc::Sender<Vec<u8>>,
 }
 
 pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
@@ -251,7 +266,7 @@ pub fn skeleton(sc: Scenario, args: &ScenarioArgs, workers: u32) -> RunResult {
 pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.conn.users > 0, "--users must be at least 1");
     anyhow::ensure!(
-        !matches!(sc, Scenario::Archive | Scenario::Resume),
+        !matches!(sc, Scenario::Archive | Scenario::Resume | Scenario::Muc),
         "the {} scenario has its own runner",
         sc.name()
     );
@@ -308,6 +323,24 @@ pub(crate) fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<
                 sent > 0 && delivered as f64 >= args.require_ratio * sent as f64,
                 "only {delivered}/{sent} messages delivered"
             );
+        }
+        if let Some(m) = &result.muc {
+            let j = &m.join;
+            anyhow::ensure!(
+                j.attempted > 0 && j.joined as f64 >= args.require_ratio * j.attempted as f64,
+                "only {}/{} sessions entered their room ({:?})",
+                j.joined,
+                j.attempted,
+                j.first_error
+            );
+            if !m.steps.is_empty() {
+                let expected: u64 = m.steps.iter().map(|s| s.expected_copies).sum();
+                let delivered: u64 = m.steps.iter().map(|s| s.delivered_copies).sum();
+                anyhow::ensure!(
+                    expected > 0 && delivered as f64 >= args.require_ratio * expected as f64,
+                    "only {delivered}/{expected} copies of room messages delivered"
+                );
+            }
         }
         if let Some(a) = &result.archive {
             let sent: u64 = a.kinds.iter().map(|k| k.queries).sum();
@@ -430,24 +463,34 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb, server_pid).await);
             result.compute_cost(args.hourly_price);
         }
-        Scenario::Archive | Scenario::Resume => {
+        Scenario::Archive | Scenario::Resume | Scenario::Muc => {
             anyhow::bail!("the {} scenario has its own runner", sc.name())
         }
     }
 
     pb.set_message("closing sessions");
-    let _ = stop_tx.send(true);
     if args.conn.sm {
         result.sm = Some(shared.sm.result());
     }
+    close(stop_tx, sessions, tasks).await;
+    reporter.abort();
+    pb.finish_and_clear();
+    Ok(result)
+}
+
+/// Closes every session (`</stream:stream>`) and waits up to 5 s for the
+/// readers and writers to finish.
+pub(crate) async fn close(
+    stop: watch::Sender<bool>,
+    sessions: Vec<Session>,
+    tasks: Vec<JoinHandle<()>>,
+) {
+    let _ = stop.send(true);
     drop(sessions);
     let close_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     for t in tasks {
         let _ = tokio::time::timeout_at(close_deadline, t).await;
     }
-    reporter.abort();
-    pb.finish_and_clear();
-    Ok(result)
 }
 
 /// Builds the idle section.
@@ -526,7 +569,7 @@ pub(crate) fn spawn_reporter(
 
 /// The storm: establishes sessions for users `lo..hi` with bounded
 /// concurrency; each established session gets its reader and writer tasks.
-async fn connect_phase(
+pub(crate) async fn connect_phase(
     args: &ScenarioArgs,
     target: &Arc<Target>,
     lo: u64,
@@ -541,6 +584,7 @@ async fn connect_phase(
         let (tx, rx) = mpsc::channel(256);
         let (rd, wr) = tokio::io::split(conn.io);
         tasks.push(tokio::spawn(reader(
+            n,
             rd,
             conn.inbound,
             tx.clone(),
@@ -711,6 +755,7 @@ pub(crate) fn is_stanza(el: &Element) -> bool {
 /// server-initiated iqs (pings) so the server keeps the session. With
 /// `sm`, counts the stanzas received and answers `<r/>` with `<a h/>`.
 async fn reader(
+    user: u64,
     mut rd: ReadHalf<Transport>,
     mut inbound: Inbound,
     outbox: mpsc::Sender<Vec<u8>>,
@@ -736,7 +781,7 @@ async fn reader(
                             shared.sm.acks_received.fetch_add(1, Relaxed);
                         }
                     }
-                    handle_element(&el, &outbox, &shared)
+                    handle_element(user, &el, &outbox, &shared)
                 }
                 Ok(Some(Event::Header)) => {}
                 Ok(Some(Event::Closed)) | Err(_) => return,
@@ -774,9 +819,20 @@ async fn reader(
     }
 }
 
-fn handle_element(el: &Element, outbox: &mpsc::Sender<Vec<u8>>, shared: &Shared) {
+fn handle_element(user: u64, el: &Element, outbox: &mpsc::Sender<Vec<u8>>, shared: &Shared) {
+    if let Some(m) = &shared.muc {
+        if m.on_element(user, el) {
+            return;
+        }
+    }
     match el.name() {
-        "message" => shared.on_message(el),
+        "message" => {
+            if let Some((step, lat_us, seq)) = shared.on_message(el) {
+                if let Some(m) = &shared.muc {
+                    m.copy_arrived(seq, step, lat_us);
+                }
+            }
+        }
         "iq" => {
             if let Some(reply) = iq_reply(el) {
                 let _ = outbox.try_send(reply.into_bytes());
@@ -859,16 +915,46 @@ async fn writer(
     .await;
 }
 
-/// The o2o ramp: sends at the scheduled rate from random local senders to
-/// random users, then waits `--drain-secs` and collects per-step results.
-async fn o2o_ramp(
+/// One message of the ramp, built by the scenario: the sender's outbox,
+/// the stanza and how many copies of it should arrive.
+pub(crate) struct Outgoing<'a> {
+    /// The sending session's outbox.
+    pub outbox: &'a mpsc::Sender<Vec<u8>>,
+    /// The stanza; its body starts with the send time in µs.
+    pub stanza: String,
+    /// Copies the message should produce (1 for a chat message; one per
+    /// occupant for a groupchat message, the reflection included).
+    pub copies: u64,
+}
+
+/// What a ramp measured, step by step (the steps that ran).
+pub(crate) struct RampOut {
+    /// Per step: counts, latency of every copy, CPU. `delivered` and
+    /// `arrived` count copies.
+    pub steps: Vec<StepResult>,
+    /// Per step: copies expected.
+    pub expected: Vec<u64>,
+}
+
+/// The rate ramp: at each step's rate, asks `next(rng, seq, ts_us, step)`
+/// for a message (`None`: nothing to send) and queues it on the sender's
+/// outbox; `unsent(seq)` is told of messages the full outbox refused. Then
+/// waits `--drain-secs` and collects the per-step results. A step that
+/// delivered under `--min-ratio` of its expected copies or whose p99 is
+/// above the bound counts as failed; after `--stop-after-fails` failed
+/// steps in a row the ramp ends (`what` names the scenario in progress
+/// lines).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn ramp<'a>(
     args: &ScenarioArgs,
     shared: &Arc<Shared>,
-    sessions: &[Session],
     start_us: u64,
     pb: &ProgressBar,
     server_pid: Option<u32>,
-) -> O2oResult {
+    what: &str,
+    mut next: impl FnMut(&mut SplitMix, u64, u64, usize) -> Option<Outgoing<'a>>,
+    mut unsent: impl FnMut(u64),
+) -> RampOut {
     // CPU samples at each step boundary: (time s, server CPU s, own CPU s).
     let me = std::process::id();
     let sample = || {
@@ -883,16 +969,7 @@ async fn o2o_ramp(
     let schedule = shared.schedule.clone();
     let nsteps = schedule.steps().len();
     let rates = parse_rates(&args.rates).unwrap_or_default();
-    let total_users = args.conn.users;
-    let first = args.conn.first_user;
     let mut rng = SplitMix::new(now_us() ^ (args.worker_index.unwrap_or(0) << 40));
-    let pad = "x".repeat(args.body_bytes);
-    let domain = &args.conn.domain;
-    let resource = if args.to_bare {
-        String::new()
-    } else {
-        format!("/{}", args.resource)
-    };
     let early_stop = args.worker_index.is_none() && args.stop_after_fails > 0;
     let grace = (3.0 * args.p99_bound_ms / 1000.0).max(2.0);
     let mut evaluated = 0usize;
@@ -905,9 +982,6 @@ async fn o2o_ramp(
     let mut shown_step = usize::MAX;
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    if sessions.is_empty() {
-        steps_run = 0;
-    }
     while steps_run > 0 {
         let now = now_us();
         let t = now.saturating_sub(start_us) as f64 / 1e6;
@@ -922,7 +996,7 @@ async fn o2o_ramp(
             pb.set_prefix(format!("step {}/{nsteps}", step + 1));
             if !args.quiet && args.worker_index.is_none() {
                 pb.println(format!(
-                    "o2o step {}/{nsteps}: {} msg/s for {} s",
+                    "{what} step {}/{nsteps}: {} msg/s for {} s",
                     step + 1,
                     rates.get(step).copied().unwrap_or(0.0),
                     args.step_secs
@@ -932,32 +1006,29 @@ async fn o2o_ramp(
         let due = schedule.due(t);
         while sent < due {
             sent += 1;
-            let s = &sessions[rng.below(sessions.len() as u64) as usize];
-            let mut to = first + rng.below(total_users);
-            if to == s.user && total_users > 1 {
-                to = first + (to - first + 1) % total_users;
-            }
             // The receiver attributes the message by this timestamp: count
             // the send in the same step.
             let ts = now_us();
-            let counters = &shared.steps[shared.step_of(ts).unwrap_or(step)];
-            let msg = format!(
-                "<message to='{}@{domain}{resource}' type='chat' id='m{sent}'><body>{ts} {pad}</body></message>",
-                args.conn.user(to),
-            );
-            if s.outbox.try_send(msg.into_bytes()).is_ok() {
+            let k = shared.step_of(ts).unwrap_or(step);
+            let Some(m) = next(&mut rng, sent, ts, k) else {
+                continue;
+            };
+            let counters = &shared.steps[k];
+            if m.outbox.try_send(m.stanza.into_bytes()).is_ok() {
                 counters.sent.fetch_add(1, Relaxed);
+                counters.expected.fetch_add(m.copies, Relaxed);
                 shared.sent.fetch_add(1, Relaxed);
             } else {
                 counters.dropped.fetch_add(1, Relaxed);
+                unsent(sent);
             }
         }
         // Early stop: judge each finished step after a grace period.
         if early_stop {
             while evaluated < step && t >= schedule.step_start(evaluated) + args.step_secs + grace {
                 let c = &shared.steps[evaluated];
-                let sent_k = c.sent.load(Relaxed);
-                let ratio = c.delivered.load(Relaxed) as f64 / sent_k.max(1) as f64;
+                let expected = c.expected.load(Relaxed);
+                let ratio = c.delivered.load(Relaxed) as f64 / expected.max(1) as f64;
                 let p99 = c.latency.lock().map(|h| h.quantile_ms(0.99)).unwrap_or(0.0);
                 let ok = ratio >= args.min_ratio && p99 <= args.p99_bound_ms;
                 consecutive_fails = if ok { 0 } else { consecutive_fails + 1 };
@@ -967,7 +1038,7 @@ async fn o2o_ramp(
                     steps_run = step;
                     if !args.quiet {
                         pb.println(format!(
-                            "o2o: {consecutive_fails} step(s) in a row did not keep up; stopping the ramp"
+                            "{what}: {consecutive_fails} step(s) in a row did not keep up; stopping the ramp"
                         ));
                     }
                     break;
@@ -983,12 +1054,10 @@ async fn o2o_ramp(
     pb.set_message(format!("draining {} s", args.drain_secs));
     hold(args.drain_secs).await;
 
-    let mut o = O2oResult {
-        step_secs: args.step_secs,
-        p99_bound_ms: args.p99_bound_ms,
-        min_delivery_ratio: args.min_ratio,
-        drain_secs: args.drain_secs,
-        steps: (0..steps_run.min(nsteps))
+    let run = 0..steps_run.min(nsteps);
+    RampOut {
+        steps: run
+            .clone()
             .map(|i| {
                 let c = &shared.steps[i];
                 StepResult {
@@ -1005,6 +1074,61 @@ async fn o2o_ramp(
                 }
             })
             .collect(),
+        expected: run
+            .map(|i| shared.steps[i].expected.load(Relaxed))
+            .collect(),
+    }
+}
+
+/// The o2o ramp: messages from random local senders to random users.
+async fn o2o_ramp(
+    args: &ScenarioArgs,
+    shared: &Arc<Shared>,
+    sessions: &[Session],
+    start_us: u64,
+    pb: &ProgressBar,
+    server_pid: Option<u32>,
+) -> O2oResult {
+    let total_users = args.conn.users;
+    let first = args.conn.first_user;
+    let pad = "x".repeat(args.body_bytes);
+    let domain = &args.conn.domain;
+    let resource = if args.to_bare {
+        String::new()
+    } else {
+        format!("/{}", args.resource)
+    };
+    let next = |rng: &mut SplitMix, seq: u64, ts: u64, _step: usize| {
+        if sessions.is_empty() {
+            return None;
+        }
+        let s = &sessions[rng.below(sessions.len() as u64) as usize];
+        let mut to = first + rng.below(total_users);
+        if to == s.user && total_users > 1 {
+            to = first + (to - first + 1) % total_users;
+        }
+        Some(Outgoing {
+            outbox: &s.outbox,
+            stanza: format!(
+                "<message to='{}@{domain}{resource}' type='chat' id='m{seq}'><body>{ts} {pad}</body></message>",
+                args.conn.user(to),
+            ),
+            copies: 1,
+        })
+    };
+    let steps = if sessions.is_empty() {
+        Vec::new()
+    } else {
+        ramp(args, shared, start_us, pb, server_pid, "o2o", next, |_| {})
+            .await
+            .steps
+    };
+    let mut o = O2oResult {
+        step_secs: args.step_secs,
+        p99_bound_ms: args.p99_bound_ms,
+        min_delivery_ratio: args.min_ratio,
+        drain_secs: args.drain_secs,
+        steps,
         ..O2oResult::default()
     };
     o.finalize();

@@ -12,7 +12,10 @@
 //!   page, page by id, filtered by contact), archive fill, page checks.
 //! - [`engine`]: scenarios `connect`, `idle`, `o2o`: connection storm with
 //!   bounded concurrency, per-connection reader/writer tasks, the rate
-//!   scheduler, latency recording.
+//!   ramp (shared with `muc`), latency recording.
+//! - [`muc`]: scenario `muc`: XEP-0045 rooms, the join storm (creation,
+//!   locked rooms, instant-room form), a ramp of groupchat messages with
+//!   every occupant's copy timed, and per message the last copy.
 //! - [`resume`]: scenario `resume`: XEP-0198 resumption vs login, memory
 //!   of detached sessions with unacknowledged messages.
 //! - [`workers`]: beyond one process's file limit, the coordinator starts
@@ -29,6 +32,7 @@ pub mod cli;
 pub mod client;
 pub mod engine;
 pub mod hist;
+pub mod muc;
 pub mod procmem;
 pub mod provision;
 pub mod rate;
@@ -52,7 +56,7 @@ pub fn main_entry() -> anyhow::Result<()> {
             cli::Command::MucLight(_) => {
                 not_supported("muc-light", "MUC Light (XEP-less group chat, muc_light)")
             }
-            cli::Command::Muc(_) => not_supported("muc", "multi-user chat (XEP-0045)"),
+            cli::Command::Muc(a) => muc::run(a).await,
             cli::Command::Archive(a) => archive::run(a).await,
             cli::Command::Resume(a) => resume::run(a).await,
             cli::Command::Provision(p) => provision::run(p).await,

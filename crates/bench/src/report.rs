@@ -13,7 +13,7 @@ pub struct RunResult {
     pub tool: String,
     /// Tool version.
     pub version: String,
-    /// `connect`, `idle` or `o2o`.
+    /// `connect`, `idle`, `o2o`, `archive`, `resume` or `muc`.
     pub scenario: String,
     /// Unix time (s) the run started.
     pub started_unix: u64,
@@ -44,6 +44,141 @@ pub struct RunResult {
     /// `resume` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<ResumeResult>,
+    /// `muc` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub muc: Option<MucResult>,
+}
+
+/// The `muc` scenario (XEP-0045): the join storm, then a ramp of
+/// groupchat messages whose every copy (one per occupant, the sender's
+/// reflection included) is counted and timed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MucResult {
+    /// The MUC service, e.g. `conference.localhost`.
+    pub service: String,
+    /// Room names are this prefix and a number (`bench1@service`, …).
+    pub room_prefix: String,
+    /// Members per room (`--room-size`; the last room may be smaller).
+    pub room_size: u64,
+    /// Rooms the users were split into.
+    pub rooms: u64,
+    /// Members of each room that send (`--senders-per-room`; 0 = all).
+    pub senders_per_room: u64,
+    /// Senders over all rooms (joined members only).
+    pub senders: u64,
+    /// `maxstanzas` of the history asked for on entering.
+    pub history: u32,
+    /// The join storm.
+    pub join: JoinResult,
+    /// Seconds per ramp step.
+    pub step_secs: f64,
+    /// p99 bound (latency of a copy) for a step to keep up, ms.
+    pub p99_bound_ms: f64,
+    /// Ratio of copies delivered to copies expected for a step to keep up.
+    pub min_delivery_ratio: f64,
+    /// Seconds waited after the last step for late copies.
+    pub drain_secs: f64,
+    /// The ramp.
+    pub steps: Vec<MucStepResult>,
+    /// Highest step that kept up (`delivered_per_s` counts copies).
+    pub saturation: Saturation,
+    /// Copies of messages that were no longer expected (an occupant the
+    /// tool did not count, or a duplicate).
+    pub unexpected_copies: u64,
+}
+
+/// Entering the rooms (XEP-0045 §7.2, creation §10.1).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct JoinResult {
+    /// Sessions that tried to enter their room.
+    pub attempted: u64,
+    /// Entered: own presence (status 110) and the subject received (for
+    /// the creator of a locked room: its instant-room form accepted).
+    pub joined: u64,
+    /// Did not enter.
+    pub failed: u64,
+    /// Failures by cause: the error condition of the room's presence
+    /// (`item-not-found`, `service-unavailable`, `conflict`…), `timeout`,
+    /// `config` (the owner form refused), `closed`.
+    pub failures: BTreeMap<String, u64>,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Joins that created their room (status 201).
+    pub created: u64,
+    /// Owner forms accepted (instant rooms, §10.1.2; with
+    /// `muc#roomconfig_maxusers` for rooms larger than 200).
+    pub configured: u64,
+    /// Presences re-sent after `item-not-found` (a room still locked).
+    pub retries: u64,
+    /// Other occupants' presence received during the join phase and
+    /// until they stopped arriving (none for 500 ms).
+    pub presences_received: u64,
+    /// Wall-clock window (unix ms).
+    pub started_unix_ms: u64,
+    /// End of the window (unix ms).
+    pub finished_unix_ms: u64,
+    /// Length of the join phase, s.
+    pub duration_s: f64,
+    /// Joins per second over the phase.
+    pub joins_per_s: f64,
+    /// Presence sent → entering complete (the subject, or the creator's
+    /// form result), re-sends included.
+    pub latency: LatencySummary,
+    /// Server CPU seconds during the phase (when its PID is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    /// Load generator CPU seconds during the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cpu_s: Option<f64>,
+}
+
+/// One step of the MUC ramp. Messages count where they were sent (the
+/// send time travels in the body); `delivered`/`arrived` are copies.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MucStepResult {
+    /// Target rate, messages sent per second over all rooms.
+    pub target_rate: f64,
+    /// Messages sent.
+    pub sent: u64,
+    /// sent / step length.
+    pub sent_per_s: f64,
+    /// Copies the messages sent should produce: the occupants of each
+    /// message's room (sender included).
+    pub expected_copies: u64,
+    /// Of those, copies that arrived (by the end of the drain).
+    pub delivered_copies: u64,
+    /// delivered_copies / step length.
+    pub delivered_per_s: f64,
+    /// Copies that arrived during this step, whenever sent.
+    pub arrived_copies: u64,
+    /// arrived_copies / step length.
+    pub arrived_per_s: f64,
+    /// delivered_copies / expected_copies.
+    pub delivery_ratio: f64,
+    /// Error stanzas received for messages of this step.
+    pub errors: u64,
+    /// Messages the tool could not queue (its outbox was full).
+    pub client_dropped: u64,
+    /// Send → arrival of every copy.
+    pub latency: LatencySummary,
+    /// Messages whose every expected copy arrived.
+    pub messages_complete: u64,
+    /// Per complete message: send → arrival of its LAST copy (the slowest
+    /// occupant). Its p99 is the fan-out figure.
+    pub last_copy_latency: LatencySummary,
+    /// Whether this step kept up: delivery ratio ≥ the minimum, p99 of the
+    /// copies ≤ the bound, the tool reached ≥ 90 % of the target rate.
+    pub ok: bool,
+    /// Server CPU use during the step, % of one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_pct: Option<f64>,
+    /// Load generator CPU use during the step, % of one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cpu_pct: Option<f64>,
+    /// Server CPU per copy that arrived during the step, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_copy: Option<f64>,
 }
 
 /// Stream management traffic of a run (`--sm`), all processes.
@@ -406,6 +541,57 @@ impl ConnectResult {
     }
 }
 
+impl MucResult {
+    /// Recomputes per-step rates, ratios, CPU per copy and `ok`, then the
+    /// saturation point.
+    pub fn finalize(&mut self) {
+        let secs = self.step_secs.max(1e-9);
+        for s in &mut self.steps {
+            s.sent_per_s = s.sent as f64 / secs;
+            s.delivered_per_s = s.delivered_copies as f64 / secs;
+            s.arrived_per_s = s.arrived_copies as f64 / secs;
+            s.delivery_ratio = if s.expected_copies > 0 {
+                s.delivered_copies as f64 / s.expected_copies as f64
+            } else {
+                0.0
+            };
+            s.server_cpu_us_per_copy = match s.server_cpu_pct {
+                Some(p) if s.arrived_copies > 0 => {
+                    Some(p / 100.0 * secs / s.arrived_copies as f64 * 1e6)
+                }
+                _ => None,
+            };
+            s.ok = s.sent > 0
+                && s.delivery_ratio >= self.min_delivery_ratio
+                && s.latency.p99_ms <= self.p99_bound_ms
+                && s.sent_per_s >= 0.9 * s.target_rate;
+        }
+        let points: Vec<RampPoint> = self
+            .steps
+            .iter()
+            .map(|s| RampPoint {
+                ok: s.ok,
+                target_rate: s.target_rate,
+                delivered_per_s: s.delivered_per_s,
+            })
+            .collect();
+        self.saturation = saturation_of(&points, self.p99_bound_ms);
+    }
+}
+
+impl JoinResult {
+    /// Recomputes duration and rate from the window.
+    pub fn finalize(&mut self) {
+        self.duration_s =
+            self.finished_unix_ms.saturating_sub(self.started_unix_ms) as f64 / 1000.0;
+        self.joins_per_s = if self.duration_s > 0.0 {
+            self.joined as f64 / self.duration_s
+        } else {
+            0.0
+        };
+    }
+}
+
 impl O2oResult {
     /// Recomputes per-step rates, ratios and `ok`, then the saturation point.
     pub fn finalize(&mut self) {
@@ -473,6 +659,29 @@ fn sum_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 /// The highest step that kept up, and whether a later one failed.
 pub fn saturation(steps: &[StepResult], bound_ms: f64) -> Saturation {
+    let points: Vec<RampPoint> = steps
+        .iter()
+        .map(|s| RampPoint {
+            ok: s.ok,
+            target_rate: s.target_rate,
+            delivered_per_s: s.delivered_per_s,
+        })
+        .collect();
+    saturation_of(&points, bound_ms)
+}
+
+/// What [`saturation_of`] needs of a step.
+pub struct RampPoint {
+    /// The step kept up.
+    pub ok: bool,
+    /// Its target rate.
+    pub target_rate: f64,
+    /// What it delivered per second.
+    pub delivered_per_s: f64,
+}
+
+/// [`saturation`] over any kind of step.
+pub fn saturation_of(steps: &[RampPoint], bound_ms: f64) -> Saturation {
     let best = steps.iter().rposition(|s| s.ok);
     match best {
         None => Saturation {
@@ -634,6 +843,9 @@ impl RunResult {
         if let Some(r) = &self.resume {
             resume_table(&mut s, r, c);
         }
+        if let Some(m) = &self.muc {
+            muc_table(&mut s, m);
+        }
         if let Some(c) = &self.cost {
             let _ = writeln!(
                 s,
@@ -643,6 +855,112 @@ impl RunResult {
         }
         s
     }
+}
+
+fn muc_table(s: &mut String, m: &MucResult) {
+    let _ = writeln!(
+        s,
+        "  rooms      {} rooms of {} at {} ({} senders: {}), history maxstanzas={}",
+        m.rooms,
+        m.room_size,
+        m.service,
+        m.senders,
+        if m.senders_per_room == 0 {
+            "every member".to_string()
+        } else {
+            format!("{} per room", m.senders_per_room)
+        },
+        m.history
+    );
+    let j = &m.join;
+    let _ = writeln!(
+        s,
+        "  joins      {:>8} joined, {} failed of {} in {:.2} s  =>  {:.0} joins/s; {} rooms created (201), {} configured, {} re-sent after item-not-found",
+        j.joined, j.failed, j.attempted, j.duration_s, j.joins_per_s, j.created, j.configured, j.retries
+    );
+    let _ = writeln!(
+        s,
+        "  join       p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms (presence sent -> subject; {} occupant presences received)",
+        j.latency.p50_ms, j.latency.p90_ms, j.latency.p99_ms, j.latency.max_ms, j.presences_received
+    );
+    if let (Some(srv), Some(cli)) = (j.server_cpu_s, j.client_cpu_s) {
+        let _ = writeln!(
+            s,
+            "  join cpu   server {:.1} s ({:.2} ms/join), load generator {:.1} s",
+            srv,
+            srv * 1000.0 / j.joined.max(1) as f64,
+            cli
+        );
+    }
+    if !j.failures.is_empty() {
+        let f: Vec<String> = j.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "  join fails {}", f.join(" "));
+        if let Some(e) = &j.first_error {
+            let _ = writeln!(s, "  e.g.       {e}");
+        }
+    }
+    if m.steps.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  per copy: latency of every occupant's copy; last: per message, until its LAST occupant got it"
+    );
+    let _ = writeln!(
+        s,
+        "  {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:>9} {:>6} {:>6} {:>7}  ok",
+        "target/s",
+        "sent/s",
+        "copies/s",
+        "arrived/s",
+        "ratio",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "last p50",
+        "last p99",
+        "server",
+        "tool",
+        "µs/copy"
+    );
+    for st in &m.steps {
+        let _ = writeln!(
+            s,
+            "  {:>8.0} {:>8.0} {:>9.0} {:>9.0} {:>7.4} {:>7.1} {:>7.1} {:>7.1} {:>8.1} {:>9.1} {:>9.1} {:>6} {:>6} {:>7}  {}",
+            st.target_rate,
+            st.sent_per_s,
+            st.delivered_per_s,
+            st.arrived_per_s,
+            st.delivery_ratio,
+            st.latency.p50_ms,
+            st.latency.p90_ms,
+            st.latency.p99_ms,
+            st.latency.max_ms,
+            st.last_copy_latency.p50_ms,
+            st.last_copy_latency.p99_ms,
+            pct(st.server_cpu_pct),
+            pct(st.client_cpu_pct),
+            st.server_cpu_us_per_copy
+                .map(|u| format!("{u:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            if st.ok { "yes" } else { "NO" }
+        );
+    }
+    let errors: u64 = m.steps.iter().map(|s| s.errors).sum();
+    let dropped: u64 = m.steps.iter().map(|s| s.client_dropped).sum();
+    if errors + dropped + m.unexpected_copies > 0 {
+        let _ = writeln!(
+            s,
+            "  {errors} error stanzas, {dropped} messages the tool could not queue, {} unexpected copies",
+            m.unexpected_copies
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  saturation {:.0} copies/s delivered ({})",
+        m.saturation.delivered_per_s, m.saturation.note
+    );
 }
 
 fn resume_table(s: &mut String, r: &ResumeResult, login: &ConnectResult) {

@@ -983,7 +983,14 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
             "<message to='{busy}' type='groupchat' id='f{i}'><body>{i}</body></message>"
         ));
     }
+    let mut carol = server.login("carol").await;
+    join(&mut carol, &busy, "Carol").await;
+    alice.drain().await;
     alice.send(&burst).await;
+    // Leaving during the flood is never refused (no ghost occupant).
+    carol
+        .send(&format!("<presence to='{busy}/Carol' type='unavailable'/>"))
+        .await;
     bob.send(&format!(
         "<message to='{calm}' type='groupchat' id='c'><body>fine</body></message>"
     ))
@@ -1018,6 +1025,23 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
         "every message is delivered or refused"
     );
     assert!(refused > 0, "a queue of 2 refused nothing out of 400");
+    alice.drain().await;
+    let items = alice
+        .iq(
+            &format!(
+                "<iq to='{busy}' type='get' id='occ'><query xmlns='{}'/></iq>",
+                ns::DISCO_ITEMS
+            ),
+            "occ",
+        )
+        .await;
+    let occupants: Vec<_> = items
+        .get_child("query", ns::DISCO_ITEMS)
+        .unwrap()
+        .children()
+        .filter_map(|i| i.attr("jid"))
+        .collect();
+    assert_eq!(occupants, [format!("{busy}/Alice").as_str()], "{items}");
     alice.expect_silence(QUIET).await;
     server.stop().await;
 }
@@ -1619,5 +1643,71 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
         .iq(&format!("<iq to='{r}' type='set' id='v5'><vCard xmlns='vcard-temp'><PHOTO><BINVAL>***</BINVAL></PHOTO></vCard></iq>"), "v5")
         .await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "strict", "Alice").await;
+    let other = room("other");
+    let mut bob = server.login("bob").await;
+    // Nicknames: blank, padded, absent.
+    for nick in [" ", " padded"] {
+        bob.send(&format!(
+            "<presence to='{r}/{nick}'><x xmlns='{MUC}'/></presence>"
+        ))
+        .await;
+        let e = bob
+            .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
+            .await;
+        assert!(
+            matches!(error_condition(&e).as_deref(), Some("jid-malformed")),
+            "{nick:?}: {e}"
+        );
+    }
+    bob.send(&format!("<presence to='{r}'><x xmlns='{MUC}'/></presence>"))
+        .await;
+    let e = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
+        .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("jid-malformed"),
+        "§7.2.1: {e}"
+    );
+    // An oversized subject (max_subject_len: 1024 characters).
+    let long = "s".repeat(1025);
+    alice
+        .send(&format!(
+            "<message to='{r}' type='groupchat' id='big'><subject>{long}</subject></message>"
+        ))
+        .await;
+    let e = alice.recv_message().await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    // A forged muc#user payload claiming a real JID is not passed on.
+    join(&mut bob, &r, "Bob").await;
+    alice.drain().await;
+    bob.send(&format!("<message to='{r}' type='groupchat' id='f'><body>hi</body><x xmlns='{MUC_USER}'><item jid='ceo@localhost/desk'/></x></message>"))
+        .await;
+    let m = alice.recv_message().await;
+    assert_eq!(body(&m), "hi");
+    assert!(!m.to_string().contains("ceo@localhost"), "{m}");
+    // §11.1: a copy bounced by the occupant's server as gone removes the
+    // occupant (333); the bounce is not relayed.
+    alice.drain().await;
+    bob.send(&format!("<message to='{r}/Alice' type='error' id='x'><error type='cancel'><service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></message>"))
+        .await;
+    let gone = alice.recv().await;
+    assert_eq!(gone.name(), "presence", "no relayed error first: {gone}");
+    assert_eq!(gone.attr("type"), Some("unavailable"), "{gone}");
+    assert!(statuses(&gone).contains(&"333".into()), "{gone}");
+    // Another room works meanwhile.
+    join(&mut alice, &other, "Alice").await;
     server.stop().await;
 }

@@ -146,6 +146,10 @@ pub struct MucConfig {
     /// Stanzas waiting for one room before senders get
     /// `resource-constraint`.
     pub room_queue: usize,
+    /// Copies a room's waiting messages may add up to (messages waiting ×
+    /// occupants) before senders get `resource-constraint`: bounds how
+    /// late a message in a crowded room can be.
+    pub max_queued_copies: usize,
     /// Seconds an empty persistent room stays in memory.
     pub idle_unload_secs: u64,
 }
@@ -173,6 +177,7 @@ impl Default for MucConfig {
             default_moderated: false,
             default_logging: true,
             room_queue: 1024,
+            max_queued_copies: 50_000,
             idle_unload_secs: 60,
         }
     }
@@ -555,8 +560,38 @@ impl Inner {
                 listing,
             }
         });
-        match handle.tx.try_send(RoomMsg::Stanza(stanza)) {
+        // A message is refused when the copies already waiting would take
+        // too long to send: the queue's bound in stanzas alone would let a
+        // 1,000-occupant room hold a million copies (seconds of work).
+        let busy = stanza.kind() == StanzaKind::Message && !stanza.is_error() && {
+            let occupants = handle
+                .listing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .occupants
+                .max(1);
+            let queued = self.cfg.room_queue - handle.tx.capacity();
+            (queued + 1).saturating_mul(occupants) > self.cfg.max_queued_copies
+        };
+        // Leaving and error bounces are never refused (an occupant whose
+        // unavailable presence was dropped would stay a ghost): they wait
+        // for room in the queue.
+        let must_arrive = stanza.is_error()
+            || (stanza.kind() == StanzaKind::Presence && stanza.type_attr() == Some("unavailable"));
+        let attempt = if busy && !must_arrive {
+            Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(stanza)))
+        } else {
+            handle.tx.try_send(RoomMsg::Stanza(stanza))
+        };
+        match attempt {
             Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(s))) if must_arrive => {
+                let tx = handle.tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(RoomMsg::Stanza(s)).await;
+                });
+                None
+            }
             Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(s)))
             | Err(mpsc::error::TrySendError::Closed(RoomMsg::Stanza(s))) => {
                 if let Some(suppressed) = self.full_log.check() {

@@ -1147,6 +1147,12 @@ impl Room {
 
     /// §7.5: a private message to an occupant.
     fn on_private_message(&mut self, st: &Stanza, from: &FullJid, target: &str, out: &mut Out) {
+        if st.is_error() && self.by_jid.contains_key(from) && means_gone(st) {
+            // A copy the room sent this occupant bounced (its session is
+            // gone): §11.1, removed with 333 — not relayed to whoever the
+            // copy was from.
+            return self.remove_session(from, &[333], out);
+        }
         let Some(nick) = self.by_jid.get(from).cloned() else {
             return reply_error(
                 st,
