@@ -1711,3 +1711,64 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
     join(&mut alice, &other, "Alice").await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn room_archives_are_purged_after_the_retention() {
+    use starling_core::storage::{ArchiveId, ArchiveQuery, ArchiveRecord};
+    let dir =
+        std::env::temp_dir().join(format!("starling-mucret-{}", starling_proto::random_id(10)));
+    let d = dir.clone();
+    let server = TestServer::start_with(|c| c.server.data_dir = d).await;
+    let room_jid = starling_proto::BareJid::new(&room("old")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let rec = |micros: i64, body: &str| ArchiveRecord {
+        owner: room_jid.clone(),
+        id: ArchiveId::from_parts(micros, 0),
+        with_bare: "alice@localhost".into(),
+        remote: format!("{}/Alice", room("old")),
+        outgoing: false,
+        origin_id: None,
+        flags: 1,
+        stanza: format!(
+            "<message xmlns='jabber:client' type='groupchat'><body>{body}</body></message>"
+        ),
+    };
+    let storage = server.server.env.storage.clone();
+    storage
+        .archive
+        .append(&[
+            rec(now - 3 * 86_400_000_000, "three days old"),
+            rec(now - 3_600_000_000, "an hour old"),
+        ])
+        .await
+        .unwrap();
+    server.server.shutdown().await; // keeps the data directory
+
+    let d = dir.clone();
+    let server = TestServer::start_with(|c| {
+        c.server.data_dir = d;
+        c.modules
+            .get_mut::<starling_server::modules::Muc>()
+            .retention_days = 2;
+    })
+    .await;
+    let storage = server.server.env.storage.clone();
+    let q = ArchiveQuery {
+        limit: 10,
+        ..ArchiveQuery::default()
+    };
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = storage.archive.query(&room_jid, &q).await.unwrap().messages;
+        if left.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left.len(), 1, "the old message is purged at start");
+    assert!(left[0].stanza.contains("an hour old"));
+    server.stop().await;
+}

@@ -226,8 +226,9 @@ impl Mam {
             .filter(|(_, n)| *n > 0)
             .collect();
         if !retention.is_empty() {
-            *m.retention.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(tokio::spawn(retention_task(store, retention)));
+            *m.retention.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::spawn(
+                crate::archive_query::retention_task(store, retention, NAME),
+            ));
         }
         reg.user_send(NAME, 45, m.clone());
         reg.user_send(NAME, 90, Arc::new(StripOwnStanzaId));
@@ -510,35 +511,9 @@ impl Mam {
     }
 }
 
-async fn retention_task(store: Arc<dyn ArchiveStore>, rules: Vec<(String, u32)>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(3600));
-    loop {
-        tick.tick().await;
-        for (domain, days) in &rules {
-            let _ = purge_domain(store.as_ref(), domain, *days).await;
-        }
-    }
-}
-
 /// Deletes `domain`'s messages older than `days` days; returns how many.
 pub async fn purge_domain(store: &dyn ArchiveStore, domain: &str, days: u32) -> StorageResult<u64> {
-    let cutoff = now_micros() - i64::from(days) * 86_400 * 1_000_000;
-    let r = store
-        .purge_domain_before(domain, ArchiveId::lower_bound(cutoff))
-        .await;
-    match &r {
-        Ok(n) => tracing::info!(
-            module = NAME,
-            domain,
-            days,
-            deleted = n,
-            "archive retention purge"
-        ),
-        Err(e) => {
-            tracing::error!(module = NAME, domain, error = %e, "archive retention purge failed")
-        }
-    }
-    r
+    crate::archive_query::purge_domain(store, domain, days, NAME).await
 }
 
 #[async_trait]

@@ -152,6 +152,9 @@ pub struct MucConfig {
     pub max_queued_copies: usize,
     /// Seconds an empty persistent room stays in memory.
     pub idle_unload_secs: u64,
+    /// Days rooms' archived messages are kept (0: forever); purged at
+    /// start and hourly, for the service under every served domain.
+    pub retention_days: u32,
 }
 
 impl Default for MucConfig {
@@ -179,6 +182,7 @@ impl Default for MucConfig {
             room_queue: 1024,
             max_queued_copies: 50_000,
             idle_unload_secs: 60,
+            retention_days: 0,
         }
     }
 }
@@ -275,6 +279,18 @@ impl Module for Muc {
                 live,
             )
         });
+        if cfg.retention_days > 0 {
+            let rules = ctx
+                .domains
+                .iter()
+                .map(|d| (format!("{}.{d}", cfg.subdomain), cfg.retention_days))
+                .collect();
+            tokio::spawn(crate::archive_query::retention_task(
+                ctx.storage.archive.clone(),
+                rules,
+                NAME,
+            ));
+        }
         // The label lives as long as the server (one per start).
         let label: &'static str = Box::leak(cfg.subdomain.clone().into_boxed_str());
         let svc = Arc::new(MucService(inner));
