@@ -373,6 +373,45 @@ pub fn metadata(bounds: Option<(ArchiveId, ArchiveId)>) -> Element {
     md
 }
 
+/// Deletes `domain`'s archived messages older than `days` days (every
+/// archive whose owner is in `domain`); returns how many. Logged as
+/// `module`'s.
+pub async fn purge_domain(
+    store: &dyn ArchiveStore,
+    domain: &str,
+    days: u32,
+    module: &'static str,
+) -> starling_core::storage::StorageResult<u64> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    let cutoff = now - i64::from(days) * 86_400 * 1_000_000;
+    let r = store
+        .purge_domain_before(domain, ArchiveId::lower_bound(cutoff))
+        .await;
+    match &r {
+        Ok(n) => tracing::info!(module, domain, days, deleted = n, "archive retention purge"),
+        Err(e) => tracing::error!(module, domain, error = %e, "archive retention purge failed"),
+    }
+    r
+}
+
+/// Applies `rules` (domain, days) at once and then every hour.
+pub async fn retention_task(
+    store: std::sync::Arc<dyn ArchiveStore>,
+    rules: Vec<(String, u32)>,
+    module: &'static str,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        for (domain, days) in &rules {
+            let _ = purge_domain(store.as_ref(), domain, *days, module).await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,44 +489,5 @@ mod tests {
             )),
             FeatureNotImplemented
         );
-    }
-}
-
-/// Deletes `domain`'s archived messages older than `days` days (every
-/// archive whose owner is in `domain`); returns how many. Logged as
-/// `module`'s.
-pub async fn purge_domain(
-    store: &dyn ArchiveStore,
-    domain: &str,
-    days: u32,
-    module: &'static str,
-) -> starling_core::storage::StorageResult<u64> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    let cutoff = now - i64::from(days) * 86_400 * 1_000_000;
-    let r = store
-        .purge_domain_before(domain, ArchiveId::lower_bound(cutoff))
-        .await;
-    match &r {
-        Ok(n) => tracing::info!(module, domain, days, deleted = n, "archive retention purge"),
-        Err(e) => tracing::error!(module, domain, error = %e, "archive retention purge failed"),
-    }
-    r
-}
-
-/// Applies `rules` (domain, days) at once and then every hour.
-pub async fn retention_task(
-    store: std::sync::Arc<dyn ArchiveStore>,
-    rules: Vec<(String, u32)>,
-    module: &'static str,
-) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
-    loop {
-        tick.tick().await;
-        for (domain, days) in &rules {
-            let _ = purge_domain(store.as_ref(), domain, *days, module).await;
-        }
     }
 }
