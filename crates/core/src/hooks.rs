@@ -395,6 +395,15 @@ pub trait DurabilityHandler: Send + Sync + 'static {
     /// Returns once the writes queued so far are committed (or failed
     /// their retries).
     async fn durable(&self, env: &Env);
+
+    /// Like [`DurabilityHandler::durable`], for an acknowledgement to one
+    /// session: a module whose writes happen later, in a task of its own
+    /// (a group-chat room archives what the session sent it when the room
+    /// gets to it), first waits for what this session handed it (kept in
+    /// the session's state).
+    async fn durable_for(&self, cx: &mut SessionCtx<'_>) {
+        self.durable(cx.env).await
+    }
 }
 
 /// One copy of a message the archive kept (XEP-0313): `owner`'s archive
@@ -763,6 +772,14 @@ impl Hooks {
     pub async fn durable(&self, env: &Env) {
         for h in &self.durability {
             h.durable(env).await;
+        }
+    }
+
+    /// [`Hooks::durable`] for an acknowledgement to the session of `cx`
+    /// ([`DurabilityHandler::durable_for`]).
+    pub async fn durable_for(&self, cx: &mut SessionCtx<'_>) {
+        for h in &self.durability {
+            h.durable_for(cx).await;
         }
     }
 

@@ -1772,3 +1772,43 @@ async fn room_archives_are_purged_after_the_retention() {
     assert!(left[0].stanza.contains("an hour old"));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acknowledged_group_message_is_in_the_rooms_archive() {
+    use starling_core::storage::ArchiveQuery;
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let r = open_room(&mut alice, "durable", "Alice").await;
+    alice.send("<enable xmlns='urn:xmpp:sm:3'/>").await;
+    alice.recv_until(|e| e.name() == "enabled").await;
+    let room_jid = starling_proto::BareJid::new(&r).unwrap();
+    for i in 0..20 {
+        // XEP-0198: the ack covers the message only once it is durable,
+        // here in the room's archive (docs/durability.md).
+        alice
+            .send(&format!("<message to='{r}' type='groupchat' id='d{i}'><body>kept {i}</body></message><r xmlns='urn:xmpp:sm:3'/>"))
+            .await;
+        alice.recv_until(|e| e.name() == "a").await;
+        let page = server
+            .server
+            .env
+            .storage
+            .archive
+            .query(
+                &room_jid,
+                &ArchiveQuery {
+                    limit: 100,
+                    ..ArchiveQuery::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert!(
+            page.messages
+                .iter()
+                .any(|m| m.stanza.contains(&format!("kept {i}<"))),
+            "message {i} acknowledged before it was archived"
+        );
+    }
+    server.stop().await;
+}

@@ -309,7 +309,7 @@ impl ElementHandler for StreamManagement {
             }
             "r" => {
                 // The ack covers only what is durable (module doc).
-                cx.env.hooks.durable(cx.env).await;
+                cx.env.hooks.durable_for(cx).await;
                 let h = cx.state.get::<SmState>().map_or(0, |s| s.h_in);
                 cx.send(
                     Element::builder("a", NS_SM)
@@ -438,7 +438,7 @@ impl AttachHandler for StreamManagement {
             return Ok(Flow::Continue);
         }
         // 'h' in <resumed/> acknowledges the client's stanzas: durable first.
-        cx.env.hooks.durable(cx.env).await;
+        cx.env.hooks.durable_for(cx).await;
         let st = cx.state.get_mut::<SmState>().expect("checked above");
         st.requested = false;
         let resumed = Element::builder("resumed", NS_SM)

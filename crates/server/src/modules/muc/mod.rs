@@ -57,13 +57,13 @@ use room::{Ctx, Out, Room};
 use serde::Deserialize;
 use starling_core::hooks::{
     Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler,
-    StartedHandler,
+    StartedHandler, UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
     ArchiveIds, ArchiveQuery, ArchiveRecord, ArchiveStore, Storage, StorageResult, StoredRoom,
 };
-use starling_core::{async_trait, Env};
+use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
 use starling_proto::{
     ns, BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -304,6 +304,7 @@ impl Module for Muc {
         // What the rooms queued for their archives counts for
         // read-your-writes (inbox and archive queries) and acks.
         reg.durability(svc.clone());
+        reg.user_send(NAME, 50, svc.clone());
         reg.shutdown(NAME, 20, svc);
     }
 }
@@ -403,13 +404,78 @@ struct RoomHandle {
     tx: mpsc::Sender<RoomMsg>,
     generation: u64,
     listing: Arc<Mutex<Listing>>,
+    seq: Arc<RoomSeq>,
 }
+
+/// How far a room's task got through its queue: stanzas queued (counted
+/// under the rooms lock, so in queue order) and handled. An
+/// acknowledgement to a session that sent the room a message waits until
+/// `processed` reaches what `queued` was then ([`MucService::durable_for`]).
+#[derive(Default)]
+struct RoomSeq {
+    queued: std::sync::atomic::AtomicU64,
+    processed: std::sync::atomic::AtomicU64,
+    moved: tokio::sync::Notify,
+}
+
+impl RoomSeq {
+    fn advance(&self, to: Option<u64>) {
+        use std::sync::atomic::Ordering;
+        match to {
+            Some(n) => self.processed.store(n, Ordering::Release),
+            None => {
+                self.processed.fetch_add(1, Ordering::Release);
+            }
+        }
+        self.moved.notify_waiters();
+    }
+
+    /// Waits (at most `limit`) until the stanzas queued so far are handled.
+    async fn caught_up(&self, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        let target = self.queued.load(Ordering::Acquire);
+        let wait = async {
+            loop {
+                let moved = self.moved.notified();
+                tokio::pin!(moved);
+                moved.as_mut().enable();
+                if self.processed.load(Ordering::Acquire) >= target {
+                    return;
+                }
+                moved.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, wait).await;
+    }
+}
+
+/// The task is gone: nothing it held is waited for any more.
+struct SeqDone(Arc<RoomSeq>);
+
+impl Drop for SeqDone {
+    fn drop(&mut self) {
+        self.0.advance(Some(u64::MAX));
+    }
+}
+
+/// Per session: the rooms it sent messages to since its last
+/// acknowledgement (at most [`MAX_TRACKED_ROOMS`]; past that, every room).
+#[derive(Default)]
+struct SentToRooms {
+    rooms: Vec<BareJid>,
+    all: bool,
+}
+
+const MAX_TRACKED_ROOMS: usize = 256;
 
 enum RoomMsg {
     Stanza(Stanza),
     Shutdown(oneshot::Sender<()>),
     /// Another cluster node owns the room now.
     Handoff,
+    /// A stanza that waited for room in the queue (not counted in
+    /// [`RoomSeq`]).
+    Late(Stanza),
 }
 
 struct Inner {
@@ -441,6 +507,64 @@ struct MucService(Arc<Inner>);
 impl DurabilityHandler for MucService {
     async fn durable(&self, _env: &Env) {
         self.0.archive.committed_all().await;
+    }
+
+    /// The rooms this session sent messages to first handle what was
+    /// queued for them (so its message's archive row is queued), then the
+    /// archive queue commits: an acknowledged group-chat message is in the
+    /// room's archive. (A room on another cluster node: the bus keeps the
+    /// message until that node took it; see docs/durability.md.)
+    async fn durable_for(&self, cx: &mut SessionCtx<'_>) {
+        if let Some(sent) = cx.state.remove::<SentToRooms>() {
+            let seqs: Vec<Arc<RoomSeq>> = {
+                let rooms = self.0.rooms.lock().unwrap_or_else(|e| e.into_inner());
+                if sent.all {
+                    rooms.values().map(|h| h.seq.clone()).collect()
+                } else {
+                    sent.rooms
+                        .iter()
+                        .filter_map(|r| rooms.get(r).map(|h| h.seq.clone()))
+                        .collect()
+                }
+            };
+            for s in seqs {
+                s.caught_up(Duration::from_secs(5)).await;
+            }
+        }
+        self.0.archive.committed_all().await;
+    }
+}
+
+#[async_trait]
+impl UserSendHandler for MucService {
+    /// Notes the rooms of this service a session sends messages to, for
+    /// [`MucService::durable_for`].
+    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        if stanza.kind() != StanzaKind::Message || stanza.stanza_type() != "groupchat" {
+            return Ok(Flow::Continue);
+        }
+        let Some(to) = stanza.to() else {
+            return Ok(Flow::Continue);
+        };
+        let ours = to
+            .domain()
+            .as_str()
+            .strip_prefix(self.0.cfg.subdomain.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .is_some_and(|d| cx.env.hosts.is_local(d));
+        if ours && to.node().is_some() {
+            let room = to.to_bare();
+            let sent = cx.state.get_or_insert_with(SentToRooms::default);
+            if !sent.all && !sent.rooms.contains(&room) {
+                if sent.rooms.len() >= MAX_TRACKED_ROOMS {
+                    sent.all = true;
+                    sent.rooms.clear();
+                } else {
+                    sent.rooms.push(room);
+                }
+            }
+        }
+        Ok(Flow::Continue)
     }
 }
 
@@ -563,14 +687,17 @@ impl Inner {
                 .next_gen
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let listing = Arc::new(Mutex::new(Listing::default()));
+            let seq = Arc::new(RoomSeq::default());
             tokio::spawn(run_room(
                 self.clone(),
                 room.clone(),
                 rx,
                 generation,
                 listing.clone(),
+                seq.clone(),
             ));
             RoomHandle {
+                seq,
                 tx,
                 generation,
                 listing,
@@ -599,12 +726,19 @@ impl Inner {
         } else {
             handle.tx.try_send(RoomMsg::Stanza(stanza))
         };
+        if attempt.is_ok() {
+            // Under the rooms lock: counted in queue order.
+            handle
+                .seq
+                .queued
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         match attempt {
             Ok(()) => None,
             Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(s))) if must_arrive => {
                 let tx = handle.tx.clone();
                 tokio::spawn(async move {
-                    let _ = tx.send(RoomMsg::Stanza(s)).await;
+                    let _ = tx.send(RoomMsg::Late(s)).await;
                 });
                 None
             }
@@ -944,7 +1078,9 @@ async fn run_room(
     mut rx: mpsc::Receiver<RoomMsg>,
     generation: u64,
     listing: Arc<Mutex<Listing>>,
+    seq: Arc<RoomSeq>,
 ) {
+    let _done = SeqDone(seq.clone());
     inner.rooms_live.inc();
     let _live = LiveRoom(inner.rooms_live.clone());
     let idle = Duration::from_secs(inner.cfg.idle_unload_secs);
@@ -957,7 +1093,7 @@ async fn run_room(
                 let msg = rx.try_recv();
                 let Some(env) = inner.env() else { break };
                 match msg {
-                    Ok(RoomMsg::Stanza(s)) => {
+                    Ok(RoomMsg::Stanza(s) | RoomMsg::Late(s)) => {
                         if let Some(r) = s.error_reply(
                             error(
                                 StanzaErrorCondition::InternalServerError,
@@ -1003,6 +1139,7 @@ async fn run_room(
             rx.recv().await
         };
         let Some(msg) = msg else { break };
+        let counted = matches!(msg, RoomMsg::Stanza(_));
         let Some(env) = inner.env() else { break };
         match msg {
             RoomMsg::Shutdown(ack) => {
@@ -1032,14 +1169,17 @@ async fn run_room(
                 // already queued go to the new owner.
                 inner.forget(&jid, generation);
                 while let Ok(m) = rx.try_recv() {
-                    if let RoomMsg::Stanza(s) = m {
+                    if let RoomMsg::Stanza(s) | RoomMsg::Late(s) = m {
                         env.route(s).await;
                     }
                 }
                 break;
             }
-            RoomMsg::Stanza(st) => {
+            RoomMsg::Stanza(st) | RoomMsg::Late(st) => {
                 process(&inner, &env, &jid, &mut room, st).await;
+                if counted {
+                    seq.advance(None);
+                }
                 let mut l = listing.lock().unwrap_or_else(|e| e.into_inner());
                 *l = match &room {
                     Some(r) => Listing {
