@@ -1812,3 +1812,64 @@ async fn an_acknowledged_group_message_is_in_the_rooms_archive() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_in_fifty_rooms_drops_and_comes_back() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let rooms: Vec<String> = (0..50).map(|i| room(&format!("many{i}"))).collect();
+    for r in &rooms {
+        join(&mut alice, r, "Alice").await;
+        let c = configure(&mut alice, r, &[("muc#roomconfig_persistentroom", "1")]).await;
+        assert_eq!(c.attr("type"), Some("result"), "{c}");
+    }
+    let mut bob = server.login("bob").await;
+    join(&mut bob, &rooms[0], "Bob").await;
+    // The connection drops without a word: every room is left (RFC 6121
+    // §4.6.3, directed presence), no ghost stays behind.
+    drop(alice);
+    let un = bob
+        .recv_until(|e| {
+            e.name() == "presence" && e.attr("from") == Some(&format!("{}/Alice", rooms[0]))
+        })
+        .await;
+    assert_eq!(un.attr("type"), Some("unavailable"), "{un}");
+    let mut alice = server.login("alice").await;
+    let started = std::time::Instant::now();
+    for r in &rooms {
+        let got = join(&mut alice, r, "Alice").await;
+        let own = got.iter().rfind(|e| e.name() == "presence").unwrap();
+        assert!(
+            !statuses(own).contains(&"201".into()),
+            "the room was kept: {own}"
+        );
+        assert_eq!(item(own).attr("affiliation"), Some("owner"));
+    }
+    eprintln!("re-entered 50 rooms in {:?}", started.elapsed());
+    let back = bob
+        .recv_until(|e| {
+            e.name() == "presence" && e.attr("from") == Some(&format!("{}/Alice", rooms[0]))
+        })
+        .await;
+    assert_eq!(back.attr("type"), None, "{back}");
+    let items = bob
+        .iq(
+            &format!(
+                "<iq to='{}' type='get' id='occ'><query xmlns='{}'/></iq>",
+                rooms[0],
+                ns::DISCO_ITEMS
+            ),
+            "occ",
+        )
+        .await;
+    assert_eq!(
+        items
+            .get_child("query", ns::DISCO_ITEMS)
+            .unwrap()
+            .children()
+            .count(),
+        2,
+        "alice once, bob: {items}"
+    );
+    server.stop().await;
+}
