@@ -118,6 +118,25 @@ async fn open_room(c: &mut Client, name: &str, nick: &str) -> String {
     r
 }
 
+/// The `jid`s of `to`'s disco#items (XEP-0030 §4).
+async fn item_jids(c: &mut Client, to: &str) -> Vec<String> {
+    let id = format!("items-{}", starling_proto::random_id(6));
+    let r = c
+        .iq(
+            &format!(
+                "<iq to='{to}' type='get' id='{id}'><query xmlns='{}'/></iq>",
+                ns::DISCO_ITEMS
+            ),
+            &id,
+        )
+        .await;
+    r.get_child("query", ns::DISCO_ITEMS)
+        .unwrap_or_else(|| panic!("no disco#items result: {r}"))
+        .children()
+        .filter_map(|i| i.attr("jid").map(str::to_owned))
+        .collect()
+}
+
 async fn admin_set(c: &mut Client, room: &str, item: &str) -> Element {
     c.iq(
         &format!(
@@ -703,22 +722,8 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     join(&mut alice, &hidden, "Alice").await;
     configure(&mut alice, &hidden, &[("muc#roomconfig_publicroom", "0")]).await;
     alice.drain().await;
-    let l = alice
-        .iq(
-            &format!(
-                "<iq to='{SERVICE}' type='get' id='rl'><query xmlns='{}'/></iq>",
-                ns::DISCO_ITEMS
-            ),
-            "rl",
-        )
-        .await;
-    let jids: Vec<_> = l
-        .get_child("query", ns::DISCO_ITEMS)
-        .unwrap()
-        .children()
-        .filter_map(|i| i.attr("jid"))
-        .collect();
-    assert_eq!(jids, [r.as_str()], "{l}");
+    let jids = item_jids(&mut alice, SERVICE).await;
+    assert_eq!(jids, [r.as_str()]);
     // §6.4: room features and the roominfo form.
     let f = alice.disco_features(&r).await;
     for v in [
@@ -1026,22 +1031,8 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     );
     assert!(refused > 0, "a queue of 2 refused nothing out of 400");
     alice.drain().await;
-    let items = alice
-        .iq(
-            &format!(
-                "<iq to='{busy}' type='get' id='occ'><query xmlns='{}'/></iq>",
-                ns::DISCO_ITEMS
-            ),
-            "occ",
-        )
-        .await;
-    let occupants: Vec<_> = items
-        .get_child("query", ns::DISCO_ITEMS)
-        .unwrap()
-        .children()
-        .filter_map(|i| i.attr("jid"))
-        .collect();
-    assert_eq!(occupants, [format!("{busy}/Alice").as_str()], "{items}");
+    let occupants = item_jids(&mut alice, &busy).await;
+    assert_eq!(occupants, [format!("{busy}/Alice")]);
     alice.expect_silence(QUIET).await;
     server.stop().await;
 }
@@ -1852,24 +1843,7 @@ async fn a_user_in_fifty_rooms_drops_and_comes_back() {
         })
         .await;
     assert_eq!(back.attr("type"), None, "{back}");
-    let items = bob
-        .iq(
-            &format!(
-                "<iq to='{}' type='get' id='occ'><query xmlns='{}'/></iq>",
-                rooms[0],
-                ns::DISCO_ITEMS
-            ),
-            "occ",
-        )
-        .await;
-    assert_eq!(
-        items
-            .get_child("query", ns::DISCO_ITEMS)
-            .unwrap()
-            .children()
-            .count(),
-        2,
-        "alice once, bob: {items}"
-    );
+    let occupants = item_jids(&mut bob, &rooms[0]).await;
+    assert_eq!(occupants.len(), 2, "alice once, bob: {occupants:?}");
     server.stop().await;
 }

@@ -585,10 +585,11 @@ impl Cluster {
     /// `node` ([`starling_core::Router::to_service_on`]): a
     /// [`Frame::Deliver`] marked [`SERVICE_DELIVERY`], so a message is kept
     /// until that node took it and placed again here if the node dies.
-    /// `false` if the stanza has no full `from` (the marker needs one).
-    pub fn deliver_service(&self, node: u8, stanza: Stanza) -> bool {
+    /// Gives the stanza back (`Some`) if it has no full `from` (the
+    /// marker needs one).
+    pub fn deliver_service(&self, node: u8, stanza: Stanza) -> Option<Stanza> {
         let Some(from) = stanza.from().and_then(|f| f.try_as_full().ok()).cloned() else {
-            return false;
+            return Some(stanza);
         };
         let to = SessionRef {
             jid: from,
@@ -596,7 +597,7 @@ impl Cluster {
             id: SERVICE_DELIVERY,
         };
         self.deliver(&to, stanza);
-        true
+        None
     }
 
     /// Sends again the kept messages older than `after` to nodes still

@@ -187,14 +187,15 @@ impl Inbox {
 
     /// The owner sent an archived message `id` to `peer`.
     async fn outgoing(&self, env: &Env, msg: &Archived<'_>) {
-        let (owner, peer, id, kind, el, shared) = (
-            msg.owner,
-            msg.peer,
-            msg.id,
-            msg.kind,
-            msg.element,
-            msg.shared,
-        );
+        let &Archived {
+            owner,
+            peer,
+            id,
+            kind,
+            element: el,
+            shared,
+            ..
+        } = msg;
         match kind {
             Kind::Instant | Kind::Correction => {
                 self.push(owner, peer, Some(id), UnreadChange::Set(0), shared)
@@ -230,14 +231,15 @@ impl Inbox {
 
     /// The owner received an archived message `id` from `peer`.
     async fn incoming(&self, msg: &Archived<'_>) {
-        let (owner, peer, id, kind, el, shared) = (
-            msg.owner,
-            msg.peer,
-            msg.id,
-            msg.kind,
-            msg.element,
-            msg.shared,
-        );
+        let &Archived {
+            owner,
+            peer,
+            id,
+            kind,
+            element: el,
+            shared,
+            ..
+        } = msg;
         match kind {
             Kind::Instant => {
                 if let Some(o) = origin_id(el) {

@@ -488,12 +488,10 @@ impl Router for LocalRouter {
 
     async fn to_service_on(&self, env: &Env, node: u8, stanza: Stanza) {
         let stanza = match self.cluster.get() {
-            Some(c) if node != c.node() => {
-                if c.deliver_service(node, stanza.clone()) {
-                    return;
-                }
-                stanza
-            }
+            Some(c) if node != c.node() => match c.deliver_service(node, stanza) {
+                None => return,
+                Some(s) => s,
+            },
             _ => stanza,
         };
         // No cluster, or nothing to mark it with: handled here.

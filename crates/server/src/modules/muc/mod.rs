@@ -819,9 +819,11 @@ impl Inner {
                         from_end: true,
                         // Nothing from an earlier room of the same name.
                         after: Some(starling_core::storage::ArchiveId(
-                            starling_core::storage::ArchiveId::lower_bound(room.created_at * 1000)
-                                .0
-                                - 1,
+                            starling_core::storage::ArchiveId::lower_bound(
+                                room.created_at.saturating_mul(1000),
+                            )
+                            .0
+                            .saturating_sub(1),
                         )),
                         ..ArchiveQuery::default()
                     },

@@ -730,8 +730,9 @@ impl Room {
                 None,
                 &mut all,
             );
+            let me_jid = Jid::from(from.clone());
             for s in all.stanzas {
-                if s.to().is_some_and(|t| t == &Jid::from(from.clone())) {
+                if s.to() == Some(&me_jid) {
                     own.push(s);
                 } else {
                     out.stanzas.push(s);
@@ -1134,11 +1135,16 @@ impl Room {
                 self.history.pop_front();
             }
         }
+        self.to_everyone(&m, &from_jid, out);
+    }
+
+    /// Sends `el` from `from` to every session of every occupant.
+    fn to_everyone(&self, el: &Element, from: &Jid, out: &mut Out) {
         for o in self.occupants.values() {
             for (to, _) in &o.sessions {
                 out.stanzas.push(Stanza::new(
-                    m.clone(),
-                    Some(from_jid.clone()),
+                    el.clone(),
+                    Some(from.clone()),
                     Some(to.clone().into()),
                 ));
             }
@@ -1970,20 +1976,12 @@ impl Room {
             for code in codes {
                 x.append_child(status(code));
             }
-            for o in self.occupants.values() {
-                for (to, _) in &o.sessions {
-                    let m = Element::builder("message", ns::CLIENT)
-                        .attr("type", "groupchat")
-                        .attr("id", starling_proto::random_id(10))
-                        .append(x.clone())
-                        .build();
-                    out.stanzas.push(Stanza::new(
-                        m,
-                        Some(self.jid.clone().into()),
-                        Some(to.clone().into()),
-                    ));
-                }
-            }
+            let m = Element::builder("message", ns::CLIENT)
+                .attr("type", "groupchat")
+                .attr("id", starling_proto::random_id(10))
+                .append(x)
+                .build();
+            self.to_everyone(&m, &self.jid.clone().into(), out);
         }
         // §9.4 / status 322: a room turned members-only loses non-members.
         if self.config.members_only && !old.members_only {
@@ -2418,16 +2416,7 @@ impl Room {
                 stanza: msg.to_string(),
             });
         }
-        let room: Jid = self.jid.clone().into();
-        for o in self.occupants.values() {
-            for (to, _) in &o.sessions {
-                out.stanzas.push(Stanza::new(
-                    msg.clone(),
-                    Some(room.clone()),
-                    Some(to.clone().into()),
-                ));
-            }
-        }
+        self.to_everyone(&msg, &self.jid.clone().into(), out);
         // The tombstone keeps who sent it (and when), nothing of what.
         let mut tomb = Element::new("message", ns::CLIENT);
         for (k, v) in original.attrs() {
@@ -2515,7 +2504,6 @@ impl Room {
         out.save = true;
         if hash != self.config.avatar_hash {
             self.config.avatar_hash = hash;
-            let room: Jid = self.jid.clone().into();
             let mut x = Element::new("x", NS_VCARD_UPDATE);
             let mut photo = Element::new("photo", NS_VCARD_UPDATE);
             if !self.config.avatar_hash.is_empty() {
@@ -2523,15 +2511,7 @@ impl Room {
             }
             x.append_child(photo);
             let p = Element::builder("presence", ns::CLIENT).append(x).build();
-            for o in self.occupants.values() {
-                for (to, _) in &o.sessions {
-                    out.stanzas.push(Stanza::new(
-                        p.clone(),
-                        Some(room.clone()),
-                        Some(to.clone().into()),
-                    ));
-                }
-            }
+            self.to_everyone(&p, &self.jid.clone().into(), out);
         }
         Ok(None)
     }
