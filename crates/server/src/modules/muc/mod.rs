@@ -42,36 +42,31 @@
 //!   occupant JID is answered by the room.
 //! - **Shutdown**: occupants get unavailable presence with status 332.
 //!
-//! Hooks: a [`Service`] at the configured subdomain, disco identity and
-//! features of the service, a `started` handler (the room tasks route
-//! through the server's environment), `shutdown`. Storage: muc, archive.
+//! The room tasks, queues, placement, hand-off, acknowledgements and
+//! shutdown are `host.rs`, shared with MUC Light (`light.rs`); this file
+//! is what XEP-0045 rooms add. Hooks: a service at the configured
+//! subdomain (`host.rs`), disco identity and features of the service.
+//! Storage: muc, archive.
 //! Config: `[modules.muc]` ([`MucConfig`]).
 
 mod config;
+mod host;
 mod mam;
 mod room;
 
-use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use config::RoomConfig;
+use host::{error, Host, Kind, Listing, Settings};
 use room::{Ctx, Out, Room};
 use serde::Deserialize;
-use starling_core::hooks::{
-    Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler,
-    StartedHandler, UserSendHandler,
-};
+use starling_core::hooks::{Archived, HookRegistry};
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::{
-    ArchiveIds, ArchiveQuery, ArchiveRecord, ArchiveStore, Storage, StorageResult, StoredRoom,
-};
-use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
+use starling_core::storage::{ArchiveQuery, StorageResult, StoredRoom};
+use starling_core::{async_trait, Env};
 use starling_proto::{
     ns, BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
 use starling_xml::Element;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
 
 const NAME: &str = "muc";
 /// XEP-0045 namespaces.
@@ -248,37 +243,6 @@ impl Module for Muc {
     }
 
     async fn start(cfg: &MucConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        let archive = WriteBehind::spawn(
-            "muc_archive",
-            Arc::new(Sink(ctx.storage.archive.clone())),
-            WriteBehindConfig {
-                capacity: 100_000,
-                max_bytes: 64 << 20,
-                max_batch: 500,
-                max_delay: Duration::from_millis(5),
-            },
-            ctx.metrics.write_behind.queue("muc_archive"),
-            ctx.pressure.clone(),
-        );
-        let inner = Arc::new(Inner {
-            cfg: cfg.clone(),
-            env: OnceLock::new(),
-            rooms: Mutex::new(HashMap::new()),
-            ids: ctx.archive_ids.clone(),
-            archive,
-            storage: ctx.storage.clone(),
-            next_gen: std::sync::atomic::AtomicU64::new(1),
-            full_log: Default::default(),
-            rooms_live: Default::default(),
-        });
-        let live = inner.rooms_live.clone();
-        ctx.metrics.with_registry(|r| {
-            r.register(
-                "muc_rooms_live",
-                "Group-chat rooms loaded on this node",
-                live,
-            )
-        });
         if cfg.retention_days > 0 {
             let rules = ctx
                 .domains
@@ -291,21 +255,13 @@ impl Module for Muc {
                 NAME,
             ));
         }
-        // The label lives as long as the server (one per start).
-        let label: &'static str = Box::leak(cfg.subdomain.clone().into_boxed_str());
-        let svc = Arc::new(MucService(inner));
-        reg.service(
-            NAME,
-            ServiceAddress::Subdomain(label),
-            &cfg.name,
-            svc.clone(),
-        );
-        reg.started(svc.clone());
-        // What the rooms queued for their archives counts for
-        // read-your-writes (inbox and archive queries) and acks.
-        reg.durability(svc.clone());
-        reg.user_send(NAME, 50, svc.clone());
-        reg.shutdown(NAME, 20, svc);
+        let settings = Settings {
+            subdomain: cfg.subdomain.clone(),
+            room_queue: cfg.room_queue,
+            max_queued_copies: cfg.max_queued_copies,
+            idle_unload_secs: cfg.idle_unload_secs,
+        };
+        Host::<MucKind>::start(cfg.clone(), settings, &cfg.name, "muc_archive", ctx, reg);
     }
 }
 
@@ -382,404 +338,56 @@ pub fn stored_config_summary(stored: &str) -> Option<StoredConfigSummary> {
     })
 }
 
-struct Sink(Arc<dyn ArchiveStore>);
+/// XEP-0045 rooms, run by a [`Host`].
+pub(super) struct MucKind;
+
+type Inner = Host<MucKind>;
 
 #[async_trait]
-impl BatchSink<ArchiveRecord> for Sink {
-    async fn write(&self, batch: &[ArchiveRecord]) -> StorageResult<()> {
-        self.0.append(batch).await
-    }
-}
+impl Kind for MucKind {
+    type Config = MucConfig;
+    type Room = Room;
+    const MODULE: &'static str = NAME;
 
-/// What the service knows of a live room without asking its task.
-#[derive(Clone, Debug, Default)]
-struct Listing {
-    name: String,
-    public: bool,
-    locked: bool,
-    occupants: usize,
-}
-
-struct RoomHandle {
-    tx: mpsc::Sender<RoomMsg>,
-    generation: u64,
-    listing: Arc<Mutex<Listing>>,
-    seq: Arc<RoomSeq>,
-}
-
-/// How far a room's task got through its queue: stanzas queued (counted
-/// under the rooms lock, so in queue order) and handled. An
-/// acknowledgement to a session that sent the room a message waits until
-/// `processed` reaches what `queued` was then ([`MucService::durable_for`]).
-#[derive(Default)]
-struct RoomSeq {
-    queued: std::sync::atomic::AtomicU64,
-    processed: std::sync::atomic::AtomicU64,
-    moved: tokio::sync::Notify,
-}
-
-impl RoomSeq {
-    fn advance(&self, to: Option<u64>) {
-        use std::sync::atomic::Ordering;
-        match to {
-            Some(n) => self.processed.store(n, Ordering::Release),
-            None => {
-                self.processed.fetch_add(1, Ordering::Release);
-            }
-        }
-        self.moved.notify_waiters();
+    async fn load(host: &Arc<Inner>, jid: &BareJid) -> StorageResult<Option<Room>> {
+        host.load(jid).await
     }
 
-    /// Waits (at most `limit`) until the stanzas queued so far are handled.
-    async fn caught_up(&self, limit: Duration) {
-        use std::sync::atomic::Ordering;
-        let target = self.queued.load(Ordering::Acquire);
-        let wait = async {
-            loop {
-                let moved = self.moved.notified();
-                tokio::pin!(moved);
-                moved.as_mut().enable();
-                if self.processed.load(Ordering::Acquire) >= target {
-                    return;
-                }
-                moved.await;
-            }
-        };
-        let _ = tokio::time::timeout(limit, wait).await;
-    }
-}
-
-/// The task is gone: nothing it held is waited for any more.
-struct SeqDone(Arc<RoomSeq>);
-
-impl Drop for SeqDone {
-    fn drop(&mut self) {
-        self.0.advance(Some(u64::MAX));
-    }
-}
-
-/// Per session: the rooms it sent messages to since its last
-/// acknowledgement (at most [`MAX_TRACKED_ROOMS`]; past that, every room).
-#[derive(Default)]
-struct SentToRooms {
-    rooms: Vec<BareJid>,
-    all: bool,
-}
-
-const MAX_TRACKED_ROOMS: usize = 256;
-
-enum RoomMsg {
-    Stanza(Stanza),
-    Shutdown(oneshot::Sender<()>),
-    /// Another cluster node owns the room now.
-    Handoff,
-    /// A stanza that waited for room in the queue (not counted in
-    /// [`RoomSeq`]).
-    Late(Stanza),
-}
-
-struct Inner {
-    cfg: MucConfig,
-    env: OnceLock<Weak<Env>>,
-    rooms: Mutex<HashMap<BareJid, RoomHandle>>,
-    ids: Arc<ArchiveIds>,
-    archive: WriteBehind<ArchiveRecord>,
-    storage: Storage,
-    next_gen: std::sync::atomic::AtomicU64,
-    /// The full-queue warning, throttled (a flood must not flood the log).
-    full_log: starling_core::throttle::LogThrottle,
-    /// Rooms loaded on this node (`starling_muc_rooms_live`).
-    rooms_live: prometheus_client::metrics::gauge::Gauge,
-}
-
-/// Counts a room task while it runs.
-struct LiveRoom(prometheus_client::metrics::gauge::Gauge);
-
-impl Drop for LiveRoom {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-struct MucService(Arc<Inner>);
-
-#[async_trait]
-impl DurabilityHandler for MucService {
-    async fn durable(&self, _env: &Env) {
-        self.0.archive.committed_all().await;
+    async fn process(
+        host: &Arc<Inner>,
+        env: &Env,
+        jid: &BareJid,
+        room: &mut Option<Room>,
+        st: Stanza,
+    ) {
+        process(host, env, jid, room, st).await
     }
 
-    /// The rooms this session sent messages to first handle what was
-    /// queued for them (so its message's archive row is queued), then the
-    /// archive queue commits: an acknowledged group-chat message is in the
-    /// room's archive. (A room on another cluster node: the bus keeps the
-    /// message until that node took it; see docs/durability.md.)
-    async fn durable_for(&self, cx: &mut SessionCtx<'_>) {
-        if let Some(sent) = cx.state.remove::<SentToRooms>() {
-            let seqs: Vec<Arc<RoomSeq>> = {
-                let rooms = self.0.rooms.lock().unwrap_or_else(|e| e.into_inner());
-                if sent.all {
-                    rooms.values().map(|h| h.seq.clone()).collect()
-                } else {
-                    sent.rooms
-                        .iter()
-                        .filter_map(|r| rooms.get(r).map(|h| h.seq.clone()))
-                        .collect()
-                }
-            };
-            for s in seqs {
-                s.caught_up(Duration::from_secs(5)).await;
-            }
-        }
-        self.0.archive.committed_all().await;
-    }
-}
-
-#[async_trait]
-impl UserSendHandler for MucService {
-    /// Notes the rooms of this service a session sends messages to, for
-    /// [`MucService::durable_for`].
-    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
-        if stanza.kind() != StanzaKind::Message || stanza.stanza_type() != "groupchat" {
-            return Ok(Flow::Continue);
-        }
-        let Some(to) = stanza.to() else {
-            return Ok(Flow::Continue);
-        };
-        let ours = to
-            .domain()
-            .as_str()
-            .strip_prefix(self.0.cfg.subdomain.as_str())
-            .and_then(|r| r.strip_prefix('.'))
-            .is_some_and(|d| cx.env.hosts.is_local(d));
-        if ours && to.node().is_some() {
-            let room = to.to_bare();
-            let sent = cx.state.get_or_insert_with(SentToRooms::default);
-            if !sent.all && !sent.rooms.contains(&room) {
-                if sent.rooms.len() >= MAX_TRACKED_ROOMS {
-                    sent.all = true;
-                    sent.rooms.clear();
-                } else {
-                    sent.rooms.push(room);
-                }
-            }
-        }
-        Ok(Flow::Continue)
-    }
-}
-
-impl StartedHandler for MucService {
-    fn started(&self, env: &Arc<Env>) {
-        let _ = self.0.env.set(Arc::downgrade(env));
-        tokio::spawn(handoff_task(Arc::downgrade(&self.0)));
-    }
-}
-
-/// On a cluster, a node that comes or goes moves some rooms to another
-/// node ([`starling_core::Router::placement`]). Every second, the live
-/// rooms this node no longer owns are handed off: their occupants get
-/// unavailable presence with status 332 and enter again at the new owner
-/// (which loads a persistent room from storage), and stanzas still queued
-/// are routed again, to the new owner. On a single node nothing moves.
-async fn handoff_task(inner: Weak<Inner>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let Some(env) = inner.env() else { return };
-        let moved: Vec<mpsc::Sender<RoomMsg>> = inner
-            .rooms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|(jid, _)| env.router.placement(jid.as_str()).is_some())
-            .map(|(_, h)| h.tx.clone())
-            .collect();
-        for tx in moved {
-            let _ = tx.send(RoomMsg::Handoff).await;
-        }
-    }
-}
-
-#[async_trait]
-impl ShutdownHandler for MucService {
-    async fn shutdown(&self, _env: &Env) {
-        let senders: Vec<mpsc::Sender<RoomMsg>> = self
-            .0
-            .rooms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(|h| h.tx.clone())
-            .collect();
-        let mut acks = Vec::new();
-        for tx in senders {
-            let (ack, rx) = oneshot::channel();
-            if tx.send(RoomMsg::Shutdown(ack)).await.is_ok() {
-                acks.push(rx);
-            }
-        }
-        let all = futures_util::future::join_all(acks);
-        if tokio::time::timeout(Duration::from_secs(5), all)
-            .await
-            .is_err()
-        {
-            tracing::warn!(module = NAME, "some rooms did not stop within 5 s");
-        }
-        self.0.archive.close().await;
-    }
-}
-
-fn error(c: StanzaErrorCondition, text: &str) -> StanzaError {
-    StanzaError::new(c).with_text(text)
-}
-
-#[async_trait]
-impl Service for MucService {
-    async fn handle(&self, env: &Env, stanza: Stanza) {
-        let Some(to) = stanza.to().cloned() else {
-            return;
-        };
-        if to.node().is_none() {
-            if let Some(reply) = self.0.service_stanza(env, &stanza).await {
-                env.route(reply).await;
-            }
-            return;
-        }
-        // On a cluster a room runs on one node: the one placement picks.
-        if let Some(node) = env.router.placement(to.to_bare().as_str()) {
-            return env.router.to_service_on(env, node, stanza).await;
-        }
-        if let Some(reply) = self.0.dispatch(to.to_bare(), stanza) {
-            env.route(reply).await;
-        }
+    async fn service_stanza(host: &Arc<Inner>, env: &Env, st: &Stanza) -> Option<Stanza> {
+        host.service_stanza(env, st).await
     }
 
-    async fn handle_placed(&self, env: &Env, stanza: Stanza) {
-        let Some(to) = stanza.to().cloned() else {
-            return;
-        };
-        if to.node().is_none() {
-            if let Some(reply) = self.0.service_stanza(env, &stanza).await {
-                env.route(reply).await;
-            }
-            return;
-        }
-        if let Some(reply) = self.0.dispatch(to.to_bare(), stanza) {
-            env.route(reply).await;
+    fn leave_all(room: &mut Room) -> Vec<Stanza> {
+        let mut out = Out::default();
+        room.shutdown(&mut out);
+        out.stanzas
+    }
+
+    fn idle(room: &Room) -> bool {
+        room.is_empty()
+    }
+
+    fn listing(r: &Room) -> Listing {
+        Listing {
+            name: r.config.name.clone(),
+            public: r.config.public,
+            locked: r.locked,
+            occupants: r.occupant_count(),
         }
     }
 }
 
 impl Inner {
-    fn env(&self) -> Option<Arc<Env>> {
-        self.env.get().and_then(Weak::upgrade)
-    }
-
-    /// Queues a stanza for its room, starting the room's task if needed.
-    /// Returns the error reply when the room's queue is full.
-    fn dispatch(self: &Arc<Self>, room: BareJid, stanza: Stanza) -> Option<Stanza> {
-        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        let handle = rooms.entry(room.clone()).or_insert_with(|| {
-            let (tx, rx) = mpsc::channel(self.cfg.room_queue);
-            let generation = self
-                .next_gen
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let listing = Arc::new(Mutex::new(Listing::default()));
-            let seq = Arc::new(RoomSeq::default());
-            tokio::spawn(run_room(
-                self.clone(),
-                room.clone(),
-                rx,
-                generation,
-                listing.clone(),
-                seq.clone(),
-            ));
-            RoomHandle {
-                seq,
-                tx,
-                generation,
-                listing,
-            }
-        });
-        // A message is refused when the copies already waiting would take
-        // too long to send: the queue's bound in stanzas alone would let a
-        // 1,000-occupant room hold a million copies (seconds of work).
-        let busy = stanza.kind() == StanzaKind::Message && !stanza.is_error() && {
-            let occupants = handle
-                .listing
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .occupants
-                .max(1);
-            let queued = self.cfg.room_queue - handle.tx.capacity();
-            (queued + 1).saturating_mul(occupants) > self.cfg.max_queued_copies
-        };
-        // Leaving and error bounces are never refused (an occupant whose
-        // unavailable presence was dropped would stay a ghost): they wait
-        // for room in the queue.
-        let must_arrive = stanza.is_error()
-            || (stanza.kind() == StanzaKind::Presence && stanza.type_attr() == Some("unavailable"));
-        let attempt = if busy && !must_arrive {
-            Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(stanza)))
-        } else {
-            handle.tx.try_send(RoomMsg::Stanza(stanza))
-        };
-        if attempt.is_ok() {
-            // Under the rooms lock: counted in queue order.
-            handle
-                .seq
-                .queued
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        }
-        match attempt {
-            Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(s))) if must_arrive => {
-                let tx = handle.tx.clone();
-                tokio::spawn(async move {
-                    let _ = tx.send(RoomMsg::Late(s)).await;
-                });
-                None
-            }
-            Err(mpsc::error::TrySendError::Full(RoomMsg::Stanza(s)))
-            | Err(mpsc::error::TrySendError::Closed(RoomMsg::Stanza(s))) => {
-                if let Some(suppressed) = self.full_log.check() {
-                    tracing::warn!(module = NAME, room = %room, suppressed, "room queue full; stanza refused with resource-constraint");
-                }
-                s.error_reply(
-                    error(
-                        StanzaErrorCondition::ResourceConstraint,
-                        "this room is too busy, try again later",
-                    )
-                    .with_type(ErrorType::Wait),
-                )
-            }
-            Err(_) => None,
-        }
-    }
-
-    /// Removes the room's entry (its task is ending).
-    fn forget(&self, room: &BareJid, generation: u64) {
-        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        if rooms.get(room).is_some_and(|h| h.generation == generation) {
-            rooms.remove(room);
-        }
-    }
-
-    /// Removes the room's entry if its queue is empty (no stanza can be
-    /// queued while the map is locked). Returns whether the task may end.
-    fn unregister(&self, room: &BareJid, generation: u64, rx: &mpsc::Receiver<RoomMsg>) -> bool {
-        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        if !rx.is_empty() {
-            return false;
-        }
-        if rooms.get(room).is_some_and(|h| h.generation == generation) {
-            rooms.remove(room);
-        }
-        true
-    }
-
     /// Loads a stored room (with its affiliations and recent history).
     async fn load(&self, jid: &BareJid) -> StorageResult<Option<Room>> {
         let Some(stored) = self.storage.muc.room(jid).await? else {
@@ -929,8 +537,7 @@ impl Inner {
             .map(|a| a.text());
         let mut rooms: std::collections::BTreeMap<String, String> =
             std::collections::BTreeMap::new();
-        for (jid, h) in self.rooms.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let l = h.listing.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (jid, l) in self.listings() {
             if jid.domain().as_str() == service && l.public && !l.locked && l.occupants > 0 {
                 let name = if l.name.is_empty() {
                     jid.node()
@@ -1070,130 +677,6 @@ impl Inner {
             room.stored = false;
         }
         Ok(())
-    }
-}
-
-/// A room's task: loads it, then applies its stanzas one at a time.
-async fn run_room(
-    inner: Arc<Inner>,
-    jid: BareJid,
-    mut rx: mpsc::Receiver<RoomMsg>,
-    generation: u64,
-    listing: Arc<Mutex<Listing>>,
-    seq: Arc<RoomSeq>,
-) {
-    let _done = SeqDone(seq.clone());
-    inner.rooms_live.inc();
-    let _live = LiveRoom(inner.rooms_live.clone());
-    let idle = Duration::from_secs(inner.cfg.idle_unload_secs);
-    let mut room = match inner.load(&jid).await {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(module = NAME, room = %jid, error = %e, "loading the room failed");
-            // Answer what waits, then let the next stanza try again.
-            loop {
-                let msg = rx.try_recv();
-                let Some(env) = inner.env() else { break };
-                match msg {
-                    Ok(RoomMsg::Stanza(s) | RoomMsg::Late(s)) => {
-                        if let Some(r) = s.error_reply(
-                            error(
-                                StanzaErrorCondition::InternalServerError,
-                                "the room could not be loaded",
-                            )
-                            .with_type(ErrorType::Wait),
-                        ) {
-                            env.route(r).await;
-                        }
-                    }
-                    Ok(RoomMsg::Shutdown(ack)) => {
-                        let _ = ack.send(());
-                    }
-                    Ok(RoomMsg::Handoff) => {}
-                    Err(_) => {
-                        if inner.unregister(&jid, generation, &rx) {
-                            break;
-                        }
-                    }
-                }
-            }
-            return;
-        }
-    };
-    loop {
-        let empty = room.as_ref().is_none_or(Room::is_empty);
-        let msg = if empty {
-            match tokio::time::timeout(
-                if room.is_none() { Duration::ZERO } else { idle },
-                rx.recv(),
-            )
-            .await
-            {
-                Ok(m) => m,
-                Err(_) => {
-                    if inner.unregister(&jid, generation, &rx) {
-                        break;
-                    }
-                    continue;
-                }
-            }
-        } else {
-            rx.recv().await
-        };
-        let Some(msg) = msg else { break };
-        let counted = matches!(msg, RoomMsg::Stanza(_));
-        let Some(env) = inner.env() else { break };
-        match msg {
-            RoomMsg::Shutdown(ack) => {
-                if let Some(r) = &mut room {
-                    let mut out = Out::default();
-                    r.shutdown(&mut out);
-                    for s in out.stanzas {
-                        env.route(s).await;
-                    }
-                }
-                let _ = ack.send(());
-                // Stay until the server is gone: stanzas still get answered.
-            }
-            RoomMsg::Handoff => {
-                if env.router.placement(jid.as_str()).is_none() {
-                    continue; // the membership changed back meanwhile
-                }
-                if let Some(r) = &mut room {
-                    tracing::info!(module = NAME, room = %jid, occupants = r.occupant_count(), "room moves to another cluster node");
-                    let mut out = Out::default();
-                    r.shutdown(&mut out);
-                    for s in out.stanzas {
-                        env.route(s).await;
-                    }
-                }
-                // No stanza can be queued once the entry is gone; those
-                // already queued go to the new owner.
-                inner.forget(&jid, generation);
-                while let Ok(m) = rx.try_recv() {
-                    if let RoomMsg::Stanza(s) | RoomMsg::Late(s) = m {
-                        env.route(s).await;
-                    }
-                }
-                break;
-            }
-            RoomMsg::Stanza(st) | RoomMsg::Late(st) => {
-                process(&inner, &env, &jid, &mut room, st).await;
-                if counted {
-                    seq.advance(None);
-                }
-                let mut l = listing.lock().unwrap_or_else(|e| e.into_inner());
-                *l = match &room {
-                    Some(r) => Listing {
-                        name: r.config.name.clone(),
-                        public: r.config.public,
-                        locked: r.locked,
-                        occupants: r.occupant_count(),
-                    },
-                    None => Listing::default(),
-                };
-            }
-        }
     }
 }
 
