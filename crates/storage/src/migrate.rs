@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 9] = [
+const STEPS: [&str; 10] = [
     "accounts",
     "im-core",
     "offline",
@@ -17,6 +17,7 @@ const STEPS: [&str; 9] = [
     "archive-buckets",
     "muc",
     "inbox-groups",
+    "muclight-blocking",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

@@ -1,6 +1,9 @@
 //! Group-chat rooms (XEP-0045): what outlives a room's occupants — its
 //! configuration, subject and affiliations (with registered nicknames).
 //! A room's messages live in the archive, under the room's JID as owner.
+//! MUC Light rooms (MongooseIM's protocol) are stored alike, with their
+//! own config serialization; their users' blocking lists (rooms and users
+//! a user refuses to be added to rooms by) are here too.
 
 use super::StorageResult;
 use async_trait::async_trait;
@@ -64,6 +67,36 @@ pub trait MucStore: Send + Sync + 'static {
     ) -> StorageResult<()>;
     /// The rooms where `jid` has an affiliation, with it.
     async fn rooms_of(&self, jid: &BareJid) -> StorageResult<Vec<(BareJid, RoomAffiliation)>>;
-    /// Removes `jid`'s affiliations everywhere (account deletion).
+    /// Removes `jid`'s affiliations everywhere and its MUC Light blocking
+    /// list (account deletion). Other users' blocking rows that name `jid`
+    /// stay: they belong to those users.
     async fn remove_user(&self, jid: &BareJid) -> StorageResult<()>;
+    /// MUC Light blocking list of `user`: (kind, jid) pairs, kind `room`
+    /// or `user`, sorted by kind then jid.
+    async fn light_blocking(&self, user: &BareJid) -> StorageResult<Vec<(String, BareJid)>>;
+    /// Applies changes to `user`'s MUC Light blocking list in one
+    /// transaction: `deny` rows are added (already present: no change),
+    /// `allow` rows removed (absent: no error).
+    ///
+    /// A pair in both lists ends up absent (`deny` first, then `allow`).
+    /// A kind other than `room` or `user` is refused with an error, and
+    /// then nothing is changed.
+    async fn set_light_blocking(
+        &self,
+        user: &BareJid,
+        deny: &[(String, BareJid)],
+        allow: &[(String, BareJid)],
+    ) -> StorageResult<()>;
+    /// Which of `users` refuse to be added to `room` by `by` (they block
+    /// the room or the user `by`). One query, not one per user.
+    ///
+    /// In the order of `users`, each once. (Lists of more than a few
+    /// hundred users take one statement per few hundred, far below either
+    /// engine's limit on bound parameters.)
+    async fn light_refusing(
+        &self,
+        users: &[BareJid],
+        room: &BareJid,
+        by: &BareJid,
+    ) -> StorageResult<Vec<BareJid>>;
 }

@@ -44,6 +44,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0007_archive_buckets.sql"),
     include_str!("0008_muc.sql"),
     include_str!("0009_inbox_groups.sql"),
+    include_str!("0010_muclight_blocking.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:

@@ -7,12 +7,25 @@
 //! has one writer anyway), so the lock order is the same everywhere (room
 //! row, then affiliation rows). Affiliations do not require a stored room:
 //! the module may write them before the room itself.
+//!
+//! MUC Light blocking lists (`muclight_blocking`) are keyed by their
+//! owner's bare JID; a transaction of [`MucStore::set_light_blocking`]
+//! touches its rows in key order, whatever the caller's order, so two of
+//! them never wait for each other in a cycle (PostgreSQL).
 
 use super::{backend, split, Db, Dialect, Store};
 use async_trait::async_trait;
 use sqlx::{Database, Row};
-use starling_core::storage::{MucStore, RoomAffiliation, StorageResult, StoredRoom};
+use starling_core::storage::{MucStore, RoomAffiliation, StorageError, StorageResult, StoredRoom};
 use starling_proto::BareJid;
+use std::collections::{BTreeMap, HashSet};
+
+/// Users per [`MucStore::light_refusing`] statement (bound parameters stay
+/// far below either engine's limit).
+const REFUSING_GROUP: usize = 500;
+
+/// The kinds of MUC Light blocking rows.
+const LIGHT_KINDS: [&str; 2] = ["room", "user"];
 
 /// The room JID of a `(service, name)` key; `None` if it is no longer a
 /// valid JID.
@@ -210,11 +223,109 @@ impl MucStore for Store {
     }
 
     async fn remove_user(&self, jid: &BareJid) -> StorageResult<()> {
+        let mut tx = self.begin_write().await.map_err(backend)?;
         sqlx::query("DELETE FROM muc_affiliations WHERE jid = $1")
             .bind(jid.as_str())
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await
             .map_err(backend)?;
-        Ok(())
+        sqlx::query("DELETE FROM muclight_blocking WHERE owner = $1")
+            .bind(jid.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn light_blocking(&self, user: &BareJid) -> StorageResult<Vec<(String, BareJid)>> {
+        let rows = sqlx::query(
+            "SELECT kind, jid FROM muclight_blocking WHERE owner = $1 ORDER BY kind, jid",
+        )
+        .bind(user.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let jid = BareJid::new(r.get("jid")).ok()?;
+                Some((r.get("kind"), jid))
+            })
+            .collect())
+    }
+
+    async fn set_light_blocking(
+        &self,
+        user: &BareJid,
+        deny: &[(String, BareJid)],
+        allow: &[(String, BareJid)],
+    ) -> StorageResult<()> {
+        // Each pair once, true to add it; `allow` after `deny`, so it wins.
+        let mut changes = BTreeMap::new();
+        for ((kind, jid), add) in deny
+            .iter()
+            .map(|c| (c, true))
+            .chain(allow.iter().map(|c| (c, false)))
+        {
+            if !LIGHT_KINDS.contains(&kind.as_str()) {
+                return Err(StorageError::Backend(format!(
+                    "MUC Light blocking: unknown kind {kind:?}"
+                )));
+            }
+            changes.insert((kind.as_str(), jid.as_str()), add);
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        // In key order (see the module's documentation).
+        for ((kind, jid), add) in changes {
+            let sql = if add {
+                "INSERT INTO muclight_blocking (owner, kind, jid) VALUES ($1, $2, $3)
+                 ON CONFLICT (owner, kind, jid) DO NOTHING"
+            } else {
+                "DELETE FROM muclight_blocking WHERE owner = $1 AND kind = $2 AND jid = $3"
+            };
+            sqlx::query(sql)
+                .bind(user.as_str())
+                .bind(kind)
+                .bind(jid)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn light_refusing(
+        &self,
+        users: &[BareJid],
+        room: &BareJid,
+        by: &BareJid,
+    ) -> StorageResult<Vec<BareJid>> {
+        let mut refusing = HashSet::new();
+        for group in users.chunks(REFUSING_GROUP) {
+            let mut b = sqlx::QueryBuilder::<Db>::new(
+                "SELECT DISTINCT owner FROM muclight_blocking
+                 WHERE ((kind = 'room' AND jid = ",
+            );
+            b.push_bind(room.as_str())
+                .push(") OR (kind = 'user' AND jid = ")
+                .push_bind(by.as_str())
+                .push(")) AND owner IN (");
+            let mut sep = b.separated(", ");
+            for u in group {
+                sep.push_bind(u.as_str());
+            }
+            b.push(")");
+            let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+            refusing.extend(rows.iter().map(|r| r.get::<String, _>("owner")));
+        }
+        // In the caller's order, each once.
+        Ok(users
+            .iter()
+            .filter(|u| refusing.remove(u.as_str()))
+            .cloned()
+            .collect())
     }
 }

@@ -35,6 +35,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0007_archive_buckets.sql"),
     include_str!("0008_muc.sql"),
     include_str!("0009_inbox_groups.sql"),
+    include_str!("0010_muclight_blocking.sql"),
 ];
 
 /// The SQLite backend.
