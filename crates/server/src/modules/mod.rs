@@ -33,6 +33,7 @@ pub use disco::Disco;
 pub use inbox::Inbox;
 pub use last::Last;
 pub use mam::Mam;
+pub use muc::light::MucLight;
 pub use muc::Muc;
 pub use offline::Offline;
 pub use ping::Ping;
@@ -77,6 +78,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Mam>(PhantomData),
     &Entry::<Inbox>(PhantomData),
     &Entry::<Muc>(PhantomData),
+    &Entry::<MucLight>(PhantomData),
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
 ];

@@ -6,13 +6,15 @@
 //! | remote domain                  | `remote-server-not-found` (no s2s)   | dropped                  | `remote-server-not-found`    |
 //! | local domain (± resource)      | `service-unavailable`¹               | dropped                  | server iq handlers, else `service-unavailable` |
 //! | bare JID, no such account      | `service-unavailable` (§8.5.1)       | dropped                  | `service-unavailable`        |
-//! | bare JID, available resources  | chat/normal: highest priority ≥ 0; headline: all ≥ 0 (§8.5.2.1.1) | all available (§8.5.2.1.2) | account iq handlers (§8.5.2.1.3) |
-//! | bare JID, none available       | chat/normal: offline hook, else `service-unavailable`; headline dropped | dropped | account iq handlers |
+//! | bare JID, available resources  | chat/normal: highest priority ≥ 0; headline: all ≥ 0 (§8.5.2.1.1); groupchat: `service-unavailable`, from a local service² all ≥ 0 | all available (§8.5.2.1.2) | account iq handlers (§8.5.2.1.3) |
+//! | bare JID, none available       | chat/normal: offline hook, else `service-unavailable`; headline dropped; groupchat from a local service² dropped | dropped | account iq handlers |
 //! | full JID, session bound        | delivered (§8.5.3.1)                 | delivered                | delivered                    |
 //! | full JID, no such session      | as bare JID (§8.5.3.2.1); groupchat: `service-unavailable` | dropped (§8.5.3.2.3) | `service-unavailable` (§8.5.3.2.2) |
 //!
 //! ¹ type error/headline/groupchat messages are dropped instead; an error is
 //! never answered with an error (RFC 6120 §8.3.1).
+//! ² a MUC Light room delivers to its members' bare JIDs; its archive and
+//! the members' inboxes keep what they were not online for.
 //!
 //! Subscription presence and probes to a local account are consumed by the
 //! roster and presence modules in the `inbound` chain (RFC 6121 §3, §4.3);
@@ -180,7 +182,11 @@ impl LocalRouter {
         if t == "error" {
             return;
         }
-        if t == "groupchat" {
+        // §8.5.2.1.1 refuses groupchat messages to a bare JID; a local
+        // room service that delivers to its members' accounts (MUC Light)
+        // is the exception: every available resource, none stored.
+        let to_all = t == "headline" || t == "groupchat";
+        if t == "groupchat" && !self.from_local_service(env, &stanza) {
             return self
                 .bounce(
                     env,
@@ -198,7 +204,7 @@ impl LocalRouter {
             .filter(|(e, _)| matches!(e.priority, Some(p) if p >= 0))
             .collect();
         if !available.is_empty() {
-            let targets: Vec<&(SessionEntry, Option<SessionHandle>)> = if t == "headline" {
+            let targets: Vec<&(SessionEntry, Option<SessionHandle>)> = if to_all {
                 available
             } else {
                 // chat/normal: the highest-priority resource(s).
@@ -223,8 +229,10 @@ impl LocalRouter {
                 return;
             }
         }
-        if t == "headline" {
-            return; // §8.5.2.1.1: headlines are not stored
+        if to_all {
+            // §8.5.2.1.1: headlines are not stored; a room's message is
+            // in the room's archive and the member's inbox.
+            return;
         }
         // The resource picked above may have closed its mailbox after
         // starting a hand-back: offline storage, too, waits for it.
@@ -272,6 +280,15 @@ impl LocalRouter {
 }
 
 impl LocalRouter {
+    /// Whether the stanza comes from a local service (a room of one).
+    fn from_local_service(&self, env: &Env, stanza: &Stanza) -> bool {
+        stanza.from().is_some_and(|f| {
+            env.hooks
+                .service_for(f.domain().as_str(), |d| env.hosts.is_local(d))
+                .is_some()
+        })
+    }
+
     /// Hands an operation on a session this node does not run to the
     /// cluster: `Gone` when there is no cluster or no such session.
     fn remote(

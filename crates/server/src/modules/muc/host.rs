@@ -26,13 +26,16 @@
 
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
-    DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler, StartedHandler,
+    Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler, StartedHandler,
     UserSendHandler,
 };
 use starling_core::module::ModuleCtx;
-use starling_core::storage::{ArchiveIds, ArchiveRecord, ArchiveStore, Storage, StorageResult};
+use starling_core::storage::{
+    ArchiveId, ArchiveIds, ArchiveRecord, ArchiveStore, Storage, StorageResult,
+};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
 use starling_proto::{BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
+use starling_xml::Element;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -413,6 +416,35 @@ impl<K: Kind> Host<K> {
             rooms.remove(room);
         }
         true
+    }
+}
+
+/// XEP-0430: each of `members` gets an inbox row for each archived
+/// message (id, sender, kind, the message) pointing into the room's
+/// archive (one copy for everyone); the sender's row is outgoing.
+pub(super) async fn to_inboxes(
+    env: &Env,
+    room: &BareJid,
+    members: &[BareJid],
+    items: Vec<(ArchiveId, BareJid, starling_proto::mam::Kind, Element)>,
+) {
+    for (id, sender, kind, el) in items {
+        for m in members {
+            env.hooks
+                .archived(
+                    env,
+                    &Archived {
+                        owner: m,
+                        peer: room,
+                        id,
+                        outgoing: *m == sender,
+                        kind,
+                        element: &el,
+                        shared: true,
+                    },
+                )
+                .await;
+        }
     }
 }
 

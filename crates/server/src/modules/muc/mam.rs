@@ -58,7 +58,8 @@
 
 use super::config::Whois;
 use super::room::{Affiliation, Role, Room};
-use super::{Inner, NAME, NS_MUC_USER};
+use super::host::{Host, Kind};
+use super::{Inner, NS_MUC_USER};
 use crate::archive_query::{self, Request};
 use starling_core::storage::{ArchiveId, ArchiveQuery, ArchivedMessage, WithFilter};
 use starling_core::Env;
@@ -85,14 +86,21 @@ fn err(c: StanzaErrorCondition, text: &str) -> StanzaError {
 
 /// What a requester may see of a room's archive.
 #[derive(Debug)]
-struct Access {
+pub(super) struct Access {
     /// The requester's bare JID.
-    bare: BareJid,
+    pub bare: BareJid,
     /// Senders' real JIDs are shown, and `with` may name anyone.
-    sees_jids: bool,
+    pub sees_jids: bool,
     /// Exclusive lower bound: messages of an earlier room of this name
     /// are older.
-    floor: ArchiveId,
+    pub floor: ArchiveId,
+}
+
+impl Access {
+    /// The floor for a room created at `created_at` (milliseconds).
+    pub fn floor_of(created_at: i64) -> ArchiveId {
+        ArchiveId(ArchiveId::lower_bound(created_at.saturating_mul(1000)).0 - 1)
+    }
 }
 
 /// §6.1.2: may `from` read `room`'s archive now?
@@ -130,7 +138,7 @@ fn access(room: &Room, from: &FullJid) -> Result<Access, StanzaError> {
     Ok(Access {
         bare,
         sees_jids: room.config.whois == Whois::Anyone || moderator,
-        floor: ArchiveId(ArchiveId::lower_bound(room.created_at.saturating_mul(1000)).0 - 1),
+        floor: Access::floor_of(room.created_at),
     })
 }
 
@@ -197,13 +205,31 @@ enum Asked {
     Metadata,
 }
 
-/// Takes a MAM request to the room's bare JID and answers it (the query
-/// in a task of its own); hands any other stanza back.
+/// Takes a MAM request to an XEP-0045 room's bare JID and answers it
+/// (the query in a task of its own); hands any other stanza back.
 pub(super) async fn intercept(
     inner: &Arc<Inner>,
     env: &Env,
     room: &Room,
     st: Stanza,
+) -> Option<Stanza> {
+    serve(inner, env, &room.jid, st, |from| access(room, from), present).await
+}
+
+/// How a stored message is shown: the room, the stored message, its
+/// element, whether real JIDs are shown.
+pub(super) type Present = fn(&BareJid, &ArchivedMessage, Element, bool) -> Element;
+
+/// Takes a MAM request to a room's bare JID and answers it (the query in
+/// a task of its own) if `access` lets the requester read the archive;
+/// hands any other stanza back.
+pub(super) async fn serve<K: Kind>(
+    inner: &Arc<Host<K>>,
+    env: &Env,
+    room_jid: &BareJid,
+    st: Stanza,
+    access: impl FnOnce(&FullJid) -> Result<Access, StanzaError>,
+    present: Present,
 ) -> Option<Stanza> {
     if st.kind() != StanzaKind::Iq
         || !st.is_iq_request()
@@ -228,13 +254,13 @@ pub(super) async fn intercept(
                 .await;
             return None;
         }
-        Asked::Query => access(room, &from).and_then(|a| {
+        Asked::Query => access(&from).and_then(|a| {
             let q = st.payload().expect("matched above");
             let mut req = archive_query::parse(q, DEFAULT_PAGE, MAX_PAGE)?;
-            restrict(&mut req, &room.jid, &a)?;
+            restrict(&mut req, room_jid, &a)?;
             Ok((a, Some(req)))
         }),
-        Asked::Metadata => access(room, &from).map(|a| (a, None)),
+        Asked::Metadata => access(&from).map(|a| (a, None)),
     };
     let refused = |e: StanzaError| st.error_reply(e);
     let (a, req) = match prepared {
@@ -259,14 +285,14 @@ pub(super) async fn intercept(
         return None;
     };
     let inner = inner.clone();
-    let room_jid = room.jid.clone();
+    let room_jid = room_jid.clone();
     tokio::spawn(async move {
         let _permit = permit;
         inner.archive.flush().await;
         let store = inner.storage.archive.clone();
         let answer = match &req {
             Some(req) => {
-                archive_query::answer(store.as_ref(), &room_jid, &from, &st, req, NAME, |m, el| {
+                archive_query::answer(store.as_ref(), &room_jid, &from, &st, req, K::MODULE, |m, el| {
                     present(&room_jid, m, el, a.sees_jids)
                 })
                 .await
@@ -287,7 +313,7 @@ pub(super) async fn intercept(
         };
         for mut el in results {
             if env.sessions.get(&from).is_none() {
-                tracing::debug!(module = NAME, room = %room_jid, requester = %from, "requester gone; archive results dropped");
+                tracing::debug!(module = K::MODULE, room = %room_jid, requester = %from, "requester gone; archive results dropped");
                 return;
             }
             el.append_child(Element::new("no-store", ns::HINTS));
@@ -310,7 +336,11 @@ pub(super) async fn intercept(
 
 /// §5 for the room's archive since `floor`: two one-message reads, so an
 /// earlier room's messages do not show.
-async fn metadata(inner: &Inner, room: &BareJid, floor: ArchiveId) -> Result<Element, StanzaError> {
+async fn metadata<K: Kind>(
+    inner: &Host<K>,
+    room: &BareJid,
+    floor: ArchiveId,
+) -> Result<Element, StanzaError> {
     let store = &inner.storage.archive;
     let end = |from_end: bool| ArchiveQuery {
         after: Some(floor),
@@ -332,7 +362,7 @@ async fn metadata(inner: &Inner, room: &BareJid, floor: ArchiveId) -> Result<Ele
     match read.await {
         Ok(bounds) => Ok(archive_query::metadata(bounds)),
         Err(e) => {
-            tracing::error!(module = NAME, room = %room, error = %e, "room archive metadata failed");
+            tracing::error!(module = K::MODULE, room = %room, error = %e, "room archive metadata failed");
             Err(StanzaErrorCondition::InternalServerError.into())
         }
     }

@@ -51,6 +51,7 @@
 
 mod config;
 mod host;
+pub mod light;
 mod mam;
 mod room;
 
@@ -58,7 +59,7 @@ use config::RoomConfig;
 use host::{error, Host, Kind, Listing, Settings};
 use room::{Ctx, Out, Room};
 use serde::Deserialize;
-use starling_core::hooks::{Archived, HookRegistry};
+use starling_core::hooks::HookRegistry;
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{ArchiveQuery, StorageResult, StoredRoom};
 use starling_core::{async_trait, Env};
@@ -813,26 +814,7 @@ async fn process(
         // XEP-0430: members' inboxes list the room, pointing into its
         // archive (one copy for everyone).
         if !out.inbox.is_empty() && !env.hooks.archived.is_empty() {
-            let members = r.members();
-            let room_jid = r.jid.clone();
-            for (id, sender, kind, el) in out.inbox.drain(..) {
-                for m in &members {
-                    env.hooks
-                        .archived(
-                            env,
-                            &Archived {
-                                owner: m,
-                                peer: &room_jid,
-                                id,
-                                outgoing: *m == sender,
-                                kind,
-                                element: &el,
-                                shared: true,
-                            },
-                        )
-                        .await;
-                }
-            }
+            host::to_inboxes(env, &r.jid, &r.members(), std::mem::take(&mut out.inbox)).await;
         }
         // A temporary (or never configured) room ends with its last occupant.
         if out.destroyed || (r.is_empty() && (!r.config.persistent || r.locked)) {

@@ -1099,15 +1099,7 @@ impl Room {
         m.set_attr("from", from_jid.as_str());
         if subject.is_none() && is_archivable(el) {
             if archived {
-                let kind = match (
-                    el.has_child("body", ns::CLIENT),
-                    el.has_child("replace", "urn:xmpp:message-correct:0"),
-                ) {
-                    (true, false) => Some(starling_proto::mam::Kind::Instant),
-                    (true, true) => Some(starling_proto::mam::Kind::Correction),
-                    _ => None,
-                };
-                if let Some(kind) = kind {
+                if let Some(kind) = inbox_kind(el) {
                     out.inbox.push((id, bare.clone(), kind, m.clone()));
                 }
                 out.archive.push(ArchiveRecord {
@@ -2530,7 +2522,7 @@ impl Room {
 /// Whether a groupchat message belongs in the archive and the history:
 /// it has a body, an encrypted payload, a retraction or reactions — not
 /// chat states or receipts alone.
-fn is_archivable(el: &Element) -> bool {
+pub(super) fn is_archivable(el: &Element) -> bool {
     el.children().any(|c| {
         c.is("body", ns::CLIENT)
             || c.name() == "encrypted"
@@ -2540,8 +2532,21 @@ fn is_archivable(el: &Element) -> bool {
     })
 }
 
+/// How a member's inbox (XEP-0430) counts a message to a room: a new
+/// message, a correction, or (`None`) not at all.
+pub(super) fn inbox_kind(el: &Element) -> Option<starling_proto::mam::Kind> {
+    match (
+        el.has_child("body", ns::CLIENT),
+        el.has_child("replace", "urn:xmpp:message-correct:0"),
+    ) {
+        (true, false) => Some(starling_proto::mam::Kind::Instant),
+        (true, true) => Some(starling_proto::mam::Kind::Correction),
+        _ => None,
+    }
+}
+
 /// The sender's id of a message (XEP-0359 origin-id, else its id).
-fn origin_id(el: &Element) -> Option<String> {
+pub(super) fn origin_id(el: &Element) -> Option<String> {
     el.get_child("origin-id", ns::SID)
         .and_then(|o| o.attr("id"))
         .or_else(|| el.attr("id"))
