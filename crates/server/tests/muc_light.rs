@@ -1,0 +1,1119 @@
+//! MUC Light (MongooseIM's protocol, `reference/xeps/proto-muc-light.xml`)
+//! over real sockets: one scenario per operation (the spec's section in
+//! each test's comments) and its error cases.
+
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::time::Duration;
+
+const CREATE: &str = "urn:xmpp:muclight:0#create";
+const DESTROY: &str = "urn:xmpp:muclight:0#destroy";
+const CONFIG: &str = "urn:xmpp:muclight:0#configuration";
+const AFF: &str = "urn:xmpp:muclight:0#affiliations";
+const INFO: &str = "urn:xmpp:muclight:0#info";
+const BLOCKING: &str = "urn:xmpp:muclight:0#blocking";
+const SERVICE: &str = "muclight.localhost";
+const MAM: &str = "urn:xmpp:mam:2";
+const QUIET: Duration = Duration::from_millis(300);
+
+fn room(name: &str) -> String {
+    format!("{name}@{SERVICE}")
+}
+
+async fn server() -> TestServer {
+    server_with(|_| {}).await
+}
+
+async fn server_with(
+    f: impl FnOnce(&mut starling_server::modules::muc::light::MucLightConfig),
+) -> TestServer {
+    TestServer::start_with(|c| {
+        let l = c.modules.get_mut::<starling_server::modules::MucLight>();
+        l.enabled = true;
+        f(l);
+    })
+    .await
+}
+
+/// Creates accounts (as `TestServer::login` would) without logging in.
+async fn accounts(server: &TestServer, users: &[&str]) {
+    for u in users {
+        server.create_user(u, &format!("pw-{u}")).await;
+    }
+}
+
+/// (jid, affiliation) of each `<user/>` under `el`.
+fn users(el: &Element) -> Vec<(String, String)> {
+    el.children()
+        .filter(|c| c.name() == "user")
+        .map(|c| (c.text(), c.attr("affiliation").unwrap_or("").to_owned()))
+        .collect()
+}
+
+fn child_text(el: &Element, name: &str, ns: &str) -> Option<String> {
+    el.get_child(name, ns).map(|c| c.text())
+}
+
+/// Creates `name` owned by `c` with `members`; returns the iq result.
+async fn create(c: &mut Client, name: &str, roomname: &str, members: &[&str]) -> Reply {
+    let occ: String = members
+        .iter()
+        .map(|m| format!("<user affiliation='member'>{m}@localhost</user>"))
+        .collect();
+    request(
+        c,
+        &format!("<iq to='{}' type='set' id='create-{name}'><query xmlns='{CREATE}'><configuration><roomname>{roomname}</roomname></configuration><occupants>{occ}</occupants></query></iq>", room(name)),
+        &format!("create-{name}"),
+    )
+    .await
+}
+
+/// The next affiliations notification from `room`.
+async fn aff_note(c: &mut Client, room: &str) -> Element {
+    let m = c
+        .recv_until(|e| e.name() == "message" && e.attr("from") == Some(room))
+        .await;
+    assert_eq!(m.attr("type"), Some("groupchat"), "{m}");
+    m
+}
+
+async fn iq_set(c: &mut Client, to: &str, id: &str, payload: &str) -> Reply {
+    request(
+        c,
+        &format!("<iq to='{to}' type='set' id='{id}'>{payload}</iq>"),
+        id,
+    )
+    .await
+}
+
+/// An iq's reply and what arrived before it (the notifications MUC Light
+/// sends before answering).
+struct Reply {
+    el: Element,
+    before: Vec<Element>,
+}
+
+impl std::ops::Deref for Reply {
+    type Target = Element;
+    fn deref(&self) -> &Element {
+        &self.el
+    }
+}
+
+impl std::fmt::Display for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.el.fmt(f)
+    }
+}
+
+impl Reply {
+    /// The notification from `room` that arrived before the reply.
+    fn note(&self, room: &str) -> Element {
+        self.before
+            .iter()
+            .find(|e| e.name() == "message" && e.attr("from") == Some(room))
+            .cloned()
+            .unwrap_or_else(|| panic!("no notification from {room} before {}", self.el))
+    }
+}
+
+async fn request(c: &mut Client, xml: &str, id: &str) -> Reply {
+    c.send(xml).await;
+    let mut before = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some(id) {
+            return Reply { el, before };
+        }
+        before.push(el);
+    }
+}
+
+async fn iq_get(c: &mut Client, to: &str, id: &str, payload: &str) -> Element {
+    c.iq(
+        &format!("<iq to='{to}' type='get' id='{id}'>{payload}</iq>"),
+        id,
+    )
+    .await
+}
+
+/// The rooms of the service `c` is in (disco#items): (jid, name, version).
+async fn my_rooms(c: &mut Client) -> Vec<(String, String, String)> {
+    let r = iq_get(
+        c,
+        SERVICE,
+        "items",
+        "<query xmlns='http://jabber.org/protocol/disco#items'/>",
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    r.get_child("query", ns::DISCO_ITEMS)
+        .unwrap()
+        .children()
+        .filter(|i| i.name() == "item")
+        .map(|i| {
+            (
+                i.attr("jid").unwrap_or("").to_owned(),
+                i.attr("name").unwrap_or("").to_owned(),
+                i.attr("version").unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_is_discovered_and_rooms_are_created_with_their_members() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    // "Discovering the Service": listed by the server, identity and feature.
+    let items = iq_get(
+        &mut alice,
+        "localhost",
+        "srv",
+        "<query xmlns='http://jabber.org/protocol/disco#items'/>",
+    )
+    .await;
+    assert!(
+        items
+            .get_child("query", ns::DISCO_ITEMS)
+            .unwrap()
+            .children()
+            .any(|i| i.attr("jid") == Some(SERVICE)),
+        "{items}"
+    );
+    let features = alice.disco_features(SERVICE).await;
+    assert!(
+        features.contains(&"urn:xmpp:muclight:0".to_owned()),
+        "{features:?}"
+    );
+    assert!(features.contains(&BLOCKING.to_owned()), "{features:?}");
+    // "Creating a new room": every new occupant gets only their own
+    // affiliation and the version, no prev-version, before the result.
+    let r = create(&mut alice, "coven", "A Dark Cave", &["bob", "carol"]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let mut version = String::new();
+    let notes = [
+        r.note(&room("coven")),
+        aff_note(&mut bob, &room("coven")).await,
+        aff_note(&mut carol, &room("coven")).await,
+    ];
+    for (m, me, aff) in notes
+        .into_iter()
+        .zip([
+            ("alice@localhost", "owner"),
+            ("bob@localhost", "member"),
+            ("carol@localhost", "member"),
+        ])
+        .map(|(m, (me, aff))| (m, me, aff))
+    {
+        assert_eq!(m.attr("id"), Some("create-coven"), "{m}");
+        let x = m.get_child("x", AFF).unwrap_or_else(|| panic!("{m}"));
+        assert_eq!(users(x), vec![(me.to_owned(), aff.to_owned())], "{m}");
+        assert!(x.get_child("prev-version", AFF).is_none(), "{m}");
+        version = child_text(x, "version", AFF).unwrap();
+        assert!(m.get_child("body", ns::CLIENT).is_some(), "{m}");
+    }
+    // "Discovering Occupied Rooms": name and version.
+    assert_eq!(
+        my_rooms(&mut bob).await,
+        vec![(room("coven"), "A Dark Cave".to_owned(), version.clone())]
+    );
+    let mut dave = server.login("dave").await;
+    assert!(my_rooms(&mut dave).await.is_empty());
+    // "Room already exists": conflict, for members and others alike.
+    for c in [&mut alice, &mut dave] {
+        let e = create(c, "coven", "Again", &[]).await;
+        assert_eq!(error_condition(&e).as_deref(), Some("conflict"), "{e}");
+    }
+    // "Requesting a new room with a unique name": to the service's JID;
+    // the result and the notification come from the new room, same id.
+    let r = iq_set(
+        &mut dave,
+        SERVICE,
+        "createrandom",
+        &format!("<query xmlns='{CREATE}'><configuration><roomname>Random Cave</roomname></configuration></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let new_room = r.attr("from").unwrap().to_owned();
+    assert!(new_room.ends_with(&format!("@{SERVICE}")), "{r}");
+    let rooms = my_rooms(&mut dave).await;
+    assert_eq!(rooms.len(), 1);
+    assert_eq!(rooms[0].0, new_room);
+    assert_eq!(rooms[0].1, "Random Cave");
+    // Creation rules: no 'none', no creator in the list, one owner.
+    for (id, occ) in [
+        ("c1", "<user affiliation='none'>bob@localhost</user>"),
+        ("c2", "<user affiliation='member'>dave@localhost</user>"),
+        ("c3", "<user affiliation='owner'>bob@localhost</user><user affiliation='owner'>carol@localhost</user>"),
+        ("c4", "<user affiliation='member'>bob@localhost</user><user affiliation='member'>bob@localhost</user>"),
+    ] {
+        let e = iq_set(
+            &mut dave,
+            &room(id),
+            id,
+            &format!("<query xmlns='{CREATE}'><occupants>{occ}</occupants></query>"),
+        )
+        .await;
+        assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{id}: {e}");
+    }
+    // Choosing an owner makes the creator "just" a member.
+    let e = iq_set(
+        &mut dave,
+        &room("c5"),
+        "c5",
+        "<query xmlns='urn:xmpp:muclight:0#create'><occupants><user affiliation='owner'>bob@localhost</user></occupants></query>",
+    )
+    .await;
+    assert_eq!(e.attr("type"), Some("result"), "{e}");
+    let info = iq_get(
+        &mut dave,
+        &room("c5"),
+        "i5",
+        &format!("<query xmlns='{AFF}'/>"),
+    )
+    .await;
+    let mut u = users(info.get_child("query", AFF).unwrap());
+    u.sort();
+    assert_eq!(
+        u,
+        vec![
+            ("bob@localhost".to_owned(), "owner".to_owned()),
+            ("dave@localhost".to_owned(), "member".to_owned())
+        ]
+    );
+    // Members must be accounts of this server.
+    let e = create(&mut dave, "c6", "x", &["nobody"]).await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    let e = iq_set(
+        &mut dave,
+        &room("c7"),
+        "c7",
+        "<query xmlns='urn:xmpp:muclight:0#create'><occupants><user affiliation='member'>x@elsewhere.example</user></occupants></query>",
+    )
+    .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_reach_every_members_account_and_the_room_archive() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut bob2 = server.login("bob").await;
+    accounts(&server, &["carol"]).await;
+    let r = create(&mut alice, "chat", "Chat", &["bob", "carol"]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    r.note(&room("chat"));
+    for c in [&mut bob, &mut bob2] {
+        aff_note(c, &room("chat")).await;
+    }
+    // "Sending a message to a room": every member's account, the sender
+    // too, from room/sender-bare-jid, with the room's stanza id.
+    alice
+        .send(&format!(
+            "<message to='{}' type='groupchat' id='m1'><body>Harpier cries</body><stanza-id xmlns='urn:xmpp:sid:0' by='{}' id='forged'/></message>",
+            room("chat"),
+            room("chat")
+        ))
+        .await;
+    let mut ids = Vec::new();
+    for c in [&mut alice, &mut bob, &mut bob2] {
+        let m = c.recv_message().await;
+        assert_eq!(
+            m.attr("from"),
+            Some(format!("{}/alice@localhost", room("chat")).as_str()),
+            "{m}"
+        );
+        assert_eq!(m.attr("type"), Some("groupchat"), "{m}");
+        assert_eq!(m.attr("id"), Some("m1"), "{m}");
+        assert_eq!(
+            child_text(&m, "body", ns::CLIENT).as_deref(),
+            Some("Harpier cries")
+        );
+        let sids: Vec<&Element> = m.children().filter(|c| c.name() == "stanza-id").collect();
+        assert_eq!(sids.len(), 1, "the forged stanza id is gone: {m}");
+        assert_ne!(sids[0].attr("id"), Some("forged"));
+        ids.push(sids[0].attr("id").unwrap().to_owned());
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    // Carol was offline: the room's archive (members only) has it, with
+    // the creation notification before it ("XEP-0313 Message Archive
+    // Management": from the room, no 'to', version and no prev-version).
+    let mut carol = server.login("carol").await;
+    carol.expect_silence(QUIET).await;
+    carol
+        .send(&format!(
+            "<iq to='{}' type='set' id='mam'><query xmlns='{MAM}' queryid='q1'/></iq>",
+            room("chat")
+        ))
+        .await;
+    let mut got = Vec::new();
+    loop {
+        let el = carol.recv().await;
+        if el.name() == "iq" {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            break;
+        }
+        let m = el
+            .get_child("result", MAM)
+            .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
+            .and_then(|f| f.get_child("message", ns::CLIENT))
+            .unwrap_or_else(|| panic!("{el}"))
+            .clone();
+        got.push(m);
+    }
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].attr("from"), Some(room("chat").as_str()));
+    assert!(got[0].attr("to").is_none());
+    let x = got[0].get_child("x", AFF).unwrap();
+    assert_eq!(users(x).len(), 3, "creation lists all initial occupants");
+    assert!(x.get_child("prev-version", AFF).is_none());
+    assert_eq!(
+        got[1].attr("from"),
+        Some(format!("{}/alice@localhost", room("chat")).as_str())
+    );
+    assert_eq!(
+        child_text(&got[1], "body", ns::CLIENT).as_deref(),
+        Some("Harpier cries")
+    );
+    // "General Error Cases": a non-member's message, iq and archive query
+    // get item-not-found; a chat message gets bad-request; presence is
+    // ignored.
+    let mut dave = server.login("dave").await;
+    dave.send(&format!(
+        "<message to='{}' type='groupchat' id='u1'><body>let me in</body></message>",
+        room("chat")
+    ))
+    .await;
+    let e = dave.recv_message().await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    for (id, payload) in [
+        ("u2", format!("<query xmlns='{CONFIG}'/>")),
+        ("u3", format!("<query xmlns='{MAM}'/>")),
+    ] {
+        let t = if id == "u3" { "set" } else { "get" };
+        let e = dave
+            .iq(
+                &format!(
+                    "<iq to='{}' type='{t}' id='{id}'>{payload}</iq>",
+                    room("chat")
+                ),
+                id,
+            )
+            .await;
+        assert_eq!(
+            error_condition(&e).as_deref(),
+            Some("item-not-found"),
+            "{e}"
+        );
+    }
+    bob.drain().await;
+    bob.send(&format!(
+        "<message to='{}' type='chat' id='bad2'><body>x</body></message>",
+        room("chat")
+    ))
+    .await;
+    let e = bob.recv_message().await;
+    assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
+    bob.send(&format!("<presence to='{}/bob'/>", room("chat")))
+        .await;
+    bob.expect_silence(QUIET).await;
+    alice.drain().await;
+    alice.expect_silence(QUIET).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn room_information_is_versioned() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    accounts(&server, &["bob"]).await;
+    let r = create(&mut alice, "info", "A Dark Cave", &["bob"]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    alice.drain().await;
+    // "Getting the room configuration": no version → everything.
+    let r = iq_get(
+        &mut alice,
+        &room("info"),
+        "g1",
+        &format!("<query xmlns='{CONFIG}'><version/></query>"),
+    )
+    .await;
+    let q = r
+        .get_child("query", CONFIG)
+        .unwrap_or_else(|| panic!("{r}"));
+    let v = child_text(q, "version", CONFIG).unwrap();
+    assert_eq!(
+        child_text(q, "roomname", CONFIG).as_deref(),
+        Some("A Dark Cave")
+    );
+    assert_eq!(
+        child_text(q, "subject", CONFIG).as_deref(),
+        Some(""),
+        "schema default"
+    );
+    // "Matching versions": an empty result.
+    for ns in [CONFIG, AFF, INFO] {
+        let r = iq_get(
+            &mut alice,
+            &room("info"),
+            "g2",
+            &format!("<query xmlns='{ns}'><version>{v}</version></query>"),
+        )
+        .await;
+        assert_eq!(r.attr("type"), Some("result"), "{r}");
+        assert!(r.children().next().is_none(), "{r}");
+    }
+    // "Requesting a user list" and "Requesting full room information".
+    let r = iq_get(
+        &mut alice,
+        &room("info"),
+        "g3",
+        &format!("<query xmlns='{AFF}'><version>old</version></query>"),
+    )
+    .await;
+    let mut u = users(r.get_child("query", AFF).unwrap());
+    u.sort();
+    assert_eq!(
+        u,
+        vec![
+            ("alice@localhost".to_owned(), "owner".to_owned()),
+            ("bob@localhost".to_owned(), "member".to_owned())
+        ]
+    );
+    let r = iq_get(
+        &mut alice,
+        &room("info"),
+        "g4",
+        &format!("<query xmlns='{INFO}'/>"),
+    )
+    .await;
+    let q = r.get_child("query", INFO).unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(child_text(q, "version", INFO).as_deref(), Some(v.as_str()));
+    assert_eq!(
+        child_text(
+            q.get_child("configuration", INFO).unwrap(),
+            "roomname",
+            INFO
+        )
+        .as_deref(),
+        Some("A Dark Cave")
+    );
+    assert_eq!(users(q.get_child("occupants", INFO).unwrap()).len(), 2);
+    // The room's disco#info, for members.
+    let f = alice.disco_features(&room("info")).await;
+    assert!(
+        f.contains(&"urn:xmpp:muclight:0".to_owned()) && f.contains(&MAM.to_owned()),
+        "{f:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn configuration_changes_are_announced_with_both_versions() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    create(&mut alice, "conf", "A Dark Cave", &["bob"]).await;
+    alice.drain().await;
+    bob.drain().await;
+    let v0 = my_rooms(&mut bob).await[0].2.clone();
+    // "Setting room configuration": a delta; every member is told.
+    let r = iq_set(
+        &mut alice,
+        &room("conf"),
+        "conf2",
+        &format!("<query xmlns='{CONFIG}'><roomname>A Darker Cave</roomname></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    for m in [
+        r.note(&room("conf")),
+        aff_note(&mut bob, &room("conf")).await,
+    ] {
+        let x = m.get_child("x", CONFIG).unwrap_or_else(|| panic!("{m}"));
+        assert_eq!(
+            child_text(x, "prev-version", CONFIG).as_deref(),
+            Some(v0.as_str())
+        );
+        assert_ne!(
+            child_text(x, "version", CONFIG).as_deref(),
+            Some(v0.as_str())
+        );
+        assert_eq!(
+            child_text(x, "roomname", CONFIG).as_deref(),
+            Some("A Darker Cave")
+        );
+        assert!(
+            x.get_child("subject", CONFIG).is_none(),
+            "only what changed: {m}"
+        );
+    }
+    // "Changing room subject" is a configuration change too.
+    let r = iq_set(
+        &mut alice,
+        &room("conf"),
+        "subj",
+        &format!("<query xmlns='{CONFIG}'><subject>To be or not to be?</subject></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let m = aff_note(&mut bob, &room("conf")).await;
+    assert_eq!(
+        child_text(m.get_child("x", CONFIG).unwrap(), "subject", CONFIG).as_deref(),
+        Some("To be or not to be?")
+    );
+    // "Request sender has insufficient privileges": a member may not.
+    let e = iq_set(
+        &mut bob,
+        &room("conf"),
+        "c3",
+        &format!("<query xmlns='{CONFIG}'><roomname>Mine</roomname></query>"),
+    )
+    .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
+    // Unknown fields and the reserved names; oversize values.
+    for (id, body, cond) in [
+        ("c4", "<colour>red</colour>".to_owned(), "bad-request"),
+        (
+            "c5",
+            "<roomname>x</roomname><roomname>y</roomname>".to_owned(),
+            "bad-request",
+        ),
+        (
+            "c6",
+            format!("<subject>{}</subject>", "x".repeat(1025)),
+            "not-acceptable",
+        ),
+        (
+            "c7",
+            "<roomname>'); DROP TABLE muc_rooms; --</roomname>".to_owned(),
+            "",
+        ),
+    ] {
+        let r = iq_set(
+            &mut alice,
+            &room("conf"),
+            id,
+            &format!("<query xmlns='{CONFIG}'>{body}</query>"),
+        )
+        .await;
+        if cond.is_empty() {
+            assert_eq!(r.attr("type"), Some("result"), "{r}");
+        } else {
+            assert_eq!(error_condition(&r).as_deref(), Some(cond), "{id}: {r}");
+        }
+    }
+    assert_eq!(
+        my_rooms(&mut bob).await[0].1,
+        "'); DROP TABLE muc_rooms; --"
+    );
+    // With all_can_configure, members may.
+    server.stop().await;
+    let server = server_with(|l| l.all_can_configure = true).await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    create(&mut alice, "open", "Open", &["bob"]).await;
+    bob.drain().await;
+    let r = iq_set(
+        &mut bob,
+        &room("open"),
+        "c8",
+        &format!("<query xmlns='{CONFIG}'><roomname>Bob's</roomname></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_occupant_list_changes_by_the_rules() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    let mut dave = server.login("dave").await;
+    create(&mut alice, "crew", "Crew", &["bob", "carol"]).await;
+    for c in [&mut alice, &mut bob, &mut carol] {
+        c.drain().await;
+    }
+    let v0 = my_rooms(&mut bob).await[0].2.clone();
+    // "Changing the occupant list": add dave, remove carol in one request.
+    let r = iq_set(
+        &mut alice,
+        &room("crew"),
+        "member1",
+        &format!("<query xmlns='{AFF}'><user affiliation='member'>dave@localhost</user><user affiliation='none'>carol@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    // Staying members: the full change list with both versions.
+    for m in [
+        r.note(&room("crew")),
+        aff_note(&mut bob, &room("crew")).await,
+    ] {
+        assert_eq!(m.attr("id"), Some("member1"));
+        let x = m.get_child("x", AFF).unwrap();
+        assert_eq!(
+            child_text(x, "prev-version", AFF).as_deref(),
+            Some(v0.as_str())
+        );
+        let mut u = users(x);
+        u.sort();
+        assert_eq!(
+            u,
+            vec![
+                ("carol@localhost".to_owned(), "none".to_owned()),
+                ("dave@localhost".to_owned(), "member".to_owned())
+            ]
+        );
+    }
+    // The newcomer: only themselves, no prev-version.
+    let m = aff_note(&mut dave, &room("crew")).await;
+    let x = m.get_child("x", AFF).unwrap();
+    assert_eq!(
+        users(x),
+        vec![("dave@localhost".to_owned(), "member".to_owned())]
+    );
+    assert!(x.get_child("prev-version", AFF).is_none() && x.get_child("version", AFF).is_some());
+    // The removed: only themselves with none, no versions.
+    let m = aff_note(&mut carol, &room("crew")).await;
+    let x = m.get_child("x", AFF).unwrap();
+    assert_eq!(
+        users(x),
+        vec![("carol@localhost".to_owned(), "none".to_owned())]
+    );
+    assert!(x.get_child("version", AFF).is_none());
+    assert!(my_rooms(&mut carol).await.is_empty());
+    // Carol is out: her messages are refused, she gets no more messages.
+    bob.send(&format!(
+        "<message to='{}' type='groupchat'><body>hi</body></message>",
+        room("crew")
+    ))
+    .await;
+    assert_eq!(
+        child_text(&dave.recv_message().await, "body", ns::CLIENT).as_deref(),
+        Some("hi")
+    );
+    carol.expect_silence(QUIET).await;
+    for c in [&mut alice, &mut bob] {
+        c.drain().await;
+    }
+    // Rule 10: meaningless changes; rule 11: members cannot remove others
+    // or make owners, nor add (all_can_invite is off).
+    for (id, who, body, cond) in [
+        (
+            "e1",
+            "alice",
+            "<user affiliation='member'>bob@localhost</user>",
+            "bad-request",
+        ),
+        (
+            "e2",
+            "alice",
+            "<user affiliation='none'>zed@localhost</user>",
+            "bad-request",
+        ),
+        (
+            "e3",
+            "bob",
+            "<user affiliation='none'>dave@localhost</user>",
+            "not-allowed",
+        ),
+        (
+            "e4",
+            "bob",
+            "<user affiliation='owner'>bob@localhost</user>",
+            "not-allowed",
+        ),
+        (
+            "e5",
+            "bob",
+            "<user affiliation='member'>carol@localhost</user>",
+            "not-allowed",
+        ),
+        (
+            "e6",
+            "alice",
+            "<item role='participant'>bob@localhost</item>",
+            "bad-request",
+        ),
+    ] {
+        let c = if who == "alice" { &mut alice } else { &mut bob };
+        let e = iq_set(
+            c,
+            &room("crew"),
+            id,
+            &format!("<query xmlns='{AFF}'>{body}</query>"),
+        )
+        .await;
+        assert_eq!(error_condition(&e).as_deref(), Some(cond), "{id}: {e}");
+    }
+    // Rule 6: a new owner makes the old one a member.
+    let r = iq_set(
+        &mut alice,
+        &room("crew"),
+        "own",
+        &format!("<query xmlns='{AFF}'><user affiliation='owner'>bob@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let m = aff_note(&mut dave, &room("crew")).await;
+    let mut u = users(m.get_child("x", AFF).unwrap());
+    u.sort();
+    assert_eq!(
+        u,
+        vec![
+            ("alice@localhost".to_owned(), "member".to_owned()),
+            ("bob@localhost".to_owned(), "owner".to_owned())
+        ]
+    );
+    // Rule 2 and 5: the owner leaves; the server picks a new owner.
+    for c in [&mut alice, &mut bob, &mut dave] {
+        c.drain().await;
+    }
+    let r = iq_set(
+        &mut bob,
+        &room("crew"),
+        "leave1",
+        &format!("<query xmlns='{AFF}'><user affiliation='none'>bob@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let m = aff_note(&mut dave, &room("crew")).await;
+    let mut u = users(m.get_child("x", AFF).unwrap());
+    u.sort();
+    assert_eq!(
+        u,
+        vec![
+            ("alice@localhost".to_owned(), "owner".to_owned()),
+            ("bob@localhost".to_owned(), "none".to_owned())
+        ]
+    );
+    // The room is too full for another member.
+    server.stop().await;
+    let server = server_with(|l| l.max_occupants = 2).await;
+    let mut alice = server.login("alice").await;
+    accounts(&server, &["bob", "carol"]).await;
+    create(&mut alice, "small", "Small", &["bob"]).await;
+    let e = iq_set(
+        &mut alice,
+        &room("small"),
+        "full",
+        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
+    let e = create(&mut alice, "big", "Big", &["bob", "carol"]).await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn users_block_rooms_and_inviters() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    create(&mut alice, "one", "One", &[]).await;
+    create(&mut bob, "two", "Two", &[]).await;
+    alice.drain().await;
+    bob.drain().await;
+    // "Blocking a room", "Blocking a user", "Requesting a blocking list".
+    let r = iq_set(
+        &mut carol,
+        SERVICE,
+        "block1",
+        &format!("<query xmlns='{BLOCKING}'><room action='deny'>{}</room><user action='deny'>bob@localhost</user></query>", room("one")),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let list = iq_get(
+        &mut carol,
+        SERVICE,
+        "getblock1",
+        &format!("<query xmlns='{BLOCKING}'/>"),
+    )
+    .await;
+    let items: Vec<(String, String, String)> = list
+        .get_child("query", BLOCKING)
+        .unwrap()
+        .children()
+        .map(|c| {
+            (
+                c.name().to_owned(),
+                c.attr("action").unwrap_or("").to_owned(),
+                c.text(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        items,
+        vec![
+            ("room".to_owned(), "deny".to_owned(), room("one")),
+            (
+                "user".to_owned(),
+                "deny".to_owned(),
+                "bob@localhost".to_owned()
+            )
+        ]
+    );
+    // "Service denies adding blocking user": skipped silently.
+    let mut dave = server.login("dave").await;
+    let r = iq_set(
+        &mut alice,
+        &room("one"),
+        "blocked1",
+        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user><user affiliation='member'>dave@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let m = r.note(&room("one"));
+    assert_eq!(
+        users(m.get_child("x", AFF).unwrap()),
+        vec![("dave@localhost".to_owned(), "member".to_owned())]
+    );
+    aff_note(&mut dave, &room("one")).await;
+    let r = iq_set(
+        &mut bob,
+        &room("two"),
+        "blocked2",
+        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    // Creating a room with her in it skips her too.
+    let r = create(&mut bob, "three", "Three", &["carol"]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    carol.expect_silence(QUIET).await;
+    assert!(my_rooms(&mut carol).await.is_empty());
+    // "Unblocking": allow (unblocking what is not blocked is no error).
+    let r = iq_set(
+        &mut carol,
+        SERVICE,
+        "unblock1",
+        &format!("<query xmlns='{BLOCKING}'><room action='allow'>{}</room><user action='allow'>zed@localhost</user></query>", room("one")),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let r = iq_set(
+        &mut alice,
+        &room("one"),
+        "add2",
+        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    aff_note(&mut carol, &room("one")).await;
+    // Bad items.
+    for (id, body) in [
+        ("b1", "<room action='maybe'>x@y</room>"),
+        ("b2", "<thing action='deny'>x@y</thing>"),
+        ("b3", "<user action='deny'>not a jid</user>"),
+        ("b4", ""),
+    ] {
+        let e = iq_set(
+            &mut carol,
+            SERVICE,
+            id,
+            &format!("<query xmlns='{BLOCKING}'>{body}</query>"),
+        )
+        .await;
+        assert_eq!(
+            error_condition(&e).as_deref(),
+            Some("bad-request"),
+            "{id}: {e}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    create(&mut alice, "doomed", "Doomed", &["bob"]).await;
+    alice.drain().await;
+    bob.drain().await;
+    bob.send(&format!(
+        "<message to='{}' type='groupchat'><body>last words</body></message>",
+        room("doomed")
+    ))
+    .await;
+    alice.drain().await;
+    bob.drain().await;
+    // Only the owner may destroy.
+    let e = iq_set(
+        &mut bob,
+        &room("doomed"),
+        "d0",
+        &format!("<query xmlns='{DESTROY}'/>"),
+    )
+    .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
+    // "Destroying a room": each member's own 'none' and the destroy
+    // marker, no version.
+    let r = iq_set(
+        &mut alice,
+        &room("doomed"),
+        "destroy1",
+        &format!("<query xmlns='{DESTROY}'/>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    for (m, me) in [
+        (r.note(&room("doomed")), "alice@localhost"),
+        (aff_note(&mut bob, &room("doomed")).await, "bob@localhost"),
+    ] {
+        let x = m.get_child("x", AFF).unwrap();
+        assert_eq!(users(x), vec![(me.to_owned(), "none".to_owned())]);
+        assert!(x.get_child("version", AFF).is_none());
+        assert!(m.get_child("x", DESTROY).is_some(), "{m}");
+    }
+    let e = iq_get(
+        &mut alice,
+        &room("doomed"),
+        "d2",
+        &format!("<query xmlns='{CONFIG}'/>"),
+    )
+    .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    assert!(my_rooms(&mut bob).await.is_empty());
+    // A new room of the same name starts empty: no earlier archive.
+    create(&mut alice, "doomed", "Again", &[]).await;
+    alice.drain().await;
+    alice
+        .send(&format!(
+            "<iq to='{}' type='set' id='mam'><query xmlns='{MAM}'/></iq>",
+            room("doomed")
+        ))
+        .await;
+    let mut n = 0;
+    loop {
+        let el = alice.recv().await;
+        if el.name() == "iq" {
+            break;
+        }
+        n += 1;
+        assert!(!el.to_string().contains("last words"), "{el}");
+    }
+    assert_eq!(n, 1, "only the new room's creation");
+    // "If the room becomes empty, it is destroyed."
+    let r = iq_set(
+        &mut alice,
+        &room("doomed"),
+        "bye",
+        &format!("<query xmlns='{AFF}'><user affiliation='none'>alice@localhost</user></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let e = create(&mut bob, "doomed", "Bob's now", &[]).await;
+    assert_eq!(
+        e.attr("type"),
+        Some("result"),
+        "the name is free again: {e}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
+    let server = server_with(|l| l.idle_unload_secs = 1).await;
+    let mut alice = server.login("alice").await;
+    accounts(&server, &["bob"]).await;
+    create(&mut alice, "team", "Team", &["bob"]).await;
+    alice.drain().await;
+    for text in ["one", "two"] {
+        alice
+            .send(&format!(
+                "<message to='{}' type='groupchat'><body>{text}</body></message>",
+                room("team")
+            ))
+            .await;
+    }
+    alice.drain().await;
+    // Bob was never online: his inbox lists the room, unread 3 (being
+    // added, and two messages), the last one shown.
+    let mut bob = server.login("bob").await;
+    let inbox = inbox_of(&mut bob).await;
+    assert_eq!(inbox, vec![(room("team"), 3, "two".to_owned())]);
+    // Alice wrote them: nothing unread for her.
+    let inbox = inbox_of(&mut alice).await;
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].1, 0);
+    // The room unloads when idle and comes back from storage unchanged.
+    let v = my_rooms(&mut bob).await[0].2.clone();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = iq_get(
+        &mut bob,
+        &room("team"),
+        "v",
+        &format!("<query xmlns='{CONFIG}'><version>{v}</version></query>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert!(
+        r.children().next().is_none(),
+        "same version after reloading: {r}"
+    );
+    bob.send(&format!(
+        "<message to='{}' type='groupchat'><body>three</body></message>",
+        room("team")
+    ))
+    .await;
+    let m = alice.recv_message().await;
+    assert_eq!(child_text(&m, "body", ns::CLIENT).as_deref(), Some("three"));
+    server.stop().await;
+}
+
+/// (jid, unread, last body) of each conversation of `c`'s inbox (XEP-0430).
+async fn inbox_of(c: &mut Client) -> Vec<(String, u32, String)> {
+    const INBOX: &str = "urn:xmpp:inbox:1";
+    c.drain().await;
+    c.send(&format!(
+        "<iq type='get' id='ibx'><inbox xmlns='{INBOX}'/></iq>"
+    ))
+    .await;
+    let mut out = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("ibx") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            return out;
+        }
+        if let Some(e) = el.get_child("entry", INBOX) {
+            let body = el
+                .get_child("result", MAM)
+                .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
+                .and_then(|f| f.get_child("message", ns::CLIENT))
+                .and_then(|m| child_text(m, "body", ns::CLIENT))
+                .unwrap_or_default();
+            out.push((
+                e.attr("jid").unwrap_or("").to_owned(),
+                e.attr("unread").and_then(|u| u.parse().ok()).unwrap_or(0),
+                body,
+            ));
+        }
+    }
+}
