@@ -3,13 +3,14 @@
 # loopback: a handful of users, a few seconds of one-to-one chat over TCP,
 # WebSocket and BOSH, with and without stream management, a resumption
 # run, a few seconds of multi-user chat (XEP-0045: rooms created, locked,
-# configured, entered, messages to every occupant), and assertions that
-# (nearly) every message was delivered.
+# configured, entered, messages to every occupant), the same with MUC Light
+# (rooms created with their members, messages to every member's bare JID),
+# and assertions that (nearly) every message was delivered.
 #
 #   STARLING_BIN=target/debug/starling BENCH_BIN=target/debug/starling-bench bench/smoke.sh
 #
 # Defaults: target/release/… if present, else target/debug/…. Exits non-zero
-# on any failure. Takes about 25 seconds plus account creation.
+# on any failure. Takes about 30 seconds plus account creation.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +21,7 @@ pick() { # first existing of release/debug
 STARLING_BIN=${STARLING_BIN:-$(pick starling)}
 BENCH_BIN=${BENCH_BIN:-$(pick starling-bench)}
 USERS=${SMOKE_USERS:-8}
-# The muc run: 4 rooms of 5.
+# The muc and muc-light runs: 4 rooms of 5.
 MUC_USERS=20
 ACCOUNTS=$(( USERS > MUC_USERS ? USERS : MUC_USERS ))
 for b in "$STARLING_BIN" "$BENCH_BIN"; do
@@ -142,6 +143,33 @@ assert s["sent"] > 0 and s["expected_copies"] == 5 * s["sent"], s
 assert s["delivered_copies"] >= 0.99 * s["expected_copies"], s
 assert s["last_copy_latency"]["count"] == s["messages_complete"] > 0, s
 print(f"smoke: OK: muc: {j['joined']} joined {m['rooms']} rooms ({j['created']} created), "
+      f"{s['delivered_copies']}/{s['expected_copies']} copies delivered, "
+      f"last-copy p99 {s['last_copy_latency']['p99_ms']:.1f} ms")
+PY
+
+# MUC Light (urn:xmpp:muclight:0 at muclight.localhost): the same 20 users
+# in 4 rooms of 5 (a run id in every room node: new rooms each run), each
+# created by its first member with the 4 others as members in one iq, no
+# presence in rooms; then 3 s of groupchat messages, each delivered to the
+# bare JIDs of all 5 members.
+"$BENCH_BIN" muc-light --port "$port" --users "$MUC_USERS" --room-size 5 --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 --settle-secs 0 \
+    --rates 20 --step-secs 3 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --json --quiet >"$work/muc-light.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: muc-light failed" >&2; exit 1; }
+python3 - "$work/muc-light.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["muc_light"]
+c = m["creation"]
+assert c["created"] == c["attempted"] == m["rooms"] == 4 and c["members"] == 20, c
+assert c["notifications_received"] == c["notifications_expected"] == 20, c
+s = m["steps"][0]
+assert s["sent"] > 0 and s["expected_copies"] == 5 * s["sent"], s
+assert s["delivered_copies"] >= 0.99 * s["expected_copies"], s
+assert s["last_copy_latency"]["count"] == s["messages_complete"] > 0, s
+assert m["unexpected_copies"] == 0 and not m["errors_by_condition"], m
+print(f"smoke: OK: muc-light: {c['created']} rooms created ({c['members']} members, "
+      f"{c['notifications_received']} notifications), "
       f"{s['delivered_copies']}/{s['expected_copies']} copies delivered, "
       f"last-copy p99 {s['last_copy_latency']['p99_ms']:.1f} ms")
 PY

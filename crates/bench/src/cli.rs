@@ -23,8 +23,6 @@ pub enum Command {
     Idle(ScenarioArgs),
     /// One-to-one chat at a ramp of total rates; saturation point.
     O2o(ScenarioArgs),
-    /// MUC Light rooms (not supported by Starling yet).
-    MucLight(ScenarioArgs),
     /// Multi-user chat (XEP-0045): users enter rooms of `--room-size`
     /// (the join storm: joins/s, join latency, failures by cause), then a
     /// ramp of groupchat messages (`--rates` = messages sent per second);
@@ -32,6 +30,16 @@ pub enum Command {
     /// time until its last occupant got it. Works against any XEP-0045
     /// service.
     Muc(MucArgs),
+    /// MUC Light (MongooseIM's `urn:xmpp:muclight:0`, no presence in
+    /// rooms): the first user of each `--room-size` group creates its room
+    /// with the others as members in one iq (rooms/s, creation latency,
+    /// failures by cause), then a ramp of groupchat messages (`--rates` =
+    /// messages sent per second), each delivered to every member's bare
+    /// JID: delivered copies/s, the latency of every copy and per message
+    /// of its last one, errors by condition; server memory per session and
+    /// per room when the server's PID is known. ejabberd and Prosody do
+    /// not implement MUC Light.
+    MucLight(MucLightArgs),
     /// Message Archive Management (XEP-0313) query latency: each user runs
     /// `latest`, `by-id` and/or `with` page queries in a closed loop (or at
     /// `--rate`) for `--duration-secs`; optionally fills the archives first
@@ -47,6 +55,36 @@ pub enum Command {
     Provision(ProvisionArgs),
 }
 
+/// Rooms of the group chat scenarios (`muc`, `muc-light`).
+#[derive(Args, Debug, Clone)]
+pub struct RoomArgs {
+    /// Members per room: consecutive users (user `first-user + i` is in
+    /// room `i / room-size + 1`; the last room may be smaller).
+    #[arg(long, default_value_t = 5)]
+    pub room_size: u64,
+    /// The service's domain (default: `conference.<--domain>` for `muc`,
+    /// `muclight.<--domain>` for `muc-light`).
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Room names start with this prefix (`muc`: `{prefix}{k}`;
+    /// `muc-light`: `{prefix}-{run-id}-{k}`).
+    #[arg(long, default_value = "bench")]
+    pub room_prefix: String,
+    /// Members of each room that send (its lowest-numbered members that
+    /// entered or were made members); 0: every member.
+    #[arg(long, default_value_t = 0)]
+    pub senders_per_room: u64,
+}
+
+impl RoomArgs {
+    /// `--service`, or `{subdomain}.{domain}`.
+    pub fn service_or(&self, subdomain: &str, domain: &str) -> String {
+        self.service
+            .clone()
+            .unwrap_or_else(|| format!("{subdomain}.{domain}"))
+    }
+}
+
 /// Options of the `muc` scenario.
 ///
 /// User `first-user + i` is member `i mod room-size` of room `i / room-size
@@ -58,19 +96,9 @@ pub struct MucArgs {
     /// occupant).
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// Members per room (consecutive users).
-    #[arg(long, default_value_t = 5)]
-    pub room_size: u64,
-    /// The MUC service (default: `conference.<--domain>`).
-    #[arg(long)]
-    pub service: Option<String>,
-    /// Room names: this prefix and the room number.
-    #[arg(long, default_value = "bench")]
-    pub room_prefix: String,
-    /// Members of each room that send (its lowest-numbered joined users);
-    /// 0: every member.
-    #[arg(long, default_value_t = 0)]
-    pub senders_per_room: u64,
+    /// Rooms and senders.
+    #[command(flatten)]
+    pub rooms: RoomArgs,
     /// `maxstanzas` of the history asked for on entering (XEP-0045
     /// §7.2.13).
     #[arg(long, default_value_t = 0)]
@@ -90,9 +118,47 @@ pub struct MucArgs {
 impl MucArgs {
     /// The MUC service's domain.
     pub fn service(&self) -> String {
-        self.service
-            .clone()
-            .unwrap_or_else(|| format!("conference.{}", self.scenario.conn.domain))
+        self.rooms
+            .service_or("conference", &self.scenario.conn.domain)
+    }
+}
+
+/// Options of the `muc-light` scenario.
+///
+/// User `first-user + i` is a member of room `i / room-size + 1`
+/// (`{room-prefix}-{run-id}-{k}@{service}`); the room's first logged-in
+/// user creates it, owner, with the others as members.
+#[derive(Args, Debug, Clone)]
+pub struct MucLightArgs {
+    /// Connection, ramp and output options (as for `muc`).
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Rooms and senders.
+    #[command(flatten)]
+    pub rooms: RoomArgs,
+    /// Part of every room node (`{room-prefix}-{run-id}-{k}`), so that a
+    /// rerun creates new rooms instead of meeting the last run's (a
+    /// creation answered `conflict`). Default: random hex digits, new
+    /// every run. Empty: `{room-prefix}{k}`.
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Give up creating a room after this many seconds (re-sends after
+    /// `resource-constraint` included).
+    #[arg(long, default_value_t = 30.0)]
+    pub create_timeout_secs: f64,
+    /// Room creations in flight at once (default: `--concurrency`).
+    #[arg(long)]
+    pub create_concurrency: Option<usize>,
+    /// Only log in and create the rooms, no message ramp.
+    #[arg(long)]
+    pub create_only: bool,
+}
+
+impl MucLightArgs {
+    /// The MUC Light service's domain.
+    pub fn service(&self) -> String {
+        self.rooms
+            .service_or("muclight", &self.scenario.conn.domain)
     }
 }
 
@@ -169,10 +235,14 @@ pub struct ConnArgs {
     /// SASL mechanism.
     #[arg(long, value_enum, default_value_t = Mech::ScramSha256)]
     pub mechanism: Mech,
-    /// User name pattern; `{n}` is replaced by the user number.
+    // No literal placeholder in these two docs: clap's help turns it
+    // into a line break.
+    /// User name pattern: n in braces (as in the default) is replaced by
+    /// the user number.
     #[arg(long, default_value = "user{n}")]
     pub user_pattern: String,
-    /// Password pattern; `{n}` is replaced by the user number.
+    /// Password pattern: n in braces (as for --user-pattern) is replaced
+    /// by the user number.
     #[arg(long, default_value = "password")]
     pub password: String,
     /// Number of the first user.
@@ -230,14 +300,17 @@ pub struct ScenarioArgs {
     /// Fail (exit 1) unless at least this fraction of sessions was
     /// established and, for `o2o`, of messages delivered over the whole
     /// run (for `muc`: of joins, and of the copies every occupant should
-    /// get). 0 disables the check.
+    /// get; for `muc-light`: of rooms created, and of the copies every
+    /// member should get). 0 disables the check.
     #[arg(long, default_value_t = 0.0)]
     pub require_ratio: f64,
 
-    /// `idle`: PID of the server (default: whoever listens on --port).
+    /// `idle`, `resume`, `muc`, `muc-light`: PID of the server, for its
+    /// memory and CPU (default: whoever listens on --port).
     #[arg(long)]
     pub server_pid: Option<u32>,
-    /// `idle`: seconds to wait after the last session before measuring.
+    /// `idle`, `resume`, `muc-light`: seconds to wait before each memory
+    /// reading (after the last session; `muc-light`: also after the rooms).
     #[arg(long, default_value_t = 5.0)]
     pub settle_secs: f64,
     /// `idle`, `connect`: seconds to hold the sessions after measuring.
@@ -247,26 +320,32 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub presence: bool,
 
-    /// `o2o`: ramp of total rates in msg/s: list and/or FROM..TO/STEP.
+    /// `o2o`, `muc`, `muc-light`: ramp of total rates in msg/s (sent;
+    /// for rooms each is delivered to every member): list and/or
+    /// FROM..TO/STEP.
     #[arg(long, default_value = "100,200,500,1000,2000,5000,10000")]
     pub rates: String,
-    /// `o2o`: seconds per ramp step.
+    /// `o2o`, `muc`, `muc-light`: seconds per ramp step.
     #[arg(long, default_value_t = 10.0)]
     pub step_secs: f64,
-    /// `o2o`: p99 latency bound for a step to keep up, ms.
+    /// `o2o`, `muc`, `muc-light`: p99 latency bound (of every copy) for a
+    /// step to keep up, ms.
     #[arg(long, default_value_t = 100.0)]
     pub p99_bound_ms: f64,
-    /// `o2o`: delivery ratio for a step to keep up.
+    /// `o2o`, `muc`, `muc-light`: delivery ratio (copies delivered ÷
+    /// expected) for a step to keep up.
     #[arg(long, default_value_t = 0.99)]
     pub min_ratio: f64,
-    /// `o2o`: seconds to wait for late deliveries after the ramp.
+    /// `o2o`, `muc`, `muc-light`: seconds to wait for late deliveries
+    /// after the ramp.
     #[arg(long, default_value_t = 3.0)]
     pub drain_secs: f64,
-    /// `o2o`: stop the ramp after this many consecutive steps that did not
-    /// keep up (single process only; 0 = run the whole ramp).
+    /// `o2o`, `muc`, `muc-light`: stop the ramp after this many
+    /// consecutive steps that did not keep up (single process only; 0 =
+    /// run the whole ramp).
     #[arg(long, default_value_t = 2)]
     pub stop_after_fails: u32,
-    /// `o2o`: extra body bytes per message.
+    /// `o2o`, `muc`, `muc-light`, `resume`: extra body bytes per message.
     #[arg(long, default_value_t = 0)]
     pub body_bytes: usize,
     /// `o2o`: address recipients by bare JID instead of user@domain/resource.

@@ -1,5 +1,6 @@
 //! The scenarios: connection storm, idle sessions, one-to-one chat ramp,
-//! and the machinery the `muc` scenario ([`crate::muc`]) shares with them.
+//! and the machinery the group chat scenarios ([`crate::rooms`]: `muc`,
+//! `muc-light`) share with them.
 //!
 //! Every session is two small tasks: a reader (parses, records deliveries,
 //! answers server pings) and a writer (drains a bounded outbox, coalescing
@@ -15,6 +16,7 @@ use crate::rate::{parse_rates, RateSchedule, SplitMix};
 use crate::report::{
     ConnectResult, IdleResult, O2oResult, RunResult, SmResult, StepResult, TargetInfo,
 };
+use crate::rooms::RoomTracker;
 use crate::{procmem, workers};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -42,6 +44,8 @@ pub enum Scenario {
     Resume,
     /// Multi-user chat (run by [`crate::muc`], not by [`run`]).
     Muc,
+    /// MUC Light (run by [`crate::muc_light`], not by [`run`]).
+    MucLight,
 }
 
 impl Scenario {
@@ -54,6 +58,7 @@ impl Scenario {
             Scenario::Archive => "archive",
             Scenario::Resume => "resume",
             Scenario::Muc => "muc",
+            Scenario::MucLight => "muc-light",
         }
     }
 }
@@ -100,8 +105,9 @@ pub struct Shared {
     start_us: AtomicU64,
     schedule: RateSchedule,
     steps: Vec<StepCounters>,
-    /// The `muc` scenario's bookkeeping (joins, copies per message).
-    pub(crate) muc: Option<Arc<crate::muc::Tracker>>,
+    /// A group chat scenario's bookkeeping (joins or creations, copies
+    /// per message).
+    pub(crate) rooms: Option<Arc<dyn RoomTracker>>,
 }
 
 impl Shared {
@@ -118,13 +124,13 @@ impl Shared {
             start_us: AtomicU64::new(0),
             schedule,
             steps,
-            muc: None,
+            rooms: None,
         }
     }
 
-    /// With the `muc` scenario's tracker (its elements go there first).
-    pub(crate) fn with_muc(mut self, t: Arc<crate::muc::Tracker>) -> Shared {
-        self.muc = Some(t);
+    /// With a group chat scenario's tracker (its elements go there first).
+    pub(crate) fn with_rooms(mut self, t: Arc<dyn RoomTracker>) -> Shared {
+        self.rooms = Some(t);
         self
     }
 
@@ -150,7 +156,7 @@ impl Shared {
 
     /// Records a benchmark message (its send time is the body's first
     /// word); returns its step, latency in µs and the body's second word
-    /// as a number (the `muc` scenario's message number) if it is a
+    /// as a number (the group chat scenarios' message number) if it is a
     /// delivery (not an error bounce, not from before the ramp).
     fn on_message(&self, el: &Element) -> Option<(usize, u64, Option<u64>)> {
         let body = el.children().find(|c| c.name() == "body")?;
@@ -266,7 +272,10 @@ pub fn skeleton(sc: Scenario, args: &ScenarioArgs, workers: u32) -> RunResult {
 pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.conn.users > 0, "--users must be at least 1");
     anyhow::ensure!(
-        !matches!(sc, Scenario::Archive | Scenario::Resume | Scenario::Muc),
+        !matches!(
+            sc,
+            Scenario::Archive | Scenario::Resume | Scenario::Muc | Scenario::MucLight
+        ),
         "the {} scenario has its own runner",
         sc.name()
     );
@@ -324,23 +333,16 @@ pub(crate) fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<
                 "only {delivered}/{sent} messages delivered"
             );
         }
+        let r = args.require_ratio;
         if let Some(m) = &result.muc {
             let j = &m.join;
-            anyhow::ensure!(
-                j.attempted > 0 && j.joined as f64 >= args.require_ratio * j.attempted as f64,
-                "only {}/{} sessions entered their room ({:?})",
-                j.joined,
-                j.attempted,
-                j.first_error
-            );
-            if !m.steps.is_empty() {
-                let expected: u64 = m.steps.iter().map(|s| s.expected_copies).sum();
-                let delivered: u64 = m.steps.iter().map(|s| s.delivered_copies).sum();
-                anyhow::ensure!(
-                    expected > 0 && delivered as f64 >= args.require_ratio * expected as f64,
-                    "only {delivered}/{expected} copies of room messages delivered"
-                );
-            }
+            (j.phase).require(j.joined, j.attempted, r, "sessions entered their room")?;
+            m.ramp.require(r)?;
+        }
+        if let Some(m) = &result.muc_light {
+            let c = &m.creation;
+            (c.phase).require(c.created, c.attempted, r, "MUC Light rooms created")?;
+            m.ramp.require(r)?;
         }
         if let Some(a) = &result.archive {
             let sent: u64 = a.kinds.iter().map(|k| k.queries).sum();
@@ -463,7 +465,7 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb, server_pid).await);
             result.compute_cost(args.hourly_price);
         }
-        Scenario::Archive | Scenario::Resume | Scenario::Muc => {
+        Scenario::Archive | Scenario::Resume | Scenario::Muc | Scenario::MucLight => {
             anyhow::bail!("the {} scenario has its own runner", sc.name())
         }
     }
@@ -820,7 +822,7 @@ async fn reader(
 }
 
 fn handle_element(user: u64, el: &Element, outbox: &mpsc::Sender<Vec<u8>>, shared: &Shared) {
-    if let Some(m) = &shared.muc {
+    if let Some(m) = &shared.rooms {
         if m.on_element(user, el) {
             return;
         }
@@ -828,8 +830,8 @@ fn handle_element(user: u64, el: &Element, outbox: &mpsc::Sender<Vec<u8>>, share
     match el.name() {
         "message" => {
             if let Some((step, lat_us, seq)) = shared.on_message(el) {
-                if let Some(m) = &shared.muc {
-                    m.copy_arrived(seq, step, lat_us);
+                if let Some(m) = &shared.rooms {
+                    m.copies().copy_arrived(seq, step, lat_us);
                 }
             }
         }

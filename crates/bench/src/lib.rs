@@ -16,6 +16,12 @@
 //! - [`muc`]: scenario `muc`: XEP-0045 rooms, the join storm (creation,
 //!   locked rooms, instant-room form), a ramp of groupchat messages with
 //!   every occupant's copy timed, and per message the last copy.
+//! - [`muc_light`]: scenario `muc-light`: MUC Light (`urn:xmpp:muclight:0`)
+//!   rooms created with their members in one iq each, then the same ramp
+//!   (every member's copy timed), server memory per session and per room.
+//! - [`rooms`]: what `muc` and `muc-light` share: the run (login storm
+//!   with presence, the ramp, output), rooms of consecutive users, the
+//!   per-message copy bookkeeping, the setup phases' plumbing.
 //! - [`resume`]: scenario `resume`: XEP-0198 resumption vs login, memory
 //!   of detached sessions with unacknowledged messages.
 //! - [`workers`]: beyond one process's file limit, the coordinator starts
@@ -33,11 +39,13 @@ pub mod client;
 pub mod engine;
 pub mod hist;
 pub mod muc;
+pub mod muc_light;
 pub mod procmem;
 pub mod provision;
 pub mod rate;
 pub mod report;
 pub mod resume;
+pub mod rooms;
 pub mod workers;
 
 use clap::Parser as _;
@@ -53,20 +61,11 @@ pub fn main_entry() -> anyhow::Result<()> {
             cli::Command::Connect(a) => engine::run(engine::Scenario::Connect, a).await,
             cli::Command::Idle(a) => engine::run(engine::Scenario::Idle, a).await,
             cli::Command::O2o(a) => engine::run(engine::Scenario::O2o, a).await,
-            cli::Command::MucLight(_) => {
-                not_supported("muc-light", "MUC Light (XEP-less group chat, muc_light)")
-            }
+            cli::Command::MucLight(a) => muc_light::run(a).await,
             cli::Command::Muc(a) => muc::run(a).await,
             cli::Command::Archive(a) => archive::run(a).await,
             cli::Command::Resume(a) => resume::run(a).await,
             cli::Command::Provision(p) => provision::run(p).await,
         }
     })
-}
-
-fn not_supported(scenario: &str, feature: &str) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "scenario `{scenario}` is not supported by this server yet: Starling has no {feature}; \
-         the scenario will be implemented when the feature exists (no fake numbers)"
-    )
 }

@@ -13,7 +13,7 @@ pub struct RunResult {
     pub tool: String,
     /// Tool version.
     pub version: String,
-    /// `connect`, `idle`, `o2o`, `archive`, `resume` or `muc`.
+    /// `connect`, `idle`, `o2o`, `archive`, `resume`, `muc` or `muc-light`.
     pub scenario: String,
     /// Unix time (s) the run started.
     pub started_unix: u64,
@@ -47,6 +47,9 @@ pub struct RunResult {
     /// `muc` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub muc: Option<MucResult>,
+    /// `muc-light` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub muc_light: Option<MucLightResult>,
 }
 
 /// The `muc` scenario (XEP-0045): the join storm, then a ramp of
@@ -54,9 +57,49 @@ pub struct RunResult {
 /// reflection included) is counted and timed.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct MucResult {
-    /// The MUC service, e.g. `conference.localhost`.
+    /// Service, rooms and senders.
+    #[serde(flatten)]
+    pub layout: RoomLayout,
+    /// `maxstanzas` of the history asked for on entering.
+    pub history: u32,
+    /// The join storm.
+    pub join: JoinResult,
+    /// The ramp of groupchat messages.
+    #[serde(flatten)]
+    pub ramp: RoomRampResult,
+}
+
+/// The `muc-light` scenario (MongooseIM's MUC Light,
+/// `urn:xmpp:muclight:0`): each room created with its members in one iq,
+/// then a ramp of groupchat messages whose every copy (one per member,
+/// the sender's included) is counted and timed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MucLightResult {
+    /// Always `MUC Light (urn:xmpp:muclight:0)`.
+    pub protocol: String,
+    /// Service, rooms and senders.
+    #[serde(flatten)]
+    pub layout: RoomLayout,
+    /// Part of every room node (`{room_prefix}-{run_id}-{k}`), so that
+    /// every run creates new rooms (empty: `{room_prefix}{k}`).
+    pub run_id: String,
+    /// Creating the rooms.
+    pub creation: CreationResult,
+    /// Server memory (when its PID is known and readable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<RoomMemory>,
+    /// The ramp of groupchat messages.
+    #[serde(flatten)]
+    pub ramp: RoomRampResult,
+}
+
+/// How a group chat scenario (`muc`, `muc-light`) put its users in rooms.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoomLayout {
+    /// The service, e.g. `conference.localhost` or `muclight.localhost`.
     pub service: String,
-    /// Room names are this prefix and a number (`bench1@service`, …).
+    /// Room names start with this prefix and end with the room number
+    /// (`bench1@service`, …).
     pub room_prefix: String,
     /// Members per room (`--room-size`; the last room may be smaller).
     pub room_size: u64,
@@ -64,12 +107,15 @@ pub struct MucResult {
     pub rooms: u64,
     /// Members of each room that send (`--senders-per-room`; 0 = all).
     pub senders_per_room: u64,
-    /// Senders over all rooms (joined members only).
+    /// Senders over all rooms (members of rooms entered or created only).
     pub senders: u64,
-    /// `maxstanzas` of the history asked for on entering.
-    pub history: u32,
-    /// The join storm.
-    pub join: JoinResult,
+}
+
+/// The ramp of groupchat messages of a group chat scenario: every copy
+/// (one per member of the message's room, the sender's included) is
+/// counted and timed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoomRampResult {
     /// Seconds per ramp step.
     pub step_secs: f64,
     /// p99 bound (latency of a copy) for a step to keep up, ms.
@@ -80,11 +126,41 @@ pub struct MucResult {
     pub drain_secs: f64,
     /// The ramp.
     pub steps: Vec<MucStepResult>,
-    /// Highest step that kept up (`delivered_per_s` counts copies).
+    /// Highest step that kept up (`delivered_per_s`: delivered copies/s).
     pub saturation: Saturation,
     /// Copies of messages that were no longer expected (an occupant the
     /// tool did not count, or a duplicate).
     pub unexpected_copies: u64,
+    /// Error messages from the service over the whole run, by condition
+    /// (`not-allowed`, `resource-constraint`…).
+    #[serde(default)]
+    pub errors_by_condition: BTreeMap<String, u64>,
+}
+
+/// What the room setup phases (the `muc` join storm, the `muc-light` room
+/// creation) measure alike.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PhaseStats {
+    /// Failures by cause: the error condition the service answered with,
+    /// or `timeout`, `closed`, `panic`.
+    pub failures: BTreeMap<String, u64>,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Wall-clock window (unix ms).
+    pub started_unix_ms: u64,
+    /// End of the window (unix ms).
+    pub finished_unix_ms: u64,
+    /// Length of the phase, s.
+    pub duration_s: f64,
+    /// Per success: request sent → done, re-sends included.
+    pub latency: LatencySummary,
+    /// Server CPU seconds during the phase (when its PID is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    /// Load generator CPU seconds during the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cpu_s: Option<f64>,
 }
 
 /// Entering the rooms (XEP-0045 §7.2, creation §10.1).
@@ -97,13 +173,6 @@ pub struct JoinResult {
     pub joined: u64,
     /// Did not enter.
     pub failed: u64,
-    /// Failures by cause: the error condition of the room's presence
-    /// (`item-not-found`, `service-unavailable`, `conflict`…), `timeout`,
-    /// `config` (the owner form refused), `closed`.
-    pub failures: BTreeMap<String, u64>,
-    /// One example failure.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_error: Option<String>,
     /// Joins that created their room (status 201).
     pub created: u64,
     /// Owner forms accepted (instant rooms, §10.1.2; with
@@ -114,23 +183,64 @@ pub struct JoinResult {
     /// Other occupants' presence received during the join phase and
     /// until they stopped arriving (none for 500 ms).
     pub presences_received: u64,
-    /// Wall-clock window (unix ms).
-    pub started_unix_ms: u64,
-    /// End of the window (unix ms).
-    pub finished_unix_ms: u64,
-    /// Length of the join phase, s.
-    pub duration_s: f64,
     /// Joins per second over the phase.
     pub joins_per_s: f64,
-    /// Presence sent → entering complete (the subject, or the creator's
-    /// form result), re-sends included.
-    pub latency: LatencySummary,
-    /// Server CPU seconds during the phase (when its PID is known).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server_cpu_s: Option<f64>,
-    /// Load generator CPU seconds during the phase.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_cpu_s: Option<f64>,
+    /// Failures by cause (the error condition of the room's presence:
+    /// `item-not-found`, `service-unavailable`, `conflict`…; `timeout`,
+    /// `config` for the owner form refused, `closed`), the window, latency
+    /// (presence sent → entering complete: the subject, or the creator's
+    /// form result), CPU.
+    #[serde(flatten)]
+    pub phase: PhaseStats,
+}
+
+/// Creating the MUC Light rooms: one iq per room from its first member,
+/// with the others as members.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CreationResult {
+    /// Rooms whose creation was tried (those with a logged-in member).
+    pub attempted: u64,
+    /// Rooms created (the creation iq's result arrived).
+    pub created: u64,
+    /// Rooms not created.
+    pub failed: u64,
+    /// Members of the created rooms, creators included.
+    pub members: u64,
+    /// Creations re-sent after `resource-constraint`.
+    pub retries: u64,
+    /// Affiliation notifications the members of the created rooms should
+    /// get (one each, the creator's included).
+    pub notifications_expected: u64,
+    /// Notifications received (groupchat from a room's bare JID with an
+    /// empty body) until all arrived or none came for 500 ms.
+    pub notifications_received: u64,
+    /// Rooms created per second over the phase.
+    pub rooms_per_s: f64,
+    /// Members of created rooms per second over the phase.
+    pub members_per_s: f64,
+    /// Failures by cause (the creation iq's error condition: `conflict`,
+    /// `not-allowed`, `bad-request`, `service-unavailable`,
+    /// `remote-server-not-found`…; `timeout`, `closed`), the window,
+    /// latency (creation iq sent → its result), CPU.
+    #[serde(flatten)]
+    pub phase: PhaseStats,
+}
+
+/// The server's memory in the `muc-light` scenario (`VmRSS`, KiB).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoomMemory {
+    /// The measured process.
+    pub server_pid: u32,
+    /// Before the first login.
+    pub rss_before_kb: u64,
+    /// Every session logged in (with presence), after `--settle-secs`.
+    pub rss_sessions_kb: u64,
+    /// The rooms created, after `--settle-secs`.
+    pub rss_rooms_kb: u64,
+    /// (sessions − before) / sessions established.
+    pub kb_per_session: f64,
+    /// (rooms − sessions) / rooms created.
+    pub kb_per_room: f64,
 }
 
 /// One step of the MUC ramp. Messages count where they were sent (the
@@ -541,7 +651,7 @@ impl ConnectResult {
     }
 }
 
-impl MucResult {
+impl RoomRampResult {
     /// Recomputes per-step rates, ratios, CPU per copy and `ok`, then the
     /// saturation point.
     pub fn finalize(&mut self) {
@@ -576,19 +686,77 @@ impl MucResult {
             })
             .collect();
         self.saturation = saturation_of(&points, self.p99_bound_ms);
+        if self.saturation.rate > 0.0 {
+            self.saturation.note = format!(
+                "{}; {:.0} delivered copies/s at {} msg/s sent",
+                self.saturation.note, self.saturation.delivered_per_s, self.saturation.rate
+            );
+        }
+    }
+
+    /// With `--require-ratio`: fails unless that fraction of the copies
+    /// expected over the ramp was delivered (nothing to check without a
+    /// ramp).
+    pub fn require(&self, ratio: f64) -> anyhow::Result<()> {
+        if self.steps.is_empty() {
+            return Ok(());
+        }
+        let expected: u64 = self.steps.iter().map(|s| s.expected_copies).sum();
+        let delivered: u64 = self.steps.iter().map(|s| s.delivered_copies).sum();
+        anyhow::ensure!(
+            expected > 0 && delivered as f64 >= ratio * expected as f64,
+            "only {delivered}/{expected} copies of room messages delivered"
+        );
+        Ok(())
+    }
+}
+
+impl PhaseStats {
+    /// Counts a failure by cause; the first failure's detail is kept as
+    /// the example.
+    pub fn fail(&mut self, cause: &str, detail: impl FnOnce() -> String) {
+        *self.failures.entry(cause.to_owned()).or_default() += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(detail());
+        }
+    }
+
+    /// With `--require-ratio`: fails unless `done` of `attempted` (what
+    /// they are: `what`) reach `ratio`.
+    pub fn require(&self, done: u64, attempted: u64, ratio: f64, what: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            attempted > 0 && done as f64 >= ratio * attempted as f64,
+            "only {done}/{attempted} {what} ({:?})",
+            self.first_error
+        );
+        Ok(())
+    }
+
+    /// Sets the phase's length from its window and returns `n` per second
+    /// over it.
+    pub fn per_s(&mut self, n: u64) -> f64 {
+        self.duration_s =
+            self.finished_unix_ms.saturating_sub(self.started_unix_ms) as f64 / 1000.0;
+        if self.duration_s > 0.0 {
+            n as f64 / self.duration_s
+        } else {
+            0.0
+        }
     }
 }
 
 impl JoinResult {
     /// Recomputes duration and rate from the window.
     pub fn finalize(&mut self) {
-        self.duration_s =
-            self.finished_unix_ms.saturating_sub(self.started_unix_ms) as f64 / 1000.0;
-        self.joins_per_s = if self.duration_s > 0.0 {
-            self.joined as f64 / self.duration_s
-        } else {
-            0.0
-        };
+        self.joins_per_s = self.phase.per_s(self.joined);
+    }
+}
+
+impl CreationResult {
+    /// Recomputes duration and rates from the window.
+    pub fn finalize(&mut self) {
+        self.rooms_per_s = self.phase.per_s(self.created);
+        self.members_per_s = self.phase.per_s(self.members);
     }
 }
 
@@ -846,6 +1014,9 @@ impl RunResult {
         if let Some(m) = &self.muc {
             muc_table(&mut s, m);
         }
+        if let Some(m) = &self.muc_light {
+            muc_light_table(&mut s, m);
+        }
         if let Some(c) = &self.cost {
             let _ = writeln!(
                 s,
@@ -860,51 +1031,120 @@ impl RunResult {
 fn muc_table(s: &mut String, m: &MucResult) {
     let _ = writeln!(
         s,
-        "  rooms      {} rooms of {} at {} ({} senders: {}), history maxstanzas={}",
-        m.rooms,
-        m.room_size,
-        m.service,
-        m.senders,
-        if m.senders_per_room == 0 {
-            "every member".to_string()
-        } else {
-            format!("{} per room", m.senders_per_room)
-        },
+        "  rooms      {}, history maxstanzas={}",
+        layout_line(&m.layout),
         m.history
     );
     let j = &m.join;
     let _ = writeln!(
         s,
         "  joins      {:>8} joined, {} failed of {} in {:.2} s  =>  {:.0} joins/s; {} rooms created (201), {} configured, {} re-sent after item-not-found",
-        j.joined, j.failed, j.attempted, j.duration_s, j.joins_per_s, j.created, j.configured, j.retries
+        j.joined, j.failed, j.attempted, j.phase.duration_s, j.joins_per_s, j.created, j.configured, j.retries
     );
+    phase_table(
+        s,
+        "join",
+        &j.phase,
+        j.joined,
+        &format!(
+            "presence sent -> subject; {} occupant presences received",
+            j.presences_received
+        ),
+    );
+    ramp_table(s, &m.ramp, "occupant");
+}
+
+fn muc_light_table(s: &mut String, m: &MucLightResult) {
     let _ = writeln!(
         s,
-        "  join       p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms (presence sent -> subject; {} occupant presences received)",
-        j.latency.p50_ms, j.latency.p90_ms, j.latency.p99_ms, j.latency.max_ms, j.presences_received
+        "  rooms      MUC Light: {}, run id {:?}",
+        layout_line(&m.layout),
+        m.run_id
     );
-    if let (Some(srv), Some(cli)) = (j.server_cpu_s, j.client_cpu_s) {
+    let c = &m.creation;
+    let _ = writeln!(
+        s,
+        "  creation   {:>8} rooms created, {} failed of {} in {:.2} s  =>  {:.0} rooms/s, {:.0} members/s; {} members, {} re-sent after resource-constraint",
+        c.created, c.failed, c.attempted, c.phase.duration_s, c.rooms_per_s, c.members_per_s, c.members, c.retries
+    );
+    phase_table(
+        s,
+        "create",
+        &c.phase,
+        c.created,
+        &format!(
+            "create iq sent -> result; {}/{} affiliation notifications received",
+            c.notifications_received, c.notifications_expected
+        ),
+    );
+    if let Some(r) = &m.memory {
         let _ = writeln!(
             s,
-            "  join cpu   server {:.1} s ({:.2} ms/join), load generator {:.1} s",
-            srv,
-            srv * 1000.0 / j.joined.max(1) as f64,
-            cli
+            "  memory     pid {}: {} KiB before, {} KiB logged in, {} KiB with the rooms  =>  {:.1} KiB/session, {:.1} KiB/room",
+            r.server_pid, r.rss_before_kb, r.rss_sessions_kb, r.rss_rooms_kb, r.kb_per_session, r.kb_per_room
         );
     }
-    if !j.failures.is_empty() {
-        let f: Vec<String> = j.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(s, "  join fails {}", f.join(" "));
-        if let Some(e) = &j.first_error {
+    ramp_table(s, &m.ramp, "member");
+}
+
+/// `N rooms of S at SERVICE (K senders: …)`.
+fn layout_line(l: &RoomLayout) -> String {
+    format!(
+        "{} rooms of {} at {} ({} senders: {})",
+        l.rooms,
+        l.room_size,
+        l.service,
+        l.senders,
+        if l.senders_per_room == 0 {
+            "every member".to_string()
+        } else {
+            format!("{} per room", l.senders_per_room)
+        }
+    )
+}
+
+/// Latency, CPU and failures of a room setup phase called `what`, whose
+/// `done` successes took `note`.
+fn phase_table(s: &mut String, what: &str, p: &PhaseStats, done: u64, note: &str) {
+    let l = &p.latency;
+    let _ = writeln!(
+        s,
+        "  {what:<10} p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms ({note})",
+        l.p50_ms, l.p90_ms, l.p99_ms, l.max_ms
+    );
+    if let (Some(srv), Some(cli)) = (p.server_cpu_s, p.client_cpu_s) {
+        let _ = writeln!(
+            s,
+            "  {:<10} server {srv:.1} s ({:.2} ms/{what}), load generator {cli:.1} s",
+            format!("{what} cpu"),
+            srv * 1000.0 / done.max(1) as f64,
+        );
+    }
+    if !p.failures.is_empty() {
+        let f: Vec<String> = p.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "  {:<10} {}", format!("{what} fails"), f.join(" "));
+        if let Some(e) = &p.first_error {
             let _ = writeln!(s, "  e.g.       {e}");
         }
+    }
+}
+
+/// The ramp of a group chat scenario; `member` names who gets a copy.
+fn ramp_table(s: &mut String, m: &RoomRampResult, member: &str) {
+    if !m.errors_by_condition.is_empty() {
+        let f: Vec<String> = m
+            .errors_by_condition
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(s, "  errors     from the service: {}", f.join(" "));
     }
     if m.steps.is_empty() {
         return;
     }
     let _ = writeln!(
         s,
-        "  per copy: latency of every occupant's copy; last: per message, until its LAST occupant got it"
+        "  copies/s: delivered copies/s; per copy: latency of every {member}'s copy; last: per message, until its LAST {member} got it"
     );
     let _ = writeln!(
         s,
@@ -958,7 +1198,7 @@ fn muc_table(s: &mut String, m: &MucResult) {
     }
     let _ = writeln!(
         s,
-        "  saturation {:.0} copies/s delivered ({})",
+        "  saturation {:.0} delivered copies/s ({})",
         m.saturation.delivered_per_s, m.saturation.note
     );
 }
@@ -1312,6 +1552,173 @@ mod tests {
         // And it round-trips (workers send exactly this to the coordinator).
         let back: RunResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    fn room_ramp() -> RoomRampResult {
+        let mut r = RoomRampResult {
+            step_secs: 10.0,
+            p99_bound_ms: 100.0,
+            min_delivery_ratio: 0.99,
+            drain_secs: 1.0,
+            steps: vec![
+                MucStepResult {
+                    target_rate: 100.0,
+                    sent: 1000,
+                    expected_copies: 5000,
+                    delivered_copies: 5000,
+                    arrived_copies: 5000,
+                    latency: lat(&[2_000; 50]),
+                    ..MucStepResult::default()
+                },
+                MucStepResult {
+                    target_rate: 200.0,
+                    sent: 2000,
+                    expected_copies: 10_000,
+                    delivered_copies: 8_000,
+                    errors: 3,
+                    latency: lat(&[2_000; 50]),
+                    ..MucStepResult::default()
+                },
+            ],
+            errors_by_condition: [("resource-constraint".to_string(), 3)].into(),
+            ..RoomRampResult::default()
+        };
+        r.finalize();
+        r
+    }
+
+    #[test]
+    fn room_sections_stay_flat_in_json_and_round_trip() {
+        let mut join = JoinResult {
+            attempted: 20,
+            joined: 19,
+            failed: 1,
+            phase: PhaseStats {
+                started_unix_ms: 1_000,
+                finished_unix_ms: 3_000,
+                latency: lat(&[5_000; 19]),
+                server_cpu_s: Some(0.5),
+                ..PhaseStats::default()
+            },
+            ..JoinResult::default()
+        };
+        join.phase
+            .fail("conflict", || "user3 in bench1: conflict".into());
+        join.phase.fail("conflict", || "not kept".into());
+        join.finalize();
+        assert_eq!(join.joins_per_s, 9.5);
+        let muc = MucResult {
+            layout: RoomLayout {
+                service: "conference.localhost".into(),
+                rooms: 4,
+                room_size: 5,
+                ..RoomLayout::default()
+            },
+            join,
+            ramp: room_ramp(),
+            ..MucResult::default()
+        };
+        let v = serde_json::to_value(&muc).unwrap();
+        // What bench/compare.sh reads.
+        assert_eq!(v["rooms"], 4);
+        assert_eq!(v["room_size"], 5);
+        assert_eq!(v["join"]["joins_per_s"], 9.5);
+        assert_eq!(v["join"]["failures"]["conflict"], 2);
+        assert_eq!(v["join"]["first_error"], "user3 in bench1: conflict");
+        assert_eq!(v["join"]["server_cpu_s"], 0.5);
+        assert_eq!(v["join"]["latency"]["count"], 19);
+        assert_eq!(v["steps"][0]["ok"], true);
+        assert_eq!(v["steps"][1]["ok"], false);
+        assert_eq!(v["saturation"]["rate"], 100.0);
+        let note = v["saturation"]["note"].as_str().unwrap();
+        assert!(
+            note.ends_with("500 delivered copies/s at 100 msg/s sent"),
+            "{note}"
+        );
+        let back: MucResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, muc);
+        assert!(muc.join.phase.require(19, 20, 0.9, "joins").is_ok());
+        let e = muc.join.phase.require(19, 20, 0.99, "joins").unwrap_err();
+        assert!(e.to_string().starts_with("only 19/20 joins"), "{e}");
+        assert!(muc.ramp.require(0.85).is_ok());
+        assert!(muc.ramp.require(0.9).is_err(), "13000 of 15000 copies");
+        assert!(RoomRampResult::default().require(1.0).is_ok(), "no ramp");
+    }
+
+    #[test]
+    fn muc_light_section_round_trips_and_is_tabulated() {
+        let mut creation = CreationResult {
+            attempted: 4,
+            created: 3,
+            failed: 1,
+            members: 15,
+            notifications_expected: 15,
+            notifications_received: 15,
+            phase: PhaseStats {
+                started_unix_ms: 1_000,
+                finished_unix_ms: 1_500,
+                latency: lat(&[3_000; 3]),
+                ..PhaseStats::default()
+            },
+            ..CreationResult::default()
+        };
+        creation.phase.fail("conflict", || {
+            "user16 creating bench-x-4: conflict: ".into()
+        });
+        creation.finalize();
+        assert_eq!((creation.rooms_per_s, creation.members_per_s), (6.0, 30.0));
+        let r = RunResult {
+            scenario: "muc-light".into(),
+            users: 20,
+            muc_light: Some(MucLightResult {
+                protocol: "MUC Light (urn:xmpp:muclight:0)".into(),
+                layout: RoomLayout {
+                    service: "muclight.localhost".into(),
+                    room_prefix: "bench".into(),
+                    room_size: 5,
+                    rooms: 4,
+                    senders: 15,
+                    ..RoomLayout::default()
+                },
+                run_id: "0badcafe".into(),
+                creation,
+                memory: Some(RoomMemory {
+                    server_pid: 7,
+                    rss_before_kb: 10_000,
+                    rss_sessions_kb: 12_000,
+                    rss_rooms_kb: 12_300,
+                    kb_per_session: 100.0,
+                    kb_per_room: 100.0,
+                }),
+                ramp: room_ramp(),
+            }),
+            ..RunResult::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        let m = &v["muc_light"];
+        assert_eq!(m["protocol"], "MUC Light (urn:xmpp:muclight:0)");
+        assert_eq!(m["service"], "muclight.localhost");
+        assert_eq!(m["creation"]["created"], 3);
+        assert_eq!(m["creation"]["failures"]["conflict"], 1);
+        assert_eq!(m["memory"]["kb_per_room"], 100.0);
+        assert_eq!(m["steps"][1]["errors"], 3);
+        assert_eq!(m["errors_by_condition"]["resource-constraint"], 3);
+        assert!(v.get("muc").is_none());
+        let back: RunResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        let t = r.table();
+        for want in [
+            "MUC Light: 4 rooms of 5 at muclight.localhost (15 senders: every member), run id \"0badcafe\"",
+            "3 rooms created, 1 failed of 4 in 0.50 s  =>  6 rooms/s, 30 members/s",
+            "15/15 affiliation notifications received",
+            "create fails conflict=1",
+            "100.0 KiB/session, 100.0 KiB/room",
+            "errors     from the service: resource-constraint=3",
+            "copies/s: delivered copies/s; per copy: latency of every member's copy",
+            "saturation 500 delivered copies/s",
+        ] {
+            assert!(t.contains(want), "{want:?} not in {t}");
+        }
     }
 
     #[test]
