@@ -63,6 +63,9 @@ max_bytes_per_second = 0
 
 [modules.ping]
 interval_secs = 0
+
+[modules.muc_light]
+enabled = true
 TOML
 
 "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
