@@ -186,7 +186,7 @@ impl LocalRouter {
         // room service that delivers to its members' accounts (MUC Light)
         // is the exception: every available resource, none stored.
         let to_all = t == "headline" || t == "groupchat";
-        if t == "groupchat" && !self.from_local_service(env, &stanza) {
+        if t == "groupchat" && !Self::sent_by_local_service(env, &stanza) {
             return self
                 .bounce(
                     env,
@@ -281,7 +281,7 @@ impl LocalRouter {
 
 impl LocalRouter {
     /// Whether the stanza comes from a local service (a room of one).
-    fn from_local_service(&self, env: &Env, stanza: &Stanza) -> bool {
+    fn sent_by_local_service(env: &Env, stanza: &Stanza) -> bool {
         stanza.from().is_some_and(|f| {
             env.hooks
                 .service_for(f.domain().as_str(), |d| env.hosts.is_local(d))

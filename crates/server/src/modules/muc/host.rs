@@ -26,8 +26,8 @@
 
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
-    Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler, StartedHandler,
-    UserSendHandler,
+    Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler,
+    StartedHandler, UserSendHandler,
 };
 use starling_core::module::ModuleCtx;
 use starling_core::storage::{

@@ -1119,10 +1119,8 @@ pub(super) fn complete(
         .find(|(_, a)| *a == Some(LAff::Owner))
         .map(|(j, _)| j.clone());
     match (old_owner, new_owner) {
-        (Some(old), Some(_)) => {
-            if !changes.iter().any(|(j, _)| *j == old) {
-                changes.push((old, Some(LAff::Member)));
-            }
+        (Some(old), Some(_)) if !changes.iter().any(|(j, _)| *j == old) => {
+            changes.push((old, Some(LAff::Member)));
         }
         (Some(old), None) => {
             let leaves = changes

@@ -57,8 +57,8 @@
 //! end up in an offline queue.
 
 use super::config::Whois;
-use super::room::{Affiliation, Role, Room};
 use super::host::{Host, Kind};
+use super::room::{Affiliation, Role, Room};
 use super::{Inner, NS_MUC_USER};
 use crate::archive_query::{self, Request};
 use starling_core::storage::{ArchiveId, ArchiveQuery, ArchivedMessage, WithFilter};
@@ -213,7 +213,15 @@ pub(super) async fn intercept(
     room: &Room,
     st: Stanza,
 ) -> Option<Stanza> {
-    serve(inner, env, &room.jid, st, |from| access(room, from), present).await
+    serve(
+        inner,
+        env,
+        &room.jid,
+        st,
+        |from| access(room, from),
+        present,
+    )
+    .await
 }
 
 /// How a stored message is shown: the room, the stored message, its
@@ -292,9 +300,15 @@ pub(super) async fn serve<K: Kind>(
         let store = inner.storage.archive.clone();
         let answer = match &req {
             Some(req) => {
-                archive_query::answer(store.as_ref(), &room_jid, &from, &st, req, K::MODULE, |m, el| {
-                    present(&room_jid, m, el, a.sees_jids)
-                })
+                archive_query::answer(
+                    store.as_ref(),
+                    &room_jid,
+                    &from,
+                    &st,
+                    req,
+                    K::MODULE,
+                    |m, el| present(&room_jid, m, el, a.sees_jids),
+                )
                 .await
             }
             None => metadata(&inner, &room_jid, a.floor)
