@@ -1490,37 +1490,6 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     server.stop().await;
 }
 
-/// (jid, unread, last body) of each conversation of `c`'s inbox (XEP-0430).
-async fn inbox_of(c: &mut Client) -> Vec<(String, u32, String)> {
-    const INBOX: &str = "urn:xmpp:inbox:1";
-    c.drain().await;
-    c.send(&format!(
-        "<iq type='get' id='ibx'><inbox xmlns='{INBOX}'/></iq>"
-    ))
-    .await;
-    let mut out = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some("ibx") {
-            assert_eq!(el.attr("type"), Some("result"), "{el}");
-            return out;
-        }
-        if let Some(e) = el.get_child("entry", INBOX) {
-            let body = el
-                .get_child("result", "urn:xmpp:mam:2")
-                .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
-                .and_then(|f| f.get_child("message", ns::CLIENT))
-                .map(body)
-                .unwrap_or_default();
-            out.push((
-                e.attr("jid").unwrap_or("").to_owned(),
-                e.attr("unread").and_then(|u| u.parse().ok()).unwrap_or(0),
-                body,
-            ));
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     let server = TestServer::start().await;
@@ -1547,12 +1516,15 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     }
     // Members (bob; alice, the owner) count both; carol, no member, has
     // no entry for the room.
-    assert_eq!(inbox_of(&mut bob).await, [(r.clone(), 2, "two".to_owned())]);
     assert_eq!(
-        inbox_of(&mut alice).await,
+        bob.inbox_entries().await,
         [(r.clone(), 2, "two".to_owned())]
     );
-    assert!(inbox_of(&mut carol).await.is_empty());
+    assert_eq!(
+        alice.inbox_entries().await,
+        [(r.clone(), 2, "two".to_owned())]
+    );
+    assert!(carol.inbox_entries().await.is_empty());
     // Writing in the room reads it: bob's count goes to 0, alice's grows.
     bob.send(&format!(
         "<message to='{r}' type='groupchat' id='b1'><body>three</body></message>"
@@ -1560,11 +1532,11 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     .await;
     bob.recv_message().await;
     assert_eq!(
-        inbox_of(&mut bob).await,
+        bob.inbox_entries().await,
         [(r.clone(), 0, "three".to_owned())]
     );
     assert_eq!(
-        inbox_of(&mut alice).await,
+        alice.inbox_entries().await,
         [(r.clone(), 3, "three".to_owned())]
     );
     server.stop().await;

@@ -1056,10 +1056,10 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     // Bob was never online: his inbox lists the room, unread 3 (being
     // added, and two messages), the last one shown.
     let mut bob = server.login("bob").await;
-    let inbox = inbox_of(&mut bob).await;
+    let inbox = bob.inbox_entries().await;
     assert_eq!(inbox, vec![(room("team"), 3, "two".to_owned())]);
     // Alice wrote them: nothing unread for her.
-    let inbox = inbox_of(&mut alice).await;
+    let inbox = alice.inbox_entries().await;
     assert_eq!(inbox.len(), 1);
     assert_eq!(inbox[0].1, 0);
     // The room unloads when idle and comes back from storage unchanged.
@@ -1085,35 +1085,4 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     let m = alice.recv_message().await;
     assert_eq!(child_text(&m, "body", ns::CLIENT).as_deref(), Some("three"));
     server.stop().await;
-}
-
-/// (jid, unread, last body) of each conversation of `c`'s inbox (XEP-0430).
-async fn inbox_of(c: &mut Client) -> Vec<(String, u32, String)> {
-    const INBOX: &str = "urn:xmpp:inbox:1";
-    c.drain().await;
-    c.send(&format!(
-        "<iq type='get' id='ibx'><inbox xmlns='{INBOX}'/></iq>"
-    ))
-    .await;
-    let mut out = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some("ibx") {
-            assert_eq!(el.attr("type"), Some("result"), "{el}");
-            return out;
-        }
-        if let Some(e) = el.get_child("entry", INBOX) {
-            let body = el
-                .get_child("result", MAM)
-                .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
-                .and_then(|f| f.get_child("message", ns::CLIENT))
-                .and_then(|m| child_text(m, "body", ns::CLIENT))
-                .unwrap_or_default();
-            out.push((
-                e.attr("jid").unwrap_or("").to_owned(),
-                e.attr("unread").and_then(|u| u.parse().ok()).unwrap_or(0),
-                body,
-            ));
-        }
-    }
 }

@@ -1139,6 +1139,39 @@ impl Client {
         }
     }
 
+    /// (jid, unread, last body) of each conversation of this account's
+    /// inbox (XEP-0430), after draining what was queued.
+    pub async fn inbox_entries(&mut self) -> Vec<(String, u32, String)> {
+        const INBOX: &str = "urn:xmpp:inbox:1";
+        self.drain().await;
+        self.send(&format!(
+            "<iq type='get' id='ibx'><inbox xmlns='{INBOX}'/></iq>"
+        ))
+        .await;
+        let mut out = Vec::new();
+        loop {
+            let el = self.recv().await;
+            if el.name() == "iq" && el.attr("id") == Some("ibx") {
+                assert_eq!(el.attr("type"), Some("result"), "{el}");
+                return out;
+            }
+            if let Some(e) = el.get_child("entry", INBOX) {
+                let body = el
+                    .get_child("result", "urn:xmpp:mam:2")
+                    .and_then(|r| r.get_child("forwarded", "urn:xmpp:forward:0"))
+                    .and_then(|f| f.get_child("message", ns::CLIENT))
+                    .and_then(|m| m.get_child("body", ns::CLIENT))
+                    .map(|b| b.text())
+                    .unwrap_or_default();
+                out.push((
+                    e.attr("jid").unwrap_or("").to_owned(),
+                    e.attr("unread").and_then(|u| u.parse().ok()).unwrap_or(0),
+                    body,
+                ));
+            }
+        }
+    }
+
     /// Discards whatever arrives until the connection has been quiet for
     /// 200 ms.
     pub async fn drain(&mut self) {

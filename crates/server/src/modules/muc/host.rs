@@ -29,7 +29,7 @@ use starling_core::hooks::{
     Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler,
     StartedHandler, UserSendHandler,
 };
-use starling_core::module::ModuleCtx;
+use starling_core::module::{ConfigProblem, ModuleCtx};
 use starling_core::storage::{
     ArchiveId, ArchiveIds, ArchiveRecord, ArchiveStore, Storage, StorageResult,
 };
@@ -87,6 +87,53 @@ pub(super) struct Settings {
     pub max_queued_copies: usize,
     /// Seconds an idle room stays in memory.
     pub idle_unload_secs: u64,
+    /// Days the rooms' archived messages are kept (0: forever).
+    pub retention_days: u32,
+}
+
+/// Checks the keys every room service's configuration has.
+pub(super) fn check_common(
+    subdomain: &str,
+    create_rooms: &str,
+    admins: &[String],
+    room_queue: usize,
+) -> Result<(), ConfigProblem> {
+    let label_ok = !subdomain.is_empty()
+        && subdomain.len() <= 63
+        && subdomain
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !label_ok {
+        return Err(ConfigProblem::new(
+            "subdomain",
+            "must be one DNS label of lowercase letters, digits and '-', e.g. \"conference\"",
+        ));
+    }
+    if !matches!(create_rooms, "local" | "admins") {
+        return Err(ConfigProblem::new(
+            "create_rooms",
+            "must be \"local\" or \"admins\"",
+        ));
+    }
+    for a in admins {
+        if BareJid::new(a).is_err() {
+            return Err(ConfigProblem::new(
+                "admins",
+                format!("{a} is not a bare JID"),
+            ));
+        }
+    }
+    if room_queue == 0 {
+        return Err(ConfigProblem::new("room_queue", "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Whether `who` may create rooms: a service admin, or (`create_rooms =
+/// "local"`) any account of a served domain.
+pub(super) fn may_create(env: &Env, create_rooms: &str, admins: &[String], who: &BareJid) -> bool {
+    admins.iter().any(|a| a == who.as_str())
+        || (create_rooms == "local" && env.hosts.is_local(who.domain().as_str()))
 }
 
 /// What the service knows of a live room without asking its task.
@@ -242,6 +289,23 @@ impl<K: Kind> Host<K> {
         ctx: &ModuleCtx<'_>,
         reg: &mut HookRegistry,
     ) -> Arc<Host<K>> {
+        if settings.retention_days > 0 {
+            let rules = ctx
+                .domains
+                .iter()
+                .map(|d| {
+                    (
+                        format!("{}.{d}", settings.subdomain),
+                        settings.retention_days,
+                    )
+                })
+                .collect();
+            tokio::spawn(crate::archive_query::retention_task(
+                ctx.storage.archive.clone(),
+                rules,
+                K::MODULE,
+            ));
+        }
         let archive = WriteBehind::spawn(
             archive_queue,
             Arc::new(Sink(ctx.storage.archive.clone())),

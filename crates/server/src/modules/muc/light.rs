@@ -150,32 +150,12 @@ impl Module for MucLight {
     }
 
     fn validate(cfg: &MucLightConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
-        let label_ok = !cfg.subdomain.is_empty()
-            && cfg.subdomain.len() <= 63
-            && cfg
-                .subdomain
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !label_ok {
-            return Err(ConfigProblem::new(
-                "subdomain",
-                "must be one DNS label of lowercase letters, digits and '-', e.g. \"muclight\"",
-            ));
-        }
-        if !matches!(cfg.create_rooms.as_str(), "local" | "admins") {
-            return Err(ConfigProblem::new(
-                "create_rooms",
-                "must be \"local\" or \"admins\"",
-            ));
-        }
-        for a in &cfg.admins {
-            if BareJid::new(a).is_err() {
-                return Err(ConfigProblem::new(
-                    "admins",
-                    format!("{a} is not a bare JID"),
-                ));
-            }
-        }
+        host::check_common(
+            &cfg.subdomain,
+            &cfg.create_rooms,
+            &cfg.admins,
+            cfg.room_queue,
+        )?;
         if cfg.max_occupants < 1 {
             return Err(ConfigProblem::new("max_occupants", "must be at least 1"));
         }
@@ -192,30 +172,16 @@ impl Module for MucLight {
                 ));
             }
         }
-        if cfg.room_queue == 0 {
-            return Err(ConfigProblem::new("room_queue", "must be at least 1"));
-        }
         Ok(())
     }
 
     async fn start(cfg: &MucLightConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        if cfg.retention_days > 0 {
-            let rules = ctx
-                .domains
-                .iter()
-                .map(|d| (format!("{}.{d}", cfg.subdomain), cfg.retention_days))
-                .collect();
-            tokio::spawn(crate::archive_query::retention_task(
-                ctx.storage.archive.clone(),
-                rules,
-                NAME,
-            ));
-        }
         let settings = Settings {
             subdomain: cfg.subdomain.clone(),
             room_queue: cfg.room_queue,
             max_queued_copies: cfg.max_queued_copies,
             idle_unload_secs: cfg.idle_unload_secs,
+            retention_days: cfg.retention_days,
         };
         Host::<LightKind>::start(
             cfg.clone(),
@@ -781,9 +747,7 @@ async fn create(
     q: &Element,
 ) -> Result<(LightRoom, Vec<Stanza>), StanzaError> {
     let cfg = &host.cfg;
-    let may = cfg.admins.iter().any(|a| a == creator.as_str())
-        || (cfg.create_rooms == "local" && env.hosts.is_local(creator.domain().as_str()));
-    if !may {
+    if !host::may_create(env, &cfg.create_rooms, &cfg.admins, creator) {
         return Err(not_allowed("you may not create rooms on this service"));
     }
     let mut config: BTreeMap<String, String> = cfg.config_schema.clone();

@@ -198,32 +198,12 @@ impl Module for Muc {
     }
 
     fn validate(cfg: &MucConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
-        let label_ok = !cfg.subdomain.is_empty()
-            && cfg.subdomain.len() <= 63
-            && cfg
-                .subdomain
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !label_ok {
-            return Err(ConfigProblem::new(
-                "subdomain",
-                "must be one DNS label of lowercase letters, digits and '-', e.g. \"conference\"",
-            ));
-        }
-        if !matches!(cfg.create_rooms.as_str(), "local" | "admins") {
-            return Err(ConfigProblem::new(
-                "create_rooms",
-                "must be \"local\" or \"admins\"",
-            ));
-        }
-        for a in &cfg.admins {
-            if BareJid::new(a).is_err() {
-                return Err(ConfigProblem::new(
-                    "admins",
-                    format!("{a} is not a bare JID"),
-                ));
-            }
-        }
+        host::check_common(
+            &cfg.subdomain,
+            &cfg.create_rooms,
+            &cfg.admins,
+            cfg.room_queue,
+        )?;
         if cfg.max_users == 0 || cfg.default_max_users == 0 || cfg.default_max_users > cfg.max_users
         {
             return Err(ConfigProblem::new(
@@ -237,30 +217,16 @@ impl Module for Muc {
                 "must be at most max_history",
             ));
         }
-        if cfg.room_queue == 0 {
-            return Err(ConfigProblem::new("room_queue", "must be at least 1"));
-        }
         Ok(())
     }
 
     async fn start(cfg: &MucConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        if cfg.retention_days > 0 {
-            let rules = ctx
-                .domains
-                .iter()
-                .map(|d| (format!("{}.{d}", cfg.subdomain), cfg.retention_days))
-                .collect();
-            tokio::spawn(crate::archive_query::retention_task(
-                ctx.storage.archive.clone(),
-                rules,
-                NAME,
-            ));
-        }
         let settings = Settings {
             subdomain: cfg.subdomain.clone(),
             room_queue: cfg.room_queue,
             max_queued_copies: cfg.max_queued_copies,
             idle_unload_secs: cfg.idle_unload_secs,
+            retention_days: cfg.retention_days,
         };
         Host::<MucKind>::start(cfg.clone(), settings, &cfg.name, "muc_archive", ctx, reg);
     }
@@ -454,8 +420,7 @@ impl Inner {
 
     /// Whether `who` may create a room.
     fn may_create(&self, env: &Env, who: &BareJid) -> bool {
-        self.cfg.admins.iter().any(|a| a == who.as_str())
-            || (self.cfg.create_rooms == "local" && env.hosts.is_local(who.domain().as_str()))
+        host::may_create(env, &self.cfg.create_rooms, &self.cfg.admins, who)
     }
 
     /// Stanzas to the service itself (§6.1–§6.3, and `muc#unique`).
