@@ -2,7 +2,8 @@
 
 use crate::{ns, StanzaError};
 use jid::Jid;
-use starling_xml::{Element, Node};
+use starling_xml::{Element, Node, Prepared};
+use std::sync::Arc;
 
 /// The three stanza kinds of RFC 6120 §8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,13 +50,31 @@ pub enum StanzaParseError {
 ///
 /// The `to`/`from` fields and the element's attributes are kept in sync by
 /// the setters; read them through [`Stanza::to`] and [`Stanza::from`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// A stanza that goes to many recipients unchanged but for `to` (a room's
+/// copies) can be [prepared](Stanza::prepare): serialised once, its clones
+/// share the bytes, and the connection splices each copy's `to` in. Any
+/// other change (the element mutably, `from`) drops the shared bytes.
+#[derive(Clone, Debug)]
 pub struct Stanza {
     kind: StanzaKind,
     to: Option<Jid>,
     from: Option<Jid>,
     el: Element,
+    wire: Option<Arc<Prepared>>,
 }
+
+impl PartialEq for Stanza {
+    fn eq(&self, other: &Self) -> bool {
+        // The shared bytes are a cache of `el`.
+        self.kind == other.kind
+            && self.to == other.to
+            && self.from == other.from
+            && self.el == other.el
+    }
+}
+
+impl Eq for Stanza {}
 
 impl Stanza {
     /// A server-generated `<presence/>` of type `kind` (none: available).
@@ -100,7 +119,13 @@ impl Stanza {
         };
         let to = parse_jid_attr(&mut el, "to").map_err(StanzaParseError::MalformedTo)?;
         let from = parse_jid_attr(&mut el, "from").map_err(StanzaParseError::MalformedFrom)?;
-        let stanza = Stanza { kind, to, from, el };
+        let stanza = Stanza {
+            kind,
+            to,
+            from,
+            el,
+            wire: None,
+        };
         if kind == StanzaKind::Iq
             && (stanza.id().is_none()
                 || !matches!(stanza.type_attr(), Some("get" | "set" | "result" | "error")))
@@ -129,6 +154,7 @@ impl Stanza {
             to: None,
             from: None,
             el,
+            wire: None,
         };
         s.set_from(from);
         s.set_to(to);
@@ -163,6 +189,7 @@ impl Stanza {
 
     /// Sets (or removes) the `from` address.
     pub fn set_from(&mut self, from: Option<Jid>) {
+        self.wire = None;
         match &from {
             Some(j) => self.el.set_attr("from", j.as_str()),
             None => {
@@ -215,7 +242,22 @@ impl Stanza {
     /// The element, mutably. Do not change `to`/`from` through it; use the
     /// setters so the parsed addresses stay in sync.
     pub fn element_mut(&mut self) -> &mut Element {
+        self.wire = None;
         &mut self.el
+    }
+
+    /// Serialises the stanza once for copies that will differ only in
+    /// `to` ([`Stanza::set_to`] keeps the shared bytes, every other change
+    /// drops them).
+    pub fn prepare(&mut self) {
+        self.wire = Some(Arc::new(self.el.prepare("to")));
+    }
+
+    /// The shared serialisation, if the stanza is prepared and unchanged
+    /// but for `to`: write it with [`Prepared::write_to`] and the `to`
+    /// attribute's value.
+    pub fn prepared(&self) -> Option<&Prepared> {
+        self.wire.as_deref()
     }
 
     /// Consumes the stanza into its element.
@@ -337,5 +379,34 @@ mod tests {
         assert!(e
             .error_reply(StanzaErrorCondition::BadRequest.into())
             .is_none());
+    }
+
+    #[test]
+    fn a_prepared_stanza_keeps_its_bytes_across_to_and_drops_them_on_any_other_change() {
+        let mut m = el("message");
+        m.set_attr("type", "groupchat");
+        m.append_child(Element::builder("body", ns::CLIENT).text("hi").build());
+        let mut t = Stanza::new(m, Some(Jid::new("r@c.x/n").unwrap()), None);
+        assert!(t.prepared().is_none());
+        t.prepare();
+        let mut copy = t.clone();
+        copy.set_to(Some(Jid::new("u@x/r").unwrap()));
+        let wire = copy.prepared().expect("to is spliced in");
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        wire.write_to(&mut got, ns::CLIENT, copy.element().attr("to"));
+        copy.element().write_to(&mut want, ns::CLIENT);
+        assert_eq!(got.len(), want.len());
+        assert!(String::from_utf8(got).unwrap().contains(" to='u@x/r'"));
+        assert_eq!(copy, {
+            let mut c = copy.clone();
+            c.wire = None;
+            c
+        });
+        let mut changed = copy.clone();
+        changed.element_mut().set_attr("id", "x");
+        assert!(changed.prepared().is_none());
+        let mut changed = copy.clone();
+        changed.set_from(None);
+        assert!(changed.prepared().is_none());
     }
 }

@@ -475,3 +475,81 @@ async fn a_flooding_bosh_client_is_throttled_and_others_unaffected() {
     );
     server.stop().await;
 }
+
+/// A room's copies are serialised once and each connection splices its
+/// `to` in: a BOSH occupant gets them as whole `jabber:client` stanzas in
+/// the body (XEP-0206 §7: stanzas qualified by their namespace), like a
+/// TCP occupant does.
+#[tokio::test]
+async fn room_messages_reach_a_bosh_occupant_whole() {
+    const MUC: &str = "http://jabber.org/protocol/muc";
+    let server = TestServer::start().await;
+    server.create_user("bob", "pw-bob").await;
+    let mut alice = server.login("alice").await;
+    let mut carol = server.login("carol").await;
+    let room = "lobby@conference.localhost";
+    for (c, nick) in [(&mut alice, "alice"), (&mut carol, "carol")] {
+        c.send(&format!(
+            "<presence to='{room}/{nick}'><x xmlns='{MUC}'/></presence>"
+        ))
+        .await;
+        c.recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
+            .await;
+        if nick == "alice" {
+            let r = c
+                .iq(&format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query></iq>"), "inst")
+                .await;
+            assert_eq!(r.attr("type"), Some("result"), "{r}");
+        }
+    }
+    let (mut b, _) = Bosh::create(server.http_addr(false), 2).await;
+    let bob = b.login("bob").await;
+    b.send(
+        "",
+        &format!("<presence xmlns='jabber:client' to='{room}/bob'><x xmlns='{MUC}'/></presence>"),
+    )
+    .await;
+    // Until bob has entered (the subject ends the sequence, XEP-0045 §7.2.15).
+    for _ in 0..10 {
+        let r = b.send("", "").await;
+        if r.children().any(|c| c.has_child("subject", ns::CLIENT)) {
+            break;
+        }
+    }
+    alice.drain().await;
+    alice
+        .send(&format!(
+            "<message to='{room}' type='groupchat' id='g1'><body>to all &amp; &lt;you&gt;</body></message>"
+        ))
+        .await;
+    let mut got = None;
+    for _ in 0..10 {
+        let r = b.send("", "").await;
+        got = r
+            .children()
+            .find(|c| c.is("message", ns::CLIENT) && c.has_child("body", ns::CLIENT))
+            .cloned();
+        if got.is_some() {
+            break;
+        }
+    }
+    let m = got.expect("bob got the room's message");
+    assert_eq!(m.attr("to"), Some(bob.as_str()), "{m}");
+    assert_eq!(m.attr("from"), Some(format!("{room}/alice").as_str()));
+    assert_eq!(m.attr("type"), Some("groupchat"));
+    assert_eq!(
+        m.get_child("body", ns::CLIENT).unwrap().text(),
+        "to all & <you>"
+    );
+    assert!(m.has_child("stanza-id", "urn:xmpp:sid:0"), "{m}");
+    // The TCP occupants' copies carry their own `to`.
+    for c in [&mut alice, &mut carol] {
+        let m = c.recv_message().await;
+        assert_eq!(m.attr("to"), Some(c.jid.as_str()), "{m}");
+        assert_eq!(
+            m.get_child("body", ns::CLIENT).unwrap().text(),
+            "to all & <you>"
+        );
+    }
+    server.stop().await;
+}

@@ -379,3 +379,44 @@ async fn an_idle_websocket_session_hibernates_its_parser_and_resumes() {
     assert!(m.has_child("x", "urn:example:x"));
     server.stop().await;
 }
+
+/// A room's copies are serialised once and each connection splices its
+/// `to` in: a WebSocket occupant gets each copy as one message holding a
+/// whole stanza with its namespace (RFC 7395 §3.3.3).
+#[tokio::test]
+async fn room_messages_reach_a_websocket_occupant_whole() {
+    const MUC: &str = "http://jabber.org/protocol/muc";
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut web = server.login_over("bob", WS).await;
+    let room = "lobby@conference.localhost";
+    for (c, nick) in [(&mut alice, "alice"), (&mut web, "bob")] {
+        c.send(&format!(
+            "<presence to='{room}/{nick}'><x xmlns='{MUC}'/></presence>"
+        ))
+        .await;
+        c.recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
+            .await;
+        if nick == "alice" {
+            let r = c
+                .iq(&format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query></iq>"), "inst")
+                .await;
+            assert_eq!(r.attr("type"), Some("result"), "{r}");
+        }
+    }
+    alice.drain().await;
+    alice
+        .send(&format!(
+            "<message to='{room}' type='groupchat' id='g1'><body>to all &amp; &lt;you&gt;</body></message>"
+        ))
+        .await;
+    for c in [&mut web, &mut alice] {
+        let m = c.recv_message().await;
+        assert_eq!(m.ns(), ns::CLIENT, "{m}");
+        assert_eq!(m.attr("to"), Some(c.jid.as_str()), "{m}");
+        assert_eq!(m.attr("from"), Some(format!("{room}/alice").as_str()));
+        assert_eq!(body(&m), "to all & <you>");
+        assert!(m.has_child("stanza-id", "urn:xmpp:sid:0"), "{m}");
+    }
+    server.stop().await;
+}

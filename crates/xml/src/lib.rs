@@ -65,7 +65,7 @@ mod tree;
 
 pub use error::XmlError;
 pub use stream::{Limits, StreamEvent, StreamHeader, StreamParser};
-pub use tree::{Element, ElementBuilder, Node};
+pub use tree::{Element, ElementBuilder, Node, Prepared};
 
 /// Namespace of the `<stream:stream>` element and its `stream:`-prefixed children
 /// (RFC 6120 §4.8.1).

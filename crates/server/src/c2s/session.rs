@@ -1051,7 +1051,7 @@ impl Session {
                 self.apply(actions).await?;
                 if flow == Flow::Continue {
                     self.shared.env.metrics.stanza_out(stanza.kind());
-                    self.conn.send(stanza.element());
+                    self.conn.send_stanza(&stanza);
                     self.observe_out(stanza.into_element());
                 }
                 Ok(())

@@ -39,7 +39,7 @@
 
 use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use starling_proto::{ns, StreamError};
-use starling_xml::{Element, StreamHeader};
+use starling_xml::{Element, Prepared, StreamHeader};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -227,6 +227,10 @@ impl BoshConn {
 
     pub(crate) fn send(&mut self, el: &Element) {
         el.write_to(&mut self.session.lock().outbound, "");
+    }
+
+    pub(crate) fn send_prepared(&mut self, wire: &Prepared, to: Option<&str>) {
+        wire.write_to(&mut self.session.lock().outbound, "", to);
     }
 
     pub(crate) fn flush(&mut self) {

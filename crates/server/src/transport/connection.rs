@@ -26,7 +26,7 @@ use super::tcp::Transport;
 use super::websocket::WsConn;
 use crate::tls::TlsContext;
 use starling_proto::sasl::ChannelBindings;
-use starling_proto::{ns, StreamError, StreamErrorCondition};
+use starling_proto::{ns, Stanza, StreamError, StreamErrorCondition};
 use starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -281,6 +281,22 @@ impl Connection {
             Connection::Stream(s) => el.write_to(&mut s.wbuf, ns::CLIENT),
             Connection::WebSocket(w) => w.send(el),
             Connection::Bosh(b) => b.send(el),
+        }
+    }
+
+    /// Queues one stanza for the client: its shared serialisation with
+    /// this copy's `to` spliced in when it has one (a room's copies), else
+    /// the element.
+    pub(crate) fn send_stanza(&mut self, st: &Stanza) {
+        let Some(wire) = st.prepared() else {
+            return self.send(st.element());
+        };
+        let to = st.element().attr("to");
+        match self {
+            Connection::None => {}
+            Connection::Stream(s) => wire.write_to(&mut s.wbuf, ns::CLIENT, to),
+            Connection::WebSocket(w) => w.send_prepared(wire, to),
+            Connection::Bosh(b) => b.send_prepared(wire, to),
         }
     }
 

@@ -17,7 +17,7 @@ use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::SinkExt;
 use starling_proto::{ns, StreamError, StreamErrorCondition};
-use starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
+use starling_xml::{Element, Limits, Prepared, StreamEvent, StreamHeader, StreamParser};
 use std::time::Duration;
 
 /// An RFC 7395 WebSocket connection.
@@ -169,6 +169,12 @@ impl WsConn {
 
     pub(crate) fn send(&mut self, el: &Element) {
         self.out.push(el.to_string_in(""));
+    }
+
+    pub(crate) fn send_prepared(&mut self, wire: &Prepared, to: Option<&str>) {
+        let mut buf = Vec::with_capacity(wire.len() + 64);
+        wire.write_to(&mut buf, "", to);
+        self.out.push(into_string(buf));
     }
 
     pub(crate) fn restart(&mut self) {

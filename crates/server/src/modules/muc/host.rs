@@ -34,7 +34,9 @@ use starling_core::storage::{
     ArchiveId, ArchiveIds, ArchiveRecord, ArchiveStore, Storage, StorageResult,
 };
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
-use starling_proto::{BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
+use starling_proto::{
+    BareJid, ErrorType, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
 use starling_xml::Element;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -513,6 +515,27 @@ pub(super) async fn to_inboxes(
 }
 
 /// A stanza error with a text.
+/// One message to many: the copies differ only in `to`, so the stanza is
+/// serialised once and every copy's connection writes the shared bytes
+/// with its own `to` spliced in (`Stanza::prepare`).
+pub(super) fn copies<I>(el: Element, from: Jid, to: I) -> Vec<Stanza>
+where
+    I: IntoIterator<Item = Jid>,
+    I::IntoIter: ExactSizeIterator,
+{
+    let to = to.into_iter();
+    let mut template = Stanza::new(el, Some(from), None);
+    if to.len() > 1 {
+        template.prepare();
+    }
+    to.map(|to| {
+        let mut copy = template.clone();
+        copy.set_to(Some(to));
+        copy
+    })
+    .collect()
+}
+
 pub(super) fn error(c: StanzaErrorCondition, text: &str) -> StanzaError {
     StanzaError::new(c).with_text(text)
 }

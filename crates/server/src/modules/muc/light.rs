@@ -554,10 +554,11 @@ async fn message(
                 .build(),
         );
     }
-    Ok(r.members
-        .keys()
-        .map(|member| Stanza::new(m.clone(), Some(from.clone()), Some(member.clone().into())))
-        .collect())
+    Ok(host::copies(
+        m,
+        from,
+        r.members.keys().map(|member| member.clone().into()),
+    ))
 }
 
 /// A notification from the room's bare JID to `to` (a groupchat message

@@ -1132,15 +1132,13 @@ impl Room {
 
     /// Sends `el` from `from` to every session of every occupant.
     fn to_everyone(&self, el: &Element, from: &Jid, out: &mut Out) {
-        for o in self.occupants.values() {
-            for (to, _) in &o.sessions {
-                out.stanzas.push(Stanza::new(
-                    el.clone(),
-                    Some(from.clone()),
-                    Some(to.clone().into()),
-                ));
-            }
-        }
+        let sessions: Vec<Jid> = self
+            .occupants
+            .values()
+            .flat_map(|o| o.sessions.iter().map(|(to, _)| to.clone().into()))
+            .collect();
+        out.stanzas
+            .extend(super::host::copies(el.clone(), from.clone(), sessions));
     }
 
     /// §7.5: a private message to an occupant.
