@@ -2,8 +2,9 @@
 
 use crate::hooks::Hooks;
 use crate::storage::Storage;
+use crate::storage::StorageResult;
 use crate::{HandoverGate, Metrics, Pressure, Router, SessionManager};
-use starling_proto::Stanza;
+use starling_proto::{BareJid, Stanza};
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
@@ -86,5 +87,18 @@ impl Env {
     /// Routes a stanza through the router.
     pub async fn route(&self, stanza: Stanza) {
         self.router.route(self, stanza).await
+    }
+
+    /// Deletes an account through the running server: the modules whose
+    /// live state names it let go of it first (rooms remove the member and
+    /// tell the others, [`crate::hooks::AccountRemovedHandler`]), then
+    /// everything stored for it goes. Returns false if the account did
+    /// not exist. (The offline `starling user del` deletes stored data
+    /// only.)
+    pub async fn delete_account(&self, jid: &BareJid) -> StorageResult<bool> {
+        for h in &self.hooks.account_removed {
+            h.account_removed(self, jid).await;
+        }
+        self.storage.delete_account(jid).await
     }
 }

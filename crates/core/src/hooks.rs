@@ -406,6 +406,18 @@ pub trait DurabilityHandler: Send + Sync + 'static {
     }
 }
 
+/// An account is about to be deleted (in-band, XEP-0077 §3.2, or by an
+/// administrator through the running server): modules whose live state
+/// names it (rooms' members) let go of it and tell whoever must know,
+/// before its stored data is removed. Called with the account's sessions
+/// still open; `Storage::delete_account` runs after every handler
+/// returned.
+#[async_trait]
+pub trait AccountRemovedHandler: Send + Sync + 'static {
+    /// `jid`'s account is being deleted.
+    async fn account_removed(&self, env: &Env, jid: &BareJid);
+}
+
 /// One copy of a message the archive kept (XEP-0313): `owner`'s archive
 /// got message `id`, exchanged with `peer`.
 pub struct Archived<'a> {
@@ -728,6 +740,8 @@ pub struct Hooks {
     pub attached: Chain<dyn AttachHandler>,
     /// [`DurabilityHandler`]s.
     pub durability: Vec<Arc<dyn DurabilityHandler>>,
+    /// [`AccountRemovedHandler`]s.
+    pub account_removed: Vec<Arc<dyn AccountRemovedHandler>>,
     /// [`ArchivedHandler`]s.
     pub archived: Chain<dyn ArchivedHandler>,
     /// [`ElementHandler`]s by (stage, namespace).
@@ -968,6 +982,11 @@ impl HookRegistry {
     /// Registers an [`AttachHandler`].
     pub fn attached(&mut self, module: &'static str, priority: i32, h: Arc<dyn AttachHandler>) {
         self.hooks.attached.add(priority, module, h);
+    }
+
+    /// Registers an [`AccountRemovedHandler`].
+    pub fn account_removed(&mut self, h: Arc<dyn AccountRemovedHandler>) {
+        self.hooks.account_removed.push(h);
     }
 
     /// Registers a [`DurabilityHandler`].

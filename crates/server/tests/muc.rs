@@ -1819,3 +1819,64 @@ async fn a_user_in_fifty_rooms_drops_and_comes_back() {
     assert_eq!(occupants.len(), 2, "alice once, bob: {occupants:?}");
     server.stop().await;
 }
+
+/// An account deleted in-band (XEP-0077 §3.2) loses its affiliations in
+/// every room, live ones included (as ejabberd's mod_muc does on user
+/// removal): in a members-only room its occupant is removed with 321
+/// (§9.4), the member list no longer names it, and an account created
+/// later with the same name is not a member.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_account_loses_its_affiliations() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let r = open_room(&mut alice, "guild", "alice").await;
+    let c = configure(
+        &mut alice,
+        &r,
+        &[
+            ("muc#roomconfig_persistentroom", "1"),
+            ("muc#roomconfig_membersonly", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(c.attr("type"), Some("result"), "{c}");
+    let a = admin_set(
+        &mut alice,
+        &r,
+        "<item affiliation='member' jid='bob@localhost' nick='bobby'/>",
+    )
+    .await;
+    assert_eq!(a.attr("type"), Some("result"), "{a}");
+    join(&mut bob, &r, "bobby").await;
+    alice.drain().await;
+    bob.drain().await;
+    let rm = bob
+        .iq(
+            "<iq type='set' id='rm'><query xmlns='jabber:iq:register'><remove/></query></iq>",
+            "rm",
+        )
+        .await;
+    assert_eq!(rm.attr("type"), Some("result"), "{rm}");
+    let p = alice
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(&format!("{r}/bobby")))
+        .await;
+    assert_eq!(p.attr("type"), Some("unavailable"), "{p}");
+    assert!(statuses(&p).contains(&"321".to_owned()), "{p}");
+    assert_eq!(item(&p).attr("affiliation"), Some("none"), "{p}");
+    let members = alice
+        .iq(
+            &format!("<iq to='{r}' type='get' id='mem'><query xmlns='{MUC_ADMIN}'><item affiliation='member'/></query></iq>"),
+            "mem",
+        )
+        .await;
+    assert_eq!(members.attr("type"), Some("result"), "{members}");
+    assert!(!members.to_string().contains("bob@localhost"), "{members}");
+    // A new account named bob is not a member of the members-only room.
+    let mut again = server.login("bob").await;
+    assert_eq!(
+        join_error(&mut again, &r, "bobby", "").await,
+        "registration-required"
+    );
+    server.stop().await;
+}

@@ -1086,3 +1086,76 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     assert_eq!(child_text(&m, "body", ns::CLIENT).as_deref(), Some("three"));
     server.stop().await;
 }
+
+/// An account deleted in-band (XEP-0077 §3.2) leaves its rooms as if it
+/// had set its own affiliation to `none` (what MongooseIM's MUC Light does
+/// on user removal): the others are told, an owner gets an heir, a room it
+/// was alone in is destroyed, and an account created later with the same
+/// name is in none of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_account_leaves_its_rooms() {
+    let server = server().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    let r = create(&mut alice, "club", "Club", &["bob", "carol"]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let r = create(&mut alice, "solo", "Solo", &[]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    for c in [&mut alice, &mut bob, &mut carol] {
+        c.drain().await;
+    }
+    let r = alice
+        .iq(
+            "<iq type='set' id='rm'><query xmlns='jabber:iq:register'><remove/></query></iq>",
+            "rm",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let mut heirs = 0;
+    for c in [&mut bob, &mut carol] {
+        let m = aff_note(c, &room("club")).await;
+        let x = m.get_child("x", AFF).unwrap_or_else(|| panic!("{m}"));
+        let changes = users(x);
+        assert!(
+            changes.contains(&("alice@localhost".to_owned(), "none".to_owned())),
+            "{m}"
+        );
+        heirs += changes.iter().filter(|(_, a)| a == "owner").count();
+        assert!(x.get_child("prev-version", AFF).is_some(), "{m}");
+    }
+    assert_eq!(heirs, 2, "both are told of the one new owner");
+    let list = iq_get(
+        &mut bob,
+        &room("club"),
+        "aff",
+        &format!("<query xmlns='{AFF}'/>"),
+    )
+    .await;
+    let q = list
+        .get_child("query", AFF)
+        .unwrap_or_else(|| panic!("{list}"));
+    let now = users(q);
+    assert_eq!(now.len(), 2, "{list}");
+    assert!(now.iter().all(|(j, _)| j != "alice@localhost"), "{list}");
+    assert_eq!(now.iter().filter(|(_, a)| a == "owner").count(), 1);
+    // The room she was alone in is gone: its name is free.
+    let r = create(&mut carol, "solo", "Carol's", &[]).await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    // A new account with the same name is a stranger to the club.
+    let mut again = server.login("alice").await;
+    assert!(my_rooms(&mut again).await.is_empty());
+    let e = iq_get(
+        &mut again,
+        &room("club"),
+        "cfg",
+        &format!("<query xmlns='{CONFIG}'/>"),
+    )
+    .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    server.stop().await;
+}

@@ -264,7 +264,7 @@ impl IqHandler for Register {
                 if !self.cfg.allow_cancel {
                     return IqResponse::Error(StanzaErrorCondition::NotAllowed.into());
                 }
-                match env.storage.delete_account(&from).await {
+                match env.delete_account(&from).await {
                     Ok(_) => {
                         tracing::info!(user = %from, "account deleted in-band");
                         // §3.2: answer first, then close every session.

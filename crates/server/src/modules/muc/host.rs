@@ -26,8 +26,8 @@
 
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
-    Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress, ShutdownHandler,
-    StartedHandler, UserSendHandler,
+    AccountRemovedHandler, Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress,
+    ShutdownHandler, StartedHandler, UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, ModuleCtx};
 use starling_core::storage::{
@@ -354,6 +354,7 @@ impl<K: Kind> Host<K> {
         // read-your-writes (inbox and archive queries) and acks.
         reg.durability(svc.clone());
         reg.user_send(K::MODULE, 50, svc.clone());
+        reg.account_removed(svc.clone());
         reg.shutdown(K::MODULE, 20, svc);
         host
     }
@@ -536,6 +537,43 @@ where
     .collect()
 }
 
+/// The server's own request to a room: account `jid` is being deleted.
+/// Only the server sends it (from a served domain's bare JID, which no
+/// client can put in `from`: sessions stamp their own).
+const NS_ACCOUNT_REMOVED: &str = "urn:x-starling:account-removed:0";
+
+fn account_removed_request(jid: &BareJid, room: &BareJid) -> Stanza {
+    let el = Element::builder("iq", starling_proto::ns::CLIENT)
+        .attr("type", "set")
+        .attr("id", starling_proto::random_id(12))
+        .append(
+            Element::builder("account-removed", NS_ACCOUNT_REMOVED)
+                .attr("jid", jid.as_str())
+                .build(),
+        )
+        .build();
+    let from = Jid::new(jid.domain().as_str()).expect("a domain is a JID");
+    Stanza::new(el, Some(from), Some(room.clone().into()))
+}
+
+/// If `st` is the server's request about a deleted account
+/// ([`account_removed_request`]), the account.
+pub(super) fn account_removed(env: &Env, st: &Stanza) -> Option<BareJid> {
+    let from = st.from()?;
+    if st.kind() != StanzaKind::Iq
+        || st.type_attr() != Some("set")
+        || from.node().is_some()
+        || from.resource().is_some()
+        || !env.hosts.is_local(from.domain().as_str())
+    {
+        return None;
+    }
+    let p = st
+        .payload()
+        .filter(|p| p.is("account-removed", NS_ACCOUNT_REMOVED))?;
+    BareJid::new(p.attr("jid")?).ok()
+}
+
 pub(super) fn error(c: StanzaErrorCondition, text: &str) -> StanzaError {
     StanzaError::new(c).with_text(text)
 }
@@ -569,6 +607,46 @@ impl<K: Kind> DurabilityHandler for RoomService<K> {
             }
         }
         self.0.archive.committed_all().await;
+    }
+}
+
+#[async_trait]
+impl<K: Kind> AccountRemovedHandler for RoomService<K> {
+    /// Every room of this service where the account has an affiliation
+    /// removes it as its rules say (a MUC Light room: the member leaves,
+    /// the others are told, an owner gets an heir; an XEP-0045 room: the
+    /// affiliation becomes `none`). A room of this node is waited for (at
+    /// most 5 s each), so it has let go before the stored rows go; a room
+    /// on another cluster node gets the request over the bus.
+    async fn account_removed(&self, env: &Env, jid: &BareJid) {
+        let rooms = match self.0.storage.muc.rooms_of(jid).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(module = K::MODULE, user = %jid, error = %e, "listing the rooms of a deleted account failed");
+                return;
+            }
+        };
+        for (room, _) in rooms {
+            if !self.0.is_service_domain(env, room.domain().as_str()) {
+                continue;
+            }
+            let request = account_removed_request(jid, &room);
+            if let Some(node) = env.router.placement(room.as_str()) {
+                env.router.to_service_on(env, node, request).await;
+                continue;
+            }
+            if self.0.dispatch(room.clone(), request).is_some() {
+                tracing::warn!(module = K::MODULE, room = %room, user = %jid, "room queue full: the deleted account's membership is removed from storage only");
+                continue;
+            }
+            let seq = {
+                let rooms = self.0.rooms.lock().unwrap_or_else(|e| e.into_inner());
+                rooms.get(&room).map(|h| h.seq.clone())
+            };
+            if let Some(seq) = seq {
+                seq.caught_up(Duration::from_secs(5)).await;
+            }
+        }
     }
 }
 

@@ -385,6 +385,9 @@ async fn handle(
     if st.kind() == StanzaKind::Iq && !st.is_iq_request() {
         return Vec::new();
     }
+    if let Some(gone) = host::account_removed(env, &st) {
+        return account_removed(host, env, room, &gone, &st).await;
+    }
     let Some(from) = st.from().and_then(|f| f.try_as_full().ok()).cloned() else {
         return Vec::new();
     };
@@ -448,6 +451,44 @@ async fn handle(
         Ok(out) => out,
         Err(e) => st.error_reply(e).into_iter().collect(),
     }
+}
+
+/// The server deletes account `gone`: it leaves the room as if it had
+/// set its own affiliation to `none` (the others are told, an owner gets
+/// an heir, the last member's leaving destroys the room), with nothing
+/// sent to the deleted account and no answer to the server.
+async fn account_removed(
+    host: &Arc<Inner>,
+    env: &Env,
+    room: &mut Option<LightRoom>,
+    gone: &BareJid,
+    st: &Stanza,
+) -> Vec<Stanza> {
+    let Some(r) = room.as_mut().filter(|r| r.members.contains_key(gone)) else {
+        return Vec::new();
+    };
+    let mut q = Element::new("query", NS_AFFILIATIONS);
+    q.append_child(user_el(NS_AFFILIATIONS, gone, None));
+    let out = match affiliations(host, env, r, gone, st, &q).await {
+        Ok(out) => out,
+        Err(e) => {
+            tracing::error!(module = NAME, room = %r.jid, user = %gone, error = ?e, "removing a deleted account from the room failed");
+            return Vec::new();
+        }
+    };
+    tracing::info!(module = NAME, room = %r.jid, user = %gone, "deleted account removed from the room");
+    if let Done::Destroyed(_) = &out {
+        let jid = r.jid.clone();
+        *room = None;
+        destroyed(host, &jid).await;
+    }
+    out.into_stanzas()
+        .into_iter()
+        .filter(|s| {
+            s.to()
+                .is_some_and(|t| t.node().is_some() && &t.to_bare() != gone)
+        })
+        .collect()
 }
 
 /// Shows an archived message: no `to` (the protocol's MAM section).

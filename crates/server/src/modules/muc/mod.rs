@@ -659,7 +659,13 @@ async fn process(
         ids: &inner.ids,
     };
     let mut out = Out::default();
+    // The server's own request: a deleted account leaves (no answer).
+    let gone = host::account_removed(env, &st);
     match room {
+        Some(r) if gone.is_some() => {
+            r.account_removed(gone.as_ref().expect("matched"), &mut out);
+        }
+        None if gone.is_some() => return,
         Some(r) => {
             // XEP-0313 queries of the room's archive run beside the room.
             let Some(st) = mam::intercept(inner, env, r, st).await else {

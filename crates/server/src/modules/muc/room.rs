@@ -1811,6 +1811,24 @@ impl Room {
         });
     }
 
+    /// The server deletes account `gone`: its affiliation (and the nick
+    /// registered with it) goes, with the effects of an owner setting it
+    /// to `none` (§9.4 in a members-only room: removed with 321). A room
+    /// whose only owner it was keeps no owner; the service's `admins` can
+    /// still manage it.
+    pub fn account_removed(&mut self, gone: &BareJid, out: &mut Out) {
+        if self.affiliations.contains_key(gone.as_str()) {
+            self.change_affiliation(
+                gone,
+                Affiliation::None,
+                "",
+                Some("account deleted".to_owned()),
+                out,
+            );
+            tracing::info!(module = super::NAME, room = %self.jid, user = %gone, "deleted account's affiliation removed");
+        }
+    }
+
     /// Changes an affiliation and its effect on occupants holding it:
     /// ban (§9.1: 301), membership lost in a members-only room (§9.4:
     /// 321), roles following the new affiliation (§9.3, §9.6, §10.3).
