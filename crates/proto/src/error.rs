@@ -195,6 +195,10 @@ pub struct StanzaError {
     pub kind: ErrorType,
     /// Human-readable text, in English.
     pub text: Option<String>,
+    /// An application-specific condition (RFC 6120 §8.3.2: an element in
+    /// another namespace beside the defined one, such as XEP-0060's
+    /// `<precondition-not-met/>`).
+    pub app: Option<Box<Element>>,
 }
 
 impl StanzaError {
@@ -204,7 +208,14 @@ impl StanzaError {
             condition,
             kind: condition.default_type(),
             text: None,
+            app: None,
         }
+    }
+
+    /// Adds an application-specific condition element.
+    pub fn with_app(mut self, el: Element) -> Self {
+        self.app = Some(Box::new(el));
+        self
     }
 
     /// Adds descriptive text.
@@ -231,6 +242,9 @@ impl StanzaError {
                 .build();
             t.append_text(text.clone());
             error.append_child(t);
+        }
+        if let Some(app) = &self.app {
+            error.append_child((**app).clone());
         }
         error
     }

@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 11] = [
     "accounts",
     "im-core",
     "offline",
@@ -18,6 +18,7 @@ const STEPS: [&str; 10] = [
     "muc",
     "inbox-groups",
     "muclight-blocking",
+    "pubsub",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

@@ -141,7 +141,8 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (7, "archive-buckets"),
                 (8, "muc"),
                 (9, "inbox-groups"),
-                (10, "muclight-blocking")
+                (10, "muclight-blocking"),
+                (11, "pubsub")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -169,7 +170,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 10, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 11, "each migration once");
     })
     .await;
 }

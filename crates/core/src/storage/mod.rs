@@ -9,6 +9,7 @@ mod archive;
 mod im;
 mod muc;
 mod offline;
+mod pubsub;
 
 pub use archive::coalesce_inbox_updates;
 pub use archive::{
@@ -22,6 +23,7 @@ pub use im::{
 };
 pub use muc::{MucStore, RoomAffiliation, StoredRoom};
 pub use offline::{OfflineMessage, OfflineStore, OfflineStoreError};
+pub use pubsub::{PubsubStore, PubsubSubscription, StoredItem, StoredNode};
 
 use async_trait::async_trait;
 use starling_proto::sasl::{ScramCredentials, ScramHash};
@@ -173,6 +175,8 @@ pub struct Storage {
     pub inbox: Arc<dyn InboxStore>,
     /// Group-chat rooms (XEP-0045).
     pub muc: Arc<dyn MucStore>,
+    /// Pubsub nodes and items (XEP-0060, PEP XEP-0163).
+    pub pubsub: Arc<dyn PubsubStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
 }
@@ -190,6 +194,7 @@ impl Storage {
         self.archive.remove_user(jid).await?;
         self.inbox.remove_user(jid).await?;
         self.muc.remove_user(jid).await?;
+        self.pubsub.remove_user(jid).await?;
         self.accounts.delete(jid).await
     }
 }

@@ -16,6 +16,7 @@ pub mod last;
 pub mod mam;
 pub mod muc;
 pub mod offline;
+pub mod pep;
 pub mod ping;
 pub mod presence;
 pub mod private;
@@ -36,6 +37,7 @@ pub use mam::Mam;
 pub use muc::light::MucLight;
 pub use muc::Muc;
 pub use offline::Offline;
+pub use pep::Pep;
 pub use ping::Ping;
 pub use presence::Presence;
 pub use private::Private;
@@ -59,6 +61,31 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
+/// One message to many: the copies differ only in `to`, so the stanza is
+/// serialised once and every copy's connection writes the shared bytes
+/// with its own `to` spliced in (`Stanza::prepare`).
+pub(crate) fn copies<I>(
+    el: starling_xml::Element,
+    from: starling_proto::Jid,
+    to: I,
+) -> Vec<starling_proto::Stanza>
+where
+    I: IntoIterator<Item = starling_proto::Jid>,
+    I::IntoIter: ExactSizeIterator,
+{
+    let to = to.into_iter();
+    let mut template = starling_proto::Stanza::new(el, Some(from), None);
+    if to.len() > 1 {
+        template.prepare();
+    }
+    to.map(|to| {
+        let mut copy = template.clone();
+        copy.set_to(Some(to));
+        copy
+    })
+    .collect()
+}
+
 /// Every module the server knows, in registration order (handlers of equal
 /// priority run in this order). Adding a module is one line here.
 pub static MODULES: &[&dyn ModuleEntry] = &[
@@ -79,6 +106,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Inbox>(PhantomData),
     &Entry::<Muc>(PhantomData),
     &Entry::<MucLight>(PhantomData),
+    &Entry::<Pep>(PhantomData),
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
 ];

@@ -45,6 +45,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0008_muc.sql"),
     include_str!("0009_inbox_groups.sql"),
     include_str!("0010_muclight_blocking.sql"),
+    include_str!("0011_pubsub.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:

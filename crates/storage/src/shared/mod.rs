@@ -26,6 +26,7 @@ pub(crate) mod buckets;
 mod im;
 mod muc;
 mod offline;
+mod pubsub;
 
 use super::Store;
 use crate::dialect::Dialect;
@@ -51,6 +52,7 @@ impl Store {
             archive: me.clone(),
             inbox: me.clone(),
             muc: me.clone(),
+            pubsub: me.clone(),
             backend: me,
         }
     }

@@ -516,27 +516,6 @@ pub(super) async fn to_inboxes(
 }
 
 /// A stanza error with a text.
-/// One message to many: the copies differ only in `to`, so the stanza is
-/// serialised once and every copy's connection writes the shared bytes
-/// with its own `to` spliced in (`Stanza::prepare`).
-pub(super) fn copies<I>(el: Element, from: Jid, to: I) -> Vec<Stanza>
-where
-    I: IntoIterator<Item = Jid>,
-    I::IntoIter: ExactSizeIterator,
-{
-    let to = to.into_iter();
-    let mut template = Stanza::new(el, Some(from), None);
-    if to.len() > 1 {
-        template.prepare();
-    }
-    to.map(|to| {
-        let mut copy = template.clone();
-        copy.set_to(Some(to));
-        copy
-    })
-    .collect()
-}
-
 /// The server's own request to a room: account `jid` is being deleted.
 /// Only the server sends it (from a served domain's bare JID, which no
 /// client can put in `from`: sessions stamp their own).

@@ -595,7 +595,7 @@ async fn message(
                 .build(),
         );
     }
-    Ok(host::copies(
+    Ok(crate::modules::copies(
         m,
         from,
         r.members.keys().map(|member| member.clone().into()),

@@ -1138,7 +1138,7 @@ impl Room {
             .flat_map(|o| o.sessions.iter().map(|(to, _)| to.clone().into()))
             .collect();
         out.stanzas
-            .extend(super::host::copies(el.clone(), from.clone(), sessions));
+            .extend(crate::modules::copies(el.clone(), from.clone(), sessions));
     }
 
     /// §7.5: a private message to an occupant.

@@ -1,0 +1,1532 @@
+//! Personal Eventing Protocol (XEP-0163): every account is a
+//! publish-subscribe service (XEP-0060) at its bare JID, for the data its
+//! clients share with contacts — OMEMO device lists and key bundles
+//! (XEP-0384), avatars (XEP-0084), nicknames (XEP-0172), bookmarks
+//! (XEP-0402) — with notifications filtered by what each client asked for
+//! through entity capabilities (XEP-0115 `+notify`).
+//!
+//! What it does:
+//! - publish with auto-create (XEP-0060 §7.1, XEP-0163 §7.1.1), item ids
+//!   made by the service when absent, `publish-options` with precondition
+//!   checks (§7.1.5: `conflict` + `precondition-not-met` when the node's
+//!   configuration differs), persistent items with `max_items` (a number
+//!   or `max`), retract (§7.2, notified with `notify='true'` or
+//!   `pubsub#notify_retract`), items retrieval (§6.5: all, `max_items`,
+//!   by id), node configuration (§8.2), default configuration (§8.3),
+//!   purge (§8.5) and delete (§8.4) with their notifications;
+//! - access models `presence` (the default: the owner and contacts with a
+//!   subscription to the owner's presence), `open`, `roster` (contacts in
+//!   `pubsub#roster_groups_allowed`) and `whitelist` (the owner only);
+//!   errors as §6.5.9 says (`presence-subscription-required`,
+//!   `not-in-roster-group`, `closed-node`);
+//! - notifications (`headline` messages from the owner's bare JID) to the
+//!   owner's available resources and those of the contacts the access
+//!   model admits, when the resource's capabilities include `NODE+notify`
+//!   (XEP-0163 §4.2.1); the last item of each such node when the
+//!   subscriber comes online or changes its capabilities (§4.3.4);
+//! - entity capabilities (XEP-0115): a `<c/>` in a user's available
+//!   presence whose `ver` is unknown is asked for once (disco#info to that
+//!   resource with `node#ver`), the answer's hash is verified (§5.4) before
+//!   it is cached for everyone.
+//!
+//! Hooks: own-account iq handlers `{pubsub}pubsub` and `{pubsub#owner}pubsub`,
+//! account-scope iq handlers for other users' requests to an account's
+//! bare JID, `user_send` (capabilities in presence, answers to the disco
+//! queries). Storage: `pubsub` (the service is the account's bare JID).
+//! Config: `[modules.pep]` enabled, default_max_items, max_items,
+//! max_nodes_per_user.
+
+use starling_core::disco::Scopes;
+use starling_core::forms::{FormBuilder, Submitted};
+use starling_core::hooks::{
+    HookRegistry, IqHandler, IqResponse, IqScope, OwnIqHandler, UserSendHandler,
+};
+use starling_core::module::{ConfigProblem, Module, ModuleCtx};
+use starling_core::storage::{StorageError, StoredItem, StoredNode, Subscription};
+use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
+use starling_proto::{
+    ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+};
+use starling_xml::Element;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// `[modules.pep]`: XEP-0163.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PepConfig {
+    /// Serve PEP on every account.
+    pub enabled: bool,
+    /// `pubsub#max_items` of a node created without one.
+    pub default_max_items: u32,
+    /// The most items a node may keep (what `max` means).
+    pub max_items: u32,
+    /// Nodes an account may have (OMEMO uses one per device).
+    pub max_nodes_per_user: u32,
+}
+
+impl Default for PepConfig {
+    fn default() -> Self {
+        PepConfig {
+            enabled: true,
+            default_max_items: 1,
+            max_items: 1000,
+            max_nodes_per_user: 250,
+        }
+    }
+}
+
+const NAME: &str = "pep";
+/// XEP-0060 namespaces.
+pub const NS_PUBSUB: &str = "http://jabber.org/protocol/pubsub";
+/// Owner use cases.
+pub const NS_OWNER: &str = "http://jabber.org/protocol/pubsub#owner";
+/// Notifications.
+pub const NS_EVENT: &str = "http://jabber.org/protocol/pubsub#event";
+const NS_ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
+const NS_NODE_CONFIG: &str = "http://jabber.org/protocol/pubsub#node_config";
+const NS_PUBLISH_OPTIONS: &str = "http://jabber.org/protocol/pubsub#publish-options";
+const NS_CAPS: &str = "http://jabber.org/protocol/caps";
+/// Distinct capability `ver`s remembered before the cache starts over.
+const CAPS_CACHE_LIMIT: usize = 10_000;
+/// Verified capabilities are kept in `user_data` (kind `caps`, key
+/// `hash:ver`, value: the features, one per line) under this pseudo-owner,
+/// so every node of a cluster knows what any node verified. A domain that
+/// can never be served (RFC 2606 `.invalid`).
+const CAPS_KIND: &str = "caps";
+
+fn caps_owner() -> BareJid {
+    BareJid::new("capabilities.starling.invalid").expect("a valid domain JID")
+}
+
+/// Who may see a node's items (XEP-0060 §4.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Access {
+    Open,
+    Presence,
+    Roster,
+    Whitelist,
+}
+
+impl Access {
+    fn as_str(self) -> &'static str {
+        match self {
+            Access::Open => "open",
+            Access::Presence => "presence",
+            Access::Roster => "roster",
+            Access::Whitelist => "whitelist",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Access> {
+        Some(match s {
+            "open" => Access::Open,
+            "presence" => Access::Presence,
+            "roster" => Access::Roster,
+            "whitelist" => Access::Whitelist,
+            _ => return None,
+        })
+    }
+}
+
+/// A node's configuration (stored as JSON with a version).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct NodeConfig {
+    v: u32,
+    access_model: Access,
+    max_items: u32,
+    persist_items: bool,
+    /// `never`, `on_sub` or `on_sub_and_presence`.
+    send_last_published_item: String,
+    notify_retract: bool,
+    notify_delete: bool,
+    /// `headline` or `normal`.
+    notification_type: String,
+    title: String,
+    roster_groups_allowed: Vec<String>,
+}
+
+impl NodeConfig {
+    fn new(cfg: &PepConfig) -> NodeConfig {
+        NodeConfig {
+            v: 1,
+            access_model: Access::Presence,
+            max_items: cfg.default_max_items.max(1),
+            persist_items: true,
+            send_last_published_item: "on_sub_and_presence".into(),
+            notify_retract: true,
+            notify_delete: true,
+            notification_type: "headline".into(),
+            title: String::new(),
+            roster_groups_allowed: Vec::new(),
+        }
+    }
+
+    fn from_stored(s: &str) -> Option<NodeConfig> {
+        serde_json::from_str(s).ok()
+    }
+
+    fn to_stored(&self) -> String {
+        serde_json::to_string(self).expect("a node config serializes")
+    }
+
+    /// The `pubsub#node_config` form (§8.2).
+    fn form(&self, cfg: &PepConfig, kind: &str) -> Element {
+        let max = self.max_items.to_string();
+        let groups: Vec<&str> = self
+            .roster_groups_allowed
+            .iter()
+            .map(String::as_str)
+            .collect();
+        FormBuilder::new(kind, Some(NS_NODE_CONFIG))
+            .field(
+                "pubsub#title",
+                "text-single",
+                Some("A friendly name for the node"),
+                &[&self.title],
+            )
+            .field_with_options(
+                "pubsub#access_model",
+                "list-single",
+                Some("Who may subscribe and retrieve items"),
+                &[self.access_model.as_str()],
+                &[
+                    ("Anyone", "open"),
+                    ("Contacts with a presence subscription", "presence"),
+                    ("Contacts in the allowed roster groups", "roster"),
+                    ("The owner only", "whitelist"),
+                ],
+            )
+            .field(
+                "pubsub#roster_groups_allowed",
+                "list-multi",
+                Some("Roster groups allowed"),
+                &groups,
+            )
+            .field(
+                "pubsub#max_items",
+                "text-single",
+                Some(&format!(
+                    "Items to keep (at most {}, or max)",
+                    cfg.max_items
+                )),
+                &[&max],
+            )
+            .boolean("pubsub#persist_items", "Keep items", self.persist_items)
+            .field_with_options(
+                "pubsub#send_last_published_item",
+                "list-single",
+                Some("When to send the last item"),
+                &[&self.send_last_published_item],
+                &[
+                    ("Never", "never"),
+                    ("On subscription", "on_sub"),
+                    ("On subscription and presence", "on_sub_and_presence"),
+                ],
+            )
+            .boolean(
+                "pubsub#notify_retract",
+                "Notify when items are retracted",
+                self.notify_retract,
+            )
+            .boolean(
+                "pubsub#notify_delete",
+                "Notify when the node is deleted",
+                self.notify_delete,
+            )
+            .boolean(
+                "pubsub#deliver_notifications",
+                "Deliver notifications",
+                true,
+            )
+            .boolean(
+                "pubsub#deliver_payloads",
+                "Deliver payloads with notifications",
+                true,
+            )
+            .field_with_options(
+                "pubsub#notification_type",
+                "list-single",
+                Some("Message type of notifications"),
+                &[&self.notification_type],
+                &[("Headline", "headline"), ("Normal", "normal")],
+            )
+            .field_with_options(
+                "pubsub#publish_model",
+                "list-single",
+                Some("Who may publish"),
+                &["publishers"],
+                &[("Publishers (the owner)", "publishers")],
+            )
+            .build()
+    }
+
+    /// Applies one field of a configuration or publish-options form.
+    /// `Err` names what is wrong with the value.
+    fn set(&mut self, cfg: &PepConfig, var: &str, values: &[String]) -> Result<(), String> {
+        let one = || values.first().map(|v| v.trim()).unwrap_or("");
+        let boolean = || match one() {
+            "1" | "true" => Ok(true),
+            "0" | "false" => Ok(false),
+            v => Err(format!("{var}: '{v}' is not a boolean")),
+        };
+        match var {
+            "FORM_TYPE" => {}
+            "pubsub#title" => self.title = one().to_owned(),
+            "pubsub#access_model" => {
+                self.access_model = Access::parse(one())
+                    .ok_or_else(|| format!("unsupported access model '{}'", one()))?
+            }
+            "pubsub#roster_groups_allowed" => self.roster_groups_allowed = values.to_vec(),
+            "pubsub#max_items" => {
+                self.max_items = match one() {
+                    "max" => cfg.max_items,
+                    v => match v.parse::<u32>() {
+                        Ok(n) if (1..=cfg.max_items).contains(&n) => n,
+                        _ => {
+                            return Err(format!("max_items must be 1 to {} or max", cfg.max_items))
+                        }
+                    },
+                }
+            }
+            "pubsub#persist_items" => self.persist_items = boolean()?,
+            "pubsub#send_last_published_item" => match one() {
+                v @ ("never" | "on_sub" | "on_sub_and_presence") => {
+                    self.send_last_published_item = v.to_owned()
+                }
+                v => return Err(format!("send_last_published_item '{v}' is not supported")),
+            },
+            "pubsub#notify_retract" => self.notify_retract = boolean()?,
+            "pubsub#notify_delete" => self.notify_delete = boolean()?,
+            "pubsub#notification_type" => match one() {
+                v @ ("headline" | "normal") => self.notification_type = v.to_owned(),
+                v => return Err(format!("notification_type '{v}' is not supported")),
+            },
+            // Always on in PEP; asking for them is fine, turning them off is not.
+            "pubsub#deliver_notifications" | "pubsub#deliver_payloads" => {
+                if !boolean()? {
+                    return Err(format!("{var} cannot be turned off here"));
+                }
+            }
+            "pubsub#publish_model" => {
+                if one() != "publishers" {
+                    return Err("only the owner publishes to a personal node".into());
+                }
+            }
+            _ => return Err(format!("{var} is not a supported option")),
+        }
+        Ok(())
+    }
+}
+
+/// A pubsub error: a condition with an application-specific child
+/// (XEP-0060 §6.5.9, §7.1.3).
+fn perr(cond: StanzaErrorCondition, app: Option<&str>, text: &str) -> StanzaError {
+    let mut e = StanzaError::new(cond).with_text(text);
+    if let Some(a) = app {
+        e = e.with_app(Element::new(a, NS_ERRORS));
+    }
+    e
+}
+
+fn internal(e: StorageError) -> StanzaError {
+    tracing::error!(module = NAME, error = %e, "storage failed");
+    StanzaError::new(StanzaErrorCondition::InternalServerError)
+}
+
+/// A node name as clients send it: non-empty, reasonably short.
+fn node_attr(el: &Element) -> Result<&str, StanzaError> {
+    match el.attr("node") {
+        Some(n) if !n.is_empty() && n.len() <= 1024 => Ok(n),
+        Some(_) => Err(perr(
+            StanzaErrorCondition::NotAcceptable,
+            None,
+            "node names are 1 to 1024 bytes",
+        )),
+        None => Err(perr(
+            StanzaErrorCondition::BadRequest,
+            Some("nodeid-required"),
+            "name the node",
+        )),
+    }
+}
+
+/// The session's capabilities as the module follows them.
+#[derive(Default)]
+struct CapsState {
+    /// The `hash:ver` of the last available presence with capabilities.
+    ver: Option<String>,
+    /// Our disco#info query waiting for its answer: (id, hash, ver).
+    pending: Option<(String, String, String)>,
+    /// The `ver` the last items were delivered for.
+    delivered: Option<String>,
+}
+
+/// The PEP module.
+pub struct Pep {
+    cfg: PepConfig,
+    /// Verified capabilities: `hash:ver` → features.
+    caps: RwLock<HashMap<String, Arc<HashSet<String>>>>,
+    /// The last publication order handed out (µs since the epoch).
+    seq: AtomicI64,
+}
+
+impl Pep {
+    /// Verified capabilities `key` (`hash:ver`): from this node's cache,
+    /// else from storage (verified by any node of a cluster), else `None`.
+    async fn features(&self, env: &Env, key: &str) -> Option<Arc<HashSet<String>>> {
+        if let Some(f) = self.caps.read().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Some(f.clone());
+        }
+        let stored = match env
+            .storage
+            .user_data
+            .get(&caps_owner(), CAPS_KIND, key)
+            .await
+        {
+            Ok(s) => s?,
+            Err(e) => {
+                tracing::warn!(module = NAME, caps = key, error = %e, "reading stored capabilities failed");
+                return None;
+            }
+        };
+        let features: Arc<HashSet<String>> = Arc::new(
+            stored
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        );
+        self.remember(key, features.clone());
+        Some(features)
+    }
+
+    fn remember(&self, key: &str, features: Arc<HashSet<String>>) {
+        let mut caps = self.caps.write().unwrap_or_else(|e| e.into_inner());
+        if caps.len() >= CAPS_CACHE_LIMIT {
+            caps.clear();
+        }
+        caps.insert(key.to_owned(), features);
+    }
+
+    /// Whether the resource whose last presence is `presence` asked for
+    /// `node`'s notifications.
+    async fn wants(&self, env: &Env, presence: Option<&Element>, node: &str) -> bool {
+        let Some(key) = presence.and_then(caps_key) else {
+            return false;
+        };
+        self.features(env, &key)
+            .await
+            .is_some_and(|f| f.contains(&format!("{node}+notify")))
+    }
+
+    fn next_seq(&self) -> i64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        let mut last = self.seq.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(last + 1);
+            match self
+                .seq
+                .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(cur) => last = cur,
+            }
+        }
+    }
+
+    async fn node(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        node: &str,
+    ) -> Result<Option<NodeConfig>, StanzaError> {
+        match env.storage.pubsub.node(owner.as_str(), node).await {
+            Ok(Some(n)) => Ok(Some(
+                NodeConfig::from_stored(&n.config).unwrap_or_else(|| NodeConfig::new(&self.cfg)),
+            )),
+            Ok(None) => Ok(None),
+            Err(e) => Err(internal(e)),
+        }
+    }
+
+    /// Whether `who` may see `owner`'s node (§6.5.9 errors otherwise).
+    async fn may_see(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        who: &BareJid,
+        cfg: &NodeConfig,
+    ) -> Result<(), StanzaError> {
+        if who == owner || cfg.access_model == Access::Open {
+            return Ok(());
+        }
+        let item = env
+            .storage
+            .roster
+            .get_item(owner, who)
+            .await
+            .map_err(internal)?;
+        match cfg.access_model {
+            Access::Presence => {
+                if item.is_some_and(|i| {
+                    matches!(i.subscription, Subscription::From | Subscription::Both)
+                }) {
+                    Ok(())
+                } else {
+                    Err(perr(
+                        StanzaErrorCondition::NotAuthorized,
+                        Some("presence-subscription-required"),
+                        "only contacts subscribed to the owner's presence see this node",
+                    ))
+                }
+            }
+            Access::Roster => {
+                if item.is_some_and(|i| {
+                    i.groups
+                        .iter()
+                        .any(|g| cfg.roster_groups_allowed.contains(g))
+                }) {
+                    Ok(())
+                } else {
+                    Err(perr(
+                        StanzaErrorCondition::NotAuthorized,
+                        Some("not-in-roster-group"),
+                        "only some of the owner's contacts see this node",
+                    ))
+                }
+            }
+            Access::Whitelist => Err(perr(
+                StanzaErrorCondition::NotAllowed,
+                Some("closed-node"),
+                "only the owner sees this node",
+            )),
+            Access::Open => Ok(()),
+        }
+    }
+
+    /// The available resources that get `owner`'s notifications for
+    /// `node`: the owner's, and the contacts' the access model admits,
+    /// each only if it asked for them (`NODE+notify`).
+    async fn recipients(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        node: &str,
+        cfg: &NodeConfig,
+    ) -> Vec<FullJid> {
+        let mut accounts = vec![owner.clone()];
+        if cfg.access_model != Access::Whitelist {
+            accounts.extend(self.admitted_contacts(env, owner, cfg).await);
+        }
+        let mut out = Vec::new();
+        for bare in &accounts {
+            for e in env.sessions.resources(bare) {
+                if e.priority.is_some() && self.wants(env, e.presence.as_deref(), node).await {
+                    out.push(e.session.jid.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The contacts of `owner` whose resources the node's access model
+    /// admits to its notifications.
+    async fn admitted_contacts(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        cfg: &NodeConfig,
+    ) -> Vec<BareJid> {
+        let mut out = Vec::new();
+        let roster = match env.storage.roster.get_roster(owner).await {
+            Ok((_, items)) => items,
+            Err(e) => {
+                tracing::error!(module = NAME, owner = %owner, error = %e, "reading the roster for notifications failed");
+                return out;
+            }
+        };
+        for item in roster {
+            let subscribed = matches!(item.subscription, Subscription::From | Subscription::Both);
+            let admitted = match cfg.access_model {
+                Access::Open | Access::Presence => subscribed,
+                Access::Roster => {
+                    subscribed
+                        && item
+                            .groups
+                            .iter()
+                            .any(|g| cfg.roster_groups_allowed.contains(g))
+                }
+                Access::Whitelist => false,
+            };
+            if admitted && &item.jid != owner {
+                out.push(item.jid);
+            }
+        }
+        out
+    }
+
+    /// Sends `owner`'s event about `node` to its recipients.
+    async fn notify(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        node: &str,
+        cfg: &NodeConfig,
+        event: Element,
+    ) {
+        let to = self.recipients(env, owner, node, cfg).await;
+        if to.is_empty() {
+            return;
+        }
+        let mut m = Element::builder("message", ns::CLIENT)
+            .attr("type", cfg.notification_type.as_str())
+            .attr("id", starling_proto::random_id(10))
+            .build();
+        m.append_child(event);
+        let from: Jid = owner.clone().into();
+        for s in crate::modules::copies(m, from, to.into_iter().map(Jid::from)) {
+            env.route(s).await;
+        }
+    }
+
+    /// `<event><items node><item id>payload</item></items></event>`.
+    fn items_event(node: &str, items: &[StoredItem]) -> Element {
+        let mut list = Element::builder("items", NS_EVENT)
+            .attr("node", node)
+            .build();
+        for it in items {
+            list.append_child(item_el(NS_EVENT, it));
+        }
+        Element::builder("event", NS_EVENT).append(list).build()
+    }
+
+    /// Sends session `to` (of account `me`, with `features`) the last item
+    /// of every node it follows: its own account's and its contacts'
+    /// (§4.3.4, on available presence).
+    async fn deliver_last(
+        &self,
+        env: &Env,
+        me: &BareJid,
+        to: &FullJid,
+        features: &HashSet<String>,
+    ) {
+        if !features.iter().any(|f| f.ends_with("+notify")) {
+            return;
+        }
+        let mut services = vec![me.clone()];
+        match env.storage.roster.get_roster(me).await {
+            Ok((_, items)) => services.extend(
+                items
+                    .into_iter()
+                    .filter(|i| matches!(i.subscription, Subscription::To | Subscription::Both))
+                    .map(|i| i.jid),
+            ),
+            Err(e) => {
+                tracing::error!(module = NAME, user = %me, error = %e, "reading the roster for last items failed")
+            }
+        }
+        for owner in services {
+            let last = match env.storage.pubsub.last_items(owner.as_str()).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(module = NAME, owner = %owner, error = %e, "reading last items failed");
+                    continue;
+                }
+            };
+            for (node, item) in last {
+                if !features.contains(&format!("{node}+notify")) {
+                    continue;
+                }
+                let Ok(Some(cfg)) = self.node(env, &owner, &node).await else {
+                    continue;
+                };
+                if cfg.send_last_published_item != "on_sub_and_presence"
+                    || self.may_see(env, &owner, me, &cfg).await.is_err()
+                {
+                    continue;
+                }
+                let mut m = Element::builder("message", ns::CLIENT)
+                    .attr("type", cfg.notification_type.as_str())
+                    .attr("id", starling_proto::random_id(10))
+                    .build();
+                m.append_child(Self::items_event(&node, &[item]));
+                env.route(Stanza::new(
+                    m,
+                    Some(owner.clone().into()),
+                    Some(to.clone().into()),
+                ))
+                .await;
+            }
+        }
+    }
+
+    // ----- the use cases -----
+
+    /// §7.1: publish (the owner only), creating the node if needed.
+    async fn publish(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        publisher: &FullJid,
+        ps: &Element,
+        p: &Element,
+    ) -> Result<Element, StanzaError> {
+        let node = node_attr(p)?;
+        let mut items = p.children().filter(|c| c.is("item", NS_PUBSUB));
+        let item = items.next();
+        if items.next().is_some() {
+            return Err(perr(
+                StanzaErrorCondition::BadRequest,
+                Some("invalid-payload"),
+                "publish one item at a time",
+            ));
+        }
+        let payload = match item {
+            Some(i) => {
+                let mut kids = i.children();
+                match (kids.next(), kids.next()) {
+                    (Some(k), None) => Some(k),
+                    (None, _) => {
+                        return Err(perr(
+                            StanzaErrorCondition::BadRequest,
+                            Some("payload-required"),
+                            "the item needs a payload",
+                        ))
+                    }
+                    _ => {
+                        return Err(perr(
+                            StanzaErrorCondition::BadRequest,
+                            Some("invalid-payload"),
+                            "an item holds one payload element",
+                        ))
+                    }
+                }
+            }
+            None => {
+                return Err(perr(
+                    StanzaErrorCondition::BadRequest,
+                    Some("item-required"),
+                    "publish an item",
+                ))
+            }
+        };
+        let options = ps
+            .get_child("publish-options", NS_PUBSUB)
+            .and_then(|o| o.get_child("x", ns::DATA_FORMS))
+            .map(Submitted::parse);
+        if let Some(o) = &options {
+            if o.form_type().is_some_and(|t| t != NS_PUBLISH_OPTIONS) {
+                return Err(perr(
+                    StanzaErrorCondition::BadRequest,
+                    Some("invalid-options"),
+                    "publish-options need FORM_TYPE pubsub#publish-options",
+                ));
+            }
+        }
+        let cfg = match self.node(env, owner, node).await? {
+            Some(cfg) => {
+                // §7.1.5: every option must match the node's configuration.
+                if let Some(o) = &options {
+                    let mut wanted = cfg.clone();
+                    for var in o.vars() {
+                        let values = o.values(var).unwrap_or_default();
+                        if wanted.set(&self.cfg, var, values).is_err() {
+                            return Err(perr(
+                                StanzaErrorCondition::Conflict,
+                                Some("precondition-not-met"),
+                                &format!("{var} cannot be met"),
+                            ));
+                        }
+                    }
+                    if wanted != cfg {
+                        return Err(perr(
+                            StanzaErrorCondition::Conflict,
+                            Some("precondition-not-met"),
+                            "the node's configuration differs from the publish-options",
+                        ));
+                    }
+                }
+                cfg
+            }
+            None => {
+                let mut cfg = NodeConfig::new(&self.cfg);
+                if let Some(o) = &options {
+                    for var in o.vars() {
+                        let values = o.values(var).unwrap_or_default();
+                        cfg.set(&self.cfg, var, values).map_err(|e| {
+                            perr(
+                                StanzaErrorCondition::NotAcceptable,
+                                Some("invalid-options"),
+                                &e,
+                            )
+                        })?;
+                    }
+                }
+                let count = env
+                    .storage
+                    .pubsub
+                    .nodes(owner.as_str())
+                    .await
+                    .map_err(internal)?
+                    .len();
+                if count >= self.cfg.max_nodes_per_user as usize {
+                    return Err(perr(
+                        StanzaErrorCondition::NotAllowed,
+                        Some("max-nodes-exceeded"),
+                        "this account has as many nodes as the server allows",
+                    ));
+                }
+                let stored = StoredNode {
+                    service: owner.as_str().to_owned(),
+                    node: node.to_owned(),
+                    config: cfg.to_stored(),
+                    created_at: self.next_seq() / 1000,
+                };
+                match env.storage.pubsub.create_node(&stored).await {
+                    Ok(()) | Err(StorageError::Conflict) => {}
+                    Err(e) => return Err(internal(e)),
+                }
+                tracing::debug!(module = NAME, owner = %owner, node, "node created");
+                cfg
+            }
+        };
+        let id = item
+            .and_then(|i| i.attr("id"))
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .unwrap_or_else(|| starling_proto::random_id(16));
+        let stored = StoredItem {
+            id: id.clone(),
+            publisher: publisher.to_bare().as_str().to_owned(),
+            payload: payload.map(|p| p.to_string()).unwrap_or_default(),
+            seq: self.next_seq(),
+        };
+        let max = if cfg.persist_items { cfg.max_items } else { 1 };
+        env.storage
+            .pubsub
+            .publish(owner.as_str(), node, &stored, Some(max))
+            .await
+            .map_err(internal)?;
+        self.notify(
+            env,
+            owner,
+            node,
+            &cfg,
+            Self::items_event(node, std::slice::from_ref(&stored)),
+        )
+        .await;
+        Ok(Element::builder("pubsub", NS_PUBSUB)
+            .append(
+                Element::builder("publish", NS_PUBSUB)
+                    .attr("node", node)
+                    .append(Element::builder("item", NS_PUBSUB).attr("id", id).build())
+                    .build(),
+            )
+            .build())
+    }
+
+    /// §6.5: items, for the owner or whoever the access model admits.
+    async fn items(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        who: &BareJid,
+        el: &Element,
+    ) -> Result<Element, StanzaError> {
+        let node = node_attr(el)?;
+        let cfg = self
+            .node(env, owner, node)
+            .await?
+            .ok_or_else(|| perr(StanzaErrorCondition::ItemNotFound, None, "no such node"))?;
+        self.may_see(env, owner, who, &cfg).await?;
+        let ids: Vec<String> = el
+            .children()
+            .filter(|c| c.is("item", NS_PUBSUB))
+            .filter_map(|c| c.attr("id").map(str::to_owned))
+            .collect();
+        let mut items = if ids.is_empty() {
+            let max = el.attr("max_items").and_then(|m| m.parse::<u32>().ok());
+            env.storage.pubsub.items(owner.as_str(), node, max).await
+        } else {
+            env.storage
+                .pubsub
+                .items_by_id(owner.as_str(), node, &ids)
+                .await
+        }
+        .map_err(internal)?;
+        // Oldest first, as they were published.
+        items.reverse();
+        let mut list = Element::builder("items", NS_PUBSUB)
+            .attr("node", node)
+            .build();
+        for it in &items {
+            list.append_child(item_el(NS_PUBSUB, it));
+        }
+        Ok(Element::builder("pubsub", NS_PUBSUB).append(list).build())
+    }
+
+    /// §7.2: retract.
+    async fn retract(&self, env: &Env, owner: &BareJid, el: &Element) -> Result<(), StanzaError> {
+        let node = node_attr(el)?;
+        let cfg = self
+            .node(env, owner, node)
+            .await?
+            .ok_or_else(|| perr(StanzaErrorCondition::ItemNotFound, None, "no such node"))?;
+        let ids: Vec<&str> = el
+            .children()
+            .filter(|c| c.is("item", NS_PUBSUB))
+            .filter_map(|c| c.attr("id"))
+            .collect();
+        let [id] = ids[..] else {
+            return Err(perr(
+                StanzaErrorCondition::BadRequest,
+                Some("item-required"),
+                "name the one item to retract",
+            ));
+        };
+        if !env
+            .storage
+            .pubsub
+            .retract(owner.as_str(), node, id)
+            .await
+            .map_err(internal)?
+        {
+            return Err(perr(
+                StanzaErrorCondition::ItemNotFound,
+                None,
+                "no such item",
+            ));
+        }
+        let notify = matches!(el.attr("notify"), Some("1" | "true")) || cfg.notify_retract;
+        if notify {
+            let mut list = Element::builder("items", NS_EVENT)
+                .attr("node", node)
+                .build();
+            list.append_child(Element::builder("retract", NS_EVENT).attr("id", id).build());
+            self.notify(
+                env,
+                owner,
+                node,
+                &cfg,
+                Element::builder("event", NS_EVENT).append(list).build(),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// The owner's use cases (§8): configure, default, delete, purge.
+    async fn owner(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        iq: &Stanza,
+        ps: &Element,
+    ) -> Result<Option<Element>, StanzaError> {
+        let Some(op) = ps.children().next() else {
+            return Err(perr(
+                StanzaErrorCondition::BadRequest,
+                None,
+                "empty request",
+            ));
+        };
+        let get = iq.type_attr() == Some("get");
+        match (op.name(), get) {
+            ("default", true) => Ok(Some(
+                Element::builder("pubsub", NS_OWNER)
+                    .append(
+                        Element::builder("default", NS_OWNER)
+                            .append(NodeConfig::new(&self.cfg).form(&self.cfg, "form"))
+                            .build(),
+                    )
+                    .build(),
+            )),
+            ("configure", _) => {
+                let node = node_attr(op)?;
+                let cfg = self.node(env, owner, node).await?.ok_or_else(|| {
+                    perr(StanzaErrorCondition::ItemNotFound, None, "no such node")
+                })?;
+                if get {
+                    return Ok(Some(
+                        Element::builder("pubsub", NS_OWNER)
+                            .append(
+                                Element::builder("configure", NS_OWNER)
+                                    .attr("node", node)
+                                    .append(cfg.form(&self.cfg, "form"))
+                                    .build(),
+                            )
+                            .build(),
+                    ));
+                }
+                let Some(x) = op.get_child("x", ns::DATA_FORMS) else {
+                    return Err(perr(
+                        StanzaErrorCondition::BadRequest,
+                        None,
+                        "submit a node_config form",
+                    ));
+                };
+                let form = Submitted::parse(x);
+                if x.attr("type") == Some("cancel") {
+                    return Ok(None);
+                }
+                if form.form_type().is_some_and(|t| t != NS_NODE_CONFIG) {
+                    return Err(perr(
+                        StanzaErrorCondition::BadRequest,
+                        None,
+                        "FORM_TYPE must be pubsub#node_config",
+                    ));
+                }
+                let mut next = cfg.clone();
+                for var in form.vars() {
+                    next.set(&self.cfg, var, form.values(var).unwrap_or_default())
+                        .map_err(|e| perr(StanzaErrorCondition::NotAcceptable, None, &e))?;
+                }
+                if !env
+                    .storage
+                    .pubsub
+                    .set_node_config(owner.as_str(), node, &next.to_stored())
+                    .await
+                    .map_err(internal)?
+                {
+                    return Err(perr(
+                        StanzaErrorCondition::ItemNotFound,
+                        None,
+                        "no such node",
+                    ));
+                }
+                let keep = if next.persist_items {
+                    next.max_items
+                } else {
+                    1
+                };
+                env.storage
+                    .pubsub
+                    .trim(owner.as_str(), node, keep)
+                    .await
+                    .map_err(internal)?;
+                Ok(None)
+            }
+            ("delete", false) => {
+                let node = node_attr(op)?;
+                let cfg = self.node(env, owner, node).await?.ok_or_else(|| {
+                    perr(StanzaErrorCondition::ItemNotFound, None, "no such node")
+                })?;
+                // Whoever would be told must be found before the node goes.
+                let to = if cfg.notify_delete {
+                    self.recipients(env, owner, node, &cfg).await
+                } else {
+                    Vec::new()
+                };
+                env.storage
+                    .pubsub
+                    .delete_node(owner.as_str(), node)
+                    .await
+                    .map_err(internal)?;
+                if !to.is_empty() {
+                    let mut m = Element::builder("message", ns::CLIENT)
+                        .attr("type", cfg.notification_type.as_str())
+                        .build();
+                    m.append_child(
+                        Element::builder("event", NS_EVENT)
+                            .append(
+                                Element::builder("delete", NS_EVENT)
+                                    .attr("node", node)
+                                    .build(),
+                            )
+                            .build(),
+                    );
+                    for s in crate::modules::copies(
+                        m,
+                        owner.clone().into(),
+                        to.into_iter().map(Jid::from),
+                    ) {
+                        env.route(s).await;
+                    }
+                }
+                Ok(None)
+            }
+            ("purge", false) => {
+                let node = node_attr(op)?;
+                let cfg = self.node(env, owner, node).await?.ok_or_else(|| {
+                    perr(StanzaErrorCondition::ItemNotFound, None, "no such node")
+                })?;
+                env.storage
+                    .pubsub
+                    .purge(owner.as_str(), node)
+                    .await
+                    .map_err(internal)?;
+                self.notify(
+                    env,
+                    owner,
+                    node,
+                    &cfg,
+                    Element::builder("event", NS_EVENT)
+                        .append(
+                            Element::builder("purge", NS_EVENT)
+                                .attr("node", node)
+                                .build(),
+                        )
+                        .build(),
+                )
+                .await;
+                Ok(None)
+            }
+            _ => Err(perr(
+                StanzaErrorCondition::FeatureNotImplemented,
+                Some("unsupported"),
+                "not supported on personal nodes",
+            )),
+        }
+    }
+
+    /// A request from the account's own session (`no to` or its bare JID).
+    async fn own(
+        &self,
+        env: &Env,
+        me: &FullJid,
+        iq: &Stanza,
+    ) -> Result<Option<Element>, StanzaError> {
+        let owner = me.to_bare();
+        let Some(ps) = iq.payload() else {
+            return Err(perr(
+                StanzaErrorCondition::BadRequest,
+                None,
+                "empty request",
+            ));
+        };
+        if ps.ns() == NS_OWNER {
+            return self.owner(env, &owner, iq, ps).await;
+        }
+        let set = iq.type_attr() == Some("set");
+        let Some(op) = ps
+            .children()
+            .find(|c| c.ns() == NS_PUBSUB && c.name() != "publish-options")
+        else {
+            return Err(perr(
+                StanzaErrorCondition::BadRequest,
+                None,
+                "empty request",
+            ));
+        };
+        match (op.name(), set) {
+            ("publish", true) => self.publish(env, &owner, me, ps, op).await.map(Some),
+            ("retract", true) => self.retract(env, &owner, op).await.map(|()| None),
+            ("items", false) => self.items(env, &owner, &owner, op).await.map(Some),
+            // Subscriptions to one's own PEP are implicit (+notify).
+            _ => Err(perr(
+                StanzaErrorCondition::FeatureNotImplemented,
+                Some("unsupported"),
+                "not supported on personal nodes",
+            )),
+        }
+    }
+}
+
+/// `<item id>payload</item>` in namespace `ns`.
+fn item_el(ns: &str, it: &StoredItem) -> Element {
+    let mut el = Element::builder("item", ns)
+        .attr("id", it.id.as_str())
+        .build();
+    if let Ok(p) = it.payload.parse::<Element>() {
+        el.append_child(p);
+    }
+    el
+}
+
+/// `hash:ver` of a presence's capabilities (XEP-0115 §4), if it has
+/// hashed ones.
+fn caps_key(presence: &Element) -> Option<String> {
+    let c = presence.get_child("c", NS_CAPS)?;
+    let hash = c.attr("hash")?;
+    let ver = c.attr("ver")?;
+    Some(format!("{hash}:{ver}"))
+}
+
+/// The verification string of a disco#info result (XEP-0115 §5.1) and
+/// its features, or `None` if the result breaks §5.4's rules (duplicate
+/// identities or features, forms without one FORM_TYPE).
+fn caps_string(query: &Element) -> Option<(String, HashSet<String>)> {
+    let mut ids: Vec<String> = query
+        .children()
+        .filter(|c| c.is("identity", ns::DISCO_INFO))
+        .map(|i| {
+            format!(
+                "{}/{}/{}/{}",
+                i.attr("category").unwrap_or(""),
+                i.attr("type").unwrap_or(""),
+                i.attr("{http://www.w3.org/XML/1998/namespace}lang")
+                    .unwrap_or(""),
+                i.attr("name").unwrap_or("")
+            )
+        })
+        .collect();
+    let mut features: Vec<String> = query
+        .children()
+        .filter(|c| c.is("feature", ns::DISCO_INFO))
+        .filter_map(|f| f.attr("var").map(str::to_owned))
+        .collect();
+    let (n_ids, n_features) = (ids.len(), features.len());
+    ids.sort();
+    ids.dedup();
+    features.sort();
+    features.dedup();
+    if ids.len() != n_ids || features.len() != n_features {
+        return None;
+    }
+    let mut s = String::new();
+    for i in &ids {
+        s.push_str(i);
+        s.push('<');
+    }
+    for f in &features {
+        s.push_str(f);
+        s.push('<');
+    }
+    let mut forms = Vec::new();
+    for x in query.children().filter(|c| c.is("x", ns::DATA_FORMS)) {
+        let types: Vec<String> = x
+            .children()
+            .filter(|f| f.attr("var") == Some("FORM_TYPE"))
+            .flat_map(|f| {
+                f.children()
+                    .filter(|v| v.name() == "value")
+                    .map(|v| v.text())
+            })
+            .collect();
+        let [form_type] = &types[..] else {
+            continue; // no FORM_TYPE: ignored (§5.4 3.6)
+        };
+        let mut fields: Vec<(String, Vec<String>)> = x
+            .children()
+            .filter(|f| f.name() == "field" && f.attr("var").is_some_and(|v| v != "FORM_TYPE"))
+            .map(|f| {
+                let mut v: Vec<String> = f
+                    .children()
+                    .filter(|v| v.name() == "value")
+                    .map(|v| v.text())
+                    .collect();
+                v.sort();
+                (f.attr("var").unwrap_or("").to_owned(), v)
+            })
+            .collect();
+        fields.sort();
+        let mut part = format!("{form_type}<");
+        for (var, values) in fields {
+            part.push_str(&var);
+            part.push('<');
+            for v in values {
+                part.push_str(&v);
+                part.push('<');
+            }
+        }
+        forms.push((form_type.clone(), part));
+    }
+    forms.sort();
+    if forms.windows(2).any(|w| w[0].0 == w[1].0) {
+        return None; // two forms with one FORM_TYPE (§5.4 3.4)
+    }
+    for (_, part) in forms {
+        s.push_str(&part);
+    }
+    Some((s, features.into_iter().collect()))
+}
+
+/// Whether `ver` is the `hash` of `s` (sha-1 or sha-256, base64).
+fn caps_match(hash: &str, ver: &str, s: &str) -> bool {
+    use base64::Engine;
+    use sha1::Digest as _;
+    let digest = match hash {
+        "sha-1" => sha1::Sha1::digest(s.as_bytes()).to_vec(),
+        "sha-256" => sha2::Sha256::digest(s.as_bytes()).to_vec(),
+        _ => return false,
+    };
+    base64::engine::general_purpose::STANDARD.encode(digest) == ver
+}
+
+#[async_trait]
+impl OwnIqHandler for Pep {
+    async fn own_iq(&self, cx: &mut SessionCtx<'_>, iq: &Stanza) -> IqResponse {
+        let me = cx.jid().clone();
+        match self.own(cx.env, &me, iq).await {
+            Ok(p) => IqResponse::Result(p),
+            Err(e) => IqResponse::Error(e),
+        }
+    }
+}
+
+#[async_trait]
+impl IqHandler for Pep {
+    /// Another user's request to an account's bare JID: items only.
+    async fn handle_iq(&self, env: &Env, _scope: IqScope, iq: &Stanza) -> IqResponse {
+        let (Some(to), Some(from)) = (iq.to(), iq.from()) else {
+            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
+        };
+        let owner = to.to_bare();
+        let who = from.to_bare();
+        let Some(ps) = iq.payload() else {
+            return IqResponse::Error(StanzaErrorCondition::BadRequest.into());
+        };
+        if !env.storage.accounts.exists(&owner).await.unwrap_or(false) {
+            return IqResponse::Error(StanzaErrorCondition::ServiceUnavailable.into());
+        }
+        if ps.ns() == NS_OWNER || iq.type_attr() != Some("get") {
+            return IqResponse::Error(perr(
+                StanzaErrorCondition::Forbidden,
+                None,
+                "only the account's owner changes its nodes",
+            ));
+        }
+        match ps.children().find(|c| c.is("items", NS_PUBSUB)) {
+            Some(op) => match self.items(env, &owner, &who, op).await {
+                Ok(p) => IqResponse::Result(Some(p)),
+                Err(e) => IqResponse::Error(e),
+            },
+            None => IqResponse::Error(perr(
+                StanzaErrorCondition::FeatureNotImplemented,
+                Some("unsupported"),
+                "subscriptions to personal nodes are implicit (XEP-0163 +notify)",
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl UserSendHandler for Pep {
+    /// Follows the session's capabilities: asks for unknown ones, takes
+    /// the answer, and delivers the last items once they are known.
+    async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
+        match stanza.kind() {
+            StanzaKind::Presence if stanza.to().is_none() && stanza.type_attr().is_none() => {
+                let Some(key) = caps_key(stanza.element()) else {
+                    return Ok(Flow::Continue);
+                };
+                let known = self.features(cx.env, &key).await;
+                let st = cx.state.get_or_insert_with(CapsState::default);
+                st.ver = Some(key.clone());
+                match known {
+                    Some(features) if st.delivered.as_ref() != Some(&key) => {
+                        st.delivered = Some(key);
+                        let (me, to) = (cx.jid().to_bare(), cx.jid().clone());
+                        self.deliver_last(cx.env, &me, &to, &features).await;
+                    }
+                    Some(_) => {}
+                    None if st.pending.is_none() => {
+                        let c = stanza
+                            .element()
+                            .get_child("c", NS_CAPS)
+                            .expect("caps_key found it");
+                        let (hash, ver) = key.split_once(':').expect("made with a colon");
+                        let (hash, ver) = (hash.to_owned(), ver.to_owned());
+                        let id = format!("caps-{}", starling_proto::random_id(8));
+                        let mut q = Element::new("query", ns::DISCO_INFO);
+                        q.set_attr("node", format!("{}#{ver}", c.attr("node").unwrap_or("")));
+                        let mut iq = Element::builder("iq", ns::CLIENT)
+                            .attr("type", "get")
+                            .attr("id", id.clone())
+                            .attr("from", cx.info.domain.clone())
+                            .attr("to", cx.jid().as_str())
+                            .build();
+                        iq.append_child(q);
+                        cx.state.get_or_insert_with(CapsState::default).pending =
+                            Some((id, hash, ver));
+                        cx.send(iq);
+                    }
+                    None => {}
+                }
+                Ok(Flow::Continue)
+            }
+            StanzaKind::Iq if !stanza.is_iq_request() => {
+                let Some((id, hash, ver)) =
+                    cx.state.get::<CapsState>().and_then(|s| s.pending.clone())
+                else {
+                    return Ok(Flow::Continue);
+                };
+                if stanza.id() != Some(id.as_str()) {
+                    return Ok(Flow::Continue);
+                }
+                if let Some(s) = cx.state.get_mut::<CapsState>() {
+                    s.pending = None;
+                }
+                let verified = stanza
+                    .element()
+                    .get_child("query", ns::DISCO_INFO)
+                    .filter(|_| stanza.type_attr() == Some("result"))
+                    .and_then(caps_string)
+                    .filter(|(s, _)| caps_match(&hash, &ver, s));
+                let key = format!("{hash}:{ver}");
+                match verified {
+                    Some((_, features)) => {
+                        let mut lines: Vec<&str> = features.iter().map(String::as_str).collect();
+                        lines.sort_unstable();
+                        if let Err(e) = cx
+                            .env
+                            .storage
+                            .user_data
+                            .set(&caps_owner(), CAPS_KIND, &key, &lines.join("\n"))
+                            .await
+                        {
+                            tracing::warn!(module = NAME, caps = %key, error = %e, "storing verified capabilities failed");
+                        }
+                        let features = Arc::new(features);
+                        self.remember(&key, features.clone());
+                        let current = cx.state.get::<CapsState>().and_then(|s| s.ver.clone());
+                        if current.as_ref() == Some(&key) {
+                            if let Some(s) = cx.state.get_mut::<CapsState>() {
+                                s.delivered = Some(key);
+                            }
+                            let (me, to) = (cx.jid().to_bare(), cx.jid().clone());
+                            self.deliver_last(cx.env, &me, &to, &features).await;
+                        }
+                    }
+                    None => {
+                        tracing::info!(module = NAME, jid = %cx.jid(), caps = %key, "capabilities not verified (§5.4): not cached");
+                    }
+                }
+                Ok(Flow::Stop)
+            }
+            _ => Ok(Flow::Continue),
+        }
+    }
+}
+
+impl Module for Pep {
+    const NAME: &'static str = NAME;
+    const SUMMARY: &'static str =
+        "XEP-0163 personal eventing (PEP) with XEP-0115 +notify filtering";
+    type Config = PepConfig;
+    const STORAGE: &'static [&'static str] = &["pubsub", "roster"];
+
+    fn enabled(cfg: &PepConfig) -> bool {
+        cfg.enabled
+    }
+
+    fn validate(cfg: &PepConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
+        if cfg.max_items == 0 || cfg.default_max_items == 0 || cfg.default_max_items > cfg.max_items
+        {
+            return Err(ConfigProblem::new(
+                "max_items",
+                "max_items and default_max_items must be at least 1, and default_max_items at most max_items",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn start(cfg: &PepConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        let m = Arc::new(Pep {
+            cfg: cfg.clone(),
+            caps: RwLock::new(HashMap::new()),
+            seq: AtomicI64::new(0),
+        });
+        reg.own_iq(NAME, "pubsub", NS_PUBSUB, m.clone());
+        reg.own_iq(NAME, "pubsub", NS_OWNER, m.clone());
+        reg.iq(NAME, IqScope::Account, "pubsub", NS_PUBSUB, m.clone());
+        reg.iq(NAME, IqScope::Account, "pubsub", NS_OWNER, m.clone());
+        // Before presence (40), which consumes broadcast presence.
+        reg.user_send(NAME, 38, m);
+        let d = reg.disco();
+        d.identity(IqScope::Account, "pubsub", "pep", None);
+        for f in [
+            NS_PUBSUB,
+            "http://jabber.org/protocol/pubsub#access-open",
+            "http://jabber.org/protocol/pubsub#access-presence",
+            "http://jabber.org/protocol/pubsub#access-roster",
+            "http://jabber.org/protocol/pubsub#access-whitelist",
+            "http://jabber.org/protocol/pubsub#auto-create",
+            "http://jabber.org/protocol/pubsub#auto-subscribe",
+            "http://jabber.org/protocol/pubsub#config-node",
+            "http://jabber.org/protocol/pubsub#create-and-configure",
+            "http://jabber.org/protocol/pubsub#delete-items",
+            "http://jabber.org/protocol/pubsub#delete-nodes",
+            "http://jabber.org/protocol/pubsub#filtered-notifications",
+            "http://jabber.org/protocol/pubsub#item-ids",
+            "http://jabber.org/protocol/pubsub#last-published",
+            "http://jabber.org/protocol/pubsub#persistent-items",
+            "http://jabber.org/protocol/pubsub#presence-notifications",
+            "http://jabber.org/protocol/pubsub#publish",
+            "http://jabber.org/protocol/pubsub#publish-options",
+            "http://jabber.org/protocol/pubsub#purge-nodes",
+            "http://jabber.org/protocol/pubsub#retract-items",
+            "http://jabber.org/protocol/pubsub#retrieve-default",
+            "http://jabber.org/protocol/pubsub#retrieve-items",
+        ] {
+            d.feature(Scopes::ACCOUNT, f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// XEP-0115 §5.2's simple example and §5.3's complex one.
+    #[test]
+    fn caps_strings_and_hashes_match_the_xep_examples() {
+        let simple: Element = "<query xmlns='http://jabber.org/protocol/disco#info'>\
+            <identity category='client' name='Exodus 0.9.1' type='pc'/>\
+            <feature var='http://jabber.org/protocol/caps'/>\
+            <feature var='http://jabber.org/protocol/disco#info'/>\
+            <feature var='http://jabber.org/protocol/disco#items'/>\
+            <feature var='http://jabber.org/protocol/muc'/></query>"
+            .parse()
+            .unwrap();
+        let (s, f) = caps_string(&simple).unwrap();
+        assert_eq!(s, "client/pc//Exodus 0.9.1<http://jabber.org/protocol/caps<http://jabber.org/protocol/disco#info<http://jabber.org/protocol/disco#items<http://jabber.org/protocol/muc<");
+        assert!(caps_match("sha-1", "QgayPKawpkPSDYmwT/WM94uAlu0=", &s));
+        assert!(f.contains("http://jabber.org/protocol/muc"));
+        let complex: Element = "<query xmlns='http://jabber.org/protocol/disco#info'>\
+            <identity xml:lang='en' category='client' name='Psi 0.11' type='pc'/>\
+            <identity xml:lang='el' category='client' name='Ψ 0.11' type='pc'/>\
+            <feature var='http://jabber.org/protocol/caps'/>\
+            <feature var='http://jabber.org/protocol/disco#info'/>\
+            <feature var='http://jabber.org/protocol/disco#items'/>\
+            <feature var='http://jabber.org/protocol/muc'/>\
+            <x xmlns='jabber:x:data' type='result'>\
+              <field var='FORM_TYPE' type='hidden'><value>urn:xmpp:dataforms:softwareinfo</value></field>\
+              <field var='ip_version'><value>ipv4</value><value>ipv6</value></field>\
+              <field var='os'><value>Mac</value></field>\
+              <field var='os_version'><value>10.5.1</value></field>\
+              <field var='software'><value>Psi</value></field>\
+              <field var='software_version'><value>0.11</value></field>\
+            </x></query>"
+            .parse()
+            .unwrap();
+        let (s, _) = caps_string(&complex).unwrap();
+        assert!(
+            caps_match("sha-1", "q07IKJEyjvHSyhy//CH0CxmKi8w=", &s),
+            "{s}"
+        );
+        assert!(!caps_match("sha-1", "QgayPKawpkPSDYmwT/WM94uAlu0=", &s));
+        // §5.4: a duplicate feature makes the answer unusable.
+        let dup: Element = "<query xmlns='http://jabber.org/protocol/disco#info'>\
+            <feature var='a'/><feature var='a'/></query>"
+            .parse()
+            .unwrap();
+        assert!(caps_string(&dup).is_none());
+    }
+
+    #[test]
+    fn publish_options_are_checked_against_the_config() {
+        let cfg = PepConfig::default();
+        let mut n = NodeConfig::new(&cfg);
+        n.set(&cfg, "pubsub#access_model", &["open".into()])
+            .unwrap();
+        n.set(&cfg, "pubsub#max_items", &["max".into()]).unwrap();
+        assert_eq!((n.access_model, n.max_items), (Access::Open, 1000));
+        assert!(n.set(&cfg, "pubsub#max_items", &["1001".into()]).is_err());
+        assert!(n
+            .set(&cfg, "pubsub#access_model", &["authorize".into()])
+            .is_err());
+        assert!(n.set(&cfg, "pubsub#unknown", &["x".into()]).is_err());
+        assert!(n
+            .set(&cfg, "pubsub#persist_items", &["maybe".into()])
+            .is_err());
+        let stored = n.to_stored();
+        assert_eq!(NodeConfig::from_stored(&stored), Some(n));
+    }
+}

@@ -1,0 +1,564 @@
+//! Personal Eventing Protocol (XEP-0163) over real sockets: discovery,
+//! publish with auto-create and publish-options (XEP-0060 §7.1.5),
+//! notifications filtered by entity capabilities (XEP-0115 `+notify`, the
+//! server's disco#info query and hash check), the last item at login
+//! (XEP-0163 §4.3.4), access models (XEP-0060 §4.5, errors of §6.5.9),
+//! max_items, retract, purge, delete and node configuration, and bad
+//! requests.
+
+use base64::Engine;
+use sha1::Digest;
+use starling_core::storage::{RosterItem, Subscription};
+use starling_proto::BareJid;
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::time::Duration;
+
+const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
+const OWNER: &str = "http://jabber.org/protocol/pubsub#owner";
+const EVENT: &str = "http://jabber.org/protocol/pubsub#event";
+const ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
+const AVATAR: &str = "urn:xmpp:avatar:metadata";
+const NICK: &str = "http://jabber.org/protocol/nick";
+const QUIET: Duration = Duration::from_millis(400);
+
+/// `owner` has `contact` in its roster with `sub`.
+async fn roster(server: &TestServer, owner: &str, contact: &str, sub: Subscription) {
+    let mut item = RosterItem::new(BareJid::new(&format!("{contact}@localhost")).unwrap());
+    item.subscription = sub;
+    item.groups = vec!["Friends".into()];
+    server
+        .server
+        .env
+        .storage
+        .roster
+        .put_item(&BareJid::new(&format!("{owner}@localhost")).unwrap(), &item)
+        .await
+        .unwrap();
+}
+
+/// Mutual presence subscription.
+async fn contacts(server: &TestServer, a: &str, b: &str) {
+    roster(server, a, b, Subscription::Both).await;
+    roster(server, b, a, Subscription::Both).await;
+}
+
+/// A client's disco#info: identity and `features`.
+fn disco_info(features: &[&str]) -> (String, String) {
+    let mut f: Vec<String> = features.iter().map(|s| s.to_string()).collect();
+    f.sort();
+    let mut s = String::from("client/pc//Test<");
+    let mut xml = String::from("<identity category='client' type='pc' name='Test'/>");
+    for v in &f {
+        s.push_str(v);
+        s.push('<');
+        xml.push_str(&format!("<feature var='{v}'/>"));
+    }
+    let ver = base64::engine::general_purpose::STANDARD.encode(sha1::Sha1::digest(s.as_bytes()));
+    (ver, xml)
+}
+
+/// Sends available presence with capabilities for `features`; answers the
+/// server's disco#info query (XEP-0115 §6.3) if it asks, with `ver` wrong
+/// if `lie`. Returns whether it was asked.
+async fn announce(c: &mut Client, features: &[&str], lie: bool) -> bool {
+    announce_seen(c, features, lie).await.0
+}
+
+/// [`announce`], also returning the other stanzas that arrived meanwhile.
+async fn announce_seen(c: &mut Client, features: &[&str], lie: bool) -> (bool, Vec<Element>) {
+    let mut seen = Vec::new();
+    let (ver, xml) = disco_info(features);
+    c.send(&format!(
+        "<presence><c xmlns='http://jabber.org/protocol/caps' hash='sha-1' node='https://starling.test' ver='{ver}'/></presence>"
+    ))
+    .await;
+    let asked = loop {
+        match c.next_event_within(QUIET).await {
+            Some(starling_testkit::Event::Element(el)) => {
+                if el.name() == "iq" && el.attr("type") == Some("get") {
+                    let q = el
+                        .get_child("query", ns::DISCO_INFO)
+                        .expect("a disco#info query");
+                    assert_eq!(
+                        q.attr("node"),
+                        Some(format!("https://starling.test#{ver}").as_str()),
+                        "{el}"
+                    );
+                    let xml = if lie {
+                        format!("{xml}<feature var='urn:x:extra'/>")
+                    } else {
+                        xml.clone()
+                    };
+                    c.send(&format!(
+                        "<iq type='result' id='{}' to='{}'><query xmlns='{}' node='https://starling.test#{ver}'>{xml}</query></iq>",
+                        el.attr("id").unwrap(),
+                        el.attr("from").unwrap(),
+                        ns::DISCO_INFO
+                    ))
+                    .await;
+                    break true;
+                }
+                seen.push(el);
+            }
+            Some(_) => {}
+            None => break false,
+        }
+    };
+    // What follows the answer (the last items) within the quiet period.
+    while let Some(ev) = c.next_event_within(QUIET).await {
+        if let starling_testkit::Event::Element(el) = ev {
+            seen.push(el);
+        }
+    }
+    (asked, seen)
+}
+
+async fn publish(c: &mut Client, node: &str, id: &str, payload: &str, options: &str) -> Element {
+    let opts = if options.is_empty() {
+        String::new()
+    } else {
+        format!("<publish-options><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>http://jabber.org/protocol/pubsub#publish-options</value></field>{options}</x></publish-options>")
+    };
+    let rid = format!("pub-{}", starling_proto::random_id(6));
+    c.iq(
+        &format!("<iq type='set' id='{rid}'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'>{payload}</item></publish>{opts}</pubsub></iq>"),
+        &rid,
+    )
+    .await
+}
+
+fn field(var: &str, v: &str) -> String {
+    format!("<field var='{var}'><value>{v}</value></field>")
+}
+
+async fn items(c: &mut Client, owner: &str, node: &str, extra: &str) -> Element {
+    let rid = format!("items-{}", starling_proto::random_id(6));
+    let to = if owner.is_empty() {
+        String::new()
+    } else {
+        format!(" to='{owner}@localhost'")
+    };
+    c.iq(
+        &format!("<iq type='get' id='{rid}'{to}><pubsub xmlns='{PUBSUB}'><items node='{node}' {extra}/></pubsub></iq>"),
+        &rid,
+    )
+    .await
+}
+
+fn item_ids(r: &Element) -> Vec<String> {
+    r.get_child("pubsub", PUBSUB)
+        .and_then(|p| p.get_child("items", PUBSUB))
+        .map(|i| {
+            i.children()
+                .filter_map(|c| c.attr("id").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn app_error(r: &Element) -> Option<String> {
+    r.get_child("error", ns::CLIENT)?
+        .children()
+        .find(|c| c.ns() == ERRORS)
+        .map(|c| c.name().to_owned())
+}
+
+/// The next pubsub event notification from `from`.
+async fn event(c: &mut Client, from: &str) -> Element {
+    let m = c
+        .recv_until(|e| e.name() == "message" && e.has_child("event", EVENT))
+        .await;
+    assert_eq!(m.attr("from"), Some(from), "{m}");
+    assert_eq!(m.attr("type"), Some("headline"), "{m}");
+    m.get_child("event", EVENT).unwrap().clone()
+}
+
+async fn no_event(c: &mut Client) {
+    while let Some(ev) = c.next_event_within(QUIET).await {
+        if let starling_testkit::Event::Element(el) = ev {
+            assert!(
+                !el.has_child("event", EVENT),
+                "unexpected notification {el}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn accounts_are_pep_services_with_the_publish_features() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let f = alice.disco_features("alice@localhost").await;
+    for want in [
+        PUBSUB,
+        "http://jabber.org/protocol/pubsub#publish",
+        "http://jabber.org/protocol/pubsub#publish-options",
+        "http://jabber.org/protocol/pubsub#auto-create",
+        "http://jabber.org/protocol/pubsub#filtered-notifications",
+        "http://jabber.org/protocol/pubsub#last-published",
+        "http://jabber.org/protocol/pubsub#access-open",
+    ] {
+        assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
+    }
+    let r = alice
+        .iq(
+            &format!(
+                "<iq type='get' id='di' to='alice@localhost'><query xmlns='{}'/></iq>",
+                ns::DISCO_INFO
+            ),
+            "di",
+        )
+        .await;
+    let q = r.get_child("query", ns::DISCO_INFO).unwrap();
+    assert!(
+        q.children().any(|i| i.name() == "identity"
+            && i.attr("category") == Some("pubsub")
+            && i.attr("type") == Some("pep")),
+        "{r}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn notifications_follow_capabilities_and_the_last_item_arrives_at_login() {
+    let server = TestServer::start().await;
+    contacts(&server, "alice", "bob").await;
+    contacts(&server, "alice", "carol").await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    let mut dave = server.login("dave").await;
+    let notify = format!("{AVATAR}+notify");
+    // XEP-0115 §6.3: an unknown ver is asked for once.
+    assert!(announce(&mut alice, &[&notify], false).await);
+    assert!(announce(&mut bob, &[&notify, "urn:x:other"], false).await);
+    // Carol's client does not want avatars; Dave is not a contact.
+    assert!(announce(&mut carol, &["urn:x:other"], false).await);
+    assert!(announce(&mut dave, &[&notify, "urn:x:dave"], false).await);
+    for c in [&mut alice, &mut bob, &mut carol, &mut dave] {
+        c.drain().await;
+    }
+    let r = publish(
+        &mut alice,
+        AVATAR,
+        "av1",
+        &format!(
+            "<metadata xmlns='{AVATAR}'><info id='av1' bytes='12' type='image/png'/></metadata>"
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let published = r
+        .get_child("pubsub", PUBSUB)
+        .and_then(|p| p.get_child("publish", PUBSUB))
+        .unwrap();
+    assert_eq!(published.attr("node"), Some(AVATAR));
+    for c in [&mut bob, &mut alice] {
+        let ev = event(c, "alice@localhost").await;
+        let items = ev.get_child("items", EVENT).unwrap();
+        assert_eq!(items.attr("node"), Some(AVATAR));
+        let item = items.get_child("item", EVENT).unwrap();
+        assert_eq!(item.attr("id"), Some("av1"));
+        assert!(item.has_child("metadata", AVATAR), "{ev}");
+    }
+    no_event(&mut carol).await;
+    no_event(&mut dave).await;
+    // §4.3.4: a subscriber coming online gets the last item; a known ver
+    // is not asked for again.
+    let mut bob2 = server.login("bob").await;
+    let (asked, seen) = announce_seen(&mut bob2, &[&notify, "urn:x:other"], false).await;
+    assert!(!asked);
+    let m = seen
+        .iter()
+        .find(|m| m.has_child("event", EVENT))
+        .unwrap_or_else(|| panic!("no last item in {seen:?}"));
+    assert_eq!(m.attr("from"), Some("alice@localhost"), "{m}");
+    let ev = m.get_child("event", EVENT).unwrap();
+    assert_eq!(
+        ev.get_child("items", EVENT)
+            .and_then(|i| i.get_child("item", EVENT))
+            .and_then(|i| i.attr("id")),
+        Some("av1")
+    );
+    // §5.4: an answer whose hash does not match is not believed.
+    let mut erin = server.login("erin").await;
+    roster(&server, "alice", "erin", Subscription::From).await;
+    assert!(announce(&mut erin, &[&format!("{NICK}+notify")], true).await);
+    erin.drain().await;
+    let r = publish(
+        &mut alice,
+        NICK,
+        "n1",
+        &format!("<nick xmlns='{NICK}'>Alice</nick>"),
+        "",
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    no_event(&mut erin).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn access_models_decide_who_sees_the_items() {
+    let server = TestServer::start().await;
+    contacts(&server, "alice", "bob").await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut dave = server.login("dave").await;
+    // presence (the default): contacts yes, strangers no (§6.5.9).
+    let r = publish(
+        &mut alice,
+        "urn:x:status",
+        "s1",
+        "<s xmlns='urn:x:status'>hi</s>",
+        "",
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert_eq!(
+        item_ids(&items(&mut bob, "alice", "urn:x:status", "").await),
+        ["s1"]
+    );
+    let e = items(&mut dave, "alice", "urn:x:status", "").await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-authorized"),
+        "{e}"
+    );
+    assert_eq!(
+        app_error(&e).as_deref(),
+        Some("presence-subscription-required")
+    );
+    // open (OMEMO device lists): anyone.
+    let r = publish(
+        &mut alice,
+        "eu.siacs.conversations.axolotl.devicelist",
+        "current",
+        "<list xmlns='eu.siacs.conversations.axolotl'><device id='42'/></list>",
+        &field("pubsub#access_model", "open"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let r = items(
+        &mut dave,
+        "alice",
+        "eu.siacs.conversations.axolotl.devicelist",
+        "",
+    )
+    .await;
+    assert_eq!(item_ids(&r), ["current"], "{r}");
+    // whitelist (bookmarks): the owner only.
+    let r = publish(
+        &mut alice,
+        "urn:xmpp:bookmarks:1",
+        "room@conference.localhost",
+        "<conference xmlns='urn:xmpp:bookmarks:1' autojoin='true'/>",
+        &[
+            field("pubsub#access_model", "whitelist"),
+            field("pubsub#max_items", "max"),
+            field("pubsub#send_last_published_item", "never"),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let e = items(&mut bob, "alice", "urn:xmpp:bookmarks:1", "").await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
+    assert_eq!(app_error(&e).as_deref(), Some("closed-node"));
+    assert_eq!(
+        item_ids(&items(&mut alice, "", "urn:xmpp:bookmarks:1", "").await),
+        ["room@conference.localhost"]
+    );
+    // roster: contacts in the allowed groups.
+    let r = publish(
+        &mut alice,
+        "urn:x:mood",
+        "m1",
+        "<m xmlns='urn:x:mood'/>",
+        &[
+            field("pubsub#access_model", "roster"),
+            field("pubsub#roster_groups_allowed", "Work"),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let e = items(&mut bob, "alice", "urn:x:mood", "").await;
+    assert_eq!(app_error(&e).as_deref(), Some("not-in-roster-group"), "{e}");
+    // Unknown nodes; nobody but the owner publishes.
+    let e = items(&mut bob, "alice", "urn:x:none", "").await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    let e = bob
+        .iq(
+            &format!("<iq type='set' id='intrude' to='alice@localhost'><pubsub xmlns='{PUBSUB}'><publish node='urn:x:status'><item><s xmlns='urn:x:status'>pwned</s></item></publish></pubsub></iq>"),
+            "intrude",
+        )
+        .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_options_items_retract_purge_delete_and_configuration() {
+    let server = TestServer::start().await;
+    contacts(&server, "alice", "bob").await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let notify = "urn:x:feed+notify";
+    announce(&mut bob, &[notify], false).await;
+    bob.drain().await;
+    // max_items 2: the oldest goes; republishing an id makes it newest.
+    for (i, id) in ["a", "b", "c", "b"].iter().enumerate() {
+        let r = publish(
+            &mut alice,
+            "urn:x:feed",
+            id,
+            &format!("<e xmlns='urn:x:feed' n='{i}'/>"),
+            &field("pubsub#max_items", "2"),
+        )
+        .await;
+        assert_eq!(r.attr("type"), Some("result"), "{r}");
+    }
+    assert_eq!(
+        item_ids(&items(&mut bob, "alice", "urn:x:feed", "").await),
+        ["c", "b"]
+    );
+    assert_eq!(
+        item_ids(&items(&mut bob, "alice", "urn:x:feed", "max_items='1'").await),
+        ["b"]
+    );
+    bob.drain().await;
+    // §7.1.5: options that differ from the node's configuration.
+    let e = publish(
+        &mut alice,
+        "urn:x:feed",
+        "d",
+        "<e xmlns='urn:x:feed'/>",
+        &field("pubsub#max_items", "5"),
+    )
+    .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("conflict"), "{e}");
+    assert_eq!(app_error(&e).as_deref(), Some("precondition-not-met"));
+    // §8.2: the owner reconfigures; lowering max_items trims.
+    let r = alice
+        .iq(&format!("<iq type='get' id='cf'><pubsub xmlns='{OWNER}'><configure node='urn:x:feed'/></pubsub></iq>"), "cf")
+        .await;
+    assert!(r.to_string().contains("pubsub#max_items"), "{r}");
+    let r = alice
+        .iq(&format!("<iq type='set' id='cs'><pubsub xmlns='{OWNER}'><configure node='urn:x:feed'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>http://jabber.org/protocol/pubsub#node_config</value></field>{}</x></configure></pubsub></iq>", field("pubsub#max_items", "1")), "cs")
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert_eq!(
+        item_ids(&items(&mut alice, "", "urn:x:feed", "").await),
+        ["b"]
+    );
+    let e = alice
+        .iq(&format!("<iq type='set' id='cs2'><pubsub xmlns='{OWNER}'><configure node='urn:x:feed'><x xmlns='jabber:x:data' type='submit'>{}</x></configure></pubsub></iq>", field("pubsub#access_model", "authorize")), "cs2")
+        .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    // §7.2: retract with notify.
+    let r = alice
+        .iq(&format!("<iq type='set' id='rt'><pubsub xmlns='{PUBSUB}'><retract node='urn:x:feed' notify='true'><item id='b'/></retract></pubsub></iq>"), "rt")
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let ev = event(&mut bob, "alice@localhost").await;
+    let retract = ev
+        .get_child("items", EVENT)
+        .and_then(|i| i.get_child("retract", EVENT))
+        .unwrap_or_else(|| panic!("{ev}"));
+    assert_eq!(retract.attr("id"), Some("b"));
+    let e = alice
+        .iq(&format!("<iq type='set' id='rt2'><pubsub xmlns='{PUBSUB}'><retract node='urn:x:feed'><item id='b'/></retract></pubsub></iq>"), "rt2")
+        .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    // §8.5 purge, §8.4 delete: notified.
+    publish(&mut alice, "urn:x:feed", "z", "<e xmlns='urn:x:feed'/>", "").await;
+    event(&mut bob, "alice@localhost").await;
+    let r = alice
+        .iq(&format!("<iq type='set' id='pg'><pubsub xmlns='{OWNER}'><purge node='urn:x:feed'/></pubsub></iq>"), "pg")
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert!(event(&mut bob, "alice@localhost")
+        .await
+        .has_child("purge", EVENT));
+    assert!(item_ids(&items(&mut alice, "", "urn:x:feed", "").await).is_empty());
+    let r = alice
+        .iq(&format!("<iq type='set' id='dl'><pubsub xmlns='{OWNER}'><delete node='urn:x:feed'/></pubsub></iq>"), "dl")
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    assert!(event(&mut bob, "alice@localhost")
+        .await
+        .has_child("delete", EVENT));
+    let e = items(&mut alice, "", "urn:x:feed", "").await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_publish_requests_get_their_errors() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let cases = [
+        ("<publish><item><p xmlns='urn:x'/></item></publish>", "bad-request", "nodeid-required"),
+        ("<publish node='n'/>", "bad-request", "item-required"),
+        ("<publish node='n'><item id='1'/></publish>", "bad-request", "payload-required"),
+        ("<publish node='n'><item id='1'><a xmlns='urn:x'/><b xmlns='urn:x'/></item></publish>", "bad-request", "invalid-payload"),
+        ("<publish node='n'><item id='1'><a xmlns='urn:x'/></item><item id='2'><a xmlns='urn:x'/></item></publish>", "bad-request", "invalid-payload"),
+    ];
+    for (i, (xml, cond, app)) in cases.iter().enumerate() {
+        let id = format!("bad{i}");
+        let e = alice
+            .iq(
+                &format!("<iq type='set' id='{id}'><pubsub xmlns='{PUBSUB}'>{xml}</pubsub></iq>"),
+                &id,
+            )
+            .await;
+        assert_eq!(error_condition(&e).as_deref(), Some(*cond), "{xml}: {e}");
+        assert_eq!(app_error(&e).as_deref(), Some(*app), "{xml}: {e}");
+    }
+    let long = "n".repeat(2000);
+    let e = publish(&mut alice, &long, "1", "<a xmlns='urn:x'/>", "").await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    let e = publish(
+        &mut alice,
+        "urn:x:q",
+        "1",
+        "<a xmlns='urn:x'/>",
+        &field("pubsub#access_model", "authorize"),
+    )
+    .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    // SQL-looking node names and ids are just names.
+    let evil = "x\"; DROP TABLE pubsub_items; --";
+    let r = publish(&mut alice, evil, evil, "<a xmlns='urn:x'>&lt;b&gt;</a>", "").await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let r = items(&mut alice, "", evil, "").await;
+    assert_eq!(item_ids(&r), [evil], "{r}");
+    server.stop().await;
+}
