@@ -19,6 +19,7 @@ pub mod offline;
 pub mod pep;
 pub mod ping;
 pub mod presence;
+pub mod proxy65;
 pub mod private;
 pub mod register;
 pub mod roster;
@@ -40,6 +41,7 @@ pub use offline::Offline;
 pub use pep::Pep;
 pub use ping::Ping;
 pub use presence::Presence;
+pub use proxy65::Proxy65;
 pub use private::Private;
 pub use register::Register;
 pub use roster::Roster;
@@ -106,6 +108,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Inbox>(PhantomData),
     &Entry::<Muc>(PhantomData),
     &Entry::<MucLight>(PhantomData),
+    &Entry::<Proxy65>(PhantomData),
     &Entry::<Pep>(PhantomData),
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
