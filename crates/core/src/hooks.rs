@@ -701,6 +701,9 @@ macro_rules! run_chain {
 #[derive(Default)]
 pub struct HookRegistry {
     hooks: Hooks,
+    /// Registries the embedding server defines and modules fill at start
+    /// (see [`HookRegistry::provide`]).
+    provided: Extensions,
 }
 
 /// All registered handlers, shared read-only by every session.
@@ -1118,6 +1121,29 @@ impl HookRegistry {
         &mut self.hooks.disco
     }
 
+    /// Lends modules a registry that the embedding server defines, for
+    /// contributions this crate has no type for — the server's HTTP routes
+    /// (`starling_server::HttpRoutes`), so that HTTP types stay out of the
+    /// extension API. Keyed by type: the server provides an empty registry
+    /// before it starts the modules, a module fills it through
+    /// [`HookRegistry::provided`], and the server takes it back with
+    /// [`HookRegistry::take_provided`] before [`HookRegistry::build`]
+    /// (what is left is dropped there).
+    pub fn provide<T: std::any::Any + Send>(&mut self, registry: T) {
+        self.provided.insert(registry);
+    }
+
+    /// The provided registry of type `T`; `None` when the server running
+    /// the module provides none (a module then says what it cannot do).
+    pub fn provided<T: std::any::Any + Send>(&mut self) -> Option<&mut T> {
+        self.provided.get_mut::<T>()
+    }
+
+    /// Takes back the provided registry of type `T`.
+    pub fn take_provided<T: std::any::Any + Send>(&mut self) -> Option<T> {
+        self.provided.remove::<T>()
+    }
+
     /// Freezes the registry.
     pub fn build(self) -> Hooks {
         self.hooks
@@ -1153,6 +1179,17 @@ mod tests {
         let hooks = reg.build();
         let names: Vec<_> = hooks.offline_message.iter().map(|(m, _)| m).collect();
         assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn provided_registries_are_lent_to_modules_and_taken_back() {
+        struct Routes(Vec<&'static str>);
+        let mut reg = HookRegistry::new();
+        assert!(reg.provided::<Routes>().is_none(), "nothing provided yet");
+        reg.provide(Routes(Vec::new()));
+        reg.provided::<Routes>().unwrap().0.push("/upload");
+        assert_eq!(reg.take_provided::<Routes>().unwrap().0, ["/upload"]);
+        assert!(reg.provided::<Routes>().is_none());
     }
 
     #[test]

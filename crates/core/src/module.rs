@@ -26,6 +26,9 @@ use std::sync::Arc;
 pub struct ModuleCtx<'a> {
     /// The served domains (`[server] domains`).
     pub domains: &'a [String],
+    /// The node's data directory (`[server] data_dir`), for modules that
+    /// keep files of their own (uploads).
+    pub data_dir: &'a std::path::Path,
     /// This node's id (`[server] node_id`), part of archive ids.
     pub node_id: u8,
     /// SCRAM iteration count for passwords set in-band (`[auth]`).

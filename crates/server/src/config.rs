@@ -479,6 +479,13 @@ impl Config {
         if let Err((key, message)) = self.modules.validate(&self.server.domains) {
             return Err(invalid(&key, message));
         }
+        let upload = <crate::modules::Upload as starling_core::module::Module>::NAME;
+        if self.http.listen.is_empty() && self.modules.is_enabled(upload) {
+            return Err(invalid(
+                "modules.upload.enabled",
+                "file upload is served by the HTTP listeners: add an [[http.listen]] (tls = true for HTTPS) or set [modules.upload] enabled = false".into(),
+            ));
+        }
         if self.cluster.nats_url.is_some() {
             if self.storage.backend != "postgres" {
                 return Err(invalid(

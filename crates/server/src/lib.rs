@@ -34,3 +34,4 @@ pub use routing::{router, sessions};
 
 pub use config::Config;
 pub use server::{start, start_with, RunningServer};
+pub use transport::http::HttpRoutes;

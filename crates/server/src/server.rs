@@ -242,7 +242,23 @@ pub async fn start_with(
     tracing::info!(certificate = %tls.source, "TLS ready");
     let metrics = Metrics::new();
     let pressure = Arc::new(Pressure::new());
-    let hooks = crate::modules::build_hooks(&cfg, &storage, &metrics, &pressure, extra).await;
+    let mut http_listeners = Vec::new();
+    for (listener, tls) in &http_bound {
+        http_listeners.push((listener.local_addr()?, *tls));
+    }
+    let (hooks, http_routes) = crate::modules::build_hooks(
+        &cfg,
+        &storage,
+        &metrics,
+        &pressure,
+        crate::transport::http::HttpRoutes::new(http_listeners),
+        extra,
+    )
+    .await;
+    for (module, prefix) in http_routes.mounted() {
+        tracing::info!(module, prefix, "module HTTP routes mounted");
+    }
+    let http_routes = Arc::new(http_routes);
     let table = Arc::new(SessionTable::new(cfg.server.node_id));
     let router = Arc::new(LocalRouter::new(table.clone()));
     let cluster = match &cfg.cluster.nats_url {
@@ -332,6 +348,7 @@ pub async fn start_with(
             cfg.http.secure_loopback,
             web_client.clone(),
             bosh_sessions.clone(),
+            http_routes.clone(),
         )));
     }
     tracing::info!(

@@ -19,12 +19,13 @@ pub mod offline;
 pub mod pep;
 pub mod ping;
 pub mod presence;
-pub mod proxy65;
 pub mod private;
+pub mod proxy65;
 pub mod register;
 pub mod roster;
 pub mod sm;
 pub mod time;
+pub mod upload;
 pub mod vcard;
 pub mod version;
 
@@ -41,16 +42,18 @@ pub use offline::Offline;
 pub use pep::Pep;
 pub use ping::Ping;
 pub use presence::Presence;
-pub use proxy65::Proxy65;
 pub use private::Private;
+pub use proxy65::Proxy65;
 pub use register::Register;
 pub use roster::Roster;
 pub use sm::StreamManagement;
 pub use time::Time;
+pub use upload::Upload;
 pub use vcard::Vcard;
 pub use version::Version;
 
 use crate::config::Config;
+use crate::transport::http::HttpRoutes;
 use serde::Deserialize as _;
 use starling_core::hooks::{HookRegistry, Hooks};
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
@@ -110,6 +113,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<MucLight>(PhantomData),
     &Entry::<Proxy65>(PhantomData),
     &Entry::<Pep>(PhantomData),
+    &Entry::<Upload>(PhantomData),
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
 ];
@@ -345,19 +349,23 @@ pub async fn archive_ids(storage: &Storage, node: u8) -> Arc<ArchiveIds> {
 
 /// Starts every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
-/// the Tokio runtime.
+/// the Tokio runtime. `http` is lent to the modules (and to `extra`) to
+/// mount HTTP routes in, and handed back filled.
 pub async fn build_hooks(
     cfg: &Config,
     storage: &Storage,
     metrics: &Metrics,
     pressure: &Arc<Pressure>,
+    http: HttpRoutes,
     extra: impl FnOnce(&mut HookRegistry),
-) -> Hooks {
+) -> (Hooks, HttpRoutes) {
     let mut reg = HookRegistry::new();
+    reg.provide(http);
     let is_enabled = |name: &str| cfg.modules.is_enabled(name);
     let archive_ids = archive_ids(storage, cfg.server.node_id).await;
     let ctx = ModuleCtx {
         domains: &cfg.server.domains,
+        data_dir: &cfg.server.data_dir,
         node_id: cfg.server.node_id,
         scram_iterations: cfg.auth.scram_iterations,
         storage,
@@ -372,5 +380,8 @@ pub async fn build_hooks(
         }
     }
     extra(&mut reg);
-    reg.build()
+    let http = reg
+        .take_provided::<HttpRoutes>()
+        .expect("provided above; modules cannot take it");
+    (reg.build(), http)
 }

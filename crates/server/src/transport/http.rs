@@ -10,6 +10,11 @@
 //! ([`session::run_websocket`]) with the same negotiation, modules and
 //! shutdown as a TCP one.
 //!
+//! Modules add routes of their own through [`HttpRoutes`] (file upload at
+//! `/upload`; later the admin API and metrics): each mounts an axum
+//! `Router` under a path prefix of its own while it starts, and every
+//! listener serves it beside the built-in paths.
+//!
 //! Plain `ws:` connections count as encrypted for `[c2s] require_tls` only
 //! from loopback addresses and only when `[http] secure_loopback` is on
 //! (the default): a browser on the same machine, or a TLS-terminating proxy
@@ -42,6 +47,89 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 pub const WEBSOCKET_PATH: &str = "/xmpp-websocket";
 /// The path of the BOSH endpoint (XEP-0206).
 pub const BOSH_PATH: &str = "/http-bind";
+
+/// Paths of the listener's own endpoints, which no module may mount under.
+const RESERVED_PREFIXES: &[&str] = &[WEBSOCKET_PATH, BOSH_PATH, "/.well-known", "/converse"];
+
+/// The extension point for HTTP routes of modules: the server provides one
+/// to the modules while they start (`HookRegistry::provide`), a module
+/// mounts its routes with [`HttpRoutes::mount`]
+/// (`reg.provided::<HttpRoutes>()`), and every HTTP listener then serves
+/// them. A module's router carries its own state (`Router::with_state`)
+/// and sees paths below its prefix; requests have the `ConnectInfo` of
+/// the peer as an extension.
+///
+/// A prefix belongs to one module, like a service address: a second mount
+/// of the same prefix, or one under the listener's own paths, stops
+/// start-up.
+pub struct HttpRoutes {
+    /// The bound listeners and whether each is HTTPS, in configuration
+    /// order, for modules that derive their public URLs from them.
+    listeners: Vec<(SocketAddr, bool)>,
+    /// (module, prefix, routes) in mount order.
+    mounts: Vec<(&'static str, String, Router)>,
+}
+
+impl HttpRoutes {
+    /// An empty set of routes for these listeners.
+    pub fn new(listeners: Vec<(SocketAddr, bool)>) -> HttpRoutes {
+        HttpRoutes {
+            listeners,
+            mounts: Vec::new(),
+        }
+    }
+
+    /// The HTTP listeners (actual addresses) and whether each is HTTPS;
+    /// empty when `[http] listen` is.
+    pub fn listeners(&self) -> &[(SocketAddr, bool)] {
+        &self.listeners
+    }
+
+    /// Serves `routes` under `prefix` (`/name`, one or more segments of
+    /// lowercase letters, digits, `-` and `_`) on every HTTP listener.
+    ///
+    /// # Panics
+    /// If the prefix is malformed, lies under the listener's own paths or
+    /// is already mounted: a configuration that cannot work.
+    pub fn mount(&mut self, module: &'static str, prefix: &str, routes: Router) {
+        let well_formed = prefix.len() > 1
+            && prefix.starts_with('/')
+            && prefix[1..].split('/').all(|seg| {
+                !seg.is_empty()
+                    && seg
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_".contains(&b))
+            });
+        assert!(
+            well_formed,
+            "module {module}: HTTP prefix {prefix:?} must be /name (lowercase letters, digits, '-', '_')"
+        );
+        let overlaps = |a: &str, b: &str| {
+            let under = |x: &str, y: &str| x == y || x.starts_with(&format!("{y}/"));
+            under(a, b) || under(b, a)
+        };
+        if let Some(r) = RESERVED_PREFIXES.iter().find(|r| overlaps(prefix, r)) {
+            panic!("module {module}: HTTP prefix {prefix:?} overlaps the listener's own {r}");
+        }
+        if let Some((other, p, _)) = self.mounts.iter().find(|(_, p, _)| overlaps(prefix, p)) {
+            panic!("modules {other} and {module} both claim the HTTP prefix {p:?} / {prefix:?}");
+        }
+        self.mounts.push((module, prefix.to_owned(), routes));
+    }
+
+    /// `router` with every mounted module's routes.
+    fn apply(&self, mut router: Router) -> Router {
+        for (_, prefix, routes) in &self.mounts {
+            router = router.nest(prefix, routes.clone());
+        }
+        router
+    }
+
+    /// The mounted prefixes with their modules (for the start-up log).
+    pub fn mounted(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.mounts.iter().map(|(m, p, _)| (*m, p.as_str()))
+    }
+}
 
 /// What every HTTP request handler can reach.
 #[derive(Clone)]
@@ -86,6 +174,7 @@ pub(crate) async fn accept_loop(
     secure_loopback: bool,
     web_client: Option<Arc<WebClient>>,
     bosh: Arc<BoshRegistry>,
+    routes: Arc<HttpRoutes>,
 ) {
     let state = HttpState {
         bosh,
@@ -111,6 +200,7 @@ pub(crate) async fn accept_loop(
         .route("/.well-known/host-meta", get(host_meta_xml))
         .route("/.well-known/host-meta.json", get(host_meta_json))
         .with_state(state.clone());
+    let router = routes.apply(router);
     let mut backoff = Duration::from_millis(5);
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -523,6 +613,36 @@ async fn bosh_preflight() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn module_prefixes_are_checked_when_mounted() {
+        let mount = |prefixes: &[&str]| {
+            let prefixes: Vec<String> = prefixes.iter().map(|p| p.to_string()).collect();
+            std::panic::catch_unwind(move || {
+                let mut routes = HttpRoutes::new(Vec::new());
+                for p in &prefixes {
+                    routes.mount("m", p, Router::new());
+                }
+                routes.mounted().count()
+            })
+            .ok()
+        };
+        assert_eq!(mount(&["/upload", "/admin/api", "/metrics"]), Some(3));
+        for bad in [
+            &["/"][..],
+            &["upload"],
+            &["/Upload"],
+            &["/a//b"],
+            &["/a/../b"],
+            &["/http-bind"],
+            &["/.well-known/x"],
+            &["/converse"],
+            &["/upload", "/upload"],
+            &["/admin", "/admin/api"],
+        ] {
+            assert_eq!(mount(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn only_plain_relative_paths_are_served() {
