@@ -418,6 +418,18 @@ pub trait AccountRemovedHandler: Send + Sync + 'static {
     async fn account_removed(&self, env: &Env, jid: &BareJid);
 }
 
+/// Serves one Private XML Storage fragment (XEP-0049) from another
+/// module's data: XEP-0048 bookmarks (`{storage:bookmarks}storage`) are a
+/// view of the account's XEP-0402 PEP bookmarks (XEP-0402 §5.3 "compat"),
+/// so old and new clients see the same list.
+#[async_trait]
+pub trait PrivateFragmentHandler: Send + Sync + 'static {
+    /// The fragment as the account's data makes it (the whole element).
+    async fn get(&self, env: &Env, owner: &BareJid) -> Result<Element, StanzaError>;
+    /// Stores the fragment `el` by changing the account's data.
+    async fn set(&self, env: &Env, owner: &BareJid, el: &Element) -> Result<(), StanzaError>;
+}
+
 /// One copy of a message the archive kept (XEP-0313): `owner`'s archive
 /// got message `id`, exchanged with `peer`.
 pub struct Archived<'a> {
@@ -745,6 +757,8 @@ pub struct Hooks {
     pub durability: Vec<Arc<dyn DurabilityHandler>>,
     /// [`AccountRemovedHandler`]s.
     pub account_removed: Vec<Arc<dyn AccountRemovedHandler>>,
+    /// Private XML fragments served by modules, by `{ns}name`.
+    pub private_fragments: Vec<(String, Arc<dyn PrivateFragmentHandler>)>,
     /// [`ArchivedHandler`]s.
     pub archived: Chain<dyn ArchivedHandler>,
     /// [`ElementHandler`]s by (stage, namespace).
@@ -782,6 +796,14 @@ impl Hooks {
             .iter()
             .filter(move |e| e.stage == stage)
             .map(|e| e.ns.as_str())
+    }
+
+    /// The module serving private fragment `key` (`{ns}name`), if any.
+    pub fn private_fragment(&self, key: &str) -> Option<&Arc<dyn PrivateFragmentHandler>> {
+        self.private_fragments
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, h)| h)
     }
 
     /// Waits until every [`DurabilityHandler`] says its queued writes are
@@ -985,6 +1007,19 @@ impl HookRegistry {
     /// Registers an [`AttachHandler`].
     pub fn attached(&mut self, module: &'static str, priority: i32, h: Arc<dyn AttachHandler>) {
         self.hooks.attached.add(priority, module, h);
+    }
+
+    /// Registers the [`PrivateFragmentHandler`] of the fragment `{ns}name`.
+    ///
+    /// # Panics
+    /// If another module serves that fragment.
+    pub fn private_fragment(&mut self, name: &str, ns: &str, h: Arc<dyn PrivateFragmentHandler>) {
+        let key = format!("{{{ns}}}{name}");
+        assert!(
+            !self.hooks.private_fragments.iter().any(|(k, _)| *k == key),
+            "two modules serve the private fragment {key}"
+        );
+        self.hooks.private_fragments.push((key, h));
     }
 
     /// Registers an [`AccountRemovedHandler`].

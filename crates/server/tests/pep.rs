@@ -562,3 +562,255 @@ async fn bad_publish_requests_get_their_errors() {
     assert_eq!(item_ids(&r), [evil], "{r}");
     server.stop().await;
 }
+
+const BOOKMARKS: &str = "urn:xmpp:bookmarks:1";
+
+async fn private_bookmarks(c: &mut Client, set: Option<&str>) -> Element {
+    let rid = format!("pv-{}", starling_proto::random_id(6));
+    let (ty, inner) = match set {
+        Some(x) => (
+            "set",
+            format!("<storage xmlns='storage:bookmarks'>{x}</storage>"),
+        ),
+        None => ("get", "<storage xmlns='storage:bookmarks'/>".to_owned()),
+    };
+    c.iq(
+        &format!(
+            "<iq type='{ty}' id='{rid}'><query xmlns='jabber:iq:private'>{inner}</query></iq>"
+        ),
+        &rid,
+    )
+    .await
+}
+
+/// XEP-0402 §5.3 "compat": XEP-0048 bookmarks in private storage
+/// (XEP-0049) and XEP-0402 bookmarks in PEP are one list.
+#[tokio::test(flavor = "multi_thread")]
+async fn old_and_new_bookmark_clients_see_one_list() {
+    let server = TestServer::start().await;
+    contacts(&server, "alice", "bob").await;
+    let mut old = server.login("alice").await;
+    let mut new = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let f = new.disco_features("alice@localhost").await;
+    assert!(
+        f.iter().any(|x| x == "urn:xmpp:bookmarks:1#compat"),
+        "{f:?}"
+    );
+    announce(&mut new, &[&format!("{BOOKMARKS}+notify")], false).await;
+    announce(
+        &mut bob,
+        &[&format!("{BOOKMARKS}+notify"), "urn:x:bob"],
+        false,
+    )
+    .await;
+    new.drain().await;
+    bob.drain().await;
+    // The old client stores two rooms and a URL.
+    let r = private_bookmarks(
+        &mut old,
+        Some("<conference jid='lobby@conference.localhost' name='Lobby' autojoin='true'><nick>al</nick></conference>\
+              <conference jid='quiet@conference.localhost' autojoin='false'/>\
+              <url name='Home' url='https://example.org/'/>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let ev = event(&mut new, "alice@localhost").await;
+        let item = ev
+            .get_child("items", EVENT)
+            .and_then(|i| i.get_child("item", EVENT))
+            .unwrap()
+            .clone();
+        seen.push(item.attr("id").unwrap().to_owned());
+        let c = item
+            .get_child("conference", BOOKMARKS)
+            .unwrap_or_else(|| panic!("{ev}"));
+        if item.attr("id") == Some("lobby@conference.localhost") {
+            assert_eq!(
+                (c.attr("name"), c.attr("autojoin")),
+                (Some("Lobby"), Some("true"))
+            );
+            assert_eq!(c.get_child("nick", BOOKMARKS).unwrap().text(), "al");
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["lobby@conference.localhost", "quiet@conference.localhost"]
+    );
+    // Private bookmarks are private: the node is the owner's only.
+    no_event(&mut bob).await;
+    let e = items(&mut bob, "alice", BOOKMARKS, "").await;
+    assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
+    // A new client adds a room through PEP; the old one sees it.
+    let r = publish(
+        &mut new,
+        BOOKMARKS,
+        "dev@conference.localhost",
+        &format!("<conference xmlns='{BOOKMARKS}' name='Dev' autojoin='true'/>"),
+        "",
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    event(&mut new, "alice@localhost").await;
+    let r = private_bookmarks(&mut old, None).await;
+    let storage = r
+        .get_child("query", "jabber:iq:private")
+        .and_then(|q| q.get_child("storage", "storage:bookmarks"))
+        .unwrap_or_else(|| panic!("{r}"));
+    let jids: Vec<&str> = storage
+        .children()
+        .filter(|c| c.name() == "conference")
+        .filter_map(|c| c.attr("jid"))
+        .collect();
+    assert_eq!(jids.len(), 3, "{r}");
+    assert!(jids.contains(&"dev@conference.localhost"), "{r}");
+    assert!(
+        storage.children().any(|c| c.name() == "url"),
+        "the URL stays: {r}"
+    );
+    // The old client keeps one room: the other two are retracted, the kept
+    // one is not notified again.
+    let r = private_bookmarks(
+        &mut old,
+        Some("<conference jid='lobby@conference.localhost' name='Lobby' autojoin='true'><nick>al</nick></conference>"),
+    )
+    .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let mut retracted = Vec::new();
+    for _ in 0..2 {
+        let ev = event(&mut new, "alice@localhost").await;
+        let items = ev.get_child("items", EVENT).unwrap();
+        assert!(
+            items.get_child("item", EVENT).is_none(),
+            "unchanged items are not sent again: {ev}"
+        );
+        retracted.push(
+            items
+                .get_child("retract", EVENT)
+                .unwrap()
+                .attr("id")
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    retracted.sort();
+    assert_eq!(
+        retracted,
+        ["dev@conference.localhost", "quiet@conference.localhost"]
+    );
+    no_event(&mut new).await;
+    assert_eq!(
+        item_ids(&items(&mut new, "", BOOKMARKS, "").await),
+        ["lobby@conference.localhost"]
+    );
+    // A conference without a room JID is refused.
+    let e = private_bookmarks(&mut old, Some("<conference name='x'/>")).await;
+    assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
+    server.stop().await;
+}
+
+/// XEP-0398: a PEP avatar shows in vCard-based clients (the hash in
+/// presence, §3.1; the photo in the vCard, §3.2), and a vCard photo
+/// becomes the PEP avatar (§3.3).
+#[tokio::test(flavor = "multi_thread")]
+async fn pep_and_vcard_avatars_are_converted_both_ways() {
+    use base64::Engine;
+    let server = TestServer::start().await;
+    contacts(&server, "alice", "bob").await;
+    contacts(&server, "carol", "bob").await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let mut carol = server.login("carol").await;
+    let f = alice.disco_features("alice@localhost").await;
+    assert!(
+        f.iter().any(|x| x == "urn:xmpp:pep-vcard-conversion:0"),
+        "{f:?}"
+    );
+    let png = b"\x89PNG fake image bytes";
+    let b64 = base64::engine::general_purpose::STANDARD.encode(png);
+    let id: String = sha1::Sha1::digest(png)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    publish(
+        &mut alice,
+        "urn:xmpp:avatar:data",
+        &id,
+        &format!("<data xmlns='urn:xmpp:avatar:data'>{b64}</data>"),
+        "",
+    )
+    .await;
+    publish(
+        &mut alice,
+        AVATAR,
+        &id,
+        &format!(
+            "<metadata xmlns='{AVATAR}'><info id='{id}' bytes='{}' type='image/png'/></metadata>",
+            png.len()
+        ),
+        "",
+    )
+    .await;
+    bob.send("<presence/>").await;
+    bob.drain().await;
+    alice.send("<presence><show>chat</show></presence>").await;
+    let p = bob
+        .recv_until(|e| {
+            e.name() == "presence" && e.attr("from").is_some_and(|f| f.starts_with("alice@"))
+        })
+        .await;
+    let photo = p
+        .get_child("x", "vcard-temp:x:update")
+        .and_then(|x| x.get_child("photo", "vcard-temp:x:update"))
+        .unwrap_or_else(|| panic!("no avatar hash in {p}"));
+    assert_eq!(photo.text(), id);
+    let card = bob
+        .iq(
+            "<iq type='get' id='vc' to='alice@localhost'><vCard xmlns='vcard-temp'/></iq>",
+            "vc",
+        )
+        .await;
+    let photo = card
+        .get_child("vCard", "vcard-temp")
+        .and_then(|v| v.get_child("PHOTO", "vcard-temp"))
+        .unwrap_or_else(|| panic!("{card}"));
+    assert_eq!(photo.get_child("BINVAL", "vcard-temp").unwrap().text(), b64);
+    assert_eq!(
+        photo.get_child("TYPE", "vcard-temp").unwrap().text(),
+        "image/png"
+    );
+    // carol's old client sets a vCard photo; bob's PEP client hears of it.
+    announce(&mut bob, &[&format!("{AVATAR}+notify")], false).await;
+    bob.drain().await;
+    let jpeg = b"\xff\xd8 fake jpeg";
+    let jb64 = base64::engine::general_purpose::STANDARD.encode(jpeg);
+    let jid: String = sha1::Sha1::digest(jpeg)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let r = carol
+        .iq(
+            &format!("<iq type='set' id='vs'><vCard xmlns='vcard-temp'><FN>Carol</FN><PHOTO><TYPE>image/jpeg</TYPE><BINVAL>{jb64}</BINVAL></PHOTO></vCard></iq>"),
+            "vs",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let ev = event(&mut bob, "carol@localhost").await;
+    let info = ev
+        .get_child("items", EVENT)
+        .and_then(|i| i.get_child("item", EVENT))
+        .and_then(|i| i.get_child("metadata", AVATAR))
+        .and_then(|m| m.get_child("info", AVATAR))
+        .unwrap_or_else(|| panic!("{ev}"))
+        .clone();
+    assert_eq!(
+        (info.attr("id"), info.attr("type")),
+        (Some(jid.as_str()), Some("image/jpeg"))
+    );
+    let r = items(&mut bob, "carol", "urn:xmpp:avatar:data", "").await;
+    assert_eq!(item_ids(&r), [jid.clone()], "{r}");
+    server.stop().await;
+}

@@ -36,6 +36,9 @@
 //! Config: `[modules.pep]` enabled, default_max_items, max_items,
 //! max_nodes_per_user.
 
+pub(crate) mod avatar;
+mod bookmarks;
+
 use starling_core::disco::Scopes;
 use starling_core::forms::{FormBuilder, Submitted};
 use starling_core::hooks::{
@@ -371,6 +374,8 @@ pub struct Pep {
     caps: RwLock<HashMap<String, Arc<HashSet<String>>>>,
     /// The last publication order handed out (µs since the epoch).
     seq: AtomicI64,
+    /// XEP-0398: the vcard module runs, so avatars are converted.
+    vcard_conversion: bool,
 }
 
 impl Pep {
@@ -1303,6 +1308,9 @@ impl UserSendHandler for Pep {
     async fn user_send(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
         match stanza.kind() {
             StanzaKind::Presence if stanza.to().is_none() && stanza.type_attr().is_none() => {
+                if self.vcard_conversion {
+                    avatar::stamp_presence(cx.env, &cx.jid().to_bare(), stanza).await;
+                }
                 let Some(key) = caps_key(stanza.element()) else {
                     return Ok(Flow::Continue);
                 };
@@ -1338,6 +1346,19 @@ impl UserSendHandler for Pep {
                         cx.send(iq);
                     }
                     None => {}
+                }
+                Ok(Flow::Continue)
+            }
+            StanzaKind::Iq
+                if self.vcard_conversion
+                    && stanza.type_attr() == Some("set")
+                    && stanza
+                        .to()
+                        .is_none_or(|t| t.to_bare() == cx.jid().to_bare()) =>
+            {
+                if let Some(card) = stanza.payload().filter(|p| p.is("vCard", "vcard-temp")) {
+                    let owner = cx.jid().to_bare();
+                    avatar::vcard_set(self, cx.env, &owner, card).await;
                 }
                 Ok(Flow::Continue)
             }
@@ -1417,16 +1438,29 @@ impl Module for Pep {
         Ok(())
     }
 
-    async fn start(cfg: &PepConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+    async fn start(cfg: &PepConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
         let m = Arc::new(Pep {
             cfg: cfg.clone(),
             caps: RwLock::new(HashMap::new()),
             seq: AtomicI64::new(0),
+            vcard_conversion: (ctx.is_enabled)("vcard"),
         });
         reg.own_iq(NAME, "pubsub", NS_PUBSUB, m.clone());
         reg.own_iq(NAME, "pubsub", NS_OWNER, m.clone());
         reg.iq(NAME, IqScope::Account, "pubsub", NS_PUBSUB, m.clone());
         reg.iq(NAME, IqScope::Account, "pubsub", NS_OWNER, m.clone());
+        if (ctx.is_enabled)("private") {
+            reg.private_fragment(
+                "storage",
+                bookmarks::NS_LEGACY,
+                Arc::new(bookmarks::Bookmarks(m.clone())),
+            );
+            reg.disco()
+                .feature(Scopes::ACCOUNT, "urn:xmpp:bookmarks:1#compat");
+        }
+        if m.vcard_conversion {
+            reg.disco().feature(Scopes::ACCOUNT, avatar::FEATURE);
+        }
         // Before presence (40), which consumes broadcast presence.
         reg.user_send(NAME, 38, m);
         let d = reg.disco();

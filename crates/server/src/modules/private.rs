@@ -8,6 +8,10 @@
 //! than `max_bytes` get `<not-acceptable/>`. A get of a fragment never
 //! stored returns it empty.
 //!
+//! A fragment another module serves (`PrivateFragmentHandler`: PEP makes
+//! XEP-0048 bookmarks a view of XEP-0402's, XEP-0402 §5.3) is got and set
+//! through that module.
+//!
 //! Hooks: iq handler `{jabber:iq:private}query` (account scope). Storage:
 //! user_data (kind "private"). Config: `[modules.private]`.
 
@@ -91,6 +95,33 @@ impl IqHandler for Private {
                 "name the fragment to get or set",
             );
         }
+        if let [f] = fragments[..] {
+            if let Some(h) = env.hooks.private_fragment(&key(f)) {
+                return match iq.type_attr() {
+                    Some("get") => match h.get(env, &owner).await {
+                        Ok(el) => {
+                            let mut out = Element::new("query", NS_PRIVATE);
+                            out.append_child(el);
+                            IqResponse::Result(Some(out))
+                        }
+                        Err(e) => IqResponse::Error(e),
+                    },
+                    Some("set") => {
+                        if f.to_string_in("").len() > self.max_bytes {
+                            return err(
+                                StanzaErrorCondition::NotAcceptable,
+                                &format!("a fragment is larger than {} bytes", self.max_bytes),
+                            );
+                        }
+                        match h.set(env, &owner, f).await {
+                            Ok(()) => IqResponse::Result(None),
+                            Err(e) => IqResponse::Error(e),
+                        }
+                    }
+                    _ => IqResponse::Error(StanzaErrorCondition::BadRequest.into()),
+                };
+            }
+        }
         if let Some(f) = fragments.iter().find(|f| reserved(f.ns())) {
             return err(
                 StanzaErrorCondition::NotAcceptable,
@@ -129,10 +160,14 @@ impl IqHandler for Private {
                             &format!("a fragment is larger than {} bytes", self.max_bytes),
                         );
                     }
-                    docs.push((key(f), xml));
+                    docs.push((key(f), xml, *f));
                 }
-                for (k, xml) in docs {
-                    if let Err(e) = env.storage.user_data.set(&owner, NAME, &k, &xml).await {
+                for (k, xml, f) in docs {
+                    if let Some(h) = env.hooks.private_fragment(&k) {
+                        if let Err(e) = h.set(env, &owner, f).await {
+                            return IqResponse::Error(e);
+                        }
+                    } else if let Err(e) = env.storage.user_data.set(&owner, NAME, &k, &xml).await {
                         return storage_error(e);
                     }
                 }

@@ -8,6 +8,10 @@
 //!   card returns an empty `<vCard/>` (XEP-0054 §3.1); an unknown account
 //!   gets `<service-unavailable/>` (RFC 6121 §8.5.1).
 //!
+//! - XEP-0398: with PEP on, a card without a `PHOTO` is served with the
+//!   account's PEP avatar (`pep::avatar`); PEP turns a `PHOTO` set here
+//!   into the PEP avatar.
+//!
 //! Hooks: iq handler `{vcard-temp}vCard` (account scope). Storage:
 //! user_data (kind "vcard"), accounts. Config: `[modules.vcard]`.
 
@@ -44,13 +48,16 @@ pub const NS_VCARD: &str = "vcard-temp";
 /// The vCard module.
 pub struct Vcard {
     max_bytes: usize,
+    /// XEP-0398: a card without a photo shows the PEP avatar.
+    pep: bool,
 }
 
 impl Vcard {
     /// Registers the module.
-    pub fn register(cfg: &VcardConfig, reg: &mut HookRegistry) {
+    pub fn register(cfg: &VcardConfig, pep: bool, reg: &mut HookRegistry) {
         let m = Arc::new(Vcard {
             max_bytes: cfg.max_bytes,
+            pep,
         });
         reg.iq(NAME, IqScope::Account, "vCard", NS_VCARD, m);
         reg.disco().feature(IqScope::Server, NS_VCARD);
@@ -87,17 +94,22 @@ impl IqHandler for Vcard {
                         Err(e) => return storage_error(e),
                     }
                 }
-                match env.storage.user_data.get(&owner, NAME, "").await {
-                    Ok(Some(xml)) => match xml.parse::<Element>() {
-                        Ok(el) => IqResponse::Result(Some(el)),
-                        Err(e) => {
-                            tracing::error!(error = %e, user = %owner, "stored vCard does not parse");
-                            IqResponse::Result(Some(Element::new("vCard", NS_VCARD)))
-                        }
-                    },
-                    Ok(None) => IqResponse::Result(Some(Element::new("vCard", NS_VCARD))),
-                    Err(e) => storage_error(e),
+                let mut card = match env.storage.user_data.get(&owner, NAME, "").await {
+                    Ok(Some(xml)) => xml.parse::<Element>().unwrap_or_else(|e| {
+                        tracing::error!(error = %e, user = %owner, "stored vCard does not parse");
+                        Element::new("vCard", NS_VCARD)
+                    }),
+                    Ok(None) => Element::new("vCard", NS_VCARD),
+                    Err(e) => return storage_error(e),
+                };
+                // XEP-0398 §3.2: no photo of its own, the PEP avatar's.
+                if self.pep && !card.has_child("PHOTO", NS_VCARD) {
+                    if let Some(photo) = crate::modules::pep::avatar::vcard_photo(env, &owner).await
+                    {
+                        card.append_child(photo);
+                    }
                 }
+                IqResponse::Result(Some(card))
             }
             Some("set") => {
                 if owner != from {
@@ -135,7 +147,7 @@ impl Module for Vcard {
         cfg.enabled
     }
 
-    async fn start(cfg: &VcardConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        Vcard::register(cfg, reg);
+    async fn start(cfg: &VcardConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Vcard::register(cfg, (ctx.is_enabled)("pep"), reg);
     }
 }
