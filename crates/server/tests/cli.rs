@@ -803,6 +803,7 @@ fn modules_lists_each_module_with_its_state() {
         "one line per module: {text}"
     );
     assert!(line("pep").contains(" on "), "{text}");
+    assert!(line("extdisco").contains(" off "), "{text}");
     assert!(line("muc_light").contains(" off "), "{text}");
     assert!(line("proxy65").contains(" off "), "{text}");
     assert!(line("upload").contains(" off "), "{text}");

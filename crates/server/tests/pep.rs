@@ -811,6 +811,6 @@ async fn pep_and_vcard_avatars_are_converted_both_ways() {
         (Some(jid.as_str()), Some("image/jpeg"))
     );
     let r = items(&mut bob, "carol", "urn:xmpp:avatar:data", "").await;
-    assert_eq!(item_ids(&r), [jid.clone()], "{r}");
+    assert_eq!(item_ids(&r), [jid], "{r}");
     server.stop().await;
 }

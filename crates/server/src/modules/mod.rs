@@ -11,6 +11,7 @@ pub mod blocking;
 pub mod carbons;
 pub mod csi;
 pub mod disco;
+pub mod extdisco;
 pub mod inbox;
 pub mod last;
 pub mod mam;
@@ -33,6 +34,7 @@ pub use blocking::Blocking;
 pub use carbons::Carbons;
 pub use csi::Csi;
 pub use disco::Disco;
+pub use extdisco::Extdisco;
 pub use inbox::Inbox;
 pub use last::Last;
 pub use mam::Mam;
@@ -114,6 +116,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Proxy65>(PhantomData),
     &Entry::<Pep>(PhantomData),
     &Entry::<Upload>(PhantomData),
+    &Entry::<Extdisco>(PhantomData),
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
 ];
