@@ -38,6 +38,9 @@ tls = false
 [modules.register]
 enabled = true
 max_per_ip = 100000
+
+[modules.upload]
+enabled = true
 CFG
 
 "$bin" --config "$work/starling.toml" > "$work/server.log" 2>&1 &
