@@ -814,3 +814,60 @@ async fn pep_and_vcard_avatars_are_converted_both_ways() {
     assert_eq!(item_ids(&r), [jid], "{r}");
     server.stop().await;
 }
+
+/// Malformed forms and oversize items: the right errors, and nothing else
+/// affected (XEP-0060 §7.1.3, §7.1.5; RFC 6120 §4.9.3.14).
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_forms_and_oversize_items_are_refused() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    // publish-options whose FORM_TYPE is not publish-options.
+    let e = alice
+        .iq(
+            &format!("<iq type='set' id='po'><pubsub xmlns='{PUBSUB}'><publish node='urn:x:a'><item id='1'><a xmlns='urn:x'/></item></publish><publish-options><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>urn:x:wrong</value></field></x></publish-options></pubsub></iq>"),
+            "po",
+        )
+        .await;
+    assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
+    assert_eq!(app_error(&e).as_deref(), Some("invalid-options"), "{e}");
+    // A boolean that is not one.
+    let e = publish(
+        &mut alice,
+        "urn:x:b",
+        "1",
+        "<a xmlns='urn:x'/>",
+        &field("pubsub#persist_items", "perhaps"),
+    )
+    .await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("not-acceptable"),
+        "{e}"
+    );
+    // Neither node was created.
+    for node in ["urn:x:a", "urn:x:b"] {
+        let e = items(&mut alice, "", node, "").await;
+        assert_eq!(
+            error_condition(&e).as_deref(),
+            Some("item-not-found"),
+            "{e}"
+        );
+    }
+    // An item beyond the stanza size limit ends only the sender's stream.
+    let big = "x".repeat(300 * 1024);
+    alice
+        .send(&format!("<iq type='set' id='big'><pubsub xmlns='{PUBSUB}'><publish node='urn:x:big'><item id='1'><a xmlns='urn:x'>{big}</a></item></publish></pubsub></iq>"))
+        .await;
+    alice.expect_stream_error("policy-violation").await;
+    let r = publish(&mut bob, "urn:x:ok", "1", "<a xmlns='urn:x'/>", "").await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let mut alice = server.login("alice").await;
+    let e = items(&mut alice, "", "urn:x:big", "").await;
+    assert_eq!(
+        error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "nothing half-stored: {e}"
+    );
+    server.stop().await;
+}
