@@ -40,7 +40,7 @@ step "PostgreSQL: storage conformance and storage-touching scenario tests"
 cargo test -p starling-storage --test conformance_postgres
 STARLING_TEST_BACKEND=postgres cargo test -p starling-server \
   --test offline --test roster --test blocking --test profile --test register \
-  --test carbons --test presence --test cli --test mam --test inbox --test shutdown --test muc --test muc_light
+  --test carbons --test presence --test cli --test mam --test inbox --test shutdown --test muc --test muc_light --test pubsub
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 

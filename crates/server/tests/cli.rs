@@ -804,6 +804,7 @@ fn modules_lists_each_module_with_its_state() {
     );
     assert!(line("pep").contains(" on "), "{text}");
     assert!(line("extdisco").contains(" off "), "{text}");
+    assert!(line("pubsub").contains(" off "), "{text}");
     assert!(line("muc_light").contains(" off "), "{text}");
     assert!(line("proxy65").contains(" off "), "{text}");
     assert!(line("upload").contains(" off "), "{text}");

@@ -2490,7 +2490,31 @@ pub async fn pubsub(s: &Storage) {
     p.set_subscription(pep, "ab", &sub("carol@example.org", "s", "subscribed", ""))
         .await
         .unwrap();
+    // An account's subscriptions on a service: its bare JID and its full
+    // JIDs, by node then JID; not the JIDs that only share a prefix, nor
+    // other services'.
+    let mut gone_sorted = gone.to_vec();
+    gone_sorted.sort_unstable();
+    assert_eq!(
+        p.subscriptions_of_account(svc, &jid(pep)).await.unwrap(),
+        gone_sorted
+            .iter()
+            .map(|j| (news.to_owned(), sub(j, "s", "subscribed", "")))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        p.subscriptions_of_account(bob_pep, &jid(pep))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
     p.remove_user(&jid(pep)).await.unwrap();
+    assert!(p
+        .subscriptions_of_account(svc, &jid(pep))
+        .await
+        .unwrap()
+        .is_empty());
     assert!(p.nodes(pep).await.unwrap().is_empty());
     assert!(p.last_items(pep).await.unwrap().is_empty());
     for name in all {

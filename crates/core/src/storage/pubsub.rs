@@ -149,6 +149,16 @@ pub trait PubsubStore: Send + Sync + 'static {
         service: &str,
         jid: &str,
     ) -> StorageResult<Vec<(String, PubsubSubscription)>>;
+    /// Every subscription an account holds on the service, with its bare
+    /// JID `jid` or a full JID `jid/…` (compared as bytes, as in
+    /// [`PubsubStore::remove_user`]): (node, subscription), by node, then
+    /// JID and subid (XEP-0060 §5.6: all JIDs matching the requester's
+    /// bare JID).
+    async fn subscriptions_of_account(
+        &self,
+        service: &str,
+        jid: &BareJid,
+    ) -> StorageResult<Vec<(String, PubsubSubscription)>>;
 
     /// The node's affiliations (XEP-0060 §4.1): (jid, affiliation), by
     /// JID. The owner is stored like the others.

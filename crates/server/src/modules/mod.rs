@@ -22,6 +22,8 @@ pub mod ping;
 pub mod presence;
 pub mod private;
 pub mod proxy65;
+pub mod pubsub;
+pub(crate) mod pubsub_common;
 pub mod register;
 pub mod roster;
 pub mod sm;
@@ -46,6 +48,7 @@ pub use ping::Ping;
 pub use presence::Presence;
 pub use private::Private;
 pub use proxy65::Proxy65;
+pub use pubsub::Pubsub;
 pub use register::Register;
 pub use roster::Roster;
 pub use sm::StreamManagement;
@@ -115,6 +118,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<MucLight>(PhantomData),
     &Entry::<Proxy65>(PhantomData),
     &Entry::<Pep>(PhantomData),
+    &Entry::<Pubsub>(PhantomData),
     &Entry::<Upload>(PhantomData),
     &Entry::<Extdisco>(PhantomData),
     &Entry::<Version>(PhantomData),

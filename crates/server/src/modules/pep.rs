@@ -39,8 +39,13 @@
 pub(crate) mod avatar;
 mod bookmarks;
 
+use super::pubsub_common::{
+    check_preconditions, configured, delete_event, item_el, items_event, node_attr, perr,
+    publication, publish_options, purge_event, retract_event, Access, NodeConfig, Rules, Seq,
+    NS_NODE_CONFIG, NS_OWNER, NS_PUBSUB,
+};
 use starling_core::disco::Scopes;
-use starling_core::forms::{FormBuilder, Submitted};
+use starling_core::forms::Submitted;
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, OwnIqHandler, UserSendHandler,
 };
@@ -52,7 +57,6 @@ use starling_proto::{
 };
 use starling_xml::Element;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// `[modules.pep]`: XEP-0163.
@@ -81,15 +85,6 @@ impl Default for PepConfig {
 }
 
 const NAME: &str = "pep";
-/// XEP-0060 namespaces.
-pub const NS_PUBSUB: &str = "http://jabber.org/protocol/pubsub";
-/// Owner use cases.
-pub const NS_OWNER: &str = "http://jabber.org/protocol/pubsub#owner";
-/// Notifications.
-pub const NS_EVENT: &str = "http://jabber.org/protocol/pubsub#event";
-const NS_ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
-const NS_NODE_CONFIG: &str = "http://jabber.org/protocol/pubsub#node_config";
-const NS_PUBLISH_OPTIONS: &str = "http://jabber.org/protocol/pubsub#publish-options";
 const NS_CAPS: &str = "http://jabber.org/protocol/caps";
 /// Distinct capability `ver`s remembered before the cache starts over.
 const CAPS_CACHE_LIMIT: usize = 10_000;
@@ -103,257 +98,9 @@ fn caps_owner() -> BareJid {
     BareJid::new("capabilities.starling.invalid").expect("a valid domain JID")
 }
 
-/// Who may see a node's items (XEP-0060 §4.5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Access {
-    Open,
-    Presence,
-    Roster,
-    Whitelist,
-}
-
-impl Access {
-    fn as_str(self) -> &'static str {
-        match self {
-            Access::Open => "open",
-            Access::Presence => "presence",
-            Access::Roster => "roster",
-            Access::Whitelist => "whitelist",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Access> {
-        Some(match s {
-            "open" => Access::Open,
-            "presence" => Access::Presence,
-            "roster" => Access::Roster,
-            "whitelist" => Access::Whitelist,
-            _ => return None,
-        })
-    }
-}
-
-/// A node's configuration (stored as JSON with a version).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct NodeConfig {
-    v: u32,
-    access_model: Access,
-    max_items: u32,
-    persist_items: bool,
-    /// `never`, `on_sub` or `on_sub_and_presence`.
-    send_last_published_item: String,
-    notify_retract: bool,
-    notify_delete: bool,
-    /// `headline` or `normal`.
-    notification_type: String,
-    title: String,
-    roster_groups_allowed: Vec<String>,
-}
-
-impl NodeConfig {
-    fn new(cfg: &PepConfig) -> NodeConfig {
-        NodeConfig {
-            v: 1,
-            access_model: Access::Presence,
-            max_items: cfg.default_max_items.max(1),
-            persist_items: true,
-            send_last_published_item: "on_sub_and_presence".into(),
-            notify_retract: true,
-            notify_delete: true,
-            notification_type: "headline".into(),
-            title: String::new(),
-            roster_groups_allowed: Vec::new(),
-        }
-    }
-
-    fn from_stored(s: &str) -> Option<NodeConfig> {
-        serde_json::from_str(s).ok()
-    }
-
-    fn to_stored(&self) -> String {
-        serde_json::to_string(self).expect("a node config serializes")
-    }
-
-    /// The `pubsub#node_config` form (§8.2).
-    fn form(&self, cfg: &PepConfig, kind: &str) -> Element {
-        let max = self.max_items.to_string();
-        let groups: Vec<&str> = self
-            .roster_groups_allowed
-            .iter()
-            .map(String::as_str)
-            .collect();
-        FormBuilder::new(kind, Some(NS_NODE_CONFIG))
-            .field(
-                "pubsub#title",
-                "text-single",
-                Some("A friendly name for the node"),
-                &[&self.title],
-            )
-            .field_with_options(
-                "pubsub#access_model",
-                "list-single",
-                Some("Who may subscribe and retrieve items"),
-                &[self.access_model.as_str()],
-                &[
-                    ("Anyone", "open"),
-                    ("Contacts with a presence subscription", "presence"),
-                    ("Contacts in the allowed roster groups", "roster"),
-                    ("The owner only", "whitelist"),
-                ],
-            )
-            .field(
-                "pubsub#roster_groups_allowed",
-                "list-multi",
-                Some("Roster groups allowed"),
-                &groups,
-            )
-            .field(
-                "pubsub#max_items",
-                "text-single",
-                Some(&format!(
-                    "Items to keep (at most {}, or max)",
-                    cfg.max_items
-                )),
-                &[&max],
-            )
-            .boolean("pubsub#persist_items", "Keep items", self.persist_items)
-            .field_with_options(
-                "pubsub#send_last_published_item",
-                "list-single",
-                Some("When to send the last item"),
-                &[&self.send_last_published_item],
-                &[
-                    ("Never", "never"),
-                    ("On subscription", "on_sub"),
-                    ("On subscription and presence", "on_sub_and_presence"),
-                ],
-            )
-            .boolean(
-                "pubsub#notify_retract",
-                "Notify when items are retracted",
-                self.notify_retract,
-            )
-            .boolean(
-                "pubsub#notify_delete",
-                "Notify when the node is deleted",
-                self.notify_delete,
-            )
-            .boolean(
-                "pubsub#deliver_notifications",
-                "Deliver notifications",
-                true,
-            )
-            .boolean(
-                "pubsub#deliver_payloads",
-                "Deliver payloads with notifications",
-                true,
-            )
-            .field_with_options(
-                "pubsub#notification_type",
-                "list-single",
-                Some("Message type of notifications"),
-                &[&self.notification_type],
-                &[("Headline", "headline"), ("Normal", "normal")],
-            )
-            .field_with_options(
-                "pubsub#publish_model",
-                "list-single",
-                Some("Who may publish"),
-                &["publishers"],
-                &[("Publishers (the owner)", "publishers")],
-            )
-            .build()
-    }
-
-    /// Applies one field of a configuration or publish-options form.
-    /// `Err` names what is wrong with the value.
-    fn set(&mut self, cfg: &PepConfig, var: &str, values: &[String]) -> Result<(), String> {
-        let one = || values.first().map(|v| v.trim()).unwrap_or("");
-        let boolean = || match one() {
-            "1" | "true" => Ok(true),
-            "0" | "false" => Ok(false),
-            v => Err(format!("{var}: '{v}' is not a boolean")),
-        };
-        match var {
-            "FORM_TYPE" => {}
-            "pubsub#title" => self.title = one().to_owned(),
-            "pubsub#access_model" => {
-                self.access_model = Access::parse(one())
-                    .ok_or_else(|| format!("unsupported access model '{}'", one()))?
-            }
-            "pubsub#roster_groups_allowed" => self.roster_groups_allowed = values.to_vec(),
-            "pubsub#max_items" => {
-                self.max_items = match one() {
-                    "max" => cfg.max_items,
-                    v => match v.parse::<u32>() {
-                        Ok(n) if (1..=cfg.max_items).contains(&n) => n,
-                        _ => {
-                            return Err(format!("max_items must be 1 to {} or max", cfg.max_items))
-                        }
-                    },
-                }
-            }
-            "pubsub#persist_items" => self.persist_items = boolean()?,
-            "pubsub#send_last_published_item" => match one() {
-                v @ ("never" | "on_sub" | "on_sub_and_presence") => {
-                    self.send_last_published_item = v.to_owned()
-                }
-                v => return Err(format!("send_last_published_item '{v}' is not supported")),
-            },
-            "pubsub#notify_retract" => self.notify_retract = boolean()?,
-            "pubsub#notify_delete" => self.notify_delete = boolean()?,
-            "pubsub#notification_type" => match one() {
-                v @ ("headline" | "normal") => self.notification_type = v.to_owned(),
-                v => return Err(format!("notification_type '{v}' is not supported")),
-            },
-            // Always on in PEP; asking for them is fine, turning them off is not.
-            "pubsub#deliver_notifications" | "pubsub#deliver_payloads" => {
-                if !boolean()? {
-                    return Err(format!("{var} cannot be turned off here"));
-                }
-            }
-            "pubsub#publish_model" => {
-                if one() != "publishers" {
-                    return Err("only the owner publishes to a personal node".into());
-                }
-            }
-            _ => return Err(format!("{var} is not a supported option")),
-        }
-        Ok(())
-    }
-}
-
-/// A pubsub error: a condition with an application-specific child
-/// (XEP-0060 §6.5.9, §7.1.3).
-fn perr(cond: StanzaErrorCondition, app: Option<&str>, text: &str) -> StanzaError {
-    let mut e = StanzaError::new(cond).with_text(text);
-    if let Some(a) = app {
-        e = e.with_app(Element::new(a, NS_ERRORS));
-    }
-    e
-}
-
 fn internal(e: StorageError) -> StanzaError {
     tracing::error!(module = NAME, error = %e, "storage failed");
     StanzaError::new(StanzaErrorCondition::InternalServerError)
-}
-
-/// A node name as clients send it: non-empty, reasonably short.
-fn node_attr(el: &Element) -> Result<&str, StanzaError> {
-    match el.attr("node") {
-        Some(n) if !n.is_empty() && n.len() <= 1024 => Ok(n),
-        Some(_) => Err(perr(
-            StanzaErrorCondition::NotAcceptable,
-            None,
-            "node names are 1 to 1024 bytes",
-        )),
-        None => Err(perr(
-            StanzaErrorCondition::BadRequest,
-            Some("nodeid-required"),
-            "name the node",
-        )),
-    }
 }
 
 /// The session's capabilities as the module follows them.
@@ -372,8 +119,8 @@ pub struct Pep {
     cfg: PepConfig,
     /// Verified capabilities: `hash:ver` → features.
     caps: RwLock<HashMap<String, Arc<HashSet<String>>>>,
-    /// The last publication order handed out (µs since the epoch).
-    seq: AtomicI64,
+    /// The publication order of items.
+    seq: Seq,
     /// XEP-0398: the vcard module runs, so avatars are converted.
     vcard_conversion: bool,
 }
@@ -427,21 +174,12 @@ impl Pep {
             .is_some_and(|f| f.contains(&format!("{node}+notify")))
     }
 
-    fn next_seq(&self) -> i64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as i64)
-            .unwrap_or(0);
-        let mut last = self.seq.load(Ordering::Relaxed);
-        loop {
-            let next = now.max(last + 1);
-            match self
-                .seq
-                .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => return next,
-                Err(cur) => last = cur,
-            }
+    /// What node configurations may hold.
+    fn rules(&self) -> Rules {
+        Rules {
+            default_max_items: self.cfg.default_max_items,
+            max_items: self.cfg.max_items,
+            service: false,
         }
     }
 
@@ -453,7 +191,8 @@ impl Pep {
     ) -> Result<Option<NodeConfig>, StanzaError> {
         match env.storage.pubsub.node(owner.as_str(), node).await {
             Ok(Some(n)) => Ok(Some(
-                NodeConfig::from_stored(&n.config).unwrap_or_else(|| NodeConfig::new(&self.cfg)),
+                NodeConfig::from_stored(&n.config)
+                    .unwrap_or_else(|| NodeConfig::new(&self.rules())),
             )),
             Ok(None) => Ok(None),
             Err(e) => Err(internal(e)),
@@ -600,17 +339,6 @@ impl Pep {
         }
     }
 
-    /// `<event><items node><item id>payload</item></items></event>`.
-    fn items_event(node: &str, items: &[StoredItem]) -> Element {
-        let mut list = Element::builder("items", NS_EVENT)
-            .attr("node", node)
-            .build();
-        for it in items {
-            list.append_child(item_el(NS_EVENT, it));
-        }
-        Element::builder("event", NS_EVENT).append(list).build()
-    }
-
     /// Sends session `to` (of account `me`, with `features`) the last item
     /// of every node it follows: its own account's and its contacts'
     /// (§4.3.4, on available presence).
@@ -660,7 +388,7 @@ impl Pep {
                     .attr("type", cfg.notification_type.as_str())
                     .attr("id", starling_proto::random_id(10))
                     .build();
-                m.append_child(Self::items_event(&node, &[item]));
+                m.append_child(items_event(&node, &[item], false));
                 env.route(Stanza::new(
                     m,
                     Some(owner.clone().into()),
@@ -683,96 +411,19 @@ impl Pep {
         p: &Element,
     ) -> Result<Element, StanzaError> {
         let node = node_attr(p)?;
-        let mut items = p.children().filter(|c| c.is("item", NS_PUBSUB));
-        let item = items.next();
-        if items.next().is_some() {
-            return Err(perr(
-                StanzaErrorCondition::BadRequest,
-                Some("invalid-payload"),
-                "publish one item at a time",
-            ));
-        }
-        let payload = match item {
-            Some(i) => {
-                let mut kids = i.children();
-                match (kids.next(), kids.next()) {
-                    (Some(k), None) => Some(k),
-                    (None, _) => {
-                        return Err(perr(
-                            StanzaErrorCondition::BadRequest,
-                            Some("payload-required"),
-                            "the item needs a payload",
-                        ))
-                    }
-                    _ => {
-                        return Err(perr(
-                            StanzaErrorCondition::BadRequest,
-                            Some("invalid-payload"),
-                            "an item holds one payload element",
-                        ))
-                    }
-                }
-            }
-            None => {
-                return Err(perr(
-                    StanzaErrorCondition::BadRequest,
-                    Some("item-required"),
-                    "publish an item",
-                ))
-            }
-        };
-        let options = ps
-            .get_child("publish-options", NS_PUBSUB)
-            .and_then(|o| o.get_child("x", ns::DATA_FORMS))
-            .map(Submitted::parse);
-        if let Some(o) = &options {
-            if o.form_type().is_some_and(|t| t != NS_PUBLISH_OPTIONS) {
-                return Err(perr(
-                    StanzaErrorCondition::BadRequest,
-                    Some("invalid-options"),
-                    "publish-options need FORM_TYPE pubsub#publish-options",
-                ));
-            }
-        }
+        let (item, payload) = publication(p, true)?;
+        let options = publish_options(ps)?;
+        let rules = self.rules();
         let cfg = match self.node(env, owner, node).await? {
             Some(cfg) => {
                 // §7.1.5: every option must match the node's configuration.
                 if let Some(o) = &options {
-                    let mut wanted = cfg.clone();
-                    for var in o.vars() {
-                        let values = o.values(var).unwrap_or_default();
-                        if wanted.set(&self.cfg, var, values).is_err() {
-                            return Err(perr(
-                                StanzaErrorCondition::Conflict,
-                                Some("precondition-not-met"),
-                                &format!("{var} cannot be met"),
-                            ));
-                        }
-                    }
-                    if wanted != cfg {
-                        return Err(perr(
-                            StanzaErrorCondition::Conflict,
-                            Some("precondition-not-met"),
-                            "the node's configuration differs from the publish-options",
-                        ));
-                    }
+                    check_preconditions(&cfg, &rules, o)?;
                 }
                 cfg
             }
             None => {
-                let mut cfg = NodeConfig::new(&self.cfg);
-                if let Some(o) = &options {
-                    for var in o.vars() {
-                        let values = o.values(var).unwrap_or_default();
-                        cfg.set(&self.cfg, var, values).map_err(|e| {
-                            perr(
-                                StanzaErrorCondition::NotAcceptable,
-                                Some("invalid-options"),
-                                &e,
-                            )
-                        })?;
-                    }
-                }
+                let cfg = configured(&rules, options.as_ref())?;
                 let count = env
                     .storage
                     .pubsub
@@ -791,7 +442,7 @@ impl Pep {
                     service: owner.as_str().to_owned(),
                     node: node.to_owned(),
                     config: cfg.to_stored(),
-                    created_at: self.next_seq() / 1000,
+                    created_at: self.seq.next() / 1000,
                 };
                 match env.storage.pubsub.create_node(&stored).await {
                     Ok(()) | Err(StorageError::Conflict) => {}
@@ -802,7 +453,7 @@ impl Pep {
             }
         };
         let id = item
-            .and_then(|i| i.attr("id"))
+            .attr("id")
             .filter(|id| !id.is_empty())
             .map(str::to_owned)
             .unwrap_or_else(|| starling_proto::random_id(16));
@@ -810,12 +461,11 @@ impl Pep {
             id: id.clone(),
             publisher: publisher.to_bare().as_str().to_owned(),
             payload: payload.map(|p| p.to_string()).unwrap_or_default(),
-            seq: self.next_seq(),
+            seq: self.seq.next(),
         };
-        let max = if cfg.persist_items { cfg.max_items } else { 1 };
         env.storage
             .pubsub
-            .publish(owner.as_str(), node, &stored, Some(max))
+            .publish(owner.as_str(), node, &stored, Some(cfg.keep()))
             .await
             .map_err(internal)?;
         self.notify(
@@ -823,7 +473,7 @@ impl Pep {
             owner,
             node,
             &cfg,
-            Self::items_event(node, std::slice::from_ref(&stored)),
+            items_event(node, std::slice::from_ref(&stored), false),
         )
         .await;
         Ok(Element::builder("pubsub", NS_PUBSUB)
@@ -910,18 +560,8 @@ impl Pep {
         }
         let notify = matches!(el.attr("notify"), Some("1" | "true")) || cfg.notify_retract;
         if notify {
-            let mut list = Element::builder("items", NS_EVENT)
-                .attr("node", node)
-                .build();
-            list.append_child(Element::builder("retract", NS_EVENT).attr("id", id).build());
-            self.notify(
-                env,
-                owner,
-                node,
-                &cfg,
-                Element::builder("event", NS_EVENT).append(list).build(),
-            )
-            .await;
+            self.notify(env, owner, node, &cfg, retract_event(node, id))
+                .await;
         }
         Ok(())
     }
@@ -947,7 +587,7 @@ impl Pep {
                 Element::builder("pubsub", NS_OWNER)
                     .append(
                         Element::builder("default", NS_OWNER)
-                            .append(NodeConfig::new(&self.cfg).form(&self.cfg, "form"))
+                            .append(NodeConfig::new(&self.rules()).form(&self.rules(), "form"))
                             .build(),
                     )
                     .build(),
@@ -963,7 +603,7 @@ impl Pep {
                             .append(
                                 Element::builder("configure", NS_OWNER)
                                     .attr("node", node)
-                                    .append(cfg.form(&self.cfg, "form"))
+                                    .append(cfg.form(&self.rules(), "form"))
                                     .build(),
                             )
                             .build(),
@@ -989,7 +629,7 @@ impl Pep {
                 }
                 let mut next = cfg.clone();
                 for var in form.vars() {
-                    next.set(&self.cfg, var, form.values(var).unwrap_or_default())
+                    next.set(&self.rules(), var, form.values(var).unwrap_or_default())
                         .map_err(|e| perr(StanzaErrorCondition::NotAcceptable, None, &e))?;
                 }
                 if !env
@@ -1037,15 +677,7 @@ impl Pep {
                     let mut m = Element::builder("message", ns::CLIENT)
                         .attr("type", cfg.notification_type.as_str())
                         .build();
-                    m.append_child(
-                        Element::builder("event", NS_EVENT)
-                            .append(
-                                Element::builder("delete", NS_EVENT)
-                                    .attr("node", node)
-                                    .build(),
-                            )
-                            .build(),
-                    );
+                    m.append_child(delete_event(node, None));
                     for s in crate::modules::copies(
                         m,
                         owner.clone().into(),
@@ -1066,20 +698,7 @@ impl Pep {
                     .purge(owner.as_str(), node)
                     .await
                     .map_err(internal)?;
-                self.notify(
-                    env,
-                    owner,
-                    node,
-                    &cfg,
-                    Element::builder("event", NS_EVENT)
-                        .append(
-                            Element::builder("purge", NS_EVENT)
-                                .attr("node", node)
-                                .build(),
-                        )
-                        .build(),
-                )
-                .await;
+                self.notify(env, owner, node, &cfg, purge_event(node)).await;
                 Ok(None)
             }
             _ => Err(perr(
@@ -1133,17 +752,6 @@ impl Pep {
     }
 }
 
-/// `<item id>payload</item>` in namespace `ns`.
-fn item_el(ns: &str, it: &StoredItem) -> Element {
-    let mut el = Element::builder("item", ns)
-        .attr("id", it.id.as_str())
-        .build();
-    if let Ok(p) = it.payload.parse::<Element>() {
-        el.append_child(p);
-    }
-    el
-}
-
 /// `hash:ver` of a presence's capabilities (XEP-0115 §4), if it has
 /// hashed ones.
 fn caps_key(presence: &Element) -> Option<String> {
@@ -1165,8 +773,7 @@ fn caps_string(query: &Element) -> Option<(String, HashSet<String>)> {
                 "{}/{}/{}/{}",
                 i.attr("category").unwrap_or(""),
                 i.attr("type").unwrap_or(""),
-                i.attr("{http://www.w3.org/XML/1998/namespace}lang")
-                    .unwrap_or(""),
+                i.attr("xml:lang").unwrap_or(""),
                 i.attr("name").unwrap_or("")
             )
         })
@@ -1442,13 +1049,14 @@ impl Module for Pep {
         let m = Arc::new(Pep {
             cfg: cfg.clone(),
             caps: RwLock::new(HashMap::new()),
-            seq: AtomicI64::new(0),
+            seq: Seq::default(),
             vcard_conversion: (ctx.is_enabled)("vcard"),
         });
         reg.own_iq(NAME, "pubsub", NS_PUBSUB, m.clone());
         reg.own_iq(NAME, "pubsub", NS_OWNER, m.clone());
         reg.iq(NAME, IqScope::Account, "pubsub", NS_PUBSUB, m.clone());
         reg.iq(NAME, IqScope::Account, "pubsub", NS_OWNER, m.clone());
+        // Before presence (40), which consumes broadcast presence.
         if (ctx.is_enabled)("private") {
             reg.private_fragment(
                 "storage",
@@ -1461,7 +1069,6 @@ impl Module for Pep {
         if m.vcard_conversion {
             reg.disco().feature(Scopes::ACCOUNT, avatar::FEATURE);
         }
-        // Before presence (40), which consumes broadcast presence.
         reg.user_send(NAME, 38, m);
         let d = reg.disco();
         d.identity(IqScope::Account, "pubsub", "pep", None);
@@ -1547,6 +1154,11 @@ mod tests {
     #[test]
     fn publish_options_are_checked_against_the_config() {
         let cfg = PepConfig::default();
+        let cfg = Rules {
+            default_max_items: cfg.default_max_items,
+            max_items: cfg.max_items,
+            service: false,
+        };
         let mut n = NodeConfig::new(&cfg);
         n.set(&cfg, "pubsub#access_model", &["open".into()])
             .unwrap();

@@ -482,6 +482,31 @@ impl PubsubStore for Store {
             .collect())
     }
 
+    async fn subscriptions_of_account(
+        &self,
+        service: &str,
+        jid: &BareJid,
+    ) -> StorageResult<Vec<(String, PubsubSubscription)>> {
+        // The bare JID and the range of its full JIDs, as in remove_user.
+        let bare = jid.as_str();
+        let rows = sqlx::query(
+            "SELECT node, jid, subid, state, options FROM pubsub_subscriptions
+             WHERE (jid = $2 OR (jid >= $3 AND jid < $4)) AND service = $1
+             ORDER BY node, jid, subid",
+        )
+        .bind(service)
+        .bind(bare)
+        .bind(format!("{bare}/"))
+        .bind(format!("{bare}0"))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get("node"), subscription_from_row(r)))
+            .collect())
+    }
+
     async fn affiliations(
         &self,
         service: &str,
