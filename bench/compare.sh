@@ -12,6 +12,7 @@
 #   ARCHIVE=1 SERVERS="ejabberd prosody" bench/compare.sh   # archives on
 #   TRANSPORT=websocket bench/compare.sh   # the scenarios over WebSocket
 #   MUC=1 bench/compare.sh                 # multi-user chat (XEP-0045)
+#   PEP=1 bench/compare.sh                 # personal eventing at login (XEP-0163)
 #
 # ARCHIVE=1: every server runs with its message archive (XEP-0313) on,
 # from bench/peers/*-archive.* (ejabberd mod_mam on SQLite, Prosody mod_mam
@@ -39,6 +40,16 @@
 # one room of all O2O_USERS users (the join storm into one room, then the
 # BIG_RATES ramp: fan-out to every occupant). Results are appended as a
 # "multi-user chat" section.
+#
+# PEP=1: personal eventing (XEP-0163) at login instead of the idle and o2o
+# runs: rosters, entity capabilities and PEP are added to each server's
+# generated config (ejabberd: mod_roster, mod_caps, mod_pubsub with the pep
+# plugin and ignore_pep_from_offline: false; Prosody: roster, pep;
+# Starling: on by default), then the `pep` scenario with PEP_USERS users in
+# groups of PEP_CONTACTS + 1 mutual contacts (set up over XMPP), each
+# publishing PEP_NODES items, and the login storm at PEP_RATE logins/s
+# (0: all at once), every login counting the last items it gets. Results
+# are appended as a "personal eventing" section.
 #
 # Environment (defaults in brackets):
 #   SERVERS        servers to run, in order        [starling ejabberd prosody]
@@ -74,6 +85,12 @@
 #     MUC_RATES      messages sent/s, rooms of ROOM_SIZE [1000,2000,5000,7500,10000,15000,20000]
 #     BIG_RATES      messages sent/s, one room of O2O_USERS [5,10,20,50,100,200]
 #   In MUC mode USERS defaults to O2O_USERS.
+#   PEP=1          personal eventing mode (above); then also:
+#     PEP_USERS      users                         [O2O_USERS]
+#     PEP_CONTACTS   contacts per user             [49]
+#     PEP_NODES      items each user publishes (1-8) [3]
+#     PEP_RATE       logins started per second, 0 = all at once [0]
+#   In PEP mode USERS defaults to PEP_USERS.
 #
 # Requires root for apt-get and to run the peers as their system users.
 # The open-file limit of this shell is inherited by every server (raise it
@@ -87,14 +104,24 @@ target_dir=${CARGO_TARGET_DIR:-$root/target}
 SERVERS=${SERVERS:-"starling ejabberd prosody"}
 ARCHIVE=${ARCHIVE:-}
 MUC=${MUC:-}
+PEP=${PEP:-}
 O2O_USERS=${O2O_USERS:-1000}
+PEP_USERS=${PEP_USERS:-$O2O_USERS}
+PEP_CONTACTS=${PEP_CONTACTS:-49}
+PEP_NODES=${PEP_NODES:-3}
+PEP_RATE=${PEP_RATE:-0}
 ROOM_SIZE=${ROOM_SIZE:-5}
 MUC_RATES=${MUC_RATES:-"1000,2000,5000,7500,10000,15000,20000"}
 BIG_RATES=${BIG_RATES:-"5,10,20,50,100,200"}
 [[ -n "$ARCHIVE" && -n "$MUC" ]] && { echo "compare: ARCHIVE=1 and MUC=1 are separate runs" >&2; exit 1; }
+[[ -n "$PEP" && -n "$ARCHIVE$MUC" ]] && { echo "compare: PEP=1 is a separate run (not with ARCHIVE=1 or MUC=1)" >&2; exit 1; }
 if [[ -n "$MUC" ]]; then
     sfx=
     USERS=${USERS:-$O2O_USERS}
+    RATES=${RATES:-}
+elif [[ -n "$PEP" ]]; then
+    sfx=
+    USERS=${USERS:-$PEP_USERS}
     RATES=${RATES:-}
 elif [[ -n "$ARCHIVE" ]]; then
     sfx=-archive   # peer config variant: bench/peers/<server>-archive.*
@@ -287,6 +314,25 @@ PY
     esac
 }
 
+# PEP=1: rosters, entity capabilities and PEP in server $1's generated
+# config $2 (Starling has them on by default). Nothing otherwise.
+add_pep() {
+    local s=$1 f=$2
+    [[ -n "$PEP" ]] || return 0
+    case $s in
+    ejabberd)
+        # Appended to `modules:`, the file's last section. ejabberd by
+        # default sends a login the last items of online contacts only.
+        tail -n 1 "$f" | grep -q '^    ' || { echo "compare: modules: is not the last section of $f" >&2; return 1; }
+        printf '  mod_roster: {}\n  mod_caps: {}\n  mod_pubsub:\n    plugins: [flat, pep]\n    ignore_pep_from_offline: false\n' >>"$f"
+        ;;
+    prosody)
+        grep -q '^modules_enabled = {.*}$' "$f" || { echo "compare: unexpected layout of $f" >&2; return 1; }
+        sed -i 's|^\(modules_enabled = {.*\) }$|\1, "roster", "pep" }|' "$f"
+        ;;
+    esac
+}
+
 # Whether this Starling build accepts bench/peers/starling$sfx.toml; if not,
 # says which key it does not know (e.g. [modules.mam] before the archive
 # work is merged) instead of failing later with a bare error.
@@ -328,6 +374,7 @@ start_server() {
     ejabberd)
         fill "$peers/ejabberd$sfx.yml" "$r" "$p" >"$r/ejabberd.yml"
         add_websocket ejabberd "$r/ejabberd.yml"
+        add_pep ejabberd "$r/ejabberd.yml"
         if [[ -n "$ARCHIVE" ]]; then
             # ejabberd would create the SQLite file itself (rollback
             # journal, several fsyncs per archived message: ~40 msg/s here).
@@ -351,6 +398,7 @@ start_server() {
     prosody)
         fill "$peers/prosody$sfx.cfg.lua" "$r" "$p" >"$r/prosody.cfg.lua"
         add_websocket prosody "$r/prosody.cfg.lua"
+        add_pep prosody "$r/prosody.cfg.lua"
         self_signed "$r"
         mkdir -p "$r/data"
         if [[ -n "$ARCHIVE" ]]; then
@@ -424,6 +472,16 @@ for s in $SERVERS; do
     [[ $TRANSPORT == websocket ]] && p=${HPORT[$s]}
     label=$(version_of "$s")
     rm -f "$RUN_ROOT/results/$s-"*.json
+    if [[ -n "$PEP" ]]; then
+        sleep 3
+        echo "$s pep: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+        log "$s: pep, $PEP_USERS users, $PEP_CONTACTS contacts each, $PEP_NODES nodes"
+        run "$BENCH_BIN" pep --port "$p" --users "$PEP_USERS" --contacts "$PEP_CONTACTS" \
+            --nodes "$PEP_NODES" --rate "$PEP_RATE" --label "$label" "${common[@]}" \
+            --json-file "$RUN_ROOT/results/$s-pep.json" || log "$s: pep run failed (see above)"
+        stop_server
+        continue
+    fi
     if [[ -n "$MUC" ]]; then
         sleep 3
         echo "$s muc, rooms of $ROOM_SIZE: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
@@ -486,11 +544,12 @@ SERVERS=${ran# }
 
 # ---------------------------------------------------------------- report
 mkdir -p "$(dirname "$OUT")"
-python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" "$MUC" <<'PY'
+python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" "$MUC" "$PEP" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 run_root, out, servers, archive = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4] != ""
 websocket, tls = sys.argv[5] == "websocket", sys.argv[6]
 muc = sys.argv[7] != ""
+pep = sys.argv[8] != ""
 
 def load(s, kind):
     p = os.path.join(run_root, "results", f"{s}-{kind}.json")
@@ -580,6 +639,27 @@ for s in servers:
             r[f"{k}_us"], r[f"{k}_cpu"] = st.get("server_cpu_us_per_copy"), st.get("server_cpu_pct")
             r[f"{k}_sat_reached"] = m["saturation"]["reached"]
         r[f"{k}_note"] = m["saturation"]["note"]
+    res = load(s, "pep")
+    if res and res.get("pep"):
+        labels.setdefault(s, res["target"]["label"])
+        p, c = res["pep"], res["connect"]
+        r["pep_layout"] = f"{res['users']} users, {p['contacts']} contacts each, {len(p['nodes'])} nodes"
+        r["pep_rate"], r["pep_kib"] = c["sessions_per_s"], p["bytes_per_login"] / 1024
+        r["pep_recv"], r["pep_exp"] = p["received_per_login"], p["expected_per_login"]
+        if p["latency"]["count"]:
+            r["pep_p50"], r["pep_p99"] = p["latency"]["p50_ms"], p["latency"]["p99_ms"]
+        r["pep_cpu"] = p.get("server_cpu_ms_per_login")
+        if p.get("memory"):
+            r["pep_mem"] = p["memory"]["kb_per_session"]
+        if p.get("setup"):
+            x = p["setup"]
+            r["pep_setup"] = x["total_s"]
+            if x["contacts_both"] < x["contacts_expected"] or x["published"] < x["publish_expected"]:
+                notes.append(f"{s}: pep setup incomplete: {x['contacts_both']}/{x['contacts_expected']} contacts, {x['published']}/{x['publish_expected']} items {x['failures']} e.g. {x.get('first_error')}")
+        if c["failed"]:
+            notes.append(f"{s}: pep: {c['failed']} of {c['attempted']} logins failed {c['failures']} e.g. {c.get('first_error')}")
+        if p["missing"] or p["duplicates"] or p["unexpected"] or p["after_window"]:
+            notes.append(f"{s}: pep: {p['missing']} expected notifications missing, {p['duplicates']} duplicates, {p['unexpected']} unexpected, {p['after_window']} after the login's window")
     rows[s] = r
 
 base = servers[0]
@@ -603,7 +683,7 @@ for l in open("/proc/cpuinfo"):
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 o = []
 ws_title = f" — over WebSocket (RFC 7395, {'wss:' if tls == 'direct' else 'ws:'})" if websocket else ""
-o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{' — multi-user chat (XEP-0045)' if muc else ''}{ws_title}\n")
+o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{' — multi-user chat (XEP-0045)' if muc else ''}{' — personal eventing at login (XEP-0163)' if pep else ''}{ws_title}\n")
 o.append(f"Machine: {os.cpu_count()} CPUs ({cpu}), {ram_gib:.1f} GiB RAM, kernel {platform.release()}; "
          "client and server on the same machine over loopback. "
          f"Versions: " + "; ".join(f"{names.get(s, s)}: {labels.get(s, '?')}" for s in servers) + ".\n")
@@ -632,6 +712,17 @@ if muc:
             (f"{rows[s][f'{k}_p99']:.1f} / {rows[s][f'{k}_last_p99']:.1f}" if rows.get(s, {}).get(f"{k}_p99") is not None else "n/a") for s in servers) + " |")
         o.append(f"| Server CPU at that rate, {what} (% of one core; µs per copy) | " + " | ".join(
             (f"{rows[s][f'{k}_cpu']:.0f}% ({rows[s][f'{k}_us']:.1f} µs)" if rows.get(s, {}).get(f"{k}_cpu") is not None and rows[s].get(f"{k}_us") is not None else "n/a") for s in servers) + " |")
+elif pep:
+    some = next((rows[s] for s in servers if rows.get(s, {}).get("pep_layout")), {})
+    o.append(f"| Login storm, {some.get('pep_layout', '?')} (logins/s) | " + " | ".join(cell(s, "pep_rate", "{:,.0f}") for s in servers) + " |")
+    o.append("| Notifications per login, received / expected | " + " | ".join(
+        (f"{rows[s]['pep_recv']:.1f} / {rows[s]['pep_exp']:.1f}" if rows.get(s, {}).get("pep_exp") is not None else "n/a") for s in servers) + " |")
+    o.append("| Connect → last notification p50 / p99 (ms) | " + " | ".join(
+        (f"{rows[s]['pep_p50']:.1f} / {rows[s]['pep_p99']:.1f}" if rows.get(s, {}).get("pep_p99") is not None else "n/a") for s in servers) + " |")
+    o.append("| Server CPU per login, notifications included (ms) | " + " | ".join(cell(s, "pep_cpu", "{:.2f}") for s in servers) + " |")
+    o.append("| KiB received per login after binding | " + " | ".join(cell(s, "pep_kib", "{:.1f}") for s in servers) + " |")
+    o.append("| Memory per session (KiB RSS) | " + " | ".join(cell(s, "pep_mem", "{:.1f}") for s in servers) + " |")
+    o.append("| Setup over XMPP: subscriptions, publications (s) | " + " | ".join(cell(s, "pep_setup", "{:.1f}") for s in servers) + " |")
 elif not archive:
     o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
     o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
@@ -641,7 +732,7 @@ elif not archive:
     o.append(f"| Connection rate (sessions/s, {setup} + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
     o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
     o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
-if not muc:
+if not muc and not pep:
     o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
     (cell(s, "sat", "{:,.0f}") + (" (≥: ramp end)" if rows.get(s, {}).get("sat") and not rows[s].get("sat_reached", True) else "")) for s in servers) + " |")
     o.append("| p99 latency at that rate (ms) | " + " | ".join(cell(s, "sat_p99", "{:.1f}") for s in servers) + " |")

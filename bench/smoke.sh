@@ -5,7 +5,10 @@
 # run, a few seconds of multi-user chat (XEP-0045: rooms created, locked,
 # configured, entered, messages to every occupant), the same with MUC Light
 # (rooms created with their members, messages to every member's bare JID),
-# and assertions that (nearly) every message was delivered.
+# a personal eventing login storm (XEP-0163: contacts subscribed and items
+# published over XMPP, then logins with +notify caps, each counting the
+# last items it gets), and assertions that (nearly) every message was
+# delivered.
 #
 #   STARLING_BIN=target/debug/starling BENCH_BIN=target/debug/starling-bench bench/smoke.sh
 #
@@ -175,6 +178,27 @@ print(f"smoke: OK: muc-light: {c['created']} rooms created ({c['members']} membe
       f"{c['notifications_received']} notifications), "
       f"{s['delivered_copies']}/{s['expected_copies']} copies delivered, "
       f"last-copy p99 {s['last_copy_latency']['p99_ms']:.1f} ms")
+PY
+
+# XEP-0163: the same 20 users in 4 groups of 5 mutual contacts (subscribed
+# over XMPP), each publishing 3 PEP items; then all log in at once with
+# caps carrying the 3 nodes' +notify: each must get the last item of every
+# node of its group, its own included (5 x 3), once.
+"$BENCH_BIN" pep --port "$port" --users "$MUC_USERS" --contacts 4 --nodes 3 --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 --quiet-ms 500 --settle-secs 0 \
+    --require-ratio 1 --json --quiet >"$work/pep.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: pep failed" >&2; exit 1; }
+python3 - "$work/pep.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))["pep"]
+x = p["setup"]
+assert x["contacts_both"] == x["contacts_expected"] == 80 and x["published"] == x["publish_expected"] == 60, x
+assert p["logins"] == 20 and p["expected"] == p["received_expected"] == 300 and p["missing"] == 0, p
+assert p["duplicates"] == 0 and p["unexpected"] == 0 and p["complete_logins"] == 20, p
+assert p["latency"]["count"] == 20, p["latency"]
+print(f"smoke: OK: pep: {x['contacts_both']} contacts subscribed and {x['published']} items published "
+      f"in {x['total_s']:.1f} s; {p['received_expected']}/{p['expected']} notifications at login, "
+      f"p99 until the last {p['latency']['p99_ms']:.1f} ms, {p['caps_queries']} caps queries")
 PY
 
 python3 - "$work/sm.json" "$work/resume.json" "$work/resume2.json" "$work/resume3.json" <<'PY'

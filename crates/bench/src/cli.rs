@@ -51,6 +51,23 @@ pub enum Command {
     /// connection (sessions detached: server KiB per detached session),
     /// resume every session; resumes/s vs logins/s and server CPU of each.
     Resume(ResumeArgs),
+    /// Personal eventing (XEP-0163) at login: the cost of the last items
+    /// a user gets from its contacts when it comes online. Setup, over
+    /// XMPP only: users in groups of `--contacts` + 1 consecutive users,
+    /// every member mutually subscribed with the others (subscribe and
+    /// subscribed both ways, until the roster pushes say `both`), each
+    /// publishing one item to `--nodes` PEP nodes (avatar metadata, nick,
+    /// OMEMO device lists with access model open…). Measured: a login
+    /// storm at `--rate` logins/s, each with available presence carrying
+    /// XEP-0115 caps whose features include every node's `+notify` (the
+    /// server's disco#info query answered); each login counts the
+    /// notifications it gets until `--quiet-ms` pass without one
+    /// (expected: one per node of every group member, its own included):
+    /// logins/s, latency connect → last notification, received vs
+    /// expected, duplicates, bytes and server CPU per login, server memory
+    /// per session. Works against any server with PEP and +notify
+    /// (Starling, ejabberd, Prosody).
+    Pep(PepArgs),
     /// Create N accounts.
     Provision(ProvisionArgs),
 }
@@ -191,6 +208,46 @@ pub struct ResumeArgs {
     pub fast: bool,
 }
 
+/// Options of the `pep` scenario.
+///
+/// User `first-user + i` is in group `i / (contacts + 1)`; the members of
+/// a group are each other's contacts (the last group may be smaller).
+#[derive(Args, Debug, Clone)]
+pub struct PepArgs {
+    /// Connection and output options (as for the other scenarios;
+    /// `--concurrency` bounds the logins in flight, `--settle-secs` is
+    /// waited before each memory reading).
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+    /// Contacts per user: groups of this many + 1 consecutive users,
+    /// mutually subscribed to each other.
+    #[arg(long, default_value_t = 9)]
+    pub contacts: u64,
+    /// PEP nodes each user publishes one item to, at most 8, in this
+    /// order: urn:xmpp:avatar:metadata, http://jabber.org/protocol/nick,
+    /// eu.siacs.conversations.axolotl.devicelist (access model open),
+    /// urn:xmpp:omemo:2:devices (open), then mood, activity, tune and
+    /// geoloc (http://jabber.org/protocol/…). 0: none (a baseline).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=8))]
+    pub nodes: u64,
+    /// Logins started per second in the storm (0: all at once; either way
+    /// at most `--concurrency` logins in flight until bound).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// A login is over once this long passed without a notification (from
+    /// its presence or its last notification), ms.
+    #[arg(long, default_value_t = 2000)]
+    pub quiet_ms: u64,
+    /// Skip the setup: the accounts are subscribed and have published
+    /// (an earlier run with the same --users, --contacts and --nodes).
+    #[arg(long)]
+    pub skip_setup: bool,
+    /// Give up a user's setup (subscriptions, publications) after this
+    /// many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub setup_timeout_secs: f64,
+}
+
 /// Where to connect and as whom.
 #[derive(Args, Debug, Clone)]
 pub struct ConnArgs {
@@ -305,12 +362,13 @@ pub struct ScenarioArgs {
     #[arg(long, default_value_t = 0.0)]
     pub require_ratio: f64,
 
-    /// `idle`, `resume`, `muc`, `muc-light`: PID of the server, for its
-    /// memory and CPU (default: whoever listens on --port).
+    /// `idle`, `resume`, `muc`, `muc-light`, `pep`: PID of the server, for
+    /// its memory and CPU (default: whoever listens on --port).
     #[arg(long)]
     pub server_pid: Option<u32>,
-    /// `idle`, `resume`, `muc-light`: seconds to wait before each memory
-    /// reading (after the last session; `muc-light`: also after the rooms).
+    /// `idle`, `resume`, `muc-light`, `pep`: seconds to wait before each
+    /// memory reading (after the last session; `muc-light`: also after the
+    /// rooms; `pep`: also between the setup and the storm).
     #[arg(long, default_value_t = 5.0)]
     pub settle_secs: f64,
     /// `idle`, `connect`: seconds to hold the sessions after measuring.

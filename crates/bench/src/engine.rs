@@ -46,6 +46,8 @@ pub enum Scenario {
     Muc,
     /// MUC Light (run by [`crate::muc_light`], not by [`run`]).
     MucLight,
+    /// Personal eventing at login (run by [`crate::pep`], not by [`run`]).
+    Pep,
 }
 
 impl Scenario {
@@ -59,6 +61,7 @@ impl Scenario {
             Scenario::Resume => "resume",
             Scenario::Muc => "muc",
             Scenario::MucLight => "muc-light",
+            Scenario::Pep => "pep",
         }
     }
 }
@@ -274,7 +277,11 @@ pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         !matches!(
             sc,
-            Scenario::Archive | Scenario::Resume | Scenario::Muc | Scenario::MucLight
+            Scenario::Archive
+                | Scenario::Resume
+                | Scenario::Muc
+                | Scenario::MucLight
+                | Scenario::Pep
         ),
         "the {} scenario has its own runner",
         sc.name()
@@ -343,6 +350,26 @@ pub(crate) fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<
             let c = &m.creation;
             (c.phase).require(c.created, c.attempted, r, "MUC Light rooms created")?;
             m.ramp.require(r)?;
+        }
+        if let Some(p) = &result.pep {
+            anyhow::ensure!(
+                p.received_expected as f64 >= r * p.expected as f64,
+                "only {}/{} expected PEP notifications received in the login windows",
+                p.received_expected,
+                p.expected
+            );
+            if let Some(x) = &p.setup {
+                anyhow::ensure!(
+                    x.contacts_both as f64 >= r * x.contacts_expected as f64
+                        && x.published as f64 >= r * x.publish_expected as f64,
+                    "setup incomplete: {}/{} contacts mutually subscribed, {}/{} items published ({:?})",
+                    x.contacts_both,
+                    x.contacts_expected,
+                    x.published,
+                    x.publish_expected,
+                    x.first_error
+                );
+            }
         }
         if let Some(a) = &result.archive {
             let sent: u64 = a.kinds.iter().map(|k| k.queries).sum();
@@ -465,7 +492,11 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
             result.o2o = Some(o2o_ramp(args, &shared, &sessions, start, &pb, server_pid).await);
             result.compute_cost(args.hourly_price);
         }
-        Scenario::Archive | Scenario::Resume | Scenario::Muc | Scenario::MucLight => {
+        Scenario::Archive
+        | Scenario::Resume
+        | Scenario::Muc
+        | Scenario::MucLight
+        | Scenario::Pep => {
             anyhow::bail!("the {} scenario has its own runner", sc.name())
         }
     }

@@ -22,6 +22,10 @@
 //! - [`rooms`]: what `muc` and `muc-light` share: the run (login storm
 //!   with presence, the ramp, output), rooms of consecutive users, the
 //!   per-message copy bookkeeping, the setup phases' plumbing.
+//! - [`pep`]: scenario `pep`: XEP-0163 personal eventing at login —
+//!   contacts subscribed and items published over XMPP, then a login
+//!   storm with XEP-0115 caps (`+notify`), every notification counted and
+//!   timed per login.
 //! - [`resume`]: scenario `resume`: XEP-0198 resumption vs login, memory
 //!   of detached sessions with unacknowledged messages.
 //! - [`workers`]: beyond one process's file limit, the coordinator starts
@@ -40,6 +44,7 @@ pub mod engine;
 pub mod hist;
 pub mod muc;
 pub mod muc_light;
+pub mod pep;
 pub mod procmem;
 pub mod provision;
 pub mod rate;
@@ -65,6 +70,7 @@ pub fn main_entry() -> anyhow::Result<()> {
             cli::Command::Muc(a) => muc::run(a).await,
             cli::Command::Archive(a) => archive::run(a).await,
             cli::Command::Resume(a) => resume::run(a).await,
+            cli::Command::Pep(a) => pep::run(a).await,
             cli::Command::Provision(p) => provision::run(p).await,
         }
     })

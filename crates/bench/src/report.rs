@@ -13,7 +13,8 @@ pub struct RunResult {
     pub tool: String,
     /// Tool version.
     pub version: String,
-    /// `connect`, `idle`, `o2o`, `archive`, `resume`, `muc` or `muc-light`.
+    /// `connect`, `idle`, `o2o`, `archive`, `resume`, `muc`, `muc-light`
+    /// or `pep`.
     pub scenario: String,
     /// Unix time (s) the run started.
     pub started_unix: u64,
@@ -50,6 +51,140 @@ pub struct RunResult {
     /// `muc-light` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub muc_light: Option<MucLightResult>,
+    /// `pep` only (`connect` is the measured login storm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pep: Option<PepResult>,
+}
+
+/// The `pep` scenario (XEP-0163 at login): the setup, then a login storm
+/// in which every login counts the notifications (the last items of its
+/// own nodes and of its contacts') it gets.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PepResult {
+    /// Contacts per user (`--contacts`: groups of contacts + 1).
+    pub contacts: u64,
+    /// Groups the users were split into.
+    pub groups: u64,
+    /// The nodes every user published one item to.
+    pub nodes: Vec<String>,
+    /// The XEP-0115 `ver` (sha-1) every session announced.
+    pub caps_ver: String,
+    /// Logins started per second (`--rate`; 0: all at once).
+    pub target_rate: f64,
+    /// A login's window closes after this long without a notification, ms.
+    pub quiet_ms: u64,
+    /// The setup (absent with `--skip-setup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<PepSetup>,
+    /// Logins of the storm that were established (the storm itself is
+    /// the run's `connect` section).
+    pub logins: u64,
+    /// Notifications the established logins should get: one per node of
+    /// every member of their group, their own included.
+    pub expected: u64,
+    /// Notifications received in the logins' windows (duplicates and
+    /// unexpected ones included).
+    pub received: u64,
+    /// Of `expected`, (publisher, node) pairs that arrived in the window.
+    pub received_expected: u64,
+    /// expected − received_expected.
+    pub missing: u64,
+    /// A (publisher, node) pair a session had already got, in its window
+    /// or after.
+    pub duplicates: u64,
+    /// Notifications from a publisher or node outside the session's group
+    /// and nodes, in its window or after.
+    pub unexpected: u64,
+    /// Notifications that arrived after the session's window closed
+    /// (duplicates and unexpected ones included): what the logins of
+    /// others sent to sessions already online.
+    pub after_window: u64,
+    /// Logins that got every expected notification in their window.
+    pub complete_logins: u64,
+    /// Sessions the server closed during their window.
+    pub closed_in_window: u64,
+    /// expected / logins.
+    pub expected_per_login: f64,
+    /// received / logins.
+    pub received_per_login: f64,
+    /// XML bytes received per login from the bound session to the end of
+    /// its window (presences, notifications, caps queries).
+    pub bytes_per_login: f64,
+    /// Presence stanzas received per login in its window.
+    pub presences_per_login: f64,
+    /// Caps disco#info queries the sessions answered (a server asks once
+    /// per `ver` it does not know).
+    pub caps_queries: u64,
+    /// Per login with at least one notification: TCP connect → its last
+    /// notification in the window.
+    pub latency: LatencySummary,
+    /// The same from the caps presence sent (the PEP part of a login).
+    pub after_presence_latency: LatencySummary,
+    /// First TCP connect → the last window closed, s.
+    pub duration_s: f64,
+    /// received / duration.
+    pub notifications_per_s: f64,
+    /// Server CPU per established login over the storm (logins,
+    /// notifications, caps), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_ms_per_login: Option<f64>,
+    /// Server memory (when its PID is known and readable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<PepMemory>,
+}
+
+/// The `pep` scenario's setup, over XMPP.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PepSetup {
+    /// Logging every user in (roster fetched, presence sent).
+    pub logins: ConnectResult,
+    /// Contacts the layout asks for, over all logged-in users.
+    pub contacts_expected: u64,
+    /// Of those, mutually subscribed (`both`) at the end.
+    pub contacts_both: u64,
+    /// Already `both` before the setup (an earlier run).
+    pub contacts_already: u64,
+    /// `subscribe` presences sent.
+    pub subscribes_sent: u64,
+    /// Pairs of contacts whose roster items disagreed at the start (one
+    /// sees the other's presence, the other does not count it as a
+    /// subscriber: an interrupted run, or a server that lost an update):
+    /// the item was removed on both sides and the pair subscribed again.
+    #[serde(default)]
+    pub pairs_reset: u64,
+    /// Roster items outside the layout removed (an earlier run's).
+    pub stale_items_removed: u64,
+    /// Items the users should publish.
+    pub publish_expected: u64,
+    /// Publications acknowledged.
+    pub published: u64,
+    /// Nodes of the list beyond `--nodes` deleted (an earlier run's).
+    pub stale_nodes_deleted: u64,
+    /// Start of the subscriptions → the last user's contacts all `both`, s.
+    pub subscribe_s: f64,
+    /// Start of the subscriptions → the last user's publications done, s.
+    pub publish_s: f64,
+    /// The whole setup (logins, subscriptions, publications, logouts), s.
+    pub total_s: f64,
+    /// Failed steps by cause (`subscribe-timeout`, `publish:<condition>`,
+    /// `closed`…).
+    pub failures: BTreeMap<String, u64>,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+}
+
+/// The server's memory in the `pep` scenario (`VmRSS`, KiB).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PepMemory {
+    /// The measured process.
+    pub server_pid: u32,
+    /// Before the storm (the setup's sessions closed), after `--settle-secs`.
+    pub rss_before_kb: u64,
+    /// Every login's window closed, after `--settle-secs`.
+    pub rss_after_kb: u64,
+    /// (after − before) / logins.
+    pub kb_per_session: f64,
 }
 
 /// The `muc` scenario (XEP-0045): the join storm, then a ramp of
@@ -1017,6 +1152,9 @@ impl RunResult {
         if let Some(m) = &self.muc_light {
             muc_light_table(&mut s, m);
         }
+        if let Some(p) = &self.pep {
+            pep_table(&mut s, p);
+        }
         if let Some(c) = &self.cost {
             let _ = writeln!(
                 s,
@@ -1201,6 +1339,104 @@ fn ramp_table(s: &mut String, m: &RoomRampResult, member: &str) {
         "  saturation {:.0} delivered copies/s ({})",
         m.saturation.delivered_per_s, m.saturation.note
     );
+}
+
+fn pep_table(s: &mut String, p: &PepResult) {
+    let _ = writeln!(
+        s,
+        "  pep        {} contacts per user ({} groups), {} node(s): {}; caps ver {}",
+        p.contacts,
+        p.groups,
+        p.nodes.len(),
+        if p.nodes.is_empty() {
+            "none".to_string()
+        } else {
+            p.nodes.join(", ")
+        },
+        p.caps_ver
+    );
+    if let Some(x) = &p.setup {
+        let _ = writeln!(
+            s,
+            "  prepared   {:.1} s (setup over XMPP): {} logins in {:.2} s; {}/{} contacts mutually subscribed ({} already) after {:.2} s, {} subscribe sent, {} pairs reset, {} stale items removed; {}/{} items published after {:.2} s, {} stale nodes deleted",
+            x.total_s,
+            x.logins.established,
+            x.logins.duration_s,
+            x.contacts_both,
+            x.contacts_expected,
+            x.contacts_already,
+            x.subscribe_s,
+            x.subscribes_sent,
+            x.pairs_reset,
+            x.stale_items_removed,
+            x.published,
+            x.publish_expected,
+            x.publish_s,
+            x.stale_nodes_deleted
+        );
+        if !x.failures.is_empty() {
+            let f: Vec<String> = x.failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "  prep fails {}", f.join(" "));
+            if let Some(e) = &x.first_error {
+                let _ = writeln!(s, "  e.g.       {e}");
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "  storm      {} logins {}; a window closes after {} ms without a notification; {:.1} s to the last window  =>  {:.0} notifications/s",
+        p.logins,
+        if p.target_rate > 0.0 {
+            format!("at {} logins/s", p.target_rate)
+        } else {
+            "all at once".to_string()
+        },
+        p.quiet_ms,
+        p.duration_s,
+        p.notifications_per_s
+    );
+    let _ = writeln!(
+        s,
+        "  notified   {:.1} per login ({:.1} expected): {}/{} expected received, {} missing, {} duplicates, {} unexpected, {} after the window; {}/{} logins complete{}",
+        p.received_per_login,
+        p.expected_per_login,
+        p.received_expected,
+        p.expected,
+        p.missing,
+        p.duplicates,
+        p.unexpected,
+        p.after_window,
+        p.complete_logins,
+        p.logins,
+        if p.closed_in_window > 0 {
+            format!(", {} closed by the server", p.closed_in_window)
+        } else {
+            String::new()
+        }
+    );
+    let (l, a) = (&p.latency, &p.after_presence_latency);
+    let _ = writeln!(
+        s,
+        "  last       p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms (connect -> last notification); from the presence: p50 {:.1} ms  p99 {:.1} ms",
+        l.p50_ms, l.p90_ms, l.p99_ms, l.max_ms, a.p50_ms, a.p99_ms
+    );
+    let _ = writeln!(
+        s,
+        "  traffic    {:.1} KiB received per login after binding ({:.1} presences); {} caps queries answered{}",
+        p.bytes_per_login / 1024.0,
+        p.presences_per_login,
+        p.caps_queries,
+        p.server_cpu_ms_per_login
+            .map(|c| format!("; server CPU {c:.2} ms/login"))
+            .unwrap_or_default()
+    );
+    if let Some(m) = &p.memory {
+        let _ = writeln!(
+            s,
+            "  memory     pid {}: {} KiB -> {} KiB for {} sessions  =>  {:.1} KiB/session",
+            m.server_pid, m.rss_before_kb, m.rss_after_kb, p.logins, m.kb_per_session
+        );
+    }
 }
 
 fn resume_table(s: &mut String, r: &ResumeResult, login: &ConnectResult) {
@@ -1719,6 +1955,97 @@ mod tests {
         ] {
             assert!(t.contains(want), "{want:?} not in {t}");
         }
+    }
+
+    #[test]
+    fn pep_section_round_trips_and_is_tabulated() {
+        let mut logins = ConnectResult {
+            attempted: 20,
+            established: 20,
+            started_unix_ms: 1_000,
+            finished_unix_ms: 1_400,
+            ..ConnectResult::default()
+        };
+        logins.finalize();
+        let r = RunResult {
+            scenario: "pep".into(),
+            users: 20,
+            connect: logins.clone(),
+            pep: Some(PepResult {
+                contacts: 4,
+                groups: 4,
+                nodes: vec![
+                    "urn:xmpp:avatar:metadata".into(),
+                    "http://jabber.org/protocol/nick".into(),
+                ],
+                caps_ver: "abc=".into(),
+                quiet_ms: 500,
+                setup: Some(PepSetup {
+                    logins,
+                    contacts_expected: 80,
+                    contacts_both: 79,
+                    subscribes_sent: 40,
+                    publish_expected: 40,
+                    published: 40,
+                    total_s: 1.5,
+                    failures: [("subscribe-timeout".to_string(), 1)].into(),
+                    first_error: Some("subscribe-timeout: user 3: 1 of 4".into()),
+                    ..PepSetup::default()
+                }),
+                logins: 20,
+                expected: 200,
+                received: 201,
+                received_expected: 198,
+                missing: 2,
+                duplicates: 3,
+                after_window: 1,
+                complete_logins: 18,
+                expected_per_login: 10.0,
+                received_per_login: 10.05,
+                bytes_per_login: 4096.0,
+                caps_queries: 1,
+                latency: lat(&[40_000; 20]),
+                duration_s: 2.0,
+                notifications_per_s: 100.5,
+                server_cpu_ms_per_login: Some(3.5),
+                memory: Some(PepMemory {
+                    server_pid: 9,
+                    rss_before_kb: 1_000,
+                    rss_after_kb: 2_000,
+                    kb_per_session: 50.0,
+                }),
+                ..PepResult::default()
+            }),
+            ..RunResult::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        let p = &v["pep"];
+        assert_eq!(p["setup"]["contacts_both"], 79);
+        assert_eq!(p["setup"]["failures"]["subscribe-timeout"], 1);
+        assert_eq!(p["received_expected"], 198);
+        assert_eq!(p["latency"]["count"], 20);
+        assert_eq!(p["memory"]["kb_per_session"], 50.0);
+        let back: RunResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        let t = r.table();
+        for want in [
+            "4 contacts per user (4 groups), 2 node(s): urn:xmpp:avatar:metadata, http://jabber.org/protocol/nick; caps ver abc=",
+            "79/80 contacts mutually subscribed",
+            "40/40 items published",
+            "prep fails subscribe-timeout=1",
+            "20 logins all at once; a window closes after 500 ms",
+            "10.1 per login (10.0 expected): 198/200 expected received, 2 missing, 3 duplicates, 0 unexpected, 1 after the window; 18/20 logins complete",
+            "p50 40.0 ms",
+            "4.0 KiB received per login after binding",
+            "server CPU 3.50 ms/login",
+            "1000 KiB -> 2000 KiB for 20 sessions  =>  50.0 KiB/session",
+        ] {
+            assert!(t.contains(want), "{want:?} not in {t}");
+        }
+        assert!(serde_json::to_value(RunResult::default())
+            .unwrap()
+            .get("pep")
+            .is_none());
     }
 
     #[test]
