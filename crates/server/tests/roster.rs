@@ -1111,3 +1111,57 @@ async fn roster_disabled_registers_nothing() {
     assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
     server.stop().await;
 }
+
+/// Both users of a pair ask and approve at the same instant (what two
+/// people adding each other do): every pair ends `both` on both sides,
+/// never one side `to` and the other `both` (a lost update between the
+/// user's own change and the contact's arriving one, RFC 6121 Appendix
+/// A.2/A.3 applied to one item by two tasks at once). A regression test
+/// for what `starling-bench pep`'s setup hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn simultaneous_mutual_subscriptions_end_both_on_both_sides() {
+    let server = TestServer::start().await;
+    let pairs = 24;
+    let mut clients = Vec::new();
+    for i in 0..pairs {
+        let mut a = server.login(&format!("ra{i}")).await;
+        let mut b = server.login(&format!("rb{i}")).await;
+        a.send("<presence/>").await;
+        b.send("<presence/>").await;
+        clients.push((a, b));
+    }
+    // Everyone asks at once, then everyone approves at once.
+    for step in ["subscribe", "subscribed"] {
+        let mut sends = Vec::new();
+        for (i, (a, b)) in clients.iter_mut().enumerate() {
+            let (ja, jb) = (format!("ra{i}@localhost"), format!("rb{i}@localhost"));
+            sends.push(async move {
+                let (to_b, to_a) = (
+                    format!("<presence to='{jb}' type='{step}'/>"),
+                    format!("<presence to='{ja}' type='{step}'/>"),
+                );
+                tokio::join!(a.send(&to_b), b.send(&to_a));
+            });
+        }
+        futures_util::future::join_all(sends).await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let roster = server.server.env.storage.roster.clone();
+    let mut wrong = Vec::new();
+    for i in 0..pairs {
+        for (me, them) in [
+            (format!("ra{i}"), format!("rb{i}")),
+            (format!("rb{i}"), format!("ra{i}")),
+        ] {
+            let owner = starling_proto::BareJid::new(&format!("{me}@localhost")).unwrap();
+            let contact = starling_proto::BareJid::new(&format!("{them}@localhost")).unwrap();
+            let item = roster.get_item(&owner, &contact).await.unwrap();
+            let state = item.as_ref().map(|i| (i.subscription, i.ask, i.pending_in));
+            if state != Some((Subscription::Both, false, false)) {
+                wrong.push(format!("{me} → {them}: {state:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "lost updates: {wrong:#?}");
+    server.stop().await;
+}

@@ -50,7 +50,12 @@
 //! which clears the ask with a second push (§3.2.3, A.3.4), so clients see
 //! the request end. Subscribing to oneself is ignored and
 //! adding oneself to the roster gets `<not-allowed/>` (§2.3.3 interop
-//! note). Concurrent changes to one item are last-writer-wins.
+//! note). Changes to one account's items are serialized on this node
+//! (`ItemLocks`: a roster set, the user's own subscription stanzas and the
+//! contacts' arriving ones), so simultaneous requests from both sides end in
+//! `both` on both sides. On a cluster the contact's side of a change runs on
+//! the sender's node: two nodes changing one item at the same instant can
+//! still overwrite each other (last writer wins there).
 //!
 //! Hooks: `user_send` (30), `user_receive` (30), `inbound` (50), own-account
 //! iq handler `{jabber:iq:roster}query` (in the requesting session, which
@@ -110,6 +115,52 @@ pub const MAX_NAME_BYTES: usize = 1023;
 pub struct Roster {
     max_items: u64,
     versioning: bool,
+    /// Serializes the read-modify-write of one account's items.
+    locks: ItemLocks,
+}
+
+/// One account's roster items are read, changed and written by several
+/// tasks: its own sessions (roster sets, outbound subscription stanzas)
+/// and the sessions of its contacts (their subscription stanzas arrive
+/// through the router in the sender's task, Appendix A.3). Two of those
+/// at once must not lose an update (both `subscribe` at the same moment
+/// would leave one side `to` and the other `both`), so each account's
+/// changes run under one of these striped locks. A task holds at most one
+/// stripe and never routes a stanza to another account while holding it
+/// (those wait in an [`After`] list), so stripes cannot deadlock. Within
+/// one node; see the module doc for a cluster.
+struct ItemLocks(Vec<tokio::sync::Mutex<()>>);
+
+impl ItemLocks {
+    fn new() -> ItemLocks {
+        ItemLocks((0..64).map(|_| tokio::sync::Mutex::new(())).collect())
+    }
+
+    async fn lock(&self, owner: &BareJid) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        owner.hash(&mut h);
+        self.0[(h.finish() % self.0.len() as u64) as usize]
+            .lock()
+            .await
+    }
+}
+
+/// What a change sends to other accounts, after its lock is released.
+enum After {
+    Route(Stanza),
+    CurrentPresence(BareJid, BareJid),
+    Unavailable(BareJid, BareJid),
+}
+
+async fn run_after(env: &Env, after: Vec<After>) {
+    for a in after {
+        match a {
+            After::Route(s) => env.route(s).await,
+            After::CurrentPresence(owner, to) => send_current_presence(env, &owner, &to).await,
+            After::Unavailable(owner, to) => send_unavailable(env, &owner, &to).await,
+        }
+    }
 }
 
 impl Roster {
@@ -118,6 +169,7 @@ impl Roster {
         let m = Arc::new(Roster {
             max_items: u64::from(cfg.max_items),
             versioning: cfg.versioning,
+            locks: ItemLocks::new(),
         });
         reg.user_send(NAME, 30, m.clone());
         reg.user_receive(NAME, 30, m.clone());
@@ -430,6 +482,7 @@ impl Roster {
             groups.push(t);
         }
         let env = cx.env;
+        let _guard = self.locks.lock(&owner).await;
         let (existing, pending_in) = load_state(env, &owner, &contact)
             .await
             .map_err(|e| storage_failure("roster lookup failed", &e))?;
@@ -484,6 +537,7 @@ impl Roster {
     ) -> Result<(), StanzaError> {
         let env = cx.env;
         let fail = |e: StorageError| storage_failure("roster removal failed", &e);
+        let guard = self.locks.lock(owner).await;
         let (item, pending_in) = load_state(env, owner, contact).await.map_err(fail)?;
         let Some(item) = item else {
             return Err(err(
@@ -508,6 +562,7 @@ impl Roster {
         if let Some(ver) = ver {
             push_all(env, owner, removed_element(contact), ver).await;
         }
+        drop(guard);
         let me: Jid = owner.clone().into();
         let them: Jid = contact.clone().into();
         // §2.5.2 rule 1 (and a pending request of ours is withdrawn too).
@@ -562,6 +617,8 @@ impl Roster {
         stanza.set_from(Some(owner.clone().into()));
         stanza.set_to(Some(contact.clone().into()));
         let fail = |e: StorageError| storage_failure("subscription update failed", &e);
+        let guard = self.locks.lock(&owner).await;
+        let mut after = Vec::new();
         let (item, pending_in) = load_state(env, &owner, &contact).await.map_err(fail)?;
         let store = &env.storage.roster;
         match kind {
@@ -580,7 +637,7 @@ impl Roster {
                     it.pending_in = pending_in;
                     save(env, &owner, &it).await.map_err(fail)?;
                 }
-                env.route(stanza.clone()).await;
+                after.push(After::Route(stanza.clone()));
             }
             SubType::Unsubscribe => {
                 // A.2.2: always routed; drops 'to' and 'ask'.
@@ -590,7 +647,7 @@ impl Roster {
                     it.pending_in = pending_in;
                     save(env, &owner, &it).await.map_err(fail)?;
                 }
-                env.route(stanza.clone()).await;
+                after.push(After::Route(stanza.clone()));
             }
             SubType::Subscribed => {
                 let has_from = item.as_ref().is_some_and(|i| i.subscription.has_from());
@@ -614,8 +671,8 @@ impl Roster {
                         .remove_pending_request(&owner, &contact)
                         .await
                         .map_err(fail)?;
-                    env.route(stanza.clone()).await;
-                    send_current_presence(env, &owner, &contact).await;
+                    after.push(After::Route(stanza.clone()));
+                    after.push(After::CurrentPresence(owner.clone(), contact.clone()));
                 } else {
                     // §3.4.2 rules 3 and 4: pre-approval, not routed.
                     let mut it = match item {
@@ -648,9 +705,9 @@ impl Roster {
                             .map_err(fail)?;
                     }
                     if has_from {
-                        send_unavailable(env, &owner, &contact).await;
+                        after.push(After::Unavailable(owner.clone(), contact.clone()));
                     }
-                    env.route(stanza.clone()).await;
+                    after.push(After::Route(stanza.clone()));
                 } else if let Some(mut it) = item.filter(|i| i.approved) {
                     // §3.4: cancels a pre-approval; S.N. route.
                     it.approved = false;
@@ -658,6 +715,8 @@ impl Roster {
                 }
             }
         }
+        drop(guard);
+        run_after(env, after).await;
         Ok(())
     }
 
@@ -683,6 +742,8 @@ impl Roster {
             .await;
             return Ok(());
         }
+        let guard = self.locks.lock(owner).await;
+        let mut after = Vec::new();
         let (item, pending_in) = load_state(env, owner, contact).await?;
         let store = &env.storage.roster;
         let sub = item.as_ref().map_or(Subscription::None, |i| i.subscription);
@@ -698,19 +759,17 @@ impl Roster {
             SubType::Subscribe => {
                 if sub.has_from() {
                     // A.3.1 [2] / §3.1.3 rule 2: auto-reply, don't deliver.
-                    env.route(Stanza::presence(Some("subscribed"), me, them))
-                        .await;
-                    send_current_presence(env, owner, contact).await;
+                    after.push(After::Route(Stanza::presence(Some("subscribed"), me, them)));
+                    after.push(After::CurrentPresence(owner.clone(), contact.clone()));
                 } else if let Some(mut it) = item.filter(|i| i.approved) {
                     // A.3.1 [1] / §3.4: pre-approved.
                     it.subscription = with_from(it.subscription, true);
                     it.approved = false;
                     it.pending_in = false;
                     let ver = store.put_item(owner, &it).await?;
-                    env.route(Stanza::presence(Some("subscribed"), me, them))
-                        .await;
+                    after.push(After::Route(Stanza::presence(Some("subscribed"), me, them)));
                     push_all(env, owner, item_element(&it), ver).await;
-                    send_current_presence(env, owner, contact).await;
+                    after.push(After::CurrentPresence(owner.clone(), contact.clone()));
                 } else if !pending_in {
                     // A.3.1: None → None + Pending In, To → To + Pending In…
                     // Stored until approved or denied (§3.1.3 rule 4).
@@ -736,11 +795,14 @@ impl Roster {
                         it.approved = false;
                         save(env, owner, &it).await?;
                     }
-                    send_unavailable(env, owner, contact).await;
+                    after.push(After::Unavailable(owner.clone(), contact.clone()));
                 }
                 // A.3.2 [1]: auto-reply.
-                env.route(Stanza::presence(Some("unsubscribed"), me, them))
-                    .await;
+                after.push(After::Route(Stanza::presence(
+                    Some("unsubscribed"),
+                    me,
+                    them,
+                )));
             }
             SubType::Subscribed => {
                 let Some(mut it) = item.filter(|_| ask) else {
@@ -765,6 +827,8 @@ impl Roster {
                 push_all(env, owner, item_element(&it), ver).await;
             }
         }
+        drop(guard);
+        run_after(env, after).await;
         Ok(())
     }
 
