@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The web chat in a real browser: starts a short-lived Starling on loopback
-# (fresh data dir, free ports, the Converse.js web chat on), creates two
-# accounts, and runs the playwright-core tests in test/ against it with
-# Debian's chromium (CHROMIUM, default /usr/bin/chromium; no browser is
-# downloaded). Screenshots of failed tests are kept in ARTIFACTS
-# (default tests/browser/artifacts). Stops the server whatever happens.
+# (fresh data dir, free ports, the Converse.js web chat and HTTP file upload
+# on), creates three accounts, and runs the playwright-core tests in test/
+# against it with Debian's chromium (CHROMIUM, default /usr/bin/chromium; no
+# browser is downloaded). Screenshots of failed tests, and the XMPP frames
+# each page exchanged, are kept in ARTIFACTS (default
+# tests/browser/artifacts). Stops the server whatever happens.
 #
 #   STARLING_BIN  the binary to test (default: target/debug/starling, built if missing)
 set -euo pipefail
@@ -40,6 +41,10 @@ web_client_dir = "$root/web/node_modules/converse.js/dist"
 [[http.listen]]
 address = "127.0.0.1:$p2"
 tls = false
+
+# XEP-0363 for upload.test.js: URLs default to this listener, the page's origin.
+[modules.upload]
+enabled = true
 CFG
 for u in alice bob carol; do
   echo "pw-$u" | "$bin" --config "$work/starling.toml" user add "$u@localhost" >/dev/null
