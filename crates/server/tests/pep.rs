@@ -871,3 +871,75 @@ async fn malformed_forms_and_oversize_items_are_refused() {
     );
     server.stop().await;
 }
+
+/// XEP-0163 §4.3.3: a new presence subscription is a subscription to the
+/// contact's PEP nodes — the new subscriber's online resources get the
+/// last items at once (on_sub and on_sub_and_presence nodes), not only
+/// at their next presence.
+#[tokio::test(flavor = "multi_thread")]
+async fn approving_a_subscription_sends_the_last_items() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let notify = [
+        format!("{AVATAR}+notify"),
+        format!("{NICK}+notify"),
+        "urn:x:never+notify".to_owned(),
+    ];
+    let notify: Vec<&str> = notify.iter().map(String::as_str).collect();
+    announce(&mut bob, &notify, false).await;
+    alice.send("<presence/>").await;
+    publish(
+        &mut alice,
+        AVATAR,
+        "av",
+        &format!("<metadata xmlns='{AVATAR}'/>"),
+        "",
+    )
+    .await;
+    publish(
+        &mut alice,
+        NICK,
+        "n",
+        &format!("<nick xmlns='{NICK}'>Al</nick>"),
+        &field("pubsub#send_last_published_item", "on_sub"),
+    )
+    .await;
+    publish(
+        &mut alice,
+        "urn:x:never",
+        "x",
+        "<x xmlns='urn:x:never'/>",
+        &field("pubsub#send_last_published_item", "never"),
+    )
+    .await;
+    alice.drain().await;
+    bob.drain().await;
+    bob.send("<presence to='alice@localhost' type='subscribe'/>")
+        .await;
+    alice
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("subscribe"))
+        .await;
+    alice
+        .send("<presence to='bob@localhost' type='subscribed'/>")
+        .await;
+    let mut nodes = Vec::new();
+    while let Some(ev) = bob.next_event_within(QUIET).await {
+        if let starling_testkit::Event::Element(el) = ev {
+            if let Some(items) = el
+                .get_child("event", EVENT)
+                .and_then(|e| e.get_child("items", EVENT))
+            {
+                assert_eq!(el.attr("from"), Some("alice@localhost"), "{el}");
+                nodes.push(items.attr("node").unwrap_or("").to_owned());
+            }
+        }
+    }
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        [NICK, AVATAR],
+        "on_sub and on_sub_and_presence nodes, not 'never'"
+    );
+    server.stop().await;
+}

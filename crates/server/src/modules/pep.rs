@@ -47,7 +47,7 @@ use super::pubsub_common::{
 use starling_core::disco::Scopes;
 use starling_core::forms::Submitted;
 use starling_core::hooks::{
-    HookRegistry, IqHandler, IqResponse, IqScope, OwnIqHandler, UserSendHandler,
+    HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OwnIqHandler, UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{StorageError, StoredItem, StoredNode, Subscription};
@@ -365,36 +365,76 @@ impl Pep {
             }
         }
         for owner in services {
-            let last = match env.storage.pubsub.last_items(owner.as_str()).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!(module = NAME, owner = %owner, error = %e, "reading last items failed");
-                    continue;
-                }
-            };
-            for (node, item) in last {
-                if !features.contains(&format!("{node}+notify")) {
-                    continue;
-                }
-                let Ok(Some(cfg)) = self.node(env, &owner, &node).await else {
-                    continue;
-                };
-                if cfg.send_last_published_item != "on_sub_and_presence"
-                    || self.may_see(env, &owner, me, &cfg).await.is_err()
-                {
-                    continue;
-                }
-                let mut m = Element::builder("message", ns::CLIENT)
-                    .attr("type", cfg.notification_type.as_str())
-                    .attr("id", starling_proto::random_id(10))
-                    .build();
-                m.append_child(items_event(&node, &[item], false));
-                env.route(Stanza::new(
-                    m,
-                    Some(owner.clone().into()),
-                    Some(to.clone().into()),
-                ))
+            self.deliver_last_of(env, &owner, me, to, features, true)
                 .await;
+        }
+    }
+
+    /// Sends session `to` (of account `me`, with `features`) the last item
+    /// of each of `owner`'s nodes it follows and may see: on its presence
+    /// (`on_presence`, nodes sending the last item `on_sub_and_presence`)
+    /// or on a new subscription (`on_sub` too).
+    async fn deliver_last_of(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        me: &BareJid,
+        to: &FullJid,
+        features: &HashSet<String>,
+        on_presence: bool,
+    ) {
+        let last = match env.storage.pubsub.last_items(owner.as_str()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(module = NAME, owner = %owner, error = %e, "reading last items failed");
+                return;
+            }
+        };
+        for (node, item) in last {
+            if !features.contains(&format!("{node}+notify")) {
+                continue;
+            }
+            let Ok(Some(cfg)) = self.node(env, owner, &node).await else {
+                continue;
+            };
+            let when = cfg.send_last_published_item.as_str();
+            let wanted = match when {
+                "on_sub_and_presence" => true,
+                "on_sub" => !on_presence,
+                _ => false,
+            };
+            if !wanted || self.may_see(env, owner, me, &cfg).await.is_err() {
+                continue;
+            }
+            let mut m = Element::builder("message", ns::CLIENT)
+                .attr("type", cfg.notification_type.as_str())
+                .attr("id", starling_proto::random_id(10))
+                .build();
+            m.append_child(items_event(&node, &[item], false));
+            env.route(Stanza::new(
+                m,
+                Some(owner.clone().into()),
+                Some(to.clone().into()),
+            ))
+            .await;
+        }
+    }
+
+    /// A new presence subscription (XEP-0163 §4.3.3: the contact is now
+    /// subscribed to `owner`'s presence, so it is subscribed to its PEP
+    /// nodes): each available resource of `contact` gets the last items
+    /// it follows at once, without waiting for its next presence.
+    async fn on_approved(&self, env: &Env, owner: &BareJid, contact: &BareJid) {
+        for e in env.sessions.resources(contact) {
+            if e.priority.is_none() {
+                continue;
+            }
+            let Some(key) = e.presence.as_deref().and_then(caps_key) else {
+                continue;
+            };
+            if let Some(features) = self.features(env, &key).await {
+                self.deliver_last_of(env, owner, contact, &e.session.jid, &features, false)
+                    .await;
             }
         }
     }
@@ -909,6 +949,25 @@ impl IqHandler for Pep {
 }
 
 #[async_trait]
+impl InboundHandler for Pep {
+    /// `subscribed` from `owner` to a contact: the contact's available
+    /// resources get `owner`'s last items (XEP-0163 §4.3.3). Runs before
+    /// the roster's handler, which consumes subscription stanzas; the
+    /// owner's item already says `from` (stored before it was routed).
+    async fn inbound(&self, env: &Env, stanza: &mut Stanza) -> HookResult {
+        if stanza.kind() == StanzaKind::Presence && stanza.type_attr() == Some("subscribed") {
+            if let (Some(from), Some(to)) = (stanza.from(), stanza.to()) {
+                let (owner, contact) = (from.to_bare(), to.to_bare());
+                if owner != contact && owner.node().is_some() && to.node().is_some() {
+                    self.on_approved(env, &owner, &contact).await;
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[async_trait]
 impl UserSendHandler for Pep {
     /// Follows the session's capabilities: asks for unknown ones, takes
     /// the answer, and delivers the last items once they are known.
@@ -1069,6 +1128,7 @@ impl Module for Pep {
         if m.vcard_conversion {
             reg.disco().feature(Scopes::ACCOUNT, avatar::FEATURE);
         }
+        reg.inbound(NAME, 45, m.clone());
         reg.user_send(NAME, 38, m);
         let d = reg.disco();
         d.identity(IqScope::Account, "pubsub", "pep", None);
