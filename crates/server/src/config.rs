@@ -479,6 +479,8 @@ impl Config {
         if let Err((key, message)) = self.modules.validate(&self.server.domains) {
             return Err(invalid(&key, message));
         }
+        self.validate_component_domains()
+            .map_err(|(key, message)| invalid(&key, message))?;
         let upload = <crate::modules::Upload as starling_core::module::Module>::NAME;
         if self.http.listen.is_empty() && self.modules.is_enabled(upload) {
             return Err(invalid(
@@ -621,6 +623,52 @@ impl Config {
                     "storage.backend",
                     format!("unknown backend {other:?}; use \"sqlite\" or \"postgres\""),
                 ))
+            }
+        }
+        Ok(())
+    }
+
+    /// An external component's domain must not be the address of another
+    /// enabled service (`conference.<domain>`…): both would claim its
+    /// stanzas. (Services of modules not listed here are checked at start,
+    /// when every service is registered.)
+    fn validate_component_domains(&self) -> Result<(), (String, String)> {
+        use crate::modules::{component, Component, Muc, MucLight, Proxy65, Upload};
+        use starling_core::module::Module;
+        let m = &self.modules;
+        if !m.is_enabled(Component::NAME) {
+            return Ok(());
+        }
+        let services = [
+            (Muc::NAME, &m.get::<Muc>().subdomain),
+            (MucLight::NAME, &m.get::<MucLight>().subdomain),
+            (Proxy65::NAME, &m.get::<Proxy65>().subdomain),
+            (Upload::NAME, &m.get::<Upload>().subdomain),
+        ];
+        for c in &m.get::<Component>().components {
+            let Some(domain) = component::normalized_domain(&c.domain) else {
+                continue; // the module's own check names it
+            };
+            for (module, label) in services.iter().filter(|(n, _)| m.is_enabled(n)) {
+                let Some(served) = domain
+                    .strip_prefix(label.as_str())
+                    .and_then(|r| r.strip_prefix('.'))
+                else {
+                    continue;
+                };
+                let is_served = self
+                    .server
+                    .domains
+                    .iter()
+                    .any(|d| component::normalized_domain(d).as_deref() == Some(served));
+                if is_served {
+                    return Err((
+                        "modules.component.components".into(),
+                        format!(
+                            "{domain} is the address of the {module} service ({label}.{served}): give the component another domain, or change [modules.{module}] subdomain"
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -770,6 +818,80 @@ enabled = false
 ",
         )
         .unwrap();
+    }
+
+    /// `[modules.component]`: each entry a domain of its own (not served,
+    /// not another service's address, not twice), one secret each; a
+    /// secret file not readable by everyone; secrets never in Debug output.
+    #[test]
+    fn config_component_domains_and_secrets_checked() {
+        use crate::modules::Component;
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        let with = |components: &str| {
+            parse(&format!(
+                "[modules.component]\nenabled = true\ncomponents = [{components}]\n"
+            ))
+        };
+        let c = with("{ domain = \"gw.localhost\", secret = \"s3cret\", name = \"GW\" }").unwrap();
+        let m = c.modules.get::<Component>();
+        assert_eq!(
+            m.listen.to_string(),
+            "127.0.0.1:5347",
+            "loopback by default"
+        );
+        assert_eq!(m.components[0].domain, "gw.localhost");
+        assert!(!format!("{c:?}").contains("s3cret"), "secret redacted");
+        let err = |components: &str| with(components).unwrap_err().to_string();
+        let e = err("");
+        assert!(e.contains("modules.component.components"), "{e}");
+        let e = err("{ domain = \"localhost\", secret = \"s\" }");
+        assert!(
+            e.contains("modules.component.components") && e.contains("served domain"),
+            "{e}"
+        );
+        let e = err("{ domain = \"gw.localhost\", secret = \"a\" }, { domain = \"GW.localhost\", secret = \"b\" }");
+        assert!(e.contains("twice"), "{e}");
+        let e = err("{ domain = \"gw.localhost\" }");
+        assert!(e.contains("exactly one of secret and secret_file"), "{e}");
+        let e = err("{ domain = \"gw.localhost\", secret = \"\" }");
+        assert!(e.contains("empty"), "{e}");
+        let e = err("{ domain = \"a@gw.localhost\", secret = \"s\" }");
+        assert!(e.contains("not a domain"), "{e}");
+        // The group-chat service's address (muc is on by default).
+        let e = err("{ domain = \"conference.localhost\", secret = \"s\" }");
+        assert!(
+            e.contains("modules.component.components") && e.contains("[modules.muc] subdomain"),
+            "{e}"
+        );
+        parse("[modules.muc]\nenabled = false\n[modules.component]\nenabled = true\ncomponents = [{ domain = \"conference.localhost\", secret = \"s\" }]\n").unwrap();
+        // Disabled: entries are still checked, an empty list is fine.
+        parse("[modules.component]\ncomponents = []\n").unwrap();
+        // secret_file: read, and refused when every user may read it.
+        let dir =
+            std::env::temp_dir().join(format!("starling-cfg-{}", starling_proto::random_id(8)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("gw.secret");
+        std::fs::write(&file, "from-a-file\n").unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let e = err(&format!(
+                "{{ domain = \"gw.localhost\", secret_file = {file:?} }}"
+            ));
+            assert!(e.contains("readable by every user"), "{e}");
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        with(&format!(
+            "{{ domain = \"gw.localhost\", secret_file = {file:?} }}"
+        ))
+        .unwrap();
+        let e = err(&format!(
+            "{{ domain = \"gw.localhost\", secret_file = {:?} }}",
+            dir.join("missing")
+        ));
+        assert!(e.contains("cannot read"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -255,6 +255,18 @@ pub async fn start_with(
         extra,
     )
     .await;
+    // Two services on one address (a component's domain that is another
+    // service's subdomain): the router would pick one silently.
+    for d in &domains {
+        let mut seen = std::collections::HashSet::new();
+        for (jid, _) in hooks.services_of(d) {
+            if !seen.insert(jid.clone()) {
+                anyhow::bail!(
+                    "two services claim {jid}: change a module's subdomain, or the domain of the [modules.component] entry"
+                );
+            }
+        }
+    }
     for (module, prefix) in http_routes.mounted() {
         tracing::info!(module, prefix, "module HTTP routes mounted");
     }

@@ -804,10 +804,11 @@ fn modules_lists_each_module_with_its_state() {
     );
     assert!(line("pep").contains(" on "), "{text}");
     assert!(line("extdisco").contains(" off "), "{text}");
-    assert!(line("pubsub").contains(" off "), "{text}");
     assert!(line("muc_light").contains(" off "), "{text}");
     assert!(line("proxy65").contains(" off "), "{text}");
+    assert!(line("component").contains(" off "), "{text}");
     assert!(line("upload").contains(" off "), "{text}");
+    assert!(line("pubsub").contains(" off "), "{text}");
     std::fs::write(&cfg, "[modules.carbon]\nenabled = false\n").unwrap();
     let out = bin()
         .arg("--config")

@@ -581,18 +581,33 @@ impl Cluster {
         best.0
     }
 
-    /// Hands a stanza for a local service (a room) to the same service on
-    /// `node` ([`starling_core::Router::to_service_on`]): a
-    /// [`Frame::Deliver`] marked [`SERVICE_DELIVERY`], so a message is kept
-    /// until that node took it and placed again here if the node dies.
-    /// Gives the stanza back (`Some`) if it has no full `from` (the
-    /// marker needs one).
+    /// Hands a stanza for a local service (a room, an external component)
+    /// to the same service on `node`
+    /// ([`starling_core::Router::to_service_on`]): a [`Frame::Deliver`]
+    /// marked [`SERVICE_DELIVERY`], so a message is kept until that node
+    /// took it and placed again here if the node dies. The marker rides in
+    /// a [`SessionRef`], whose JID the receiver does not read (it finds the
+    /// service by the stanza's `to`): the sender's full JID, or for a
+    /// sender without one (a bare JID's subscription presence, the
+    /// server's own requests) `<the service's domain>/service`. Gives the
+    /// stanza back (`Some`) if it has no `to` either.
     pub fn deliver_service(&self, node: u8, stanza: Stanza) -> Option<Stanza> {
-        let Some(from) = stanza.from().and_then(|f| f.try_as_full().ok()).cloned() else {
+        let carrier = stanza
+            .from()
+            .and_then(|f| f.try_as_full().ok())
+            .cloned()
+            .or_else(|| {
+                let domain = stanza.to()?.domain().as_str().to_owned();
+                BareJid::new(&domain)
+                    .ok()?
+                    .with_resource_str("service")
+                    .ok()
+            });
+        let Some(jid) = carrier else {
             return Some(stanza);
         };
         let to = SessionRef {
-            jid: from,
+            jid,
             node,
             id: SERVICE_DELIVERY,
         };

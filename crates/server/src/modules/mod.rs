@@ -9,6 +9,7 @@
 
 pub mod blocking;
 pub mod carbons;
+pub mod component;
 pub mod csi;
 pub mod disco;
 pub mod extdisco;
@@ -34,6 +35,7 @@ pub mod version;
 
 pub use blocking::Blocking;
 pub use carbons::Carbons;
+pub use component::Component;
 pub use csi::Csi;
 pub use disco::Disco;
 pub use extdisco::Extdisco;
@@ -117,6 +119,7 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Muc>(PhantomData),
     &Entry::<MucLight>(PhantomData),
     &Entry::<Proxy65>(PhantomData),
+    &Entry::<Component>(PhantomData),
     &Entry::<Pep>(PhantomData),
     &Entry::<Pubsub>(PhantomData),
     &Entry::<Upload>(PhantomData),

@@ -258,6 +258,37 @@ impl Connection {
         }
     }
 
+    /// Sends the header of an external component's stream (XEP-0114 §3,
+    /// `jabber:component:accept`): `from` the component's domain (none
+    /// when the header named no domain we serve), no `version`. Elements
+    /// are written afterwards as on a client stream: those of
+    /// `jabber:client` carry no `xmlns`, so they are read in the stream's
+    /// default namespace, `jabber:component:accept`. TCP/TLS streams only.
+    pub(crate) fn open_component_stream(&mut self, id: &str, from: Option<&str>) {
+        if let Connection::Stream(s) = self {
+            if s.header_sent {
+                return;
+            }
+            s.header_sent = true;
+            // A configured domain; escaped all the same.
+            let from = from
+                .map(|f| {
+                    let f = f
+                        .replace('&', "&amp;")
+                        .replace('\'', "&apos;")
+                        .replace('<', "&lt;");
+                    format!(" from='{f}'")
+                })
+                .unwrap_or_default();
+            let header = format!(
+                "<?xml version='1.0'?><stream:stream \
+                 xmlns:stream='http://etherx.jabber.org/streams' \
+                 xmlns='jabber:component:accept' id='{id}'{from}>"
+            );
+            s.wbuf.extend_from_slice(header.as_bytes());
+        }
+    }
+
     /// Sends the stream features (RFC 6120 §4.3.2).
     pub(crate) fn send_features(&mut self, features: &[Element]) {
         match self {
