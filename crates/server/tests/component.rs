@@ -897,3 +897,82 @@ async fn on_a_cluster_a_component_serves_users_of_every_node() {
     n1.stop().await;
     bus.stop().await;
 }
+
+/// A gateway's contacts in the user's roster (XEP-0100 §4.1, RFC 6121
+/// §3.1): the user subscribes to the gateway's domain and to a contact
+/// behind it, the component approves, and the user's items end `to`; the
+/// component asks back and the user approves (`both`).
+#[tokio::test]
+async fn a_gateway_takes_part_in_roster_subscriptions() {
+    let (server, addr) = server().await;
+    let mut alice = server.login("alice").await;
+    alice
+        .send("<iq type='get' id='r0'><query xmlns='jabber:iq:roster'/></iq>")
+        .await;
+    alice.recv_until(|e| e.attr("id") == Some("r0")).await;
+    alice.send("<presence/>").await;
+    let mut gw = Comp::login(addr, GW, GW_SECRET).await;
+    for contact in [GW, "bob@gw.localhost"] {
+        alice
+            .send(&format!("<presence to='{contact}' type='subscribe'/>"))
+            .await;
+        // §3.1.2: the request reaches the gateway from the user's bare JID.
+        let p = loop {
+            let el = gw.recv().await;
+            if el.name() == "presence" && el.attr("type") == Some("subscribe") {
+                break el;
+            }
+        };
+        assert_eq!(p.attr("from"), Some("alice@localhost"), "{p}");
+        assert_eq!(p.attr("to"), Some(contact));
+        gw.send(&format!(
+            "<presence from='{contact}' to='alice@localhost' type='subscribed'/>"
+        ))
+        .await;
+        let push = alice
+            .recv_until(|e| {
+                e.name() == "iq"
+                    && e.to_string().contains(&format!("jid='{contact}'"))
+                    && e.to_string().contains("subscription='to'")
+            })
+            .await;
+        assert_eq!(push.attr("type"), Some("set"), "{push}");
+    }
+    // The gateway asks back; the user approves: both.
+    gw.send("<presence from='bob@gw.localhost' to='alice@localhost' type='subscribe'/>")
+        .await;
+    alice
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("subscribe"))
+        .await;
+    alice
+        .send("<presence to='bob@gw.localhost' type='subscribed'/>")
+        .await;
+    alice
+        .recv_until(|e| e.name() == "iq" && e.to_string().contains("subscription='both'"))
+        .await;
+    // The approval reaches the gateway.
+    let ok = loop {
+        let el = gw.recv().await;
+        if el.name() == "presence" && el.attr("type") == Some("subscribed") {
+            break el;
+        }
+    };
+    assert_eq!(ok.attr("to"), Some("bob@gw.localhost"), "{ok}");
+    let item = server
+        .server
+        .env
+        .storage
+        .roster
+        .get_item(
+            &starling_proto::BareJid::new("alice@localhost").unwrap(),
+            &starling_proto::BareJid::new("bob@gw.localhost").unwrap(),
+        )
+        .await
+        .unwrap()
+        .expect("an item");
+    assert_eq!(
+        item.subscription,
+        starling_core::storage::Subscription::Both
+    );
+    server.stop().await;
+}

@@ -597,8 +597,16 @@ impl Roster {
         let Some(to) = stanza.to().cloned() else {
             return Ok(());
         };
-        if !env.hosts.is_local(to.domain().as_str()) {
+        let domain = to.domain().as_str();
+        let reachable = env.hosts.is_local(domain)
+            || env
+                .hooks
+                .service_for(domain, |d| env.hosts.is_local(d))
+                .is_some();
+        if !reachable {
             // No s2s: the contact's server cannot be reached (§3.1.2).
+            // Local services (gateways on external components, XEP-0100)
+            // are reached through the router like accounts.
             return Err(StanzaErrorCondition::RemoteServerNotFound.into());
         }
         let owner = cx.jid().to_bare();
@@ -606,7 +614,7 @@ impl Roster {
         if contact == owner {
             return Ok(()); // one is always subscribed to oneself
         }
-        if kind == SubType::Subscribe && contact.node().is_none() {
+        if kind == SubType::Subscribe && contact.node().is_none() && env.hosts.is_local(domain) {
             // The server itself takes no subscriptions.
             return Err(err(
                 StanzaErrorCondition::ServiceUnavailable,
