@@ -13,6 +13,7 @@
 #   TRANSPORT=websocket bench/compare.sh   # the scenarios over WebSocket
 #   MUC=1 bench/compare.sh                 # multi-user chat (XEP-0045)
 #   PEP=1 bench/compare.sh                 # personal eventing at login (XEP-0163)
+#   UPLOAD=1 bench/compare.sh              # HTTP File Upload (XEP-0363)
 #
 # ARCHIVE=1: every server runs with its message archive (XEP-0313) on,
 # from bench/peers/*-archive.* (ejabberd mod_mam on SQLite, Prosody mod_mam
@@ -50,6 +51,17 @@
 # publishing PEP_NODES items, and the login storm at PEP_RATE logins/s
 # (0: all at once), every login counting the last items it gets. Results
 # are appended as a "personal eventing" section.
+#
+# UPLOAD=1: HTTP File Upload (XEP-0363) instead of the idle and o2o runs:
+# each server gets an HTTP listener on its HPORT (plain http:) and its
+# upload service at upload.localhost (Starling: [modules.upload] of
+# bench/peers/starling.toml turned on; ejabberd: mod_http_upload at
+# /upload; Prosody: Component "upload.localhost" "http_file_share"), with
+# a 100 MiB size limit and no quota that a few runs could reach; then the
+# `upload` scenario: one file of BIG_MB MiB, then PARALLEL files of
+# SMALL_KB KiB at once, uploaded and downloaded (every byte verified),
+# every PUT and GET sent to 127.0.0.1:HPORT whatever host the URLs name.
+# Results are appended as an "HTTP File Upload" section.
 #
 # Environment (defaults in brackets):
 #   SERVERS        servers to run, in order        [starling ejabberd prosody]
@@ -91,6 +103,12 @@
 #     PEP_NODES      items each user publishes (1-8) [3]
 #     PEP_RATE       logins started per second, 0 = all at once [0]
 #   In PEP mode USERS defaults to PEP_USERS.
+#   UPLOAD=1       HTTP File Upload mode (above); then also:
+#     UPLOAD_USERS   users requesting the slots    [2]
+#     BIG_MB         the big file, MiB             [100]
+#     PARALLEL       files uploaded at once        [100]
+#     SMALL_KB       size of each of those, KiB    [1024]
+#   In UPLOAD mode USERS defaults to UPLOAD_USERS.
 #
 # Requires root for apt-get and to run the peers as their system users.
 # The open-file limit of this shell is inherited by every server (raise it
@@ -105,6 +123,11 @@ SERVERS=${SERVERS:-"starling ejabberd prosody"}
 ARCHIVE=${ARCHIVE:-}
 MUC=${MUC:-}
 PEP=${PEP:-}
+UPLOAD=${UPLOAD:-}
+UPLOAD_USERS=${UPLOAD_USERS:-2}
+BIG_MB=${BIG_MB:-100}
+PARALLEL=${PARALLEL:-100}
+SMALL_KB=${SMALL_KB:-1024}
 O2O_USERS=${O2O_USERS:-1000}
 PEP_USERS=${PEP_USERS:-$O2O_USERS}
 PEP_CONTACTS=${PEP_CONTACTS:-49}
@@ -115,6 +138,8 @@ MUC_RATES=${MUC_RATES:-"1000,2000,5000,7500,10000,15000,20000"}
 BIG_RATES=${BIG_RATES:-"5,10,20,50,100,200"}
 [[ -n "$ARCHIVE" && -n "$MUC" ]] && { echo "compare: ARCHIVE=1 and MUC=1 are separate runs" >&2; exit 1; }
 [[ -n "$PEP" && -n "$ARCHIVE$MUC" ]] && { echo "compare: PEP=1 is a separate run (not with ARCHIVE=1 or MUC=1)" >&2; exit 1; }
+[[ -n "$UPLOAD" && -n "$ARCHIVE$MUC$PEP" ]] && { echo "compare: UPLOAD=1 is a separate run (not with ARCHIVE=1, MUC=1 or PEP=1)" >&2; exit 1; }
+[[ -n "$UPLOAD" && ${TRANSPORT:-tcp} != tcp ]] && { echo "compare: UPLOAD=1 runs over TCP (its HTTP listener is the WebSocket one's port)" >&2; exit 1; }
 if [[ -n "$MUC" ]]; then
     sfx=
     USERS=${USERS:-$O2O_USERS}
@@ -122,6 +147,10 @@ if [[ -n "$MUC" ]]; then
 elif [[ -n "$PEP" ]]; then
     sfx=
     USERS=${USERS:-$PEP_USERS}
+    RATES=${RATES:-}
+elif [[ -n "$UPLOAD" ]]; then
+    sfx=
+    USERS=${USERS:-$UPLOAD_USERS}
     RATES=${RATES:-}
 elif [[ -n "$ARCHIVE" ]]; then
     sfx=-archive   # peer config variant: bench/peers/<server>-archive.*
@@ -157,7 +186,7 @@ RUN_ROOT=${RUN_ROOT:-/tmp/starling-bench-compare}
 OUT=${OUT:-$root/docs/benchmarks.md}
 PASSWORD='pw{n}'
 declare -A PORT=([starling]=15222 [ejabberd]=15322 [prosody]=15422)
-# HTTP (WebSocket) ports, used with TRANSPORT=websocket.
+# HTTP ports, used with TRANSPORT=websocket (WebSocket) and UPLOAD=1.
 declare -A HPORT=([starling]=15280 [ejabberd]=15380 [prosody]=15480)
 
 for b in "$STARLING_BIN" "$BENCH_BIN"; do
@@ -253,7 +282,7 @@ launch_server() {
     esac
     started=$s
     wait_port "$p"
-    if [[ $TRANSPORT == websocket ]]; then wait_port "${HPORT[$s]}"; fi
+    if [[ $TRANSPORT == websocket || -n "$UPLOAD" ]]; then wait_port "${HPORT[$s]}"; fi
 }
 
 # TRANSPORT=websocket: adds an HTTP listener with XMPP over WebSocket at
@@ -333,6 +362,56 @@ add_pep() {
     esac
 }
 
+# UPLOAD=1: an HTTP listener on HPORT (plain http:) and the XEP-0363
+# service at upload.localhost in server $1's generated config $2, 100 MiB
+# per file, no quota a few runs could reach. Nothing otherwise.
+add_upload() {
+    local s=$1 f=$2 hp=${HPORT[$1]} r
+    [[ -n "$UPLOAD" ]] || return 0
+    r=$(dirname "$f")
+    case $s in
+    starling)
+        grep -q '^listen = \[\]$' "$f" && grep -q '^\[modules.upload\]$' "$f" \
+            || { echo "compare: no 'listen = []' or [modules.upload] in $f" >&2; return 1; }
+        sed -i -e "s|^listen = \[\]$|listen = [{ address = \"127.0.0.1:$hp\", tls = false }]\nweb_client = false|" \
+            -e '/^\[modules.upload\]$/,/^enabled/ s/^enabled = false$/enabled = true/' "$f"
+        ;;
+    ejabberd)
+        # A listener appended to `listen:`, the module to `modules:` (the
+        # file's last section); mod_http_upload serves upload.@HOST@.
+        tail -n 1 "$f" | grep -q '^    ' || { echo "compare: modules: is not the last section of $f" >&2; return 1; }
+        mkdir -p "$r/upload"
+        python3 - "$f" "$hp" <<'PY'
+import sys
+f, port = sys.argv[1], sys.argv[2]
+lines = open(f).read().splitlines(keepends=True)
+start = lines.index("listen:\n")
+end = next(i for i in range(start + 1, len(lines)) if lines[i][:1] not in (" ", "\n"))
+block = f'''  -
+    port: {port}
+    ip: "127.0.0.1"
+    module: ejabberd_http
+    backlog: 4096
+    request_handlers:
+      /upload: mod_http_upload
+'''
+open(f, "w").write("".join(lines[:end]) + block + "".join(lines[end:]))
+PY
+        printf '  mod_http_upload:\n    put_url: "http://localhost:%s/upload"\n    docroot: "%s/upload"\n    max_size: 104857600\n' "$hp" "$r" >>"$f"
+        ;;
+    prosody)
+        # The HTTP server on loopback (bodies up to the size limit), and
+        # the component, its URLs on localhost (the component's own name
+        # does not resolve; starling-bench --http-addr connects anyway).
+        grep -q '^http_ports = { }$' "$f" && grep -q '^VirtualHost ' "$f" \
+            || { echo "compare: unexpected layout of $f" >&2; return 1; }
+        sed -i -e "s|^http_ports = { }$|http_ports = { $hp }|" \
+            -e "s|^VirtualHost |http_interfaces = { \"127.0.0.1\" }\nhttp_max_content_size = 110*1024*1024\n&|" "$f"
+        printf '\nComponent "upload.localhost" "http_file_share"\n  http_host = "localhost"\n  http_file_share_size_limit = 100*1024*1024\n  http_file_share_daily_quota = 1000*1024*1024*1024\n' >>"$f"
+        ;;
+    esac
+}
+
 # Whether this Starling build accepts bench/peers/starling$sfx.toml; if not,
 # says which key it does not know (e.g. [modules.mam] before the archive
 # work is merged) instead of failing later with a bare error.
@@ -341,6 +420,7 @@ starling_config_ok() {
     mkdir -p "$r"
     fill "$peers/starling$sfx.toml" "$r" "${PORT[starling]}" >"$r/check.toml"
     add_websocket starling "$r/check.toml"
+    add_upload starling "$r/check.toml"
     "$STARLING_BIN" check-config "$r/check.toml" >"$r/check.log" 2>&1 && return 0
     key=$(grep -o 'unknown field `[^`]*`' "$r/check.log" | head -1 || true)
     echo "compare: $STARLING_BIN rejects bench/peers/starling$sfx.toml${key:+: $key}" >&2
@@ -360,6 +440,7 @@ start_server() {
     starling)
         fill "$peers/starling$sfx.toml" "$r" "$p" >"$r/starling.toml"
         add_websocket starling "$r/starling.toml"
+        add_upload starling "$r/starling.toml"
         if [[ -n "${STARLING_PG_URL:-}" ]]; then
             psql -q "${STARLING_PG_URL%/*}/postgres" -c "DROP DATABASE IF EXISTS ${STARLING_PG_URL##*/}" \
                 -c "CREATE DATABASE ${STARLING_PG_URL##*/}"
@@ -375,6 +456,7 @@ start_server() {
         fill "$peers/ejabberd$sfx.yml" "$r" "$p" >"$r/ejabberd.yml"
         add_websocket ejabberd "$r/ejabberd.yml"
         add_pep ejabberd "$r/ejabberd.yml"
+        add_upload ejabberd "$r/ejabberd.yml"
         if [[ -n "$ARCHIVE" ]]; then
             # ejabberd would create the SQLite file itself (rollback
             # journal, several fsyncs per archived message: ~40 msg/s here).
@@ -399,6 +481,7 @@ start_server() {
         fill "$peers/prosody$sfx.cfg.lua" "$r" "$p" >"$r/prosody.cfg.lua"
         add_websocket prosody "$r/prosody.cfg.lua"
         add_pep prosody "$r/prosody.cfg.lua"
+        add_upload prosody "$r/prosody.cfg.lua"
         self_signed "$r"
         mkdir -p "$r/data"
         if [[ -n "$ARCHIVE" ]]; then
@@ -482,6 +565,17 @@ for s in $SERVERS; do
         stop_server
         continue
     fi
+    if [[ -n "$UPLOAD" ]]; then
+        sleep 3
+        echo "$s upload: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
+        log "$s: upload, one file of $BIG_MB MiB, $PARALLEL files of $SMALL_KB KiB at once"
+        run "$BENCH_BIN" upload --port "$p" --users "$UPLOAD_USERS" --big-mb "$BIG_MB" \
+            --parallel "$PARALLEL" --small-kb "$SMALL_KB" --http-addr "127.0.0.1:${HPORT[$s]}" \
+            --label "$label" "${common[@]}" --json-file "$RUN_ROOT/results/$s-upload.json" \
+            || log "$s: upload run failed (see above)"
+        stop_server
+        continue
+    fi
     if [[ -n "$MUC" ]]; then
         sleep 3
         echo "$s muc, rooms of $ROOM_SIZE: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN_ROOT/load.txt"
@@ -544,12 +638,13 @@ SERVERS=${ran# }
 
 # ---------------------------------------------------------------- report
 mkdir -p "$(dirname "$OUT")"
-python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" "$MUC" "$PEP" <<'PY'
+python3 - "$RUN_ROOT" "$OUT" "$SERVERS" "$ARCHIVE" "$TRANSPORT" "$TLS" "$MUC" "$PEP" "$UPLOAD" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 run_root, out, servers, archive = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4] != ""
 websocket, tls = sys.argv[5] == "websocket", sys.argv[6]
 muc = sys.argv[7] != ""
 pep = sys.argv[8] != ""
+upload = sys.argv[9] != ""
 
 def load(s, kind):
     p = os.path.join(run_root, "results", f"{s}-{kind}.json")
@@ -660,6 +755,27 @@ for s in servers:
             notes.append(f"{s}: pep: {c['failed']} of {c['attempted']} logins failed {c['failures']} e.g. {c.get('first_error')}")
         if p["missing"] or p["duplicates"] or p["unexpected"] or p["after_window"]:
             notes.append(f"{s}: pep: {p['missing']} expected notifications missing, {p['duplicates']} duplicates, {p['unexpected']} unexpected, {p['after_window']} after the login's window")
+    res = load(s, "upload")
+    if res and res.get("upload"):
+        labels.setdefault(s, res["target"]["label"])
+        for p in res["upload"]["phases"]:
+            k = f"up_{p['name']}"
+            b = p["file_bytes"]
+            size = f"{b / 1048576:g} MiB" if b >= 1048576 else f"{b / 1024:g} KiB"
+            r[f"{k}_what"] = f"one file of {size}" if p["name"] == "big" else f"{p['files']} files of {size} at once"
+            for d in ("upload", "download"):
+                t, dk = p[d], f"{k}_{d}"
+                if t["ok"]:
+                    r[f"{dk}_mibs"] = t["mib_per_s"]
+                    r[f"{dk}_p50"], r[f"{dk}_p99"] = t["latency"]["p50_ms"], t["latency"]["p99_ms"]
+                if t.get("memory"):
+                    r[f"{dk}_rss"] = t["memory"]["growth_kb"] / 1024
+                if t.get("server_cpu_s") is not None and t["bytes"]:
+                    r[f"{dk}_cpu"] = t["server_cpu_s"] * 1000 / (t["bytes"] / 1048576)
+                if t["failures"]:
+                    notes.append(f"{s}: upload {p['name']}: {sum(t['failures'].values())} of {t['files']} {d}s failed {t['failures']} e.g. {t.get('first_error')}")
+            if p["slots"]["failures"]:
+                notes.append(f"{s}: upload {p['name']}: {p['slots']['requested'] - p['slots']['granted']} slot requests refused {p['slots']['failures']} e.g. {p['slots'].get('first_error')}")
     rows[s] = r
 
 base = servers[0]
@@ -683,7 +799,7 @@ for l in open("/proc/cpuinfo"):
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 o = []
 ws_title = f" — over WebSocket (RFC 7395, {'wss:' if tls == 'direct' else 'ws:'})" if websocket else ""
-o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{' — multi-user chat (XEP-0045)' if muc else ''}{' — personal eventing at login (XEP-0163)' if pep else ''}{ws_title}\n")
+o.append(f"\n## {now} — {', '.join(names.get(s, s) for s in servers)}{' — archive on (XEP-0313)' if archive else ''}{' — multi-user chat (XEP-0045)' if muc else ''}{' — personal eventing at login (XEP-0163)' if pep else ''}{' — HTTP File Upload (XEP-0363)' if upload else ''}{ws_title}\n")
 o.append(f"Machine: {os.cpu_count()} CPUs ({cpu}), {ram_gib:.1f} GiB RAM, kernel {platform.release()}; "
          "client and server on the same machine over loopback. "
          f"Versions: " + "; ".join(f"{names.get(s, s)}: {labels.get(s, '?')}" for s in servers) + ".\n")
@@ -723,6 +839,20 @@ elif pep:
     o.append("| KiB received per login after binding | " + " | ".join(cell(s, "pep_kib", "{:.1f}") for s in servers) + " |")
     o.append("| Memory per session (KiB RSS) | " + " | ".join(cell(s, "pep_mem", "{:.1f}") for s in servers) + " |")
     o.append("| Setup over XMPP: subscriptions, publications (s) | " + " | ".join(cell(s, "pep_setup", "{:.1f}") for s in servers) + " |")
+elif upload:
+    def pair(s, a, b, fmt):
+        v = rows.get(s, {})
+        return f"{fmt.format(v[a])} / {fmt.format(v[b])}" if v.get(a) is not None and v.get(b) is not None else "n/a"
+    for k in ("up_big", "up_parallel"):
+        some = next((rows[s][f"{k}_what"] for s in servers if rows.get(s, {}).get(f"{k}_what")), None)
+        if some is None:
+            continue
+        what = some
+        o.append(f"| {what}: MiB/s up / down | " + " | ".join(pair(s, f"{k}_upload_mibs", f"{k}_download_mibs", "{:,.1f}") for s in servers) + " |")
+        o.append(f"| {what}: per-file p50 / p99 up (ms) | " + " | ".join(pair(s, f"{k}_upload_p50", f"{k}_upload_p99", "{:,.0f}") for s in servers) + " |")
+        o.append(f"| {what}: per-file p50 / p99 down (ms) | " + " | ".join(pair(s, f"{k}_download_p50", f"{k}_download_p99", "{:,.0f}") for s in servers) + " |")
+        o.append(f"| {what}: server RSS growth, max − before, up / down (MiB) | " + " | ".join(pair(s, f"{k}_upload_rss", f"{k}_download_rss", "{:.1f}") for s in servers) + " |")
+        o.append(f"| {what}: server CPU per MiB up / down (ms) | " + " | ".join(pair(s, f"{k}_upload_cpu", f"{k}_download_cpu", "{:.1f}") for s in servers) + " |")
 elif not archive:
     o.append("| Idle sessions held | " + " | ".join(cell(s, "sessions", "{:,}") for s in servers) + " |")
     o.append("| Memory per idle session (KiB RSS) | " + " | ".join(cell(s, "mem", "{:.1f}") for s in servers) + " |")
@@ -732,7 +862,7 @@ elif not archive:
     o.append(f"| Connection rate (sessions/s, {setup} + SASL + bind + presence) | " + " | ".join(cell(s, "rate", "{:,.0f}") for s in servers) + " |")
     o.append("| Server CPU per session setup (ms) | " + " | ".join(cell(s, "cpu_per_session", "{:.2f}") for s in servers) + " |")
     o.append("| Session setup p99 during the storm (ms) | " + " | ".join(cell(s, "setup_p99", "{:.0f}") for s in servers) + " |")
-if not muc and not pep:
+if not muc and not pep and not upload:
     o.append("| o2o saturation (delivered msg/s, p99 ≤ bound) | " + " | ".join(
     (cell(s, "sat", "{:,.0f}") + (" (≥: ramp end)" if rows.get(s, {}).get("sat") and not rows[s].get("sat_reached", True) else "")) for s in servers) + " |")
     o.append("| p99 latency at that rate (ms) | " + " | ".join(cell(s, "sat_p99", "{:.1f}") for s in servers) + " |")

@@ -7,8 +7,9 @@
 # (rooms created with their members, messages to every member's bare JID),
 # a personal eventing login storm (XEP-0163: contacts subscribed and items
 # published over XMPP, then logins with +notify caps, each counting the
-# last items it gets), and assertions that (nearly) every message was
-# delivered.
+# last items it gets), a small HTTP File Upload run (XEP-0363: slots, PUT
+# and GET over the HTTP listener, bytes verified), and assertions that
+# (nearly) every message was delivered.
 #
 #   STARLING_BIN=target/debug/starling BENCH_BIN=target/debug/starling-bench bench/smoke.sh
 #
@@ -69,6 +70,10 @@ interval_secs = 0
 
 [modules.muc_light]
 enabled = true
+
+[modules.upload]
+enabled = true
+quota_per_user = 0
 TOML
 
 "$BENCH_BIN" provision --method starling-import --starling-bin "$STARLING_BIN" \
@@ -199,6 +204,34 @@ assert p["latency"]["count"] == 20, p["latency"]
 print(f"smoke: OK: pep: {x['contacts_both']} contacts subscribed and {x['published']} items published "
       f"in {x['total_s']:.1f} s; {p['received_expected']}/{p['expected']} notifications at login, "
       f"p99 until the last {p['latency']['p99_ms']:.1f} ms, {p['caps_queries']} caps queries")
+PY
+
+# XEP-0363: the upload service discovered at upload.localhost, one 2 MiB
+# file PUT and GET over the plain HTTP listener, then 5 files of 64 KiB at
+# once; every downloaded byte must equal what was uploaded.
+"$BENCH_BIN" upload --port "$port" --users 2 --password 'pw{n}' \
+    --tls starttls --mechanism SCRAM-SHA-256 --big-mb 2 --parallel 5 --small-kb 64 \
+    --require-ratio 1 --json --quiet >"$work/upload.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: upload failed" >&2; exit 1; }
+python3 - "$work/upload.json" <<'PY'
+import json, sys
+u = json.load(open(sys.argv[1]))["upload"]
+assert u["service"] == "upload.localhost" and u["discovered"] and u["scheme"] == "http", u
+big, par = u["phases"]
+assert (big["name"], big["files"], big["file_bytes"]) == ("big", 1, 2 << 20), big
+assert (par["name"], par["files"], par["file_bytes"]) == ("parallel", 5, 64 << 10), par
+for p in (big, par):
+    for d in ("upload", "download"):
+        t = p[d]
+        assert t["ok"] == t["files"] == p["files"] and not t["failures"], (p["name"], d, t)
+        assert t["bytes"] == p["files"] * p["file_bytes"] and t["mib_per_s"] > 0, (p["name"], d, t)
+        assert t["latency"]["count"] == p["files"], (p["name"], d, t["latency"])
+        m = t.get("memory")
+        assert m is None or m["max_kb"] >= m["before_kb"] > 0, m
+    assert p["slots"]["granted"] == p["verified"] == p["files"], p
+print(f"smoke: OK: upload: {big['file_bytes'] >> 20} MiB up {big['upload']['mib_per_s']:.0f} MiB/s, "
+      f"down {big['download']['mib_per_s']:.0f} MiB/s; {par['files']} x {par['file_bytes'] >> 10} KiB "
+      f"at once, p99 up {par['upload']['latency']['p99_ms']:.1f} ms; every byte verified")
 PY
 
 python3 - "$work/sm.json" "$work/resume.json" "$work/resume2.json" "$work/resume3.json" <<'PY'

@@ -48,6 +48,8 @@ pub enum Scenario {
     MucLight,
     /// Personal eventing at login (run by [`crate::pep`], not by [`run`]).
     Pep,
+    /// HTTP File Upload (run by [`crate::upload`], not by [`run`]).
+    Upload,
 }
 
 impl Scenario {
@@ -62,6 +64,7 @@ impl Scenario {
             Scenario::Muc => "muc",
             Scenario::MucLight => "muc-light",
             Scenario::Pep => "pep",
+            Scenario::Upload => "upload",
         }
     }
 }
@@ -282,6 +285,7 @@ pub async fn run(sc: Scenario, args: ScenarioArgs) -> anyhow::Result<()> {
                 | Scenario::Muc
                 | Scenario::MucLight
                 | Scenario::Pep
+                | Scenario::Upload
         ),
         "the {} scenario has its own runner",
         sc.name()
@@ -368,6 +372,21 @@ pub(crate) fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<
                     x.published,
                     x.publish_expected,
                     x.first_error
+                );
+            }
+        }
+        if let Some(u) = &result.upload {
+            for p in &u.phases {
+                anyhow::ensure!(
+                    p.verified as f64 >= r * p.files as f64,
+                    "upload phase {}: only {}/{} files uploaded, downloaded and verified \
+                     (slots {:?}, up {:?}, down {:?})",
+                    p.name,
+                    p.verified,
+                    p.files,
+                    p.slots.first_error,
+                    p.upload.first_error,
+                    p.download.first_error
                 );
             }
         }
@@ -496,7 +515,8 @@ async fn run_local(sc: Scenario, args: &ScenarioArgs, mut mode: Mode) -> anyhow:
         | Scenario::Resume
         | Scenario::Muc
         | Scenario::MucLight
-        | Scenario::Pep => {
+        | Scenario::Pep
+        | Scenario::Upload => {
             anyhow::bail!("the {} scenario has its own runner", sc.name())
         }
     }

@@ -13,8 +13,8 @@ pub struct RunResult {
     pub tool: String,
     /// Tool version.
     pub version: String,
-    /// `connect`, `idle`, `o2o`, `archive`, `resume`, `muc`, `muc-light`
-    /// or `pep`.
+    /// `connect`, `idle`, `o2o`, `archive`, `resume`, `muc`, `muc-light`,
+    /// `pep` or `upload`.
     pub scenario: String,
     /// Unix time (s) the run started.
     pub started_unix: u64,
@@ -54,6 +54,122 @@ pub struct RunResult {
     /// `pep` only (`connect` is the measured login storm).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pep: Option<PepResult>,
+    /// `upload` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<UploadResult>,
+}
+
+/// The `upload` scenario (XEP-0363 HTTP File Upload).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct UploadResult {
+    /// The upload service's JID.
+    pub service: String,
+    /// Whether it was found in the domain's disco#items (else `--service`).
+    pub discovered: bool,
+    /// Its `max-file-size` (disco#info form), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_file_size: Option<u64>,
+    /// The content type of the slot requests and PUTs.
+    pub content_type: String,
+    /// The scheme of the slot URLs (`http`, `https`; empty without slots).
+    pub scheme: String,
+    /// The server process whose memory and CPU were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_pid: Option<u32>,
+    /// Interval of the memory samples, ms.
+    pub sample_ms: u64,
+    /// `big` (one file of `--big-mb`) and/or `parallel` (`--parallel` files
+    /// of `--small-kb`), in that order.
+    pub phases: Vec<UploadPhase>,
+}
+
+/// One phase of the `upload` scenario: slots, then every PUT at once, then
+/// every GET at once.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct UploadPhase {
+    /// `big` or `parallel`.
+    pub name: String,
+    /// Files of the phase.
+    pub files: u64,
+    /// Bytes of each file.
+    pub file_bytes: u64,
+    /// The slot requests.
+    pub slots: SlotStats,
+    /// The PUTs (of the slots granted).
+    pub upload: TransferStats,
+    /// The GETs (of the files uploaded).
+    pub download: TransferStats,
+    /// Files whose download had exactly the bytes uploaded.
+    pub verified: u64,
+    /// First slot request → last download done, s.
+    pub total_s: f64,
+}
+
+/// Slot requests (XEP-0363 §4) of one phase.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SlotStats {
+    /// Requests sent.
+    pub requested: u64,
+    /// Slots granted.
+    pub granted: u64,
+    /// Refusals and failures by cause (the error condition,
+    /// `file-too-large`, `timeout`, `closed`, `malformed`).
+    pub failures: BTreeMap<String, u64>,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Request sent → slot received (requests of a user are pipelined).
+    pub latency: LatencySummary,
+    /// All requests, s.
+    pub duration_s: f64,
+}
+
+/// The PUTs or the GETs of one phase, all started at once.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TransferStats {
+    /// Transfers started.
+    pub files: u64,
+    /// Transfers that succeeded (GET: and the bytes verified).
+    pub ok: u64,
+    /// Bytes of the files that succeeded.
+    pub bytes: u64,
+    /// First connect → last transfer over, s.
+    pub duration_s: f64,
+    /// bytes ÷ duration, MiB/s (1 MiB = 1,048,576 bytes).
+    pub mib_per_s: f64,
+    /// Per successful file: TCP connect → response complete (PUT: the
+    /// server's answer after the whole body; GET: the last byte).
+    pub latency: LatencySummary,
+    /// Failures by cause (`http-NNN`, `verify`, `length`, `short`,
+    /// `connect`, `tls`, `timeout`, `io`, `closed`, `malformed`, `url`).
+    pub failures: BTreeMap<String, u64>,
+    /// One example failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Server CPU over the transfers, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    /// The load generator's CPU over the transfers, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cpu_s: Option<f64>,
+    /// The server's memory during the transfers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<RssWindow>,
+}
+
+/// The server's VmRSS around and during a transfer, KiB.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RssWindow {
+    /// Right before the first transfer started.
+    pub before_kb: u64,
+    /// The highest sample (before and after included).
+    pub max_kb: u64,
+    /// Right after the last transfer ended.
+    pub after_kb: u64,
+    /// max − before.
+    pub growth_kb: u64,
+    /// Samples taken.
+    pub samples: u64,
 }
 
 /// The `pep` scenario (XEP-0163 at login): the setup, then a login storm
@@ -1155,6 +1271,9 @@ impl RunResult {
         if let Some(p) = &self.pep {
             pep_table(&mut s, p);
         }
+        if let Some(u) = &self.upload {
+            upload_table(&mut s, u);
+        }
         if let Some(c) = &self.cost {
             let _ = writeln!(
                 s,
@@ -1567,6 +1686,113 @@ fn archive_table(s: &mut String, a: &ArchiveResult) {
         }
     }
     let _ = writeln!(s, "  total      {:.1} good queries/s", a.queries_per_s);
+}
+
+/// `n` bytes as B, KiB, MiB or GiB.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn upload_table(s: &mut String, u: &UploadResult) {
+    let _ = writeln!(
+        s,
+        "  upload     service {}{}, max-file-size {}, {} URLs, content type {}",
+        u.service,
+        if u.discovered { " (discovered)" } else { "" },
+        u.max_file_size
+            .map(human_bytes)
+            .unwrap_or_else(|| "not announced".into()),
+        if u.scheme.is_empty() { "no" } else { &u.scheme },
+        u.content_type
+    );
+    if u.phases.is_empty() {
+        let _ = writeln!(s, "  (no phase ran: --big-mb 0 and --parallel 0)");
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  {:<9} {:<4} {:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}  server RSS MiB before/max/after (max-before)",
+        "phase", "dir", "ok", "MiB/s", "time s", "p50 ms", "p90 ms", "p99 ms", "max ms", "cpu s"
+    );
+    let mib = |kb: u64| kb as f64 / 1024.0;
+    for p in &u.phases {
+        for (dir, t) in [("up", &p.upload), ("down", &p.download)] {
+            let mem = t
+                .memory
+                .as_ref()
+                .map(|m| {
+                    format!(
+                        "{:.1}/{:.1}/{:.1} (+{:.1}, {} samples)",
+                        mib(m.before_kb),
+                        mib(m.max_kb),
+                        mib(m.after_kb),
+                        mib(m.growth_kb),
+                        m.samples
+                    )
+                })
+                .unwrap_or_else(|| "-".into());
+            let l = &t.latency;
+            let _ = writeln!(
+                s,
+                "  {:<9} {:<4} {:>7} {:>9.1} {:>8.2} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7}  {}",
+                p.name,
+                dir,
+                format!("{}/{}", t.ok, t.files),
+                t.mib_per_s,
+                t.duration_s,
+                l.p50_ms,
+                l.p90_ms,
+                l.p99_ms,
+                l.max_ms,
+                t.server_cpu_s
+                    .map(|c| format!("{c:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+                mem
+            );
+        }
+        let sl = &p.slots;
+        let _ = writeln!(
+            s,
+            "  {:<9} {} file(s) of {}: {}/{} slots (p50 {:.1} ms, p99 {:.1} ms), {}/{} verified byte for byte, {:.2} s in all",
+            p.name,
+            p.files,
+            human_bytes(p.file_bytes),
+            sl.granted,
+            sl.requested,
+            sl.latency.p50_ms,
+            sl.latency.p99_ms,
+            p.verified,
+            p.files,
+            p.total_s
+        );
+        for (what, failures, first) in [
+            ("slots", &sl.failures, &sl.first_error),
+            ("up", &p.upload.failures, &p.upload.first_error),
+            ("down", &p.download.failures, &p.download.first_error),
+        ] {
+            if failures.is_empty() {
+                continue;
+            }
+            let f: Vec<String> = failures.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "  {:<9} {what} failed: {}", p.name, f.join(" "));
+            if let Some(e) = first {
+                let _ = writeln!(s, "  e.g.       {e}");
+            }
+        }
+    }
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -2046,6 +2272,76 @@ mod tests {
             .unwrap()
             .get("pep")
             .is_none());
+    }
+
+    #[test]
+    fn upload_section_round_trips_and_is_tabulated() {
+        let transfer = |ok: u64, files: u64| TransferStats {
+            files,
+            ok,
+            bytes: ok * 1024,
+            duration_s: 0.5,
+            mib_per_s: 12.5,
+            latency: lat(&[1_000, 2_000]),
+            failures: if ok < files {
+                [("http-413".to_string(), files - ok)].into()
+            } else {
+                BTreeMap::new()
+            },
+            first_error: (ok < files).then(|| "http-413: HTTP 413 Payload Too Large".into()),
+            server_cpu_s: Some(0.25),
+            client_cpu_s: Some(0.5),
+            memory: Some(RssWindow {
+                before_kb: 20_480,
+                max_kb: 22_528,
+                after_kb: 21_504,
+                growth_kb: 2_048,
+                samples: 11,
+            }),
+        };
+        let r = RunResult {
+            scenario: "upload".into(),
+            upload: Some(UploadResult {
+                service: "upload.localhost".into(),
+                discovered: true,
+                max_file_size: Some(100 << 20),
+                content_type: "application/octet-stream".into(),
+                scheme: "https".into(),
+                server_pid: Some(42),
+                sample_ms: 50,
+                phases: vec![UploadPhase {
+                    name: "parallel".into(),
+                    files: 3,
+                    file_bytes: 1024,
+                    slots: SlotStats {
+                        requested: 3,
+                        granted: 3,
+                        latency: lat(&[500]),
+                        ..SlotStats::default()
+                    },
+                    upload: transfer(2, 3),
+                    download: transfer(2, 2),
+                    verified: 2,
+                    total_s: 1.5,
+                }],
+            }),
+            ..RunResult::default()
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<RunResult>(&json).unwrap(), r);
+        let t = r.table();
+        assert!(
+            t.contains("service upload.localhost (discovered), max-file-size 100 MiB, https URLs"),
+            "{t}"
+        );
+        assert!(t.contains("20.0/22.0/21.0 (+2.0, 11 samples)"), "{t}");
+        assert!(t.contains("3 file(s) of 1 KiB: 3/3 slots"), "{t}");
+        assert!(t.contains("2/3 verified byte for byte"), "{t}");
+        assert!(t.contains("up failed: http-413=1"), "{t}");
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(100 << 20), "100 MiB");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
     }
 
     #[test]
