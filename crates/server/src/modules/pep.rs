@@ -123,9 +123,28 @@ pub struct Pep {
     seq: Seq,
     /// XEP-0398: the vcard module runs, so avatars are converted.
     vcard_conversion: bool,
+    /// Itself, for the tasks that deliver last items.
+    me: std::sync::Weak<Pep>,
+    /// The server, once started (those tasks route on their own).
+    env: std::sync::OnceLock<std::sync::Weak<Env>>,
 }
 
 impl Pep {
+    /// Delivers the last items to a session that just came online (or
+    /// changed its capabilities) in a task of its own: the user's presence
+    /// broadcast, which this hook runs before, does not wait for them.
+    fn deliver_last_soon(&self, me: BareJid, to: FullJid, features: Arc<HashSet<String>>) {
+        let (Some(pep), Some(env)) = (
+            self.me.upgrade(),
+            self.env.get().and_then(std::sync::Weak::upgrade),
+        ) else {
+            return;
+        };
+        tokio::spawn(async move {
+            pep.deliver_last(&env, &me, &to, &features).await;
+        });
+    }
+
     /// Verified capabilities `key` (`hash:ver`): from this node's cache,
     /// else from storage (verified by any node of a cluster), else `None`.
     async fn features(&self, env: &Env, key: &str) -> Option<Arc<HashSet<String>>> {
@@ -390,20 +409,59 @@ impl Pep {
                 return;
             }
         };
-        for (node, item) in last {
-            if !features.contains(&format!("{node}+notify")) {
-                continue;
+        // Only what this session follows; then the owner's nodes in one
+        // query and the access check once per access model.
+        let last: Vec<_> = last
+            .into_iter()
+            .filter(|(node, _)| features.contains(&format!("{node}+notify")))
+            .collect();
+        if last.is_empty() {
+            return;
+        }
+        let configs: HashMap<String, NodeConfig> = match env
+            .storage
+            .pubsub
+            .nodes(owner.as_str())
+            .await
+        {
+            Ok(nodes) => nodes
+                .into_iter()
+                .map(|n| {
+                    let cfg = NodeConfig::from_stored(&n.config)
+                        .unwrap_or_else(|| NodeConfig::new(&self.rules()));
+                    (n.node, cfg)
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!(module = NAME, owner = %owner, error = %e, "reading nodes failed");
+                return;
             }
-            let Ok(Some(cfg)) = self.node(env, owner, &node).await else {
+        };
+        let mut seen: Vec<(NodeConfig, bool)> = Vec::new();
+        for (node, item) in last {
+            let Some(cfg) = configs.get(&node) else {
                 continue;
             };
-            let when = cfg.send_last_published_item.as_str();
-            let wanted = match when {
+            let wanted = match cfg.send_last_published_item.as_str() {
                 "on_sub_and_presence" => true,
                 "on_sub" => !on_presence,
                 _ => false,
             };
-            if !wanted || self.may_see(env, owner, me, &cfg).await.is_err() {
+            if !wanted {
+                continue;
+            }
+            let allowed = match seen.iter().find(|(c, _)| {
+                c.access_model == cfg.access_model
+                    && c.roster_groups_allowed == cfg.roster_groups_allowed
+            }) {
+                Some((_, ok)) => *ok,
+                None => {
+                    let ok = self.may_see(env, owner, me, cfg).await.is_ok();
+                    seen.push((cfg.clone(), ok));
+                    ok
+                }
+            };
+            if !allowed {
                 continue;
             }
             let mut m = Element::builder("message", ns::CLIENT)
@@ -948,6 +1006,12 @@ impl IqHandler for Pep {
     }
 }
 
+impl starling_core::hooks::StartedHandler for Pep {
+    fn started(&self, env: &Arc<Env>) {
+        let _ = self.env.set(Arc::downgrade(env));
+    }
+}
+
 #[async_trait]
 impl InboundHandler for Pep {
     /// `subscribed` from `owner` to a contact: the contact's available
@@ -986,8 +1050,7 @@ impl UserSendHandler for Pep {
                 match known {
                     Some(features) if st.delivered.as_ref() != Some(&key) => {
                         st.delivered = Some(key);
-                        let (me, to) = (cx.jid().to_bare(), cx.jid().clone());
-                        self.deliver_last(cx.env, &me, &to, &features).await;
+                        self.deliver_last_soon(cx.jid().to_bare(), cx.jid().clone(), features);
                     }
                     Some(_) => {}
                     None if st.pending.is_none() => {
@@ -1067,8 +1130,7 @@ impl UserSendHandler for Pep {
                             if let Some(s) = cx.state.get_mut::<CapsState>() {
                                 s.delivered = Some(key);
                             }
-                            let (me, to) = (cx.jid().to_bare(), cx.jid().clone());
-                            self.deliver_last(cx.env, &me, &to, &features).await;
+                            self.deliver_last_soon(cx.jid().to_bare(), cx.jid().clone(), features);
                         }
                     }
                     None => {
@@ -1105,12 +1167,15 @@ impl Module for Pep {
     }
 
     async fn start(cfg: &PepConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        let m = Arc::new(Pep {
+        let m = Arc::new_cyclic(|me| Pep {
             cfg: cfg.clone(),
             caps: RwLock::new(HashMap::new()),
             seq: Seq::default(),
             vcard_conversion: (ctx.is_enabled)("vcard"),
+            me: me.clone(),
+            env: std::sync::OnceLock::new(),
         });
+        reg.started(m.clone());
         reg.own_iq(NAME, "pubsub", NS_PUBSUB, m.clone());
         reg.own_iq(NAME, "pubsub", NS_OWNER, m.clone());
         reg.iq(NAME, IqScope::Account, "pubsub", NS_PUBSUB, m.clone());
