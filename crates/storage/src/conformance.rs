@@ -183,8 +183,15 @@ pub async fn roster(s: &Storage) {
     let pending = r.pending_requests(&alice).await.unwrap();
     assert_eq!(pending.len(), 1, "one request per contact, latest kept");
     assert!(pending[0].1.contains("hi"));
+    assert!(r.has_pending_request(&alice, &dave).await.unwrap());
+    assert!(
+        !r.has_pending_request(&dave, &alice).await.unwrap(),
+        "directed"
+    );
+    assert!(!r.has_pending_request(&alice, &alice).await.unwrap());
     r.remove_pending_request(&alice, &dave).await.unwrap();
     assert!(r.pending_requests(&alice).await.unwrap().is_empty());
+    assert!(!r.has_pending_request(&alice, &dave).await.unwrap());
 
     r.remove_user(&alice).await.unwrap();
     assert_eq!(r.get_roster(&alice).await.unwrap(), (0, vec![]));

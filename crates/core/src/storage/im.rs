@@ -132,6 +132,16 @@ pub trait RosterStore: Send + Sync + 'static {
     /// resource (RFC 6121 §3.1.3), as serialized presence stanzas, oldest
     /// first.
     async fn pending_requests(&self, owner: &BareJid) -> StorageResult<Vec<(BareJid, String)>>;
+    /// Whether a subscription request from `contact` to `owner` is
+    /// pending: one keyed lookup, where [`RosterStore::pending_requests`]
+    /// reads them all (every subscription change asks this).
+    async fn has_pending_request(&self, owner: &BareJid, contact: &BareJid) -> StorageResult<bool> {
+        Ok(self
+            .pending_requests(owner)
+            .await?
+            .iter()
+            .any(|(j, _)| j == contact))
+    }
     /// Stores (or replaces) a pending subscription request.
     async fn put_pending_request(
         &self,

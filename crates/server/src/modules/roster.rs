@@ -321,10 +321,8 @@ async fn load_state(
     let pending = env
         .storage
         .roster
-        .pending_requests(owner)
-        .await?
-        .iter()
-        .any(|(j, _)| j == contact);
+        .has_pending_request(owner, contact)
+        .await?;
     Ok((item, pending))
 }
 

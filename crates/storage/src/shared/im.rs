@@ -257,6 +257,21 @@ impl RosterStore for Store {
             .collect())
     }
 
+    async fn has_pending_request(&self, owner: &BareJid, contact: &BareJid) -> StorageResult<bool> {
+        let (domain, user) = split(owner);
+        let row = sqlx::query(
+            "SELECT 1 FROM subscription_requests
+             WHERE domain = $1 AND username = $2 AND contact = $3",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(contact.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(row.is_some())
+    }
+
     async fn put_pending_request(
         &self,
         owner: &BareJid,
