@@ -8,12 +8,13 @@ use crate::config::{Config, TlsMode};
 use crate::routing::router::LocalRouter;
 use crate::routing::sessions::SessionTable;
 use crate::tls::TlsContext;
+use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
 use anyhow::Context;
 use starling_core::{Env, Hosts, Metrics, Pressure};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -149,37 +150,11 @@ impl RunningServer {
     }
 }
 
-fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        // `[::]` means both stacks, whatever the host's bindv6only default.
-        socket2::SockRef::from(&socket).set_only_v6(false)?;
-    }
-    socket.bind(addr)?;
-    // A large backlog: connection storms must not overflow the accept queue.
-    socket.listen(4096)
-}
-
 /// Binds one configured listener. `[::]` on a host without IPv6 falls back
 /// to `0.0.0.0` with a log line; a port in use is reported with what to do.
 fn bind_listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    let no_ipv6 = |e: &std::io::Error| {
-        // EAFNOSUPPORT (97 on Linux) or EADDRNOTAVAIL: no IPv6 stack here.
-        e.raw_os_error() == Some(97) || e.kind() == std::io::ErrorKind::AddrNotAvailable
-    };
-    let result = match bind(addr) {
-        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() && no_ipv6(&e) => {
-            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
-            tracing::warn!(address = %addr, fallback = %v4, error = %e, "IPv6 is not available on this host; listening on IPv4 only");
-            bind(v4).map_err(|e| (v4, e))
-        }
-        r => r.map_err(|e| (addr, e)),
-    };
+    // A large backlog: connection storms must not overflow the accept queue.
+    let result = crate::transport::tcp::bind(addr, 4096);
     result.map_err(|(a, e)| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
             "another process (another Starling?) is listening on this port: stop it, or change the [[listen]] (or [[http.listen]]) address in the configuration"
@@ -393,33 +368,15 @@ async fn accept_loop(
     limit: Arc<Semaphore>,
     keepalive: Option<Duration>,
 ) {
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = AcceptBackoff::default();
     loop {
         let Ok(permit) = limit.clone().acquire_owned().await else {
             return;
         };
-        let (tcp, peer) = match listener.accept().await {
-            Ok(x) => {
-                backoff = Duration::from_millis(5);
-                x
-            }
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed; backing off");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
-        };
+        let (tcp, peer) = accept(&listener, &mut backoff, "c2s").await;
         let _ = tcp.set_nodelay(true);
         if let Some(idle) = keepalive {
-            let ka = socket2::TcpKeepalive::new()
-                .with_time(idle)
-                .with_interval(Duration::from_secs((idle.as_secs() / 4).max(1)))
-                .with_retries(4);
-            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&ka) {
-                tracing::debug!(error = %e, "cannot set TCP keepalive");
-            }
+            set_keepalive(&tcp, idle);
         }
         let shared = shared.clone();
         let shutdown = shutdown.clone();

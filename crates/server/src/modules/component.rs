@@ -65,6 +65,7 @@
 
 use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
 use crate::transport::tcp::Transport;
+use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
@@ -84,7 +85,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
 
@@ -352,7 +353,7 @@ impl Module for Component {
                 local: Mutex::new(None),
             }));
         }
-        let listener = match bind(cfg.listen) {
+        let listener = match crate::transport::tcp::bind(cfg.listen, 128).map_err(|(_, e)| e) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::error!(module = NAME, address = %cfg.listen, error = %e,
@@ -401,22 +402,6 @@ impl Module for Component {
         reg.started(Arc::new(Starter(hub.clone())));
         reg.shutdown(NAME, 10, hub);
     }
-}
-
-/// Binds the component listener.
-fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        // `[::]` means both stacks, whatever the host's bindv6only default.
-        socket2::SockRef::from(&socket).set_only_v6(false)?;
-    }
-    socket.bind(addr)?;
-    socket.listen(128)
 }
 
 /// The module's metrics (registered as `starling_component_*`).
@@ -636,23 +621,11 @@ async fn not_connected(env: &Env, domain: &str, stanza: Stanza) {
 async fn accept_loop(hub: Arc<Hub>, listener: TcpListener, tasks: mpsc::Sender<()>) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = hub.stop.subscribe();
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = AcceptBackoff::default();
     loop {
-        let accepted = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            r = listener.accept() => r,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(x) => {
-                backoff = Duration::from_millis(5);
-                x
-            }
-            Err(e) => {
-                tracing::warn!(module = NAME, error = %e, "accept failed; backing off");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
+            c = accept(&listener, &mut backoff, NAME) => c,
         };
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             tracing::warn!(module = NAME, %peer, max = MAX_CONNECTIONS, "too many component connections; closing this one");
@@ -662,11 +635,7 @@ async fn accept_loop(hub: Arc<Hub>, listener: TcpListener, tasks: mpsc::Sender<(
             return;
         };
         let _ = tcp.set_nodelay(true);
-        let ka = socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(60))
-            .with_interval(Duration::from_secs(15))
-            .with_retries(4);
-        let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&ka);
+        set_keepalive(&tcp, Duration::from_secs(60));
         tokio::spawn(run(hub.clone(), env, tcp, peer, permit, tasks.clone()));
     }
 }

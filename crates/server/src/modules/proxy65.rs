@@ -47,6 +47,7 @@
 //! port, max_transfer_bytes, max_bytes_per_second, activation_timeout_secs,
 //! idle_timeout_secs, max_connections, allowed.
 
+use crate::transport::tcp::{accept, AcceptBackoff};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
@@ -61,7 +62,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -210,7 +211,7 @@ impl Module for Proxy65 {
         ctx.metrics.with_registry(|r| metrics.register(r));
         let (stop, stop_rx) = watch::channel(false);
         let (tasks, tasks_done) = mpsc::channel::<()>(1);
-        let listener = match bind(cfg.listen) {
+        let listener = match crate::transport::tcp::bind(cfg.listen, 1024).map_err(|(_, e)| e) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::error!(module = NAME, address = %cfg.listen, error = %e,
@@ -263,32 +264,6 @@ impl Module for Proxy65 {
             svc.clone(),
         );
         reg.shutdown(NAME, 10, svc);
-    }
-}
-
-/// Binds the SOCKS5 listener; `[::]` on a host without IPv6 falls back to
-/// `0.0.0.0`.
-fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    fn bind_one(addr: SocketAddr) -> std::io::Result<TcpListener> {
-        let socket = if addr.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        if addr.is_ipv6() && addr.ip().is_unspecified() {
-            socket2::SockRef::from(&socket).set_only_v6(false)?;
-        }
-        socket.bind(addr)?;
-        socket.listen(1024)
-    }
-    match bind_one(addr) {
-        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() => {
-            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
-            tracing::warn!(module = NAME, address = %addr, fallback = %v4, error = %e, "IPv6 is not available; the proxy listens on IPv4 only");
-            bind_one(v4)
-        }
-        r => r,
     }
 }
 
@@ -566,40 +541,32 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
     tasks: mpsc::Sender<()>,
 ) {
+    let mut backoff = AcceptBackoff::default();
     loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
+        let (stream, peer) = tokio::select! {
+            c = accept(&listener, &mut backoff, NAME) => c,
             _ = stopped(&mut stop) => return,
         };
-        match accepted {
-            Ok((stream, peer)) => {
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    proxy.metrics.refused.inc();
-                    if let Some(suppressed) = proxy.full_log.check() {
-                        tracing::warn!(module = NAME, %peer, suppressed, "max_connections reached; SOCKS5 connection closed");
-                    }
-                    continue;
-                };
-                proxy.metrics.connections.inc();
-                let conn = Conn {
-                    stream,
-                    _permit: permit,
-                    _open: Open(proxy.metrics.connections.clone()),
-                };
-                tokio::spawn(serve(
-                    proxy.clone(),
-                    conn,
-                    peer,
-                    stop.clone(),
-                    tasks.clone(),
-                ));
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            proxy.metrics.refused.inc();
+            if let Some(suppressed) = proxy.full_log.check() {
+                tracing::warn!(module = NAME, %peer, suppressed, "max_connections reached; SOCKS5 connection closed");
             }
-            Err(e) => {
-                // Out of file descriptors, say: back off instead of spinning.
-                tracing::warn!(module = NAME, error = %e, "accepting a SOCKS5 connection failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+            continue;
+        };
+        proxy.metrics.connections.inc();
+        let conn = Conn {
+            stream,
+            _permit: permit,
+            _open: Open(proxy.metrics.connections.clone()),
+        };
+        tokio::spawn(serve(
+            proxy.clone(),
+            conn,
+            peer,
+            stop.clone(),
+            tasks.clone(),
+        ));
     }
 }
 

@@ -39,7 +39,6 @@ use starling_xml::{Limits, StreamEvent, StreamParser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -201,20 +200,9 @@ pub(crate) async fn accept_loop(
         .route("/.well-known/host-meta.json", get(host_meta_json))
         .with_state(state.clone());
     let router = routes.apply(router);
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = super::tcp::AcceptBackoff::default();
     loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(x) => {
-                backoff = Duration::from_millis(5);
-                x
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "HTTP accept failed; backing off");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
-        };
+        let (tcp, peer) = super::tcp::accept(&listener, &mut backoff, "http").await;
         let _ = tcp.set_nodelay(true);
         let secure = tls.is_some();
         let app = router
