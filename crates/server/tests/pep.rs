@@ -943,3 +943,109 @@ async fn approving_a_subscription_sends_the_last_items() {
     );
     server.stop().await;
 }
+
+/// XEP-0163 §4.3.4 with XEP-0060 §4.5: at login a session gets the last
+/// item of each node it follows from every contact whose presence it is
+/// subscribed to — read for all contacts at once — and only what each
+/// node's access model lets it see, judged by the *owner's* roster.
+#[tokio::test(flavor = "multi_thread")]
+async fn last_items_at_login_follow_every_access_model_of_every_contact() {
+    let server = TestServer::start().await;
+    // alice logs in. Her roster: bob, carol, erin both, dave to. Their
+    // rosters (the `roster` helper puts alice in "Friends"): bob and carol
+    // both; dave has no item for alice; erin has one without subscription.
+    contacts(&server, "alice", "bob").await;
+    contacts(&server, "alice", "carol").await;
+    roster(&server, "alice", "dave", Subscription::To).await;
+    roster(&server, "alice", "erin", Subscription::Both).await;
+    roster(&server, "erin", "alice", Subscription::None).await;
+    let nodes = [
+        "urn:x:status",
+        "urn:x:open",
+        "urn:x:work",
+        "urn:x:friends",
+        "urn:x:secret",
+        "urn:x:never",
+        "urn:x:onsub",
+    ];
+    for owner in ["bob", "carol", "dave", "erin"] {
+        let mut c = server.login(owner).await;
+        let opts =
+            |pairs: &[(&str, &str)]| -> String { pairs.iter().map(|(k, v)| field(k, v)).collect() };
+        for (node, options) in [
+            ("urn:x:status", String::new()),
+            ("urn:x:open", opts(&[("pubsub#access_model", "open")])),
+            (
+                "urn:x:work",
+                opts(&[
+                    ("pubsub#access_model", "roster"),
+                    ("pubsub#roster_groups_allowed", "Work"),
+                ]),
+            ),
+            (
+                "urn:x:friends",
+                opts(&[
+                    ("pubsub#access_model", "roster"),
+                    ("pubsub#roster_groups_allowed", "Friends"),
+                ]),
+            ),
+            (
+                "urn:x:secret",
+                opts(&[("pubsub#access_model", "whitelist")]),
+            ),
+            (
+                "urn:x:never",
+                opts(&[("pubsub#send_last_published_item", "never")]),
+            ),
+            (
+                "urn:x:onsub",
+                opts(&[("pubsub#send_last_published_item", "on_sub")]),
+            ),
+        ] {
+            let r = publish(
+                &mut c,
+                node,
+                &format!("{owner}-{node}"),
+                &format!("<x xmlns='{node}'/>"),
+                &options,
+            )
+            .await;
+            assert_eq!(r.attr("type"), Some("result"), "{r}");
+        }
+    }
+    let mut alice = server.login("alice").await;
+    let notify: Vec<String> = nodes.iter().map(|n| format!("{n}+notify")).collect();
+    let notify: Vec<&str> = notify.iter().map(String::as_str).collect();
+    let (_, seen) = announce_seen(&mut alice, &notify, false).await;
+    let mut got: Vec<String> = seen
+        .iter()
+        .filter_map(|m| {
+            let item = m
+                .get_child("event", EVENT)?
+                .get_child("items", EVENT)?
+                .get_child("item", EVENT)?;
+            Some(format!(
+                "{} {}",
+                m.attr("from").unwrap_or(""),
+                item.attr("id").unwrap_or("")
+            ))
+        })
+        .collect();
+    got.sort();
+    // bob and carol (both, alice in Friends): presence, open and Friends
+    // nodes. dave (no item for alice): open only. erin (alice in Friends,
+    // no subscription): open and Friends, not presence — the owner's
+    // roster decides, not alice's. Never: whitelist, never, on_sub, Work.
+    let mut want: Vec<String> = Vec::new();
+    for owner in ["bob", "carol"] {
+        for node in ["urn:x:status", "urn:x:open", "urn:x:friends"] {
+            want.push(format!("{owner}@localhost {owner}-{node}"));
+        }
+    }
+    want.push("dave@localhost dave-urn:x:open".to_owned());
+    want.push("erin@localhost erin-urn:x:open".to_owned());
+    want.push("erin@localhost erin-urn:x:friends".to_owned());
+    want.sort();
+    assert_eq!(got, want);
+    server.stop().await;
+}

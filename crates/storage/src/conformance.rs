@@ -168,6 +168,41 @@ pub async fn roster(s: &Storage) {
         vec![]
     );
 
+    // One contact's item in many owners' rosters at once: owners on two
+    // domains, one without the contact, one whose item is a tombstone,
+    // one named twice.
+    let other = jid("robert);delete_from_roster_items;--@other.example");
+    let mut carol_for_other = carol.clone();
+    carol_for_other.name = Some("C".into());
+    r.put_item(&other, &carol_for_other).await.unwrap();
+    let erin = jid("erin@example.org");
+    r.put_item(&erin, &carol).await.unwrap();
+    r.remove_item(&erin, &carol.jid).await.unwrap();
+    let owners = [
+        alice.clone(),
+        jid("bob@example.org"),
+        erin.clone(),
+        other.clone(),
+        alice.clone(),
+    ];
+    let mut found = r.items_for_contact(&owners, &carol.jid).await.unwrap();
+    found.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    found.dedup();
+    assert_eq!(
+        found,
+        [
+            (alice.clone(), carol.clone()),
+            (other.clone(), carol_for_other)
+        ]
+    );
+    assert!(r
+        .items_for_contact(&[], &carol.jid)
+        .await
+        .unwrap()
+        .is_empty());
+    r.remove_user(&other).await.unwrap();
+    r.remove_user(&erin).await.unwrap();
+
     // Pending subscription requests (RFC 6121 §3.1.3).
     let dave = jid("dave@example.org");
     r.put_pending_request(&alice, &dave, "<presence type='subscribe'/>")
@@ -2273,6 +2308,34 @@ pub async fn pubsub(s: &Storage) {
         p.last_items(pep).await.unwrap()[2],
         ("élan".to_owned(), item("old", "<old2/>", 300))
     );
+
+    // The last items of several services at once, with their nodes: the
+    // same rows as per service; a service without nodes and a repeated
+    // one add nothing.
+    let mut expected = Vec::new();
+    for service in [pep, svc, "alice2@example.org"] {
+        let nodes = p.nodes(service).await.unwrap();
+        for (n, it) in p.last_items(service).await.unwrap() {
+            let node = nodes.iter().find(|x| x.node == n).unwrap().clone();
+            expected.push((node, it));
+        }
+    }
+    let key = |x: &(StoredNode, StoredItem)| (x.0.service.clone(), x.0.node.clone());
+    expected.sort_by_key(key);
+    let mut got = p
+        .last_items_of(&strings(&[
+            svc,
+            pep,
+            "nobody@example.org",
+            "alice2@example.org",
+            pep,
+        ]))
+        .await
+        .unwrap();
+    got.sort_by_key(key);
+    assert_eq!(got, expected);
+    assert_eq!(expected.len(), 6);
+    assert!(p.last_items_of(&[]).await.unwrap().is_empty());
 
     // Subscriptions: several per JID (by subid), bare and full JIDs apart,
     // listed by JID then subid.

@@ -115,6 +115,23 @@ pub trait RosterStore: Send + Sync + 'static {
         owner: &BareJid,
         contact: &BareJid,
     ) -> StorageResult<Option<RosterItem>>;
+    /// `contact`'s item in the roster of each of `owners` that has one:
+    /// (owner, item). The access checks of many owners' nodes for one
+    /// reader (PEP last items at login) in a few queries. The default asks
+    /// [`RosterStore::get_item`] per owner.
+    async fn items_for_contact(
+        &self,
+        owners: &[BareJid],
+        contact: &BareJid,
+    ) -> StorageResult<Vec<(BareJid, RosterItem)>> {
+        let mut out = Vec::new();
+        for owner in owners {
+            if let Some(item) = self.get_item(owner, contact).await? {
+                out.push((owner.clone(), item));
+            }
+        }
+        Ok(out)
+    }
     /// Inserts or replaces an item; returns the new roster version.
     async fn put_item(&self, owner: &BareJid, item: &RosterItem) -> StorageResult<u64>;
     /// Removes an item; returns the new version, or `None` if it was absent.

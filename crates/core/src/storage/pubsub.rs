@@ -110,6 +110,27 @@ pub trait PubsubStore: Send + Sync + 'static {
     /// The newest item of every node of the service that has one: (node,
     /// item), by node name. One query (last items sent at login).
     async fn last_items(&self, service: &str) -> StorageResult<Vec<(String, StoredItem)>>;
+    /// The newest item of every node of each of `services` that has one,
+    /// with its node: (node, item), by service then node name. What an
+    /// account that comes online is sent from all its contacts' PEP
+    /// services, in a few queries rather than two per contact. The default
+    /// asks [`PubsubStore::nodes`] and [`PubsubStore::last_items`] per
+    /// service.
+    async fn last_items_of(
+        &self,
+        services: &[String],
+    ) -> StorageResult<Vec<(StoredNode, StoredItem)>> {
+        let mut out = Vec::new();
+        for service in services {
+            let nodes = self.nodes(service).await?;
+            for (node, item) in self.last_items(service).await? {
+                if let Some(n) = nodes.iter().find(|n| n.node == node) {
+                    out.push((n.clone(), item));
+                }
+            }
+        }
+        Ok(out)
+    }
     /// Deletes one item. Returns false if it did not exist.
     async fn retract(&self, service: &str, node: &str, id: &str) -> StorageResult<bool>;
     /// Deletes every item of the node. Returns how many there were.

@@ -50,7 +50,7 @@ use starling_core::hooks::{
     HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, OwnIqHandler, UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::{StorageError, StoredItem, StoredNode, Subscription};
+use starling_core::storage::{RosterItem, StorageError, StoredItem, StoredNode, Subscription};
 use starling_core::{async_trait, Env, Flow, HookResult, SessionCtx};
 use starling_proto::{
     ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
@@ -235,42 +235,7 @@ impl Pep {
             .get_item(owner, who)
             .await
             .map_err(internal)?;
-        match cfg.access_model {
-            Access::Presence => {
-                if item.is_some_and(|i| {
-                    matches!(i.subscription, Subscription::From | Subscription::Both)
-                }) {
-                    Ok(())
-                } else {
-                    Err(perr(
-                        StanzaErrorCondition::NotAuthorized,
-                        Some("presence-subscription-required"),
-                        "only contacts subscribed to the owner's presence see this node",
-                    ))
-                }
-            }
-            Access::Roster => {
-                if item.is_some_and(|i| {
-                    i.groups
-                        .iter()
-                        .any(|g| cfg.roster_groups_allowed.contains(g))
-                }) {
-                    Ok(())
-                } else {
-                    Err(perr(
-                        StanzaErrorCondition::NotAuthorized,
-                        Some("not-in-roster-group"),
-                        "only some of the owner's contacts see this node",
-                    ))
-                }
-            }
-            Access::Whitelist => Err(perr(
-                StanzaErrorCondition::NotAllowed,
-                Some("closed-node"),
-                "only the owner sees this node",
-            )),
-            Access::Open => Ok(()),
-        }
+        admits(cfg, item.as_ref())
     }
 
     /// The available resources that get `owner`'s notifications for
@@ -383,85 +348,74 @@ impl Pep {
                 tracing::error!(module = NAME, user = %me, error = %e, "reading the roster for last items failed")
             }
         }
-        for owner in services {
-            self.deliver_last_of(env, &owner, me, to, features, true)
-                .await;
-        }
+        self.deliver_last_of(env, &services, me, to, features, true)
+            .await;
     }
 
     /// Sends session `to` (of account `me`, with `features`) the last item
-    /// of each of `owner`'s nodes it follows and may see: on its presence
+    /// of each of `owners`' nodes it follows and may see: on its presence
     /// (`on_presence`, nodes sending the last item `on_sub_and_presence`)
-    /// or on a new subscription (`on_sub` too).
+    /// or on a new subscription (`on_sub` too). The items with their nodes
+    /// in one query per few hundred owners, and the access checks that
+    /// need the owners' rosters in as few.
     async fn deliver_last_of(
         &self,
         env: &Env,
-        owner: &BareJid,
+        owners: &[BareJid],
         me: &BareJid,
         to: &FullJid,
         features: &HashSet<String>,
         on_presence: bool,
     ) {
-        let last = match env.storage.pubsub.last_items(owner.as_str()).await {
+        let services: Vec<String> = owners.iter().map(|o| o.as_str().to_owned()).collect();
+        let last = match env.storage.pubsub.last_items_of(&services).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(module = NAME, owner = %owner, error = %e, "reading last items failed");
+                tracing::error!(module = NAME, user = %me, owners = owners.len(), error = %e, "reading last items failed");
                 return;
             }
         };
-        // Only what this session follows; then the owner's nodes in one
-        // query and the access check once per access model.
-        let last: Vec<_> = last
+        // Only what this session follows and the node sends now.
+        let last: Vec<(BareJid, String, NodeConfig, StoredItem)> = last
             .into_iter()
-            .filter(|(node, _)| features.contains(&format!("{node}+notify")))
+            .filter(|(node, _)| features.contains(&format!("{}+notify", node.node)))
+            .filter_map(|(node, item)| {
+                let cfg = NodeConfig::from_stored(&node.config)
+                    .unwrap_or_else(|| NodeConfig::new(&self.rules()));
+                let wanted = match cfg.send_last_published_item.as_str() {
+                    "on_sub_and_presence" => true,
+                    "on_sub" => !on_presence,
+                    _ => false,
+                };
+                let owner = BareJid::new(&node.service).ok()?;
+                wanted.then_some((owner, node.node, cfg, item))
+            })
             .collect();
         if last.is_empty() {
             return;
         }
-        let configs: HashMap<String, NodeConfig> = match env
-            .storage
-            .pubsub
-            .nodes(owner.as_str())
-            .await
-        {
-            Ok(nodes) => nodes
-                .into_iter()
-                .map(|n| {
-                    let cfg = NodeConfig::from_stored(&n.config)
-                        .unwrap_or_else(|| NodeConfig::new(&self.rules()));
-                    (n.node, cfg)
-                })
-                .collect(),
-            Err(e) => {
-                tracing::error!(module = NAME, owner = %owner, error = %e, "reading nodes failed");
-                return;
+        // The owners' roster items for `me`, where an access model needs
+        // them.
+        let checked: Vec<BareJid> = last
+            .iter()
+            .filter(|(owner, _, cfg, _)| owner != me && cfg.access_model != Access::Open)
+            .map(|(owner, _, _, _)| owner.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let items: HashMap<BareJid, RosterItem> = if checked.is_empty() {
+            HashMap::new()
+        } else {
+            match env.storage.roster.items_for_contact(&checked, me).await {
+                Ok(found) => found.into_iter().collect(),
+                Err(e) => {
+                    tracing::error!(module = NAME, user = %me, error = %e, "reading the owners' rosters for last items failed");
+                    return;
+                }
             }
         };
-        let mut seen: Vec<(NodeConfig, bool)> = Vec::new();
-        for (node, item) in last {
-            let Some(cfg) = configs.get(&node) else {
-                continue;
-            };
-            let wanted = match cfg.send_last_published_item.as_str() {
-                "on_sub_and_presence" => true,
-                "on_sub" => !on_presence,
-                _ => false,
-            };
-            if !wanted {
-                continue;
-            }
-            let allowed = match seen.iter().find(|(c, _)| {
-                c.access_model == cfg.access_model
-                    && c.roster_groups_allowed == cfg.roster_groups_allowed
-            }) {
-                Some((_, ok)) => *ok,
-                None => {
-                    let ok = self.may_see(env, owner, me, cfg).await.is_ok();
-                    seen.push((cfg.clone(), ok));
-                    ok
-                }
-            };
-            if !allowed {
+        for (owner, node, cfg, item) in last {
+            if &owner != me && admits(&cfg, items.get(&owner)).is_err() {
                 continue;
             }
             let mut m = Element::builder("message", ns::CLIENT)
@@ -469,12 +423,8 @@ impl Pep {
                 .attr("id", starling_proto::random_id(10))
                 .build();
             m.append_child(items_event(&node, &[item], false));
-            env.route(Stanza::new(
-                m,
-                Some(owner.clone().into()),
-                Some(to.clone().into()),
-            ))
-            .await;
+            env.route(Stanza::new(m, Some(owner.into()), Some(to.clone().into())))
+                .await;
         }
     }
 
@@ -491,8 +441,15 @@ impl Pep {
                 continue;
             };
             if let Some(features) = self.features(env, &key).await {
-                self.deliver_last_of(env, owner, contact, &e.session.jid, &features, false)
-                    .await;
+                self.deliver_last_of(
+                    env,
+                    std::slice::from_ref(owner),
+                    contact,
+                    &e.session.jid,
+                    &features,
+                    false,
+                )
+                .await;
             }
         }
     }
@@ -852,6 +809,47 @@ impl Pep {
 
 /// `hash:ver` of a presence's capabilities (XEP-0115 §4), if it has
 /// hashed ones.
+/// Whether a node's access model admits a contact other than the owner
+/// whose item in the owner's roster is `item` (§6.5.9 errors otherwise).
+fn admits(cfg: &NodeConfig, item: Option<&RosterItem>) -> Result<(), StanzaError> {
+    match cfg.access_model {
+        Access::Open => Ok(()),
+        Access::Presence => {
+            if item
+                .is_some_and(|i| matches!(i.subscription, Subscription::From | Subscription::Both))
+            {
+                Ok(())
+            } else {
+                Err(perr(
+                    StanzaErrorCondition::NotAuthorized,
+                    Some("presence-subscription-required"),
+                    "only contacts subscribed to the owner's presence see this node",
+                ))
+            }
+        }
+        Access::Roster => {
+            if item.is_some_and(|i| {
+                i.groups
+                    .iter()
+                    .any(|g| cfg.roster_groups_allowed.contains(g))
+            }) {
+                Ok(())
+            } else {
+                Err(perr(
+                    StanzaErrorCondition::NotAuthorized,
+                    Some("not-in-roster-group"),
+                    "only some of the owner's contacts see this node",
+                ))
+            }
+        }
+        Access::Whitelist => Err(perr(
+            StanzaErrorCondition::NotAllowed,
+            Some("closed-node"),
+            "only the owner sees this node",
+        )),
+    }
+}
+
 fn caps_key(presence: &Element) -> Option<String> {
     let c = presence.get_child("c", NS_CAPS)?;
     let hash = c.attr("hash")?;

@@ -18,6 +18,11 @@ use starling_core::storage::{
     Subscription, UserDataStore,
 };
 use starling_proto::BareJid;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Owners per [`RosterStore::items_for_contact`] statement (bound
+/// parameters stay far below either engine's limit).
+const OWNERS_PER_QUERY: usize = 500;
 
 /// SQLite's separator of group names, a character XML text cannot contain.
 const GROUP_SEP: char = '\u{1f}';
@@ -100,6 +105,47 @@ impl RosterStore for Store {
         .await
         .map_err(backend)?;
         Ok(row.as_ref().and_then(item_from_row))
+    }
+
+    async fn items_for_contact(
+        &self,
+        owners: &[BareJid],
+        contact: &BareJid,
+    ) -> StorageResult<Vec<(BareJid, RosterItem)>> {
+        // Per domain, the owners' rows for this contact: primary-key
+        // probes, a few hundred owners per statement.
+        let mut by_domain: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for owner in owners {
+            let (domain, user) = split(owner);
+            by_domain.entry(domain).or_default().insert(user);
+        }
+        let mut out = Vec::new();
+        for (domain, users) in by_domain {
+            let users: Vec<&str> = users.into_iter().collect();
+            for group in users.chunks(OWNERS_PER_QUERY) {
+                let mut b = sqlx::QueryBuilder::<Db>::new(
+                    "SELECT username, contact, name, subscription, ask, pending_in, approved, groups
+                     FROM roster_items WHERE domain = ",
+                );
+                b.push_bind(domain)
+                    .push(" AND contact = ")
+                    .push_bind(contact.as_str())
+                    .push(" AND NOT removed AND username IN (");
+                let mut sep = b.separated(", ");
+                for user in group {
+                    sep.push_bind(*user);
+                }
+                b.push(")");
+                let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+                for r in &rows {
+                    let owner = BareJid::new(&format!("{}@{domain}", r.get::<&str, _>("username")));
+                    if let (Ok(owner), Some(item)) = (owner, item_from_row(r)) {
+                        out.push((owner, item));
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn put_item(&self, owner: &BareJid, item: &RosterItem) -> StorageResult<u64> {

@@ -40,7 +40,8 @@ macro_rules! locking {
     };
 }
 
-/// Item ids per [`PubsubStore::items_by_id`] statement (bound parameters
+/// Item ids per [`PubsubStore::items_by_id`] statement, services per
+/// [`PubsubStore::last_items_of`] statement (bound parameters
 /// stay far below either engine's limit).
 const IDS_PER_QUERY: usize = 500;
 
@@ -340,6 +341,42 @@ impl PubsubStore for Store {
             .iter()
             .map(|r| (r.get("node"), item_from_row(r)))
             .collect())
+    }
+
+    async fn last_items_of(
+        &self,
+        services: &[String],
+    ) -> StorageResult<Vec<(StoredNode, StoredItem)>> {
+        // The query of `last_items` for a few hundred services at a time.
+        let services: Vec<&str> = services
+            .iter()
+            .map(String::as_str)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut out = Vec::new();
+        for group in services.chunks(IDS_PER_QUERY) {
+            let mut b = sqlx::QueryBuilder::<Db>::new(
+                "SELECT n.service, n.node, n.config, n.created_at,
+                        i.item_id, i.publisher, i.payload, i.seq
+                 FROM pubsub_nodes n
+                 JOIN pubsub_items i
+                   ON i.service = n.service AND i.node = n.node
+                  AND i.item_id = (
+                    SELECT j.item_id FROM pubsub_items j
+                    WHERE j.service = n.service AND j.node = n.node
+                    ORDER BY j.seq DESC, j.item_id DESC LIMIT 1)
+                 WHERE n.service IN (",
+            );
+            let mut sep = b.separated(", ");
+            for service in group {
+                sep.push_bind(*service);
+            }
+            b.push(") ORDER BY n.service, n.node");
+            let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+            out.extend(rows.iter().map(|r| (node_from_row(r), item_from_row(r))));
+        }
+        Ok(out)
     }
 
     async fn retract(&self, service: &str, node: &str, id: &str) -> StorageResult<bool> {
