@@ -1,26 +1,69 @@
 //! The environment shared by the router, sessions and modules.
 
 use crate::hooks::Hooks;
-use crate::storage::Storage;
 use crate::storage::StorageResult;
+use crate::storage::{DomainSettings, Storage};
 use crate::{HandoverGate, Metrics, Pressure, Router, SessionManager};
 use starling_proto::{BareJid, Stanza};
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// The domains this deployment serves. Domains can be added and removed at
-/// run time (DESIGN.md invariant 9), hence the lock; it is held only for a
-/// lookup, never across an `.await`.
+/// The domains this deployment serves, each with its settings
+/// ([`DomainSettings`]: the overrides of a domain added at run time,
+/// empty for a configured one). Domains can be added and removed at run
+/// time (DESIGN.md invariant 9, docs/domains.md), hence the lock; it is
+/// held only for a lookup, never across an `.await`.
 #[derive(Debug, Default)]
 pub struct Hosts {
-    domains: RwLock<HashSet<String>>,
+    domains: RwLock<HashMap<String, Arc<Host>>>,
+}
+
+/// One served domain.
+#[derive(Debug, Default)]
+pub struct Host {
+    /// What it overrides of the configuration.
+    pub settings: DomainSettings,
+    /// Sessions of this domain bound on this node (shared by the entries
+    /// that replace this one when its settings change).
+    sessions: Arc<AtomicU32>,
+}
+
+impl Host {
+    /// Counts a session that is binding. False (and nothing counted) when
+    /// the domain's `max_sessions` is reached on this node.
+    pub fn open_session(&self) -> bool {
+        let max = self.settings.max_sessions.unwrap_or(u32::MAX);
+        self.sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Uncounts a session counted by [`Host::open_session`].
+    pub fn close_session(&self) {
+        let _ = self
+            .sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Sessions of this domain bound on this node.
+    pub fn sessions(&self) -> u32 {
+        self.sessions.load(Ordering::Acquire)
+    }
 }
 
 impl Hosts {
     /// A host set with these (already normalised) domains.
     pub fn new<I: IntoIterator<Item = String>>(domains: I) -> Self {
         Hosts {
-            domains: RwLock::new(domains.into_iter().collect()),
+            domains: RwLock::new(
+                domains
+                    .into_iter()
+                    .map(|d| (d, Arc::new(Host::default())))
+                    .collect(),
+            ),
         }
     }
 
@@ -29,15 +72,36 @@ impl Hosts {
         self.domains
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(domain)
+            .contains_key(domain)
     }
 
-    /// Adds a domain.
+    /// A served domain with its settings.
+    pub fn get(&self, domain: &str) -> Option<Arc<Host>> {
+        self.domains
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(domain)
+            .cloned()
+    }
+
+    /// Adds a domain with no overrides (keeps an existing one as it is).
     pub fn add(&self, domain: String) {
         self.domains
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(domain);
+            .entry(domain)
+            .or_default();
+    }
+
+    /// Serves `domain` with `settings` (adds it, or replaces its settings
+    /// and keeps its session count).
+    pub fn set(&self, domain: &str, settings: DomainSettings) {
+        let mut map = self.domains.write().unwrap_or_else(|e| e.into_inner());
+        let sessions = map
+            .get(domain)
+            .map(|h| h.sessions.clone())
+            .unwrap_or_default();
+        map.insert(domain.to_owned(), Arc::new(Host { settings, sessions }));
     }
 
     /// Removes a domain.
@@ -46,6 +110,17 @@ impl Hosts {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(domain)
+            .is_some()
+    }
+
+    /// How many domains are served.
+    pub fn len(&self) -> usize {
+        self.domains.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True if no domain is served.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// All served domains, sorted.
@@ -54,7 +129,7 @@ impl Hosts {
             .domains
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
+            .keys()
             .cloned()
             .collect();
         v.sort();

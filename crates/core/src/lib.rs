@@ -39,13 +39,16 @@ mod routing;
 pub mod storage;
 pub mod throttle;
 
-pub use env::{Env, Hosts};
+pub use env::{Env, Host, Hosts};
 pub use extensions::Extensions;
 pub use handover::{HandoverGate, HandoverGuard};
 pub use hooks::{
     Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, SessionState, TimerKey,
 };
-pub use metrics::{Metrics, QueueMetrics, WriteBehindMetrics};
+pub use metrics::{
+    LatencyHistogram, Metrics, ProcessStats, QueueMetrics, SessionTransport, StorageOp,
+    WriteBehindMetrics,
+};
 pub use pressure::Pressure;
 pub use routing::{
     mailbox, CloseReason, Handover, Mailbox, Router, SessionEntry, SessionHandle, SessionManager,

@@ -397,6 +397,40 @@ pub async fn purge_domain(
     r
 }
 
+/// Applies the retention of every served domain at once and then every
+/// hour: the domain's `archive_retention_days` setting (a domain added at
+/// run time, docs/domains.md), else `configured(domain)`; 0 keeps
+/// messages forever. Ends when the server's environment is gone.
+pub async fn retention_task_for_hosts(
+    store: std::sync::Arc<dyn ArchiveStore>,
+    env: std::sync::Weak<starling_core::Env>,
+    configured: impl Fn(&str) -> u32 + Send + 'static,
+    module: &'static str,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        let Some(env) = env.upgrade() else { return };
+        let rules: Vec<(String, u32)> = env
+            .hosts
+            .list()
+            .into_iter()
+            .filter_map(|d| {
+                let days = env
+                    .hosts
+                    .get(&d)
+                    .and_then(|h| h.settings.archive_retention_days)
+                    .unwrap_or_else(|| configured(&d));
+                (days > 0).then_some((d, days))
+            })
+            .collect();
+        drop(env);
+        for (domain, days) in &rules {
+            let _ = purge_domain(store.as_ref(), domain, *days, module).await;
+        }
+    }
+}
+
 /// Applies `rules` (domain, days) at once and then every hour.
 pub async fn retention_task(
     store: std::sync::Arc<dyn ArchiveStore>,

@@ -32,6 +32,8 @@ pub struct Config {
     pub storage: StorageSection,
     /// `[cluster]`: several nodes on one NATS bus (unset: one node).
     pub cluster: ClusterSection,
+    /// `[admin]`: the admin API, metrics and health listener.
+    pub admin: AdminSection,
     /// `[modules.*]`: one table per module, each documented beside its
     /// module (`crate::modules`).
     pub modules: ModulesSection,
@@ -57,6 +59,7 @@ impl Default for Config {
             c2s: C2sSection::default(),
             auth: AuthSection::default(),
             cluster: ClusterSection::default(),
+            admin: AdminSection::default(),
             storage: StorageSection::default(),
             modules: ModulesSection::default(),
         }
@@ -230,6 +233,14 @@ fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::
     })
 }
 
+/// A list of `IP:port` strings (see [`socket_addr`]).
+fn socket_addrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SocketAddr>, D::Error> {
+    #[derive(Deserialize)]
+    struct One(#[serde(deserialize_with = "socket_addr")] SocketAddr);
+    let v: Vec<One> = Vec::deserialize(d)?;
+    Ok(v.into_iter().map(|One(a)| a).collect())
+}
+
 /// `[c2s]`: client stream limits and policies.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -395,6 +406,44 @@ impl Default for ClusterSection {
     }
 }
 
+/// `[admin]`: the admin HTTP listener (docs/admin.md): the admin API
+/// under `/api/` (bearer tokens made by `starling admin token create`),
+/// Prometheus metrics at `/metrics` and health checks at `/health/live`
+/// and `/health/ready` (these two and the metrics need no token: keep the
+/// listener on loopback or a private network).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    /// Addresses to listen on, plain HTTP (`IP:port`); empty turns the
+    /// admin surface off. Loopback by default; any other address is
+    /// allowed with a warning at start-up and in `check-config`.
+    #[serde(deserialize_with = "socket_addrs")]
+    pub listen: Vec<SocketAddr>,
+    /// Largest request body accepted, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        AdminSection {
+            listen: vec!["127.0.0.1:5290".parse().expect("literal address")],
+            max_body_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl AdminSection {
+    /// The configured addresses that are not loopback (reachable from
+    /// other machines: warned about).
+    pub fn exposed(&self) -> Vec<SocketAddr> {
+        self.listen
+            .iter()
+            .filter(|a| !a.ip().is_loopback())
+            .copied()
+            .collect()
+    }
+}
+
 /// Environment variable holding the PostgreSQL URL when `[storage] url` is
 /// unset (keeps a password out of the configuration file).
 pub const DATABASE_URL_ENV: &str = "STARLING_DATABASE_URL";
@@ -481,6 +530,13 @@ impl Config {
         }
         self.validate_component_domains()
             .map_err(|(key, message)| invalid(&key, message))?;
+        if self.admin.max_body_bytes == 0 {
+            return Err(invalid(
+                "admin.max_body_bytes",
+                "must be at least 1 (request bodies are small JSON objects; 65536 is the default)"
+                    .into(),
+            ));
+        }
         let upload = <crate::modules::Upload as starling_core::module::Module>::NAME;
         if self.http.listen.is_empty() && self.modules.is_enabled(upload) {
             return Err(invalid(
@@ -1025,6 +1081,29 @@ enabled = false
         let text = format!("{:#}", anyhow::Error::from(err));
         assert_eq!(text.matches("No such file").count(), 1, "{text}");
         assert!(text.contains("--config"), "{text}");
+    }
+
+    #[test]
+    fn config_admin_listener_loopback_by_default_and_addresses_checked() {
+        let c = Config::default();
+        assert_eq!(c.admin.listen, ["127.0.0.1:5290".parse().unwrap()]);
+        assert!(c.admin.exposed().is_empty());
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        let c = parse("[admin]\nlisten = []\n").unwrap();
+        assert!(c.admin.listen.is_empty());
+        let c = parse("[admin]\nlisten = [\"0.0.0.0:5290\", \"[::1]:5291\"]\n").unwrap();
+        assert_eq!(c.admin.exposed(), ["0.0.0.0:5290".parse().unwrap()]);
+        let err = parse("[admin]\nlisten = [\"localhost:5290\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("127.0.0.1:5222") && err.contains("line 2"),
+            "{err}"
+        );
+        let err = parse("[admin]\nmax_body_bytes = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admin.max_body_bytes"), "{err}");
     }
 
     #[test]

@@ -12,16 +12,20 @@
 //!   services) and the sharded session table.
 //! - [`modules`]: features, one module per file, each a
 //!   `starling_core::module::Module`, on the hook API.
+//! - [`admin`]: the admin listener (API, metrics, health) and `starling ctl`.
 //! - [`accounts`]: account operations shared by CLI and modules.
+//! - [`domains`]: domains added, disabled and removed at run time.
 //! - `archive_query`: XEP-0313 query parsing and result rendering, shared
 //!   by the archives modules answer for (users' own, rooms').
 //! - [`tls`]: certificates and channel bindings.
 
 pub mod accounts;
+pub mod admin;
 mod archive_query;
 mod c2s;
 pub mod cluster;
 pub mod config;
+pub mod domains;
 pub mod limiter;
 pub mod modules;
 pub mod routing;

@@ -85,9 +85,26 @@ enum Command {
     /// needs. Each one's settings are its [modules.<name>] table, documented
     /// in docs/configuration.md.
     Modules,
-    /// Manage accounts (works while the server runs).
+    /// Manage accounts offline, on the database (works while the server
+    /// runs). `starling ctl users …` does the same through a running
+    /// server's admin API, which also closes a deleted account's sessions.
     #[command(subcommand)]
     User(UserCommand),
+    /// Manage domains added at run time (stored in the database, beside
+    /// the configured [server] domains; docs/domains.md). Works with or
+    /// without a running server, which sees each change within 2 s.
+    #[command(subcommand)]
+    Domain(starling_server::domains::DomainCommand),
+    /// Manage a running server through its admin API ([admin] listen;
+    /// docs/admin.md): accounts, sessions, messages, statistics.
+    /// Exit codes: 0 ok, 1 the server answered with an error, 2 usage,
+    /// 3 cannot connect. Example: STARLING_ADMIN_TOKEN=… starling ctl
+    /// users list
+    Ctl(starling_server::admin::ctl::CtlArgs),
+    /// Admin API tokens (stored hashed in the database; works while the
+    /// server runs).
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// Manage message archives (XEP-0313; works while the server runs).
     #[command(subcommand)]
     Archive(ArchiveCommand),
@@ -113,6 +130,32 @@ enum Command {
     /// Manage uploaded files (XEP-0363, [modules.upload]; docs/upload.md).
     #[command(subcommand)]
     Upload(UploadCommand),
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Admin API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token and print it, once: only its SHA-256 is stored.
+    /// Example: starling admin token create --name deploy
+    Create {
+        /// Its name (who uses it): shown in the log line of every change
+        /// made with it.
+        #[arg(long)]
+        name: String,
+    },
+    /// List the tokens: name, created, last used (never the tokens).
+    List,
+    /// Revoke a token; requests using it are refused at once.
+    Revoke {
+        /// Its name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -286,7 +329,24 @@ enum UserCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Ctl(_))) {
+        let Some(Command::Ctl(args)) = cli.command.take() else {
+            unreachable!("matched above")
+        };
+        // The client needs no configuration file and no logging.
+        let code = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(starling_server::admin::ctl::run(args)),
+            Err(e) => {
+                note!("starling ctl: cannot start the async runtime: {e}");
+                starling_server::admin::ctl::EXIT_USAGE
+            }
+        };
+        return std::process::ExitCode::from(code);
+    }
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -363,7 +423,27 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             list_modules(&cfg);
             Ok(())
         }
-        Command::User(cmd) => rt.block_on(user(cfg, cmd)),
+        Command::User(cmd) => {
+            note!(
+                "working offline on the database ({}); `starling ctl users …` goes through a running server",
+                cfg.storage_description()
+            );
+            rt.block_on(user(cfg, cmd))
+        }
+        Command::Ctl(_) => unreachable!("handled in main"),
+        Command::Domain(cmd) => {
+            // A removal's progress is logged.
+            init_logging(&cfg);
+            note!(
+                "working on the database ({}); a running server sees the change within 2 s",
+                cfg.storage_description()
+            );
+            rt.block_on(async {
+                let storage = open_storage(&cfg).await?;
+                starling_server::domains::run_cli(&cfg, storage, cmd).await
+            })
+        }
+        Command::Admin(AdminCommand::Token(cmd)) => rt.block_on(admin_token(cfg, cmd)),
         Command::Archive(cmd) => rt.block_on(archive(cfg, cmd)),
         Command::Cluster(cmd) => rt.block_on(cluster(cfg, cmd)),
         Command::Room(cmd) => rt.block_on(room(cfg, cmd)),
@@ -430,6 +510,52 @@ async fn upload(cfg: Config, cmd: UploadCommand) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `admin token …`.
+async fn admin_token(cfg: Config, cmd: TokenCommand) -> anyhow::Result<()> {
+    use starling_server::admin::tokens;
+    let storage = open_storage(&cfg).await?;
+    let store = storage.admin_tokens.as_ref();
+    let result = async {
+        match cmd {
+            TokenCommand::Create { name } => {
+                let token = tokens::create(store, &name).await?;
+                note!(
+                    "created admin token {name:?}; it is shown only now: keep it secret (e.g. export STARLING_ADMIN_TOKEN=…)"
+                );
+                out!("{token}")?;
+            }
+            TokenCommand::List => {
+                let list = tokens::list(store).await?;
+                if list.is_empty() {
+                    note!("no admin tokens; create one with: starling admin token create --name NAME");
+                }
+                let when = |ms: i64| {
+                    starling_proto::datetime::xep0082_datetime(u128::try_from(ms).unwrap_or(0))
+                };
+                for t in &list {
+                    out!(
+                        "{}  created {}  last used {}",
+                        t.name,
+                        when(t.created_at),
+                        t.last_used_at.map_or("never".to_owned(), when)
+                    )?;
+                }
+            }
+            TokenCommand::Revoke { name } => {
+                if store.revoke_admin_token(&name).await? {
+                    out!("revoked admin token {name:?}")?;
+                } else {
+                    bail!("no admin token named {name:?} (see `starling admin token list`)");
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    storage.backend.close().await;
+    result
 }
 
 /// `cluster …`.
@@ -544,6 +670,11 @@ fn check_config(file: &Path) -> anyhow::Result<()> {
         }
         _ => "self-signed certificate".to_owned(),
     };
+    for a in cfg.admin.exposed() {
+        note!(
+            "warning: [admin] listen {a} is not a loopback address: /metrics and /health need no token there; restrict access or use 127.0.0.1"
+        );
+    }
     out!(
         "{}: OK ({} domain(s), {} listener(s), database {}, {certificate})",
         file.display(),
@@ -1052,7 +1183,11 @@ async fn user(cfg: Config, cmd: UserCommand) -> anyhow::Result<()> {
             force,
         } => {
             let jid = parse_account_quiet(&jid)?;
-            check_served(&cfg, jid.domain().as_str(), force)?;
+            // A domain added with `starling domain add` is served too.
+            if !starling_server::domains::stored_and_enabled(&storage, jid.domain().as_str()).await
+            {
+                check_served(&cfg, jid.domain().as_str(), force)?;
+            }
             let (password, generated) = obtain_password(password)?;
             accounts::create(&storage, &jid, &password, iterations).await?;
             if generated {

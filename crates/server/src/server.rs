@@ -27,6 +27,15 @@ pub struct RunningServer {
     pub c2s_addrs: Vec<(SocketAddr, TlsMode)>,
     /// Bound HTTP listeners (WebSocket, host-meta) and whether they use TLS.
     pub http_addrs: Vec<(SocketAddr, bool)>,
+    /// Bound admin listeners (`[admin] listen`: API, metrics, health).
+    pub admin_addrs: Vec<SocketAddr>,
+    /// What `/health/ready` reports.
+    pub health: Arc<crate::admin::Health>,
+    /// Domains added, disabled and removed at run time (docs/domains.md).
+    pub domains: Arc<crate::domains::Domains>,
+    /// The admin listeners: they close after the sessions, so
+    /// `/health/ready` says "shutting down" meanwhile.
+    admin_listeners: Vec<JoinHandle<()>>,
     shutdown_tx: watch::Sender<bool>,
     done_tx: Option<mpsc::Sender<()>>,
     done_rx: mpsc::Receiver<()>,
@@ -64,6 +73,7 @@ impl RunningServer {
     /// 4. storage closes.
     pub async fn shutdown(mut self) {
         let started = std::time::Instant::now();
+        self.health.set_stopping();
         tracing::info!(
             sessions = self.env.sessions.count(),
             "shutting down: closing listeners and every stream"
@@ -89,6 +99,9 @@ impl RunningServer {
             closed = tokio::time::timeout_at(deadline, self.done_rx.recv())
                 .await
                 .is_ok();
+        }
+        for l in &self.admin_listeners {
+            l.abort();
         }
         if let Some(c) = &self.cluster {
             // The sessions' Unbound events are queued: say goodbye after them,
@@ -198,6 +211,12 @@ pub async fn start_with(
     for l in &cfg.http.listen {
         http_bound.push((bind_listener(l.address)?, l.tls));
     }
+    let mut admin_bound = Vec::new();
+    for a in &cfg.admin.listen {
+        admin_bound.push(bind_listener(*a).map_err(|e| {
+            anyhow::anyhow!("{e} (this is the [admin] listen address; [admin] listen = [] turns the admin listener off)")
+        })?);
+    }
     starling_storage::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
         format!(
             "cannot create data directory {}; set [server] data_dir to a writable place",
@@ -216,18 +235,28 @@ pub async fn start_with(
     .context("setting up TLS")?;
     tracing::info!(certificate = %tls.source, "TLS ready");
     let metrics = Metrics::new();
+    // Every storage call timed (starling_storage_latency_seconds).
+    let storage = storage.timed(&metrics);
     let pressure = Arc::new(Pressure::new());
     let mut http_listeners = Vec::new();
     for (listener, tls) in &http_bound {
         http_listeners.push((listener.local_addr()?, *tls));
     }
+    // The admin API asks session tasks for their facts through a timer
+    // handler of its own (admin/mod.rs, SessionProbe).
+    let probe = Arc::new(crate::admin::SessionProbe::default());
+    let admin_probe = probe.clone();
+    let with_admin = move |reg: &mut starling_core::hooks::HookRegistry| {
+        reg.timer(crate::admin::PROBE_MODULE, admin_probe);
+        extra(reg);
+    };
     let (hooks, http_routes) = crate::modules::build_hooks(
         &cfg,
         &storage,
         &metrics,
         &pressure,
         crate::transport::http::HttpRoutes::new(http_listeners),
-        extra,
+        with_admin,
     )
     .await;
     // Two services on one address (a component's domain that is another
@@ -259,9 +288,10 @@ pub async fn start_with(
         }
         None => None,
     };
+    let local_router = router.clone();
     let env = Arc::new(Env {
         router,
-        sessions: table,
+        sessions: table.clone(),
         storage,
         hosts: Hosts::new(domains.clone()),
         hooks,
@@ -269,6 +299,20 @@ pub async fn start_with(
         pressure,
         handover: Arc::new(starling_core::HandoverGate::new()),
     });
+    // Stored domains (docs/domains.md) are served before anything starts
+    // or accepts; the SNI resolver reads the served set.
+    tls.resolver.set_env(&env);
+    let domain_service = crate::domains::Domains::new(
+        env.storage.clone(),
+        domains.clone(),
+        cfg.server.data_dir.clone(),
+        Some(tls.resolver.clone()),
+    );
+    domain_service.attach(env.clone(), table.clone());
+    domain_service
+        .sync()
+        .await
+        .context("loading the stored domains")?;
     for h in &env.hooks.started {
         h.started(&env);
     }
@@ -284,6 +328,37 @@ pub async fn start_with(
             .await
             .context("joining the cluster")?;
     }
+    let health = Arc::new(crate::admin::Health::default());
+    let mut admin_addrs = Vec::new();
+    let mut admin_listeners = Vec::new();
+    if !admin_bound.is_empty() {
+        let state = Arc::new(crate::admin::AdminState {
+            env: env.clone(),
+            router: local_router,
+            table: table.clone(),
+            cluster: cluster.clone(),
+            probe,
+            health: health.clone(),
+            started: std::time::Instant::now(),
+            node: cfg.server.node_id,
+            iterations: cfg.auth.scram_iterations,
+            domains: domains.clone(),
+        });
+        let app = crate::admin::routes(state, cfg.admin.max_body_bytes);
+        for listener in admin_bound {
+            let local = listener.local_addr()?;
+            if local.ip().is_loopback() {
+                tracing::info!(address = %local, url = %format!("http://{local}/api/v1"), "admin API, metrics and health listening");
+            } else {
+                tracing::warn!(address = %local, "admin API, metrics and health listening on a non-loopback address: /metrics and /health need no token there; restrict access (firewall) or use 127.0.0.1");
+            }
+            admin_addrs.push(local);
+            admin_listeners.push(tokio::spawn(crate::admin::accept_loop(
+                listener,
+                app.clone(),
+            )));
+        }
+    }
     let limit = Arc::new(Semaphore::new(cfg.server.max_connections));
     let keepalive = match cfg.c2s.tcp_keepalive_secs {
         0 => None,
@@ -291,6 +366,8 @@ pub async fn start_with(
     };
     let mut c2s_addrs = Vec::new();
     let mut listeners = Vec::new();
+    // Changes to the domains table by other nodes and the CLI.
+    listeners.push(domain_service.spawn_poll(shutdown_rx.clone()));
     for (listener, tls) in bound {
         let local = listener.local_addr()?;
         tracing::info!(address = %local, tls = ?tls, "listening for clients");
@@ -340,14 +417,20 @@ pub async fn start_with(
     }
     tracing::info!(
         domains = ?domains,
+        stored_domains = env.hosts.len().saturating_sub(domains.len()),
         storage = %env.storage.backend.describe(),
         "Starling is ready; add an account with: starling user add user@{}",
         domains.first().map(String::as_str).unwrap_or("localhost")
     );
+    health.set_ready();
     Ok(RunningServer {
         env,
         c2s_addrs,
         http_addrs,
+        admin_addrs,
+        health,
+        domains: domain_service,
+        admin_listeners,
         shutdown_tx,
         done_tx: Some(done_tx),
         done_rx,

@@ -4,15 +4,19 @@
 //! Only the `ring` provider is compiled in and it is passed explicitly, so no
 //! process-wide default provider is ever needed.
 
-use crate::transport::tls::{ExporterCapture, TlsAcceptor, TlsStream};
+use crate::transport::tls::{note_chosen_certificate, ExporterCapture, TlsAcceptor, TlsStream};
 use anyhow::{bail, Context};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use sha2::{Digest, Sha256, Sha384, Sha512};
+use starling_core::Env;
 use starling_proto::sasl::ChannelBindings;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, Weak};
 
 /// TLS material shared by all listeners.
 #[derive(Clone)]
@@ -23,15 +27,21 @@ pub struct TlsContext {
     pub direct: TlsAcceptor,
     /// Acceptor for the HTTPS listeners (ALPN `http/1.1`).
     pub http: TlsAcceptor,
-    /// RFC 5929 tls-server-end-point data: the hash of our certificate.
+    /// RFC 5929 tls-server-end-point data: the hash of the default
+    /// certificate (a connection that got another one by SNI has that
+    /// one's hash in its stream).
     pub server_end_point: Vec<u8>,
-    /// Where the certificate came from, for logs.
+    /// Where the default certificate came from, for logs.
     pub source: String,
+    /// Picks the certificate of each handshake by SNI (every listener's
+    /// configuration shares it).
+    pub resolver: Arc<SniResolver>,
 }
 
 impl TlsContext {
     /// Loads the configured certificate, or generates (on first start) and
-    /// reuses a self-signed one under `data_dir/tls/`.
+    /// reuses a self-signed one under `data_dir/tls/`. Domains added at
+    /// run time get theirs by SNI ([`SniResolver`]).
     pub fn load_or_generate(
         cert: Option<&Path>,
         key: Option<&Path>,
@@ -42,42 +52,46 @@ impl TlsContext {
             (Some(c), Some(k)) => (c.to_owned(), k.to_owned()),
             _ => ensure_self_signed(data_dir, domains, unix_now())?,
         };
-        Self::load(&cert_path, &key_path)
+        Self::load_with(&cert_path, &key_path, Some(data_dir))
     }
 
     /// Loads a PEM certificate chain and its private key and checks that
     /// they match (what `run` does, and `check-config` too).
     pub fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<TlsContext> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-            .with_context(|| format!("cannot read certificate {}", cert_path.display()))?
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("bad PEM in {}", cert_path.display()))?;
-        if chain.is_empty() {
-            bail!("no certificate found in {}", cert_path.display());
-        }
-        let key = PrivateKeyDer::from_pem_file(key_path)
-            .with_context(|| format!("cannot read private key {}", key_path.display()))?;
-        let server_end_point = server_end_point_hash(&chain[0]);
+        Self::load_with(cert_path, key_path, None)
+    }
+
+    /// [`TlsContext::load`], with the data directory under which domains'
+    /// self-signed certificates are kept (`tls/domains/<domain>/`).
+    fn load_with(
+        cert_path: &Path,
+        key_path: &Path,
+        data_dir: Option<&Path>,
+    ) -> anyhow::Result<TlsContext> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let default = ServedCert::load(&provider, cert_path, key_path)?;
+        let server_end_point = default.end_point.to_vec();
+        let resolver = Arc::new(SniResolver {
+            default_facts: CertificateFacts::from_pem_file(cert_path).ok(),
+            default: Arc::new(default),
+            provider: provider.clone(),
+            data_dir: data_dir.map(Path::to_owned),
+            env: std::sync::OnceLock::new(),
+            cache: RwLock::new(HashMap::new()),
+        });
         let base = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .with_context(|| {
-                format!(
-                    "certificate {} does not match key {}",
-                    cert_path.display(),
-                    key_path.display()
-                )
-            })?;
+            .with_cert_resolver(resolver.clone());
         // Stateless TLS 1.3 session tickets (ChaCha20-Poly1305 under keys
         // rotated every 6 h, rustls' recommended ticketer): a reconnecting
         // client resumes without the certificate signature and holds no
         // server memory. rustls' default instead keeps a 256-entry session
         // cache, too small for a server. One ticket per handshake: a
         // client reconnects one connection at a time, and each resumption
-        // brings a fresh ticket (fewer bytes on slow links).
+        // brings a fresh ticket (fewer bytes on slow links). rustls
+        // resumes a ticket only for the server name it was issued for.
         let mut base = base;
         // Keeps the exporter secret for the tls-exporter channel binding
         // (see transport/tls.rs); logs nothing.
@@ -94,6 +108,7 @@ impl TlsContext {
             direct: TlsAcceptor::new(Arc::new(direct)),
             server_end_point,
             source: cert_path.display().to_string(),
+            resolver,
         })
     }
 
@@ -103,9 +118,197 @@ impl TlsContext {
     pub fn bindings(&self, tls: &mut TlsStream) -> ChannelBindings {
         ChannelBindings {
             tls_exporter: tls.tls_exporter(),
-            tls_server_end_point: Some(self.server_end_point.clone()),
+            tls_server_end_point: Some(match tls.server_end_point() {
+                Some(h) => h.to_vec(),
+                None => self.server_end_point.clone(),
+            }),
         }
     }
+}
+
+/// One certificate ready to present, with its RFC 5929
+/// tls-server-end-point hash.
+#[derive(Debug)]
+pub struct ServedCert {
+    key: Arc<CertifiedKey>,
+    end_point: Arc<[u8]>,
+}
+
+impl ServedCert {
+    fn load(
+        provider: &rustls::crypto::CryptoProvider,
+        cert_path: &Path,
+        key_path: &Path,
+    ) -> anyhow::Result<ServedCert> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
+            .with_context(|| format!("cannot read certificate {}", cert_path.display()))?
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("bad PEM in {}", cert_path.display()))?;
+        if chain.is_empty() {
+            bail!("no certificate found in {}", cert_path.display());
+        }
+        let key = PrivateKeyDer::from_pem_file(key_path)
+            .with_context(|| format!("cannot read private key {}", key_path.display()))?;
+        let end_point: Arc<[u8]> = server_end_point_hash(&chain[0]).into();
+        let key = CertifiedKey::from_der(chain, key, provider).with_context(|| {
+            format!(
+                "certificate {} does not match key {}",
+                cert_path.display(),
+                key_path.display()
+            )
+        })?;
+        Ok(ServedCert {
+            key: Arc::new(key),
+            end_point,
+        })
+    }
+}
+
+/// The certificate of each TLS handshake, by SNI, on every listener
+/// (STARTTLS, direct TLS, HTTPS; docs/domains.md):
+///
+/// 1. the default certificate (`[tls]`, or the generated one for the
+///    configured domains) when it covers the name;
+/// 2. else, when the name is a served domain or a service under one
+///    (`conference.<domain>`), that domain's own certificate files
+///    (`certificate`/`private_key` in its settings), else its self-signed
+///    certificate under `data_dir/tls/domains/<domain>/` (made when the
+///    domain was added, or here if missing);
+/// 3. else (no SNI, an unknown name) the default certificate.
+///
+/// A domain's certificate is loaded on its first handshake and cached
+/// (a domain that nobody connects to costs nothing); the domain service
+/// forgets it when the domain's settings change or it goes.
+#[derive(Debug)]
+pub struct SniResolver {
+    default: Arc<ServedCert>,
+    default_facts: Option<CertificateFacts>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    data_dir: Option<PathBuf>,
+    /// The served domains and their settings (set once the `Env` exists).
+    env: std::sync::OnceLock<Weak<Env>>,
+    cache: RwLock<HashMap<String, Arc<ServedCert>>>,
+}
+
+impl SniResolver {
+    /// Gives the resolver the served domains (at start, once).
+    pub fn set_env(&self, env: &Arc<Env>) {
+        let _ = self.env.set(Arc::downgrade(env));
+    }
+
+    /// Drops the cached certificate of `domain` (its settings changed, or
+    /// it is no longer served).
+    pub fn forget(&self, domain: &str) {
+        self.cache
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(domain);
+    }
+
+    /// True if the default certificate covers `name`.
+    pub fn default_covers(&self, name: &str) -> bool {
+        self.default_facts.as_ref().is_some_and(|f| f.covers(name))
+    }
+
+    /// How many domain certificates are loaded.
+    pub fn cached(&self) -> usize {
+        self.cache.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The certificate for server name `name` (lower case).
+    fn pick(&self, name: &str) -> Arc<ServedCert> {
+        if self.default_covers(name) {
+            return self.default.clone();
+        }
+        let Some(env) = self.env.get().and_then(Weak::upgrade) else {
+            return self.default.clone();
+        };
+        // The served domain the name is, or a service's parent domain.
+        let (domain, host) = match env.hosts.get(name) {
+            Some(h) => (name, h),
+            None => match name
+                .split_once('.')
+                .and_then(|(_, parent)| Some((parent, env.hosts.get(parent)?)))
+            {
+                Some(found) => found,
+                None => return self.default.clone(),
+            },
+        };
+        if let Some(c) = self
+            .cache
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(domain)
+        {
+            return c.clone();
+        }
+        // First handshake for this domain: two small files read (and, if
+        // they are missing, a P-256 key made), once; then cached.
+        let loaded = match host.settings.certificate_pair() {
+            Some((cert, key)) => ServedCert::load(&self.provider, cert, key),
+            None => match &self.data_dir {
+                Some(dir) => ensure_domain_certificate(dir, domain, unix_now())
+                    .and_then(|(c, k)| ServedCert::load(&self.provider, &c, &k)),
+                None => return self.default.clone(),
+            },
+        };
+        match loaded {
+            Ok(c) => {
+                let c = Arc::new(c);
+                self.cache
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(domain.to_owned(), c.clone());
+                c
+            }
+            Err(e) => {
+                tracing::warn!(domain, error = %format!("{e:#}"), "cannot load the domain's certificate; presenting the default one");
+                self.default.clone()
+            }
+        }
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let chosen = match hello.server_name() {
+            Some(name) => self.pick(&name.to_ascii_lowercase()),
+            None => self.default.clone(),
+        };
+        // For this connection's tls-server-end-point binding: the
+        // handshake step runs on this thread (transport/tls.rs).
+        note_chosen_certificate(chosen.end_point.clone());
+        Some(chosen.key.clone())
+    }
+}
+
+/// The directory of a domain's self-signed certificate. `domain` must be
+/// a validated domain name (`domains::validate_name`: no `/`, no empty
+/// label, so no `..`).
+pub fn domain_certificate_dir(data_dir: &Path, domain: &str) -> PathBuf {
+    data_dir.join("tls").join("domains").join(domain)
+}
+
+/// Makes (or keeps, while valid) the self-signed certificate of a domain
+/// added at run time: CN and SANs `domain` and `*.domain`, one year, the
+/// key 0600 in a 0700 directory `data_dir/tls/domains/<domain>/`.
+pub fn ensure_domain_certificate(
+    data_dir: &Path,
+    domain: &str,
+    now: i64,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    if domain.is_empty() || domain.contains(['/', '\\', '\0']) || domain.starts_with('.') {
+        bail!("{domain:?} is not a domain name");
+    }
+    let dir = domain_certificate_dir(data_dir, domain);
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    let domains = [domain.to_owned()];
+    if cert.exists() && key.exists() && renewal_reason(&cert, &domains, now).is_none() {
+        return Ok((cert, key));
+    }
+    generate_self_signed(&dir, &domains, now)?;
+    Ok((cert, key))
 }
 
 /// RFC 5929 §4.1: hash the certificate with the hash of its signature
@@ -250,7 +453,18 @@ fn ensure_self_signed(
             }
         }
     }
-    starling_storage::fsperm::create_private_dir_all(&dir)
+    generate_self_signed(&dir, domains, now)?;
+    tracing::info!(cert = %cert.display(), domains = ?domains, valid_days = GENERATED_VALIDITY_SECS / 86_400, "generated a self-signed certificate; set [tls] certificate/private_key for a real one");
+    Ok((cert, key))
+}
+
+/// Writes `cert.pem` and `key.pem` (0600) into `dir` (made 0700): a
+/// self-signed certificate for `domains` and their subdomains
+/// (`*.domain`), CN the first domain, valid one year.
+fn generate_self_signed(dir: &Path, domains: &[String], now: i64) -> anyhow::Result<()> {
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    starling_storage::fsperm::create_private_dir_all(dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let mut names = domains.to_vec();
     for d in domains {
@@ -279,8 +493,7 @@ fn ensure_self_signed(
     write_private(&key, signing_key.serialize_pem().as_bytes())?;
     std::fs::write(&cert, generated.pem())
         .with_context(|| format!("cannot write {}", cert.display()))?;
-    tracing::info!(cert = %cert.display(), domains = ?domains, valid_days = GENERATED_VALIDITY_SECS / 86_400, "generated a self-signed certificate; set [tls] certificate/private_key for a real one");
-    Ok((cert, key))
+    Ok(())
 }
 
 #[cfg(unix)]

@@ -460,6 +460,7 @@ async fn write_batch<T: Send + Sync + 'static>(sh: &Shared<T>, batch: &mut Vec<T
                 );
                 stats.written.inc_by(batch.len() as u64);
                 stats.batches.inc();
+                stats.commit_seconds.observe(started.elapsed());
                 stats.queued.dec_by(batch.len() as i64);
                 batch.clear();
                 return;

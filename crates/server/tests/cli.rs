@@ -673,7 +673,7 @@ fn listener_on_unspecified_ipv6_accepts_both_stacks() {
     let data = dir.join("data");
     std::fs::write(
         &cfg,
-        format!("[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"[::]:{p1}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"[::]:{p2}\"\ntls = \"direct\"\n\n[http]\nlisten = []\n"),
+        format!("[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"[::]:{p1}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"[::]:{p2}\"\ntls = \"direct\"\n\n[http]\nlisten = []\n\n[admin]\nlisten = []\n"),
     )
     .unwrap();
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));

@@ -154,7 +154,7 @@ impl Env {
         std::fs::write(
             &cfg,
             format!(
-                "[server]\ndata_dir = {data:?}\nnode_id = {node}\n\n[[listen]]\naddress = \"127.0.0.1:{port}\"\ntls = \"starttls\"\n\n[http]\nlisten = []\n\n[storage]\nbackend = \"postgres\"\nurl = {url:?}\n\n[cluster]\nnats_url = {nats:?}\nname = \"test\"\nheartbeat_ms = {HEARTBEAT_MS}\nnode_timeout_ms = {NODE_TIMEOUT_MS}\n\n[modules.muc_light]\nenabled = true\n",
+                "[server]\ndata_dir = {data:?}\nnode_id = {node}\n\n[[listen]]\naddress = \"127.0.0.1:{port}\"\ntls = \"starttls\"\n\n[http]\nlisten = []\n\n[admin]\nlisten = []\n\n[storage]\nbackend = \"postgres\"\nurl = {url:?}\n\n[cluster]\nnats_url = {nats:?}\nname = \"test\"\nheartbeat_ms = {HEARTBEAT_MS}\nnode_timeout_ms = {NODE_TIMEOUT_MS}\n\n[modules.muc_light]\nenabled = true\n",
                 data = dir.join("data"),
                 url = self.db.url,
                 nats = self.nats.url(),

@@ -539,8 +539,11 @@ async fn metrics_count_sessions_stanzas_and_auth_failures() {
             .unwrap_or_else(|| panic!("{name} missing in:\n{text}"))
     };
     assert_eq!(value("starling_c2s_sessions "), 2.0);
-    assert_eq!(value("starling_auth_failures_total "), 1.0);
-    assert!(value("starling_auth_success_total ") >= 2.0);
+    assert_eq!(
+        value("starling_auth_failures_total{reason=\"not-authorized\"} "),
+        1.0
+    );
+    assert!(value("starling_auth_success_total{mechanism=\"SCRAM-SHA-256\"} ") >= 2.0);
     assert!(value("starling_stanzas_in_total{kind=\"message\"} ") >= 1.0);
     assert!(value("starling_stanzas_out_total{kind=\"message\"} ") >= 1.0);
     server.stop().await;

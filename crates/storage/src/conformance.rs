@@ -641,6 +641,158 @@ pub async fn fast_tokens(s: &Storage) {
     assert!(a.fast_tokens(&alice, agent).await.unwrap().is_empty());
 }
 
+/// Admin API tokens: unique names, listed by name with their hashes,
+/// last use recorded, revoked by name; and the account ban flag: off for a
+/// new account, on and off again, false for unknown accounts, gone with
+/// the account.
+pub async fn admin(s: &Storage) {
+    use starling_core::storage::AdminToken;
+    let t = s.admin_tokens.as_ref();
+    assert!(t.admin_tokens().await.unwrap().is_empty());
+    let tok = |name: &str, hash: u8| AdminToken {
+        name: name.to_owned(),
+        hash: vec![hash; 32],
+        created_at: 1_800_000_000_000,
+        last_used_at: None,
+    };
+    let odd = "ops'; DROP TABLE admin_tokens; --";
+    t.create_admin_token(&tok("deploy", 1)).await.unwrap();
+    t.create_admin_token(&tok(odd, 2)).await.unwrap();
+    assert!(matches!(
+        t.create_admin_token(&tok("deploy", 3)).await,
+        Err(StorageError::Conflict)
+    ));
+    assert_eq!(
+        t.admin_tokens().await.unwrap(),
+        [tok("deploy", 1), tok(odd, 2)]
+    );
+    t.touch_admin_token("deploy", 1_800_000_000_500)
+        .await
+        .unwrap();
+    let listed = t.admin_tokens().await.unwrap();
+    assert_eq!(listed[0].last_used_at, Some(1_800_000_000_500));
+    assert_eq!(listed[1].last_used_at, None);
+    assert!(t.revoke_admin_token(odd).await.unwrap());
+    assert!(!t.revoke_admin_token(odd).await.unwrap());
+    assert_eq!(t.admin_tokens().await.unwrap().len(), 1);
+
+    let a = s.accounts.as_ref();
+    let alice = jid("alice@example.org");
+    a.create(&alice, &creds("secret")).await.unwrap();
+    assert!(!a.is_disabled(&alice).await.unwrap());
+    assert!(a.set_disabled(&alice, true).await.unwrap());
+    assert!(a.is_disabled(&alice).await.unwrap());
+    assert!(a
+        .credentials(&alice, ScramHash::Sha256)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(a.set_disabled(&alice, false).await.unwrap());
+    assert!(!a.is_disabled(&alice).await.unwrap());
+    let nobody = jid("nobody@example.org");
+    assert!(!a.set_disabled(&nobody, true).await.unwrap());
+    assert!(!a.is_disabled(&nobody).await.unwrap());
+    a.set_disabled(&alice, true).await.unwrap();
+    a.delete(&alice).await.unwrap();
+    a.create(&alice, &creds("again")).await.unwrap();
+    assert!(
+        !a.is_disabled(&alice).await.unwrap(),
+        "a new account starts enabled"
+    );
+}
+
+/// Domains added at run time: add (conflict on a second add, nothing
+/// changed then), state and settings changes, listing by name, deletion;
+/// every change moves the version counter and failed ones do not;
+/// settings round-trip; SQL-looking names are data.
+pub async fn domains(s: &Storage) {
+    use starling_core::storage::{DomainSettings, DomainState, StoredDomain};
+    let d = s.domains.as_ref();
+    assert!(d.domains().await.unwrap().is_empty());
+    let v0 = d.domains_version().await.unwrap();
+    let dom = |name: &str| StoredDomain {
+        name: name.to_owned(),
+        state: DomainState::Enabled,
+        settings: DomainSettings::default(),
+        created_at: 1_800_000_000_000,
+        version: 0,
+    };
+    d.add_domain(&dom("b.example")).await.unwrap();
+    let v1 = d.domains_version().await.unwrap();
+    assert!(v1 > v0, "an add moves the counter");
+    let odd = "x'); DROP TABLE domains; --";
+    d.add_domain(&dom(odd)).await.unwrap();
+    d.add_domain(&dom("a.example")).await.unwrap();
+    let v2 = d.domains_version().await.unwrap();
+    assert!(matches!(
+        d.add_domain(&dom("a.example")).await,
+        Err(StorageError::Conflict)
+    ));
+    assert_eq!(
+        d.domains_version().await.unwrap(),
+        v2,
+        "a refused add changes nothing"
+    );
+    let names: Vec<String> = d
+        .domains()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|x| x.name)
+        .collect();
+    assert_eq!(names, ["a.example", "b.example", odd]);
+    let a = d.domain("a.example").await.unwrap().expect("stored");
+    assert_eq!(a.state, DomainState::Enabled);
+    assert_eq!(a.created_at, 1_800_000_000_000);
+    assert_eq!(a.version, v2);
+    assert!(d.domain("nope.example").await.unwrap().is_none());
+
+    assert!(d
+        .set_domain_state("a.example", DomainState::Disabled)
+        .await
+        .unwrap());
+    let v3 = d.domains_version().await.unwrap();
+    assert!(v3 > v2);
+    let a = d.domain("a.example").await.unwrap().unwrap();
+    assert_eq!((a.state, a.version), (DomainState::Disabled, v3));
+    assert!(!d
+        .set_domain_state("nope.example", DomainState::Enabled)
+        .await
+        .unwrap());
+    assert_eq!(d.domains_version().await.unwrap(), v3);
+
+    let settings = DomainSettings {
+        registration: Some(true),
+        archive_retention_days: Some(30),
+        max_sessions: Some(2),
+        certificate: Some("/etc/certs/a.pem".into()),
+        private_key: Some("/etc/certs/a.key".into()),
+    };
+    assert!(d.set_domain_settings("a.example", &settings).await.unwrap());
+    assert_eq!(
+        d.domain("a.example").await.unwrap().unwrap().settings,
+        settings
+    );
+    assert!(!d
+        .set_domain_settings("nope.example", &settings)
+        .await
+        .unwrap());
+    assert!(d
+        .set_domain_state("b.example", DomainState::Removing)
+        .await
+        .unwrap());
+    assert_eq!(
+        d.domain("b.example").await.unwrap().unwrap().state,
+        DomainState::Removing
+    );
+    let v4 = d.domains_version().await.unwrap();
+    assert!(d.delete_domain("b.example").await.unwrap());
+    assert!(d.domains_version().await.unwrap() > v4);
+    assert!(!d.delete_domain("b.example").await.unwrap());
+    assert!(d.domain("b.example").await.unwrap().is_none());
+    assert!(d.domain(odd).await.unwrap().is_some());
+}
+
 /// Runs every conformance test, each on a fresh storage from `make`.
 pub async fn run_all<F, Fut>(mut make: F)
 where
@@ -649,6 +801,8 @@ where
 {
     accounts(&make().await).await;
     fast_tokens(&make().await).await;
+    admin(&make().await).await;
+    domains(&make().await).await;
     roster(&make().await).await;
     user_data(&make().await).await;
     offline(&make().await).await;

@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 11] = [
+const STEPS: [&str; 13] = [
     "accounts",
     "im-core",
     "offline",
@@ -19,6 +19,8 @@ const STEPS: [&str; 11] = [
     "inbox-groups",
     "muclight-blocking",
     "pubsub",
+    "admin",
+    "domains",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

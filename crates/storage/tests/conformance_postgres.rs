@@ -142,7 +142,9 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (8, "muc"),
                 (9, "inbox-groups"),
                 (10, "muclight-blocking"),
-                (11, "pubsub")
+                (11, "pubsub"),
+                (12, "admin"),
+                (13, "domains")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -170,7 +172,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 11, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 13, "each migration once");
     })
     .await;
 }

@@ -103,6 +103,7 @@ pub fn test_config() -> Config {
             tls: true,
         },
     ];
+    cfg.admin.listen = vec!["127.0.0.1:0".parse().unwrap()];
     cfg.modules.get_mut::<modules::Register>().enabled = true;
     cfg.modules.get_mut::<modules::Register>().max_per_ip = 1000;
     cfg.server.shutdown_timeout_secs = 5;
@@ -170,6 +171,11 @@ impl TestServer {
             .find(|(_, t)| *t == tls)
             .map(|(a, _)| *a)
             .expect("HTTP listener")
+    }
+
+    /// The admin listener (API, metrics, health).
+    pub fn admin_addr(&self) -> SocketAddr {
+        *self.server.admin_addrs.first().expect("admin listener")
     }
 
     /// Creates an account `user@localhost` with password `password`.
@@ -483,6 +489,9 @@ pub struct Client {
     pub features: Option<Element>,
     /// The SASL mechanism of the last successful authentication.
     pub mechanism_used: Option<Mechanism>,
+    /// The domain streams are opened to (`to`) and, for STARTTLS, the TLS
+    /// server name (SNI); [`DOMAIN`] unless changed.
+    pub domain: String,
 }
 
 fn client_limits() -> Limits {
@@ -507,6 +516,7 @@ impl Client {
             jid: String::new(),
             features: None,
             mechanism_used: None,
+            domain: DOMAIN.to_owned(),
         }
     }
 
@@ -548,6 +558,7 @@ impl Client {
                 jid: String::new(),
                 features: None,
                 mechanism_used: None,
+                domain: DOMAIN.to_owned(),
             }),
             Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
             Err(e) => panic!("WebSocket handshake failed: {e}"),
@@ -599,6 +610,7 @@ impl Client {
             jid: String::new(),
             features: None,
             mechanism_used: None,
+            domain: DOMAIN.to_owned(),
         };
         c.open_stream().await;
         c
@@ -741,13 +753,15 @@ impl Client {
     pub async fn open_stream(&mut self) -> Element {
         if self.is_websocket() {
             self.send(&format!(
-                "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='{DOMAIN}' version='1.0'/>"
+                "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='{}' version='1.0'/>",
+                self.domain
             ))
             .await;
         } else {
             self.send(&format!(
-                "<?xml version='1.0'?><stream:stream to='{DOMAIN}' version='1.0' \
-             xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>"
+                "<?xml version='1.0'?><stream:stream to='{}' version='1.0' \
+             xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>",
+                self.domain
             ))
             .await;
         }
@@ -791,7 +805,7 @@ impl Client {
             panic!("STARTTLS on a TLS connection");
         };
         let tls = connector
-            .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+            .connect(ServerName::try_from(self.domain.clone()).unwrap(), tcp)
             .await
             .expect("TLS handshake");
         self.conn = Conn::Tls(Box::new(tls));
@@ -814,6 +828,19 @@ impl Client {
     pub fn tls_handshake_kind(&self) -> Option<rustls::HandshakeKind> {
         match &self.conn {
             Conn::Tls(tls) => tls.get_ref().1.handshake_kind(),
+            _ => None,
+        }
+    }
+
+    /// The server certificate of this TLS connection (DER).
+    pub fn peer_certificate(&self) -> Option<Vec<u8>> {
+        match &self.conn {
+            Conn::Tls(tls) => tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| c.as_ref().to_vec()),
             _ => None,
         }
     }
@@ -1208,10 +1235,21 @@ pub fn free_port() -> u16 {
 /// run on PostgreSQL ([`test_pg_admin_url`]), storage is a database of its
 /// own named after `dir/data` (dropped by a later run once `dir` is gone).
 pub fn write_binary_config(dir: &std::path::Path, starttls_port: u16, tls_port: u16) -> PathBuf {
+    write_binary_config_with_admin(dir, starttls_port, tls_port, 0)
+}
+
+/// Like [`write_binary_config`], with the admin listener on
+/// `127.0.0.1:admin_port` (0: an ephemeral port).
+pub fn write_binary_config_with_admin(
+    dir: &std::path::Path,
+    starttls_port: u16,
+    tls_port: u16,
+    admin_port: u16,
+) -> PathBuf {
     let cfg = dir.join("starling.toml");
     let data = dir.join("data");
     let mut text = format!(
-        "[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n\n[[http.listen]]\naddress = \"127.0.0.1:0\"\n",
+        "[server]\ndata_dir = {data:?}\n\n[[listen]]\naddress = \"127.0.0.1:{starttls_port}\"\ntls = \"starttls\"\n\n[[listen]]\naddress = \"127.0.0.1:{tls_port}\"\ntls = \"direct\"\n\n[[http.listen]]\naddress = \"127.0.0.1:0\"\n\n[admin]\nlisten = [\"127.0.0.1:{admin_port}\"]\n",
     );
     if let Some(admin) = test_pg_admin_url() {
         // Callers may be inside a runtime or not: set up on a thread of its own.

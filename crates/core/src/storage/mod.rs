@@ -5,13 +5,18 @@
 //! (roster, offline, archive, inbox…) add a trait here and a field to
 //! [`Storage`].
 
+mod admin;
 mod archive;
+mod domains;
 mod im;
 mod muc;
 mod offline;
 mod pubsub;
+mod timed;
 
+pub use admin::{AdminToken, AdminTokenStore};
 pub use archive::coalesce_inbox_updates;
+pub use domains::{DomainSettings, DomainState, DomainStore, StoredDomain};
 pub use archive::{
     ArchiveId, ArchiveIds, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
@@ -83,6 +88,12 @@ pub trait AccountStore: Send + Sync + 'static {
     ) -> StorageResult<Vec<String>>;
     /// Number of accounts in a domain.
     async fn count(&self, domain: &str) -> StorageResult<u64>;
+    /// Bans (`true`) or unbans an account: a disabled account cannot
+    /// authenticate (RFC 6120 §6.5.1 `<account-disabled/>`). Returns
+    /// false if the account does not exist.
+    async fn set_disabled(&self, jid: &BareJid, disabled: bool) -> StorageResult<bool>;
+    /// True if the account exists and is disabled.
+    async fn is_disabled(&self, jid: &BareJid) -> StorageResult<bool>;
     /// The FAST token slots (XEP-0484) of one client (`agent`, its SASL2
     /// user-agent id) of an account.
     async fn fast_tokens(&self, jid: &BareJid, agent: &str) -> StorageResult<Vec<FastToken>>;
@@ -177,6 +188,10 @@ pub struct Storage {
     pub muc: Arc<dyn MucStore>,
     /// Pubsub nodes and items (XEP-0060, PEP XEP-0163).
     pub pubsub: Arc<dyn PubsubStore>,
+    /// Admin API tokens.
+    pub admin_tokens: Arc<dyn AdminTokenStore>,
+    /// Domains added at run time (docs/domains.md).
+    pub domains: Arc<dyn DomainStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
 }

@@ -69,6 +69,7 @@ impl Session {
                 None,
             );
         }
+        let mechanism = self.mechanism_of(&el);
         let result = match (v2, el.name()) {
             (false, "auth") => {
                 self.sasl2_request = None;
@@ -93,6 +94,10 @@ impl Session {
             }
             _ => Err(SaslError::MalformedRequest("unknown SASL element")),
         };
+        let result = match result {
+            Ok(Step::Success(data, jid)) => self.refuse_disabled(data, jid).await,
+            other => other,
+        };
         match result {
             Ok(Step::Challenge(data)) => {
                 self.write_sasl(v2, "challenge", &data);
@@ -101,7 +106,7 @@ impl Session {
             Ok(Step::Success(data, jid)) => {
                 // (Before the channel bindings are freed below.)
                 let fast_offered = if v2 { self.offered_fast() } else { Vec::new() };
-                self.shared.env.metrics.auth_success.inc();
+                self.shared.env.metrics.auth_succeeded(mechanism);
                 tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, sasl2 = v2, "authenticated");
                 self.info.user = Some(jid.clone());
                 self.sasl = SaslState::Done(jid.clone());
@@ -181,6 +186,23 @@ impl Session {
                 // XEP-0388 "Failure": inline requests are not processed.
                 self.sasl2_request = None;
                 self.sasl_failure(v2, e, "", user)
+            }
+        }
+    }
+
+    /// A banned account (the admin API's ban) is refused once it proved
+    /// its credentials, whatever the mechanism, with `<account-disabled/>`
+    /// (RFC 6120 §6.5.1): only who knows the password learns of the ban.
+    async fn refuse_disabled(&mut self, data: Vec<u8>, jid: BareJid) -> Result<Step, SaslError> {
+        match self.shared.env.storage.accounts.is_disabled(&jid).await {
+            Ok(false) => Ok(Step::Success(data, jid)),
+            Ok(true) => {
+                tracing::info!(session = self.info.id, user = %jid, peer = %self.info.peer, "authentication refused: the account is disabled");
+                Err(SaslError::AccountDisabled)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "account state lookup failed");
+                Err(SaslError::TemporaryAuthFailure)
             }
         }
     }
@@ -451,6 +473,21 @@ impl Session {
         )
     }
 
+    /// The mechanism `el` (a SASL element) authenticates with, for the
+    /// metrics: named by `<auth/>` and `<authenticate/>`, else the one of
+    /// the exchange in progress.
+    fn mechanism_of(&self, el: &Element) -> &'static str {
+        match (&self.sasl, el.attr("mechanism")) {
+            (_, Some(m)) => Mechanism::from_name(m)
+                .map(Mechanism::name)
+                .or_else(|| HtMechanism::from_name(m).map(HtMechanism::name))
+                .unwrap_or("other"),
+            (SaslState::AwaitingInitial(m), None) => m.name(),
+            (SaslState::Scram(server, _), None) => server.mechanism().name(),
+            _ => "other",
+        }
+    }
+
     fn write_sasl(&mut self, v2: bool, name: &str, data: &[u8]) {
         let mut el = Element::new(name, if v2 { ns::SASL2 } else { ns::SASL });
         if !data.is_empty() || name == "challenge" {
@@ -483,7 +520,7 @@ impl Session {
         if matches!(e, SaslError::Aborted) {
             return Ok(());
         }
-        self.shared.env.metrics.auth_failures.inc();
+        self.shared.env.metrics.auth_failed(e.condition());
         self.shared.auth_limiter.record(self.info.peer.ip());
         self.auth_failures += 1;
         tracing::info!(

@@ -390,6 +390,11 @@ impl Session {
         let Some(keep) = keep else {
             return false;
         };
+        let metrics = &self.shared.env.metrics;
+        metrics.sessions_on(self.conn.metrics_transport()).dec();
+        metrics
+            .sessions_on(starling_core::SessionTransport::Detached)
+            .inc();
         if let Exit::Error(e) = exit {
             // Best effort: tell the (probably dead) connection why.
             let e = e.clone();
@@ -831,6 +836,13 @@ impl Session {
                 return Ok(());
             }
         };
+        if let Err(text) = self.admit(&full) {
+            // RFC 6120 §7.6.2.1: the server "has reached a limit on the
+            // number of connected resources" (here the domain's
+            // max_sessions; docs/domains.md).
+            self.write_iq_error(&id, StanzaErrorCondition::ResourceConstraint, text);
+            return Ok(());
+        }
         self.bind_resource(&full).await;
         let mut reply = Element::new("iq", ns::CLIENT);
         reply.set_attr("type", "result");
@@ -846,6 +858,18 @@ impl Session {
         self.session_opened().await
     }
 
+    /// Counts a session of `full`'s domain before it binds: refused when
+    /// the domain is no longer served (disabled while this stream
+    /// negotiated) or its `max_sessions` is reached on this node. Every
+    /// bound session is counted once and uncounted in `hand_back`.
+    fn admit(&self, full: &FullJid) -> Result<(), &'static str> {
+        match self.shared.env.hosts.get(full.domain().as_str()) {
+            Some(host) if host.open_session() => Ok(()),
+            Some(_) => Err("this domain has reached its session limit; try again later"),
+            None => Err("this domain is no longer served"),
+        }
+    }
+
     /// Binds `full` to this session: the router replaces a session holding
     /// the same full JID (RFC 6120 §7.7.2.2), and the session is
     /// established.
@@ -854,7 +878,10 @@ impl Session {
         env.router.bind(env, full, self.handle.clone()).await;
         self.info.jid = Some(full.clone());
         self.info.state = SessionState::Established;
-        self.shared.env.metrics.sessions.inc();
+        let metrics = &self.shared.env.metrics;
+        metrics.sessions.inc();
+        metrics.sessions_on(self.conn.metrics_transport()).inc();
+        metrics.sessions_of_domain(full.domain().as_str()).inc();
         tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
     }
 
@@ -907,6 +934,11 @@ impl Session {
                     "no resource could be generated",
                 )
             })?;
+        if let Err(text) = self.admit(&full) {
+            // Inside SASL2's success there is no iq to fail: the stream
+            // ends with the same condition (RFC 6120 §4.9.3.17).
+            return Err(Exit::error(StreamErrorCondition::ResourceConstraint, text));
+        }
         self.bind_resource(&full).await;
         let mut bound = Element::new("bound", ns::BIND2);
         for child in request.children() {
@@ -1083,6 +1115,9 @@ impl Session {
             return Ok(()); // ending already; dropping the connection closes it
         }
         let old = std::mem::replace(&mut self.conn, *conn);
+        let metrics = &self.shared.env.metrics;
+        metrics.sessions_on(old.metrics_transport()).dec();
+        metrics.sessions_on(self.conn.metrics_transport()).inc();
         if old.is_live() {
             let mut old = old;
             let e = StreamError::with_text(
@@ -1330,7 +1365,13 @@ impl Session {
     async fn hand_back(&mut self, exit: &Exit) {
         if let Some(jid) = self.info.jid.clone() {
             self.shared.env.sessions.unregister(&jid, self.info.id);
-            self.shared.env.metrics.sessions.dec();
+            let metrics = &self.shared.env.metrics;
+            metrics.sessions.dec();
+            metrics.sessions_on(self.conn.metrics_transport()).dec();
+            metrics.sessions_of_domain(jid.domain().as_str()).dec();
+            if let Some(host) = self.shared.env.hosts.get(jid.domain().as_str()) {
+                host.close_session();
+            }
             let mut actions = Vec::new();
             {
                 let mut cx =

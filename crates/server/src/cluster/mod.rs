@@ -223,8 +223,15 @@ pub struct BusCounters {
     pub rerouted: Counter,
 }
 
+impl Default for BusCounters {
+    fn default() -> Self {
+        BusCounters::new()
+    }
+}
+
 impl BusCounters {
-    fn new() -> BusCounters {
+    /// Fresh counters (a node registers its own when it joins).
+    pub fn new() -> BusCounters {
         BusCounters {
             messages_out: Counter::default(),
             frames_out: Counter::default(),
@@ -240,7 +247,9 @@ impl BusCounters {
         }
     }
 
-    fn register(&self, r: &mut prometheus_client::registry::Registry) {
+    /// Registers the counters as `cluster_*` (in a registry that adds
+    /// the `starling_` prefix: `Metrics::with_registry`).
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
         let c = |r: &mut prometheus_client::registry::Registry, n: &str, h: &str, m: &Counter| {
             r.register(n, h, m.clone())
         };

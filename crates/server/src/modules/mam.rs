@@ -41,7 +41,8 @@
 //!   archived. A retraction is matched only against messages from the same
 //!   bare JID (§6). Retracting a message someone else wrote is refused with
 //!   `<forbidden/>`.
-//! - Retention: `retention_days` / `domain_retention_days` purge older
+//! - Retention: a served domain's `archive_retention_days` setting
+//!   (docs/domains.md), else `retention_days` / `domain_retention_days`, purge older
 //!   messages hourly; `starling archive purge` removes one user's archive.
 //!
 //! - The sender's archive id rides in the stanza while the carbons module
@@ -70,7 +71,7 @@ use starling_core::disco::Scopes;
 use starling_core::hooks::{
     Archived, BoundHandler, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse,
     IqScope, OfflineCompanions, OfflineMessageHandler, OwnIqHandler, ShutdownHandler,
-    UserSendHandler,
+    StartedHandler, UserSendHandler,
 };
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
 use starling_core::storage::{
@@ -150,6 +151,10 @@ pub struct Mam {
     /// Preferences by bare JID, with when they were loaded.
     prefs_cache: Mutex<HashMap<String, (std::time::Instant, Arc<ArchivePrefs>)>>,
     retention: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// `retention_days` and `domain_retention_days`, for the retention
+    /// task (a domain's own setting overrides both).
+    retention_days: u32,
+    domain_retention_days: std::collections::BTreeMap<String, u32>,
 }
 
 struct Sink(Arc<dyn ArchiveStore>);
@@ -211,25 +216,13 @@ impl Mam {
             max_page: cfg.max_page_size,
             prefs_cache: Mutex::new(HashMap::new()),
             retention: Mutex::new(None),
+            retention_days: cfg.retention_days,
+            domain_retention_days: cfg.domain_retention_days.clone(),
         });
-        // Each configured domain: its own retention, else the global one.
-        let retention: Vec<(String, u32)> = domains
-            .iter()
-            .map(|d| {
-                let days = cfg
-                    .domain_retention_days
-                    .get(d)
-                    .copied()
-                    .unwrap_or(cfg.retention_days);
-                (d.clone(), days)
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        if !retention.is_empty() {
-            *m.retention.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::spawn(
-                crate::archive_query::retention_task(store, retention, NAME),
-            ));
-        }
+        // Retention per served domain, stored domains included: started
+        // with the environment (Mam::started), which knows the host set.
+        let _ = domains;
+        reg.started(m.clone());
         reg.user_send(NAME, 45, m.clone());
         reg.user_send(NAME, 90, Arc::new(StripOwnStanzaId));
         reg.inbound(NAME, 20, m.clone());
@@ -783,6 +776,20 @@ impl IqHandler for NotYourArchive {
             StanzaErrorCondition::Forbidden,
             "only the owner of an archive can use it",
         ))
+    }
+}
+
+impl StartedHandler for Mam {
+    fn started(&self, env: &Arc<Env>) {
+        let global = self.retention_days;
+        let per_domain = self.domain_retention_days.clone();
+        *self.retention.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(tokio::spawn(archive_query::retention_task_for_hosts(
+                self.store.clone(),
+                Arc::downgrade(env),
+                move |d| per_domain.get(d).copied().unwrap_or(global),
+                NAME,
+            )));
     }
 }
 

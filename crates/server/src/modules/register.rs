@@ -4,7 +4,9 @@
 //!   `[modules.register] enabled = true`, limited to `max_per_ip`
 //!   registrations per IP address per `window_secs`; the stream feature
 //!   `<register xmlns='http://jabber.org/features/iq-register'/>` is
-//!   advertised then (§4).
+//!   advertised then (§4). A domain added at run time may override
+//!   `enabled` with its `registration` setting (docs/domains.md), either
+//!   way: the handler is always registered and asks the domain.
 //! - Logged-in users change their password (§3.3) and delete their account
 //!   (§3.2) when `allow_password_change` / `allow_cancel` are on; deleting
 //!   closes every session of the account with `<not-authorized/>`. The
@@ -85,15 +87,24 @@ impl Register {
             iterations: scram_iterations,
             limiter: IpLimiter::new(cfg.max_per_ip, Duration::from_secs(cfg.window_secs)),
         });
-        if cfg.enabled {
-            reg.pre_auth(NAME, 50, m.clone());
-            reg.stream_features(m.clone());
-        }
+        // Always: a domain's `registration` setting may turn it on where
+        // `enabled` is off ([`Register::open`] decides per stream).
+        reg.pre_auth(NAME, 50, m.clone());
+        reg.stream_features(m.clone());
         if cfg.enabled || cfg.allow_password_change || cfg.allow_cancel {
             reg.iq(NAME, IqScope::Account, "query", ns::REGISTER, m.clone());
             reg.iq(NAME, IqScope::Server, "query", ns::REGISTER, m);
             reg.disco().feature(IqScope::Server, ns::REGISTER);
         }
+    }
+
+    /// True if unauthenticated clients may register on `domain`: its
+    /// `registration` setting, else `[modules.register] enabled`.
+    fn open(&self, env: &Env, domain: &str) -> bool {
+        env.hosts
+            .get(domain)
+            .and_then(|h| h.settings.registration)
+            .unwrap_or(self.cfg.enabled)
     }
 
     fn form(&self, registered: Option<&str>) -> Element {
@@ -190,12 +201,12 @@ impl Register {
 impl StreamFeatureProvider for Register {
     fn stream_features(
         &self,
-        _env: &Env,
-        _info: &SessionInfo,
+        env: &Env,
+        info: &SessionInfo,
         stage: FeatureStage,
         out: &mut Vec<Element>,
     ) {
-        if stage == FeatureStage::PreAuth {
+        if stage == FeatureStage::PreAuth && self.open(env, &info.domain) {
             out.push(Element::new("register", ns::REGISTER_FEATURE));
         }
     }
@@ -216,7 +227,7 @@ fn reply_to(stanza: &Stanza, result: Result<Option<Element>, StanzaError>) -> Op
 #[async_trait]
 impl PreAuthHandler for Register {
     async fn pre_auth(&self, cx: &mut SessionCtx<'_>, stanza: &mut Stanza) -> HookResult {
-        if stanza.kind() != StanzaKind::Iq {
+        if stanza.kind() != StanzaKind::Iq || !self.open(cx.env, &cx.info.domain) {
             return Ok(Flow::Continue);
         }
         let Some(query) = stanza.payload().filter(|q| q.is("query", ns::REGISTER)) else {

@@ -34,6 +34,7 @@ use starling_proto::{
     BareJid, ErrorType, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The router. It owns the session table's mailboxes: nothing else puts
 /// messages in a session's queue. In a cluster, a session of another node
@@ -57,6 +58,23 @@ impl LocalRouter {
     /// at start).
     pub fn set_cluster(&self, cluster: Arc<Cluster>) {
         let _ = self.cluster.set(cluster);
+    }
+
+    /// Closes exactly one session (the admin API's kick), on this node
+    /// or, through the cluster bus, on another. False if this node knows
+    /// no such session.
+    pub fn close_session(&self, to: &SessionRef, reason: CloseReason) -> bool {
+        if let Some(h) = self.table.handle(to) {
+            let _ = h.try_send(SessionMsg::Close(reason));
+            return true;
+        }
+        match self.cluster.get() {
+            Some(c) if to.node != self.table.node() && self.table.contains(to) => {
+                c.close(to, &reason);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -156,11 +174,17 @@ impl LocalRouter {
         }
     }
 
-    async fn to_bare(&self, env: &Env, bare: &BareJid, stanza: Stanza) {
+    /// Routes to an account's bare JID; true if the stanza reached a
+    /// mailbox (or the cluster bus, or the offline store).
+    async fn to_bare(&self, env: &Env, bare: &BareJid, stanza: Stanza) -> bool {
         match stanza.kind() {
-            StanzaKind::Iq => self.iq_local(env, IqScope::Account, stanza).await,
+            StanzaKind::Iq => {
+                self.iq_local(env, IqScope::Account, stanza).await;
+                false
+            }
             StanzaKind::Presence => {
                 let t = stanza.stanza_type();
+                let mut delivered = false;
                 if t.is_empty() || t == "unavailable" {
                     // §8.5.2.1.2: directed presence goes to all available resources.
                     for (e, h) in self
@@ -169,31 +193,38 @@ impl LocalRouter {
                         .iter()
                         .filter(|(e, _)| e.priority.is_some())
                     {
-                        let _ = self.deliver_to(env, e, h.as_ref(), stanza.clone()).await;
+                        delivered |= self
+                            .deliver_to(env, e, h.as_ref(), stanza.clone())
+                            .await
+                            .is_ok();
                     }
                 }
+                delivered
             }
             StanzaKind::Message => self.message_to_bare(env, bare, stanza).await,
         }
     }
 
-    async fn message_to_bare(&self, env: &Env, bare: &BareJid, stanza: Stanza) {
+    /// Message delivery rules for a bare JID (RFC 6121 §8.5.2); true if
+    /// the message reached a mailbox, the cluster bus or the offline
+    /// handlers (which stored, discarded or refused it).
+    async fn message_to_bare(&self, env: &Env, bare: &BareJid, stanza: Stanza) -> bool {
         let t = stanza.stanza_type().to_owned();
         if t == "error" {
-            return;
+            return false;
         }
         // §8.5.2.1.1 refuses groupchat messages to a bare JID; a local
         // room service that delivers to its members' accounts (MUC Light)
         // is the exception: every available resource, none stored.
         let to_all = t == "headline" || t == "groupchat";
         if t == "groupchat" && !Self::sent_by_local_service(env, &stanza) {
-            return self
-                .bounce(
-                    env,
-                    &stanza,
-                    error(StanzaErrorCondition::ServiceUnavailable),
-                )
-                .await;
+            self.bounce(
+                env,
+                &stanza,
+                error(StanzaErrorCondition::ServiceUnavailable),
+            )
+            .await;
+            return false;
         }
         // A closing session of this account may be handing older messages
         // back: this one goes after them (starling_core::HandoverGate).
@@ -226,13 +257,13 @@ impl LocalRouter {
                     .is_ok();
             }
             if delivered {
-                return;
+                return true;
             }
         }
         if to_all {
             // §8.5.2.1.1: headlines are not stored; a room's message is
             // in the room's archive and the member's inbox.
-            return;
+            return false;
         }
         // The resource picked above may have closed its mailbox after
         // starting a hand-back: offline storage, too, waits for it.
@@ -242,24 +273,23 @@ impl LocalRouter {
             match env.storage.accounts.exists(bare).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    return self
-                        .bounce(
-                            env,
-                            &stanza,
-                            error(StanzaErrorCondition::ServiceUnavailable),
-                        )
-                        .await
+                    self.bounce(
+                        env,
+                        &stanza,
+                        error(StanzaErrorCondition::ServiceUnavailable),
+                    )
+                    .await;
+                    return false;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "account lookup failed while routing");
-                    return self
-                        .bounce(
-                            env,
-                            &stanza,
-                            error(StanzaErrorCondition::InternalServerError)
-                                .with_type(ErrorType::Wait),
-                        )
-                        .await;
+                    self.bounce(
+                        env,
+                        &stanza,
+                        error(StanzaErrorCondition::InternalServerError).with_type(ErrorType::Wait),
+                    )
+                    .await;
+                    return false;
                 }
             }
         }
@@ -275,7 +305,9 @@ impl LocalRouter {
                     .with_text("the recipient is offline and offline storage is not enabled"),
             )
             .await;
+            return false;
         }
+        true
     }
 }
 
@@ -303,13 +335,16 @@ impl LocalRouter {
     }
 }
 
-#[async_trait]
-impl Router for LocalRouter {
-    async fn route(&self, env: &Env, mut stanza: Stanza) {
+impl LocalRouter {
+    /// [`Router::route`]'s rules; true if the stanza reached an account's
+    /// mailbox, the cluster bus or the offline handlers (what the routing
+    /// latency measures), false if it went to a service or the server, or
+    /// was bounced or dropped.
+    async fn route_to(&self, env: &Env, mut stanza: Stanza) -> bool {
         // RFC 6120 §10.3: no 'to' means the sender's own account.
         let to: Jid = match stanza.to().or(stanza.from()) {
             Some(j) => j.clone(),
-            None => return, // server-generated stanza with no addresses: nowhere to go
+            None => return false, // server-generated stanza with no addresses: nowhere to go
         };
         let to_account = stanza.to().is_none();
         if !env.hosts.is_local(to.domain().as_str()) {
@@ -318,17 +353,18 @@ impl Router for LocalRouter {
                 .hooks
                 .service_for(to.domain().as_str(), |d| env.hosts.is_local(d))
             {
-                return service.handle(env, stanza).await;
+                service.handle(env, stanza).await;
+                return false;
             }
             // No server-to-server connections yet.
             let cond = StanzaErrorCondition::RemoteServerNotFound;
             if stanza.kind() != StanzaKind::Presence {
                 self.bounce(env, &stanza, error(cond)).await;
             }
-            return;
+            return false;
         }
         if to.node().is_none() {
-            return match stanza.kind() {
+            match stanza.kind() {
                 StanzaKind::Iq => self.iq_local(env, IqScope::Server, stanza).await,
                 StanzaKind::Message => {
                     if !matches!(stanza.stanza_type(), "error" | "headline" | "groupchat") {
@@ -342,13 +378,14 @@ impl Router for LocalRouter {
                 }
                 StanzaKind::Presence => {}
             };
+            return false;
         }
         // Account-wide rules (block lists, subscriptions) before delivery.
         if !env.hooks.inbound.is_empty() {
             let flow = run_chain!(env.hooks.inbound, "inbound", |h| h
                 .inbound(env, &mut stanza));
             if flow == Flow::Stop {
-                return;
+                return false;
             }
         }
         let bare = to.to_bare();
@@ -361,7 +398,7 @@ impl Router for LocalRouter {
                 let stanza = match self.table.get_with_handle(full) {
                     Some((entry, handle)) => {
                         match self.deliver_to(env, &entry, handle.as_ref(), stanza).await {
-                            Ok(()) => return,
+                            Ok(()) => return true,
                             Err(stanza) => stanza,
                         }
                     }
@@ -375,7 +412,8 @@ impl Router for LocalRouter {
                                 &stanza,
                                 error(StanzaErrorCondition::ServiceUnavailable),
                             )
-                            .await
+                            .await;
+                            false
                         } else {
                             self.message_to_bare(env, &bare, stanza).await
                         }
@@ -389,10 +427,25 @@ impl Router for LocalRouter {
                             )
                             .await
                         }
+                        false
                     }
-                    StanzaKind::Presence => {}
+                    StanzaKind::Presence => false,
                 }
             }
+        }
+    }
+}
+
+#[async_trait]
+impl Router for LocalRouter {
+    async fn route(&self, env: &Env, stanza: Stanza) {
+        // One clock read pair per routed stanza, none per copy: the time to
+        // its recipient's mailbox, the cluster bus or the offline store
+        // (starling_routing_latency_seconds; other outcomes are not timed).
+        let kind = stanza.kind();
+        let start = Instant::now();
+        if self.route_to(env, stanza).await {
+            env.metrics.routed(kind, start.elapsed());
         }
     }
 
@@ -403,7 +456,9 @@ impl Router for LocalRouter {
         match stanza.kind() {
             // The inbound chain already ran (block lists, archive): only
             // the delivery rules apply again.
-            StanzaKind::Message => self.message_to_bare(env, &bare, stanza).await,
+            StanzaKind::Message => {
+                self.message_to_bare(env, &bare, stanza).await;
+            }
             StanzaKind::Iq => {
                 if stanza.is_iq_request() {
                     self.bounce(

@@ -185,6 +185,19 @@ impl Connection {
         !matches!(self, Connection::None)
     }
 
+    /// How a session on this connection counts in
+    /// `starling_c2s_sessions_by_transport` (no connection: detached).
+    pub(crate) fn metrics_transport(&self) -> starling_core::SessionTransport {
+        use starling_core::SessionTransport as T;
+        match self {
+            Connection::None => T::Detached,
+            Connection::Stream(s) if s.is_secure() => T::Tls,
+            Connection::Stream(_) => T::Tcp,
+            Connection::WebSocket(_) => T::WebSocket,
+            Connection::Bosh(_) => T::Bosh,
+        }
+    }
+
     /// True once the bytes travel encrypted.
     pub(crate) fn is_secure(&self) -> bool {
         match self {

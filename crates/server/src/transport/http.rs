@@ -213,14 +213,10 @@ pub(crate) async fn accept_loop(
         let c2s = state.c2s.clone();
         let negotiation = state.c2s.negotiation_timeout;
         tokio::spawn(async move {
-            let builder = hyper::server::conn::http1::Builder::new();
             let result = match tls {
                 None => {
                     let app = app.layer(Extension(Bindings(None)));
-                    builder
-                        .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app))
-                        .with_upgrades()
-                        .await
+                    serve_connection(tcp, app).await
                 }
                 Some(acceptor) => {
                     let mut stream =
@@ -237,10 +233,7 @@ pub(crate) async fn accept_loop(
                     // whose requests may come over several connections).
                     let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&mut stream)));
                     let app = app.layer(Extension(Bindings(bindings)));
-                    builder
-                        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app))
-                        .with_upgrades()
-                        .await
+                    serve_connection(stream, app).await
                 }
             };
             if let Err(e) = result {
@@ -248,6 +241,19 @@ pub(crate) async fn accept_loop(
             }
         });
     }
+}
+
+/// Serves one accepted connection with `app` (HTTP/1.1, upgrades
+/// allowed) until the client closes it. Every HTTP listener (these and the
+/// admin listener, `crate::admin`) serves its connections here.
+pub(crate) async fn serve_connection<I>(io: I, app: Router) -> Result<(), hyper::Error>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
+        .with_upgrades()
+        .await
 }
 
 /// `GET /xmpp-websocket`: the RFC 7395 opening handshake. The client must

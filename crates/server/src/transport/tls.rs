@@ -48,6 +48,16 @@ const MAX_INCOMING: usize = 80 * 1024;
 thread_local! {
     /// The exporter master secret rustls just reported on this thread.
     static EXPORTER_SECRET: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    /// The tls-server-end-point hash of the certificate the SNI resolver
+    /// (`tls::SniResolver`) just chose on this thread.
+    static CHOSEN_CERTIFICATE: RefCell<Option<Arc<[u8]>>> = const { RefCell::new(None) };
+}
+
+/// Called by the certificate resolver during a handshake step: the
+/// certificate this connection presents (its tls-server-end-point hash),
+/// taken by the stream whose step is running, as the exporter secret is.
+pub(crate) fn note_chosen_certificate(end_point: Arc<[u8]>) {
+    CHOSEN_CERTIFICATE.with(|c| *c.borrow_mut() = Some(end_point));
 }
 
 /// The [`KeyLog`] that keeps the TLS 1.3 exporter master secret of the
@@ -92,6 +102,7 @@ impl TlsAcceptor {
             plain: Vec::new(),
             taken: 0,
             exporter_secret: None,
+            end_point: None,
             established: false,
             eof: false,
             peer_closed: false,
@@ -117,6 +128,9 @@ pub struct TlsStream {
     /// TLS 1.3's exporter master secret, kept until the channel binding is
     /// derived from it.
     exporter_secret: Option<Vec<u8>>,
+    /// The tls-server-end-point hash of the certificate presented (it
+    /// depends on the SNI name).
+    end_point: Option<Arc<[u8]>>,
     established: bool,
     /// The socket reached end of file.
     eof: bool,
@@ -210,11 +224,15 @@ impl TlsStream {
         let handshaking = !self.established;
         if handshaking {
             EXPORTER_SECRET.with(|s| s.borrow_mut().take());
+            CHOSEN_CERTIFICATE.with(|c| c.borrow_mut().take());
         }
         let status = self.conn.process_tls_records(&mut self.incoming);
         if handshaking {
             if let Some(secret) = EXPORTER_SECRET.with(|s| s.borrow_mut().take()) {
                 self.exporter_secret = Some(secret);
+            }
+            if let Some(chosen) = CHOSEN_CERTIFICATE.with(|c| c.borrow_mut().take()) {
+                self.end_point = Some(chosen);
             }
         }
         let mut discard = status.discard;
@@ -359,6 +377,12 @@ impl TlsStream {
                 }
             }
         }
+    }
+
+    /// The tls-server-end-point hash (RFC 5929) of the certificate this
+    /// connection presented.
+    pub fn server_end_point(&self) -> Option<&[u8]> {
+        self.end_point.as_deref()
     }
 
     /// The negotiated protocol version.

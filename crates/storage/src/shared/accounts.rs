@@ -161,6 +161,31 @@ impl AccountStore for Store {
         Ok(n as u64)
     }
 
+    async fn set_disabled(&self, jid: &BareJid, disabled: bool) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let n =
+            sqlx::query("UPDATE accounts SET disabled = $3 WHERE domain = $1 AND username = $2")
+                .bind(domain)
+                .bind(user)
+                .bind(disabled)
+                .execute(&self.writer)
+                .await
+                .map_err(backend)?
+                .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn is_disabled(&self, jid: &BareJid) -> StorageResult<bool> {
+        let (domain, user) = split(jid);
+        let row = sqlx::query("SELECT disabled FROM accounts WHERE domain = $1 AND username = $2")
+            .bind(domain)
+            .bind(user)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(row.is_some_and(|r| r.get::<bool, _>(0)))
+    }
+
     async fn fast_tokens(&self, jid: &BareJid, agent: &str) -> StorageResult<Vec<FastToken>> {
         let (domain, user) = split(jid);
         let rows = sqlx::query(

@@ -21,6 +21,8 @@ macro_rules! for_update {
 }
 
 mod accounts;
+mod admin;
+mod domains;
 mod archive;
 pub(crate) mod buckets;
 mod im;
@@ -53,6 +55,8 @@ impl Store {
             inbox: me.clone(),
             muc: me.clone(),
             pubsub: me.clone(),
+            admin_tokens: me.clone(),
+            domains: me.clone(),
             backend: me,
         }
     }

@@ -37,6 +37,8 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0009_inbox_groups.sql"),
     include_str!("0010_muclight_blocking.sql"),
     include_str!("0011_pubsub.sql"),
+    include_str!("0012_admin.sql"),
+    include_str!("0013_domains.sql"),
 ];
 
 /// The SQLite backend.

@@ -1,0 +1,807 @@
+//! The admin API's endpoints, `/api/v1/…` (docs/admin.md; the OpenAPI
+//! document in `openapi.rs` describes each). Handlers parse and check
+//! their input first (JIDs through the `jid` crate, so a name that is no
+//! JID is a 400 before anything reaches storage), then act through the
+//! same paths as the rest of the server: `Env::delete_account`,
+//! `accounts::create`/`set_password`, the router for kicks and messages.
+//! Every change is logged at INFO as `admin action` with the token's name.
+
+use super::{error, json, Caller, SessionFacts, Shared, PROBE_MODULE};
+use crate::accounts::{self, AccountError};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{delete, get, post, MethodRouter};
+use axum::{Extension, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json as j;
+use starling_core::hooks::TimerKey;
+use starling_core::storage::ArchiveId;
+use starling_core::{CloseReason, SessionEntry};
+use starling_proto::{BareJid, Element, Jid, Stanza, StreamError, StreamErrorCondition};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Every route of the API: (method, path as written in the OpenAPI
+/// document, handler). The router is built from this table, so the
+/// OpenAPI test that walks it covers every route served.
+pub(crate) fn table() -> Vec<(&'static str, &'static str, MethodRouter<Shared>)> {
+    vec![
+        ("get", "/api/v1/users", get(list_users)),
+        ("post", "/api/v1/users", post(create_user)),
+        ("get", "/api/v1/users/{jid}", get(get_user)),
+        ("delete", "/api/v1/users/{jid}", delete(delete_user)),
+        ("post", "/api/v1/users/{jid}/password", post(set_password)),
+        ("post", "/api/v1/users/{jid}/ban", post(ban)),
+        ("post", "/api/v1/users/{jid}/unban", post(unban)),
+        ("get", "/api/v1/users/{jid}/offline", get(offline)),
+        (
+            "post",
+            "/api/v1/users/{jid}/archive/purge",
+            post(purge_archive),
+        ),
+        ("get", "/api/v1/sessions", get(list_sessions)),
+        ("post", "/api/v1/sessions/kick", post(kick)),
+        ("post", "/api/v1/messages", post(send_message)),
+        ("get", "/api/v1/stats", get(stats)),
+        ("get", "/api/v1/cluster", get(cluster)),
+    ]
+}
+
+/// The API's router (the token check is layered on by [`super::routes`]).
+pub(crate) fn routes() -> Router<Shared> {
+    table()
+        .into_iter()
+        .fold(Router::new(), |r, (_, path, handler)| {
+            r.route(path, handler)
+        })
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// An error answer (small, unlike a `Response`, so `Result`s stay small).
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.status, &self.message)
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, message)
+}
+
+fn storage_failed(e: impl std::fmt::Display) -> ApiError {
+    tracing::error!(error = %e, "admin API: storage failed");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage failed; see the server log",
+    )
+}
+
+/// Logs a change made through the API: grep `admin action`.
+fn audit(caller: &Caller, action: &str, target: &str) {
+    tracing::info!(token = %caller.0, action, target, "admin action");
+}
+
+/// A JSON request body: 400 when it is not the expected object, 413 when
+/// it is larger than `[admin] max_body_bytes`.
+struct Body<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            let status = e.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "request body too large ([admin] max_body_bytes)".to_owned()
+            } else {
+                format!("cannot read the request body: {e}")
+            };
+            ApiError::new(status, message)
+        })?;
+        // An empty body is an empty object: every field is optional there.
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(bytes)
+            .map(Body)
+            .map_err(|e| bad(format!("the body is not the expected JSON object: {e}")))
+    }
+}
+
+/// The query string's parameters, percent-decoded (`+` is a space).
+fn query(raw: &Option<String>) -> Result<HashMap<String, String>, ApiError> {
+    let mut out = HashMap::new();
+    for pair in raw
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = percent_decode(k).ok_or_else(|| bad("malformed query string"))?;
+        let v = percent_decode(v).ok_or_else(|| bad("malformed query string"))?;
+        out.insert(k, v);
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `limit` from the query: 1..=max, `default` when absent.
+fn limit(q: &HashMap<String, String>, default: u32, max: u32) -> Result<u32, ApiError> {
+    match q.get("limit") {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| bad(format!("limit must be a number from 1 to {max}"))),
+    }
+}
+
+/// An account's JID (`user@domain`, no resource).
+fn account(s: &str) -> Result<BareJid, ApiError> {
+    BareJid::new(s)
+        .ok()
+        .filter(|j| j.node().is_some())
+        .ok_or_else(|| bad(format!("{s:?} is not an account JID (user@domain)")))
+}
+
+fn served(st: &Shared, domain: &str) -> bool {
+    st.env.hosts.is_local(domain)
+}
+
+/// The account must exist (404 otherwise).
+async fn existing(st: &Shared, jid: &BareJid) -> Result<(), ApiError> {
+    match st.env.storage.accounts.exists(jid).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("account {jid} does not exist"),
+        )),
+        Err(e) => Err(storage_failed(e)),
+    }
+}
+
+fn account_error(e: AccountError) -> ApiError {
+    match e {
+        AccountError::BadPassword => bad(e.to_string()),
+        AccountError::Exists(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        AccountError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
+        AccountError::Storage(e) => storage_failed(e),
+    }
+}
+
+fn close_reason(condition: StreamErrorCondition, text: &str) -> CloseReason {
+    CloseReason::Error(Box::new(StreamError::with_text(condition, text)))
+}
+
+/// Closes every session of `jid`; returns how many this node knew of.
+async fn close_all(st: &Shared, jid: &BareJid, reason: CloseReason) -> usize {
+    let n = st.env.sessions.resources(jid).len();
+    st.env.router.close_sessions(&st.env, jid, reason).await;
+    n
+}
+
+/// `GET /api/v1/users?domain=&after=&limit=`: one page of a domain's
+/// accounts, by name; `next` is the `after` of the next page.
+async fn list_users(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiResult {
+    let q = query(&raw)?;
+    let domain = match q.get("domain") {
+        Some(d) => BareJid::new(d)
+            .ok()
+            .filter(|j| j.node().is_none())
+            .map(|j| j.domain().as_str().to_owned())
+            .ok_or_else(|| bad(format!("{d:?} is not a domain")))?,
+        None => st.domains.first().cloned().unwrap_or_default(),
+    };
+    let limit = limit(&q, 100, 1000)?;
+    let after = q.get("after").map(String::as_str).filter(|a| !a.is_empty());
+    let page = st
+        .env
+        .storage
+        .accounts
+        .list(&domain, after, limit)
+        .await
+        .map_err(storage_failed)?;
+    let next = (page.len() == limit as usize)
+        .then(|| page.last().cloned())
+        .flatten();
+    let users: Vec<String> = page.iter().map(|u| format!("{u}@{domain}")).collect();
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "domain": domain, "users": users, "next": next }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewUser {
+    jid: String,
+    password: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// The given password, or a generated one (then returned in the answer).
+fn password_or_generated(given: Option<String>) -> Result<(String, bool), ApiError> {
+    match given {
+        Some(p) if p.is_empty() => Err(bad("empty password: leave it out to have one generated")),
+        Some(p) => Ok((p, false)),
+        None => Ok((starling_proto::random_id(20), true)),
+    }
+}
+
+/// `POST /api/v1/users` `{"jid", "password"?, "force"?}`.
+async fn create_user(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Body(req): Body<NewUser>,
+) -> ApiResult {
+    let jid = account(&req.jid)?;
+    if !req.force && !served(&st, jid.domain().as_str()) {
+        return Err(bad(format!(
+            "{} is not served by this server (add it to [server] domains, or pass \"force\": true)",
+            jid.domain()
+        )));
+    }
+    let (password, generated) = password_or_generated(req.password)?;
+    accounts::create(&st.env.storage, &jid, &password, st.iterations)
+        .await
+        .map_err(account_error)?;
+    audit(&caller, "user.create", jid.as_str());
+    let mut body = j!({ "jid": jid.as_str() });
+    if generated {
+        body["password"] = j!(password);
+    }
+    Ok(json(StatusCode::CREATED, &body))
+}
+
+/// `GET /api/v1/users/{jid}`: whether it is banned, its sessions and its
+/// offline queue's length.
+async fn get_user(State(st): State<Shared>, Path(jid): Path<String>) -> ApiResult {
+    let jid = account(&jid)?;
+    existing(&st, &jid).await?;
+    let s = &st.env.storage;
+    let disabled = s.accounts.is_disabled(&jid).await.map_err(storage_failed)?;
+    let offline = s.offline.count(&jid).await.map_err(storage_failed)?;
+    let sessions: Vec<String> = st
+        .env
+        .sessions
+        .resources(&jid)
+        .iter()
+        .map(|e| e.jid().to_string())
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &j!({
+            "jid": jid.as_str(),
+            "disabled": disabled,
+            "sessions": sessions,
+            "offline_messages": offline,
+        }),
+    ))
+}
+
+/// `DELETE /api/v1/users/{jid}`: through the running server
+/// (`Env::delete_account`: rooms let go of the account first), then its
+/// sessions are closed with `<not-authorized/>`, as after an in-band
+/// cancellation (XEP-0077 §3.2).
+async fn delete_user(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+) -> ApiResult {
+    let jid = account(&jid)?;
+    let existed = st.env.delete_account(&jid).await.map_err(storage_failed)?;
+    if !existed {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("account {jid} does not exist"),
+        ));
+    }
+    audit(&caller, "user.delete", jid.as_str());
+    let reason = close_reason(
+        StreamErrorCondition::NotAuthorized,
+        "this account has been deleted",
+    );
+    let closed = close_all(&st, &jid, reason).await;
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "jid": jid.as_str(), "deleted": true, "sessions_closed": closed }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPassword {
+    password: Option<String>,
+}
+
+/// `POST /api/v1/users/{jid}/password` `{"password"?}`: new SCRAM keys
+/// (and no FAST token survives it). Open sessions stay.
+async fn set_password(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+    Body(req): Body<NewPassword>,
+) -> ApiResult {
+    let jid = account(&jid)?;
+    let (password, generated) = password_or_generated(req.password)?;
+    accounts::set_password(&st.env.storage, &jid, &password, st.iterations)
+        .await
+        .map_err(account_error)?;
+    audit(&caller, "user.password", jid.as_str());
+    let mut body = j!({ "jid": jid.as_str(), "password_changed": true });
+    if generated {
+        body["password"] = j!(password);
+    }
+    Ok(json(StatusCode::OK, &body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BanRequest {
+    reason: Option<String>,
+}
+
+/// `POST /api/v1/users/{jid}/ban` `{"reason"?}`: the account can no longer
+/// authenticate (`<account-disabled/>`, RFC 6120 §6.5.1) and its sessions
+/// are closed with `<policy-violation/>` (§4.9.3.14) and the reason.
+async fn ban(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+    Body(req): Body<BanRequest>,
+) -> ApiResult {
+    let jid = account(&jid)?;
+    let found = st
+        .env
+        .storage
+        .accounts
+        .set_disabled(&jid, true)
+        .await
+        .map_err(storage_failed)?;
+    if !found {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("account {jid} does not exist"),
+        ));
+    }
+    audit(&caller, "user.ban", jid.as_str());
+    let text = req
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "this account has been disabled".to_owned());
+    let closed = close_all(
+        &st,
+        &jid,
+        close_reason(StreamErrorCondition::PolicyViolation, &text),
+    )
+    .await;
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "jid": jid.as_str(), "disabled": true, "sessions_closed": closed }),
+    ))
+}
+
+/// `POST /api/v1/users/{jid}/unban`.
+async fn unban(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+) -> ApiResult {
+    let jid = account(&jid)?;
+    let found = st
+        .env
+        .storage
+        .accounts
+        .set_disabled(&jid, false)
+        .await
+        .map_err(storage_failed)?;
+    if !found {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("account {jid} does not exist"),
+        ));
+    }
+    audit(&caller, "user.unban", jid.as_str());
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "jid": jid.as_str(), "disabled": false }),
+    ))
+}
+
+/// `GET /api/v1/users/{jid}/offline?limit=`: the offline queue (XEP-0160),
+/// oldest first, read without taking anything.
+async fn offline(
+    State(st): State<Shared>,
+    Path(jid): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let q = query(&raw)?;
+    let jid = account(&jid)?;
+    let limit = limit(&q, 100, 10_000)? as usize;
+    existing(&st, &jid).await?;
+    let all = st
+        .env
+        .storage
+        .offline
+        .fetch_all(&jid)
+        .await
+        .map_err(storage_failed)?;
+    let messages: Vec<serde_json::Value> = all
+        .iter()
+        .take(limit)
+        .map(|m| {
+            j!({
+                "id": m.id,
+                "from": m.from,
+                "stored_at": starling_proto::datetime::xep0082_datetime(
+                    u128::try_from(m.stamp_millis).unwrap_or(0)),
+                "stanza": m.stanza,
+            })
+        })
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "jid": jid.as_str(), "count": all.len(), "messages": messages }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeRequest {
+    before: Option<String>,
+}
+
+/// `POST /api/v1/users/{jid}/archive/purge` `{"before"?}`: deletes the
+/// user's archived messages (all, or those before a XEP-0082 instant), as
+/// `starling archive purge` does. Rows still in the write-behind queue
+/// are written after it.
+async fn purge_archive(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+    Body(req): Body<PurgeRequest>,
+) -> ApiResult {
+    let jid = account(&jid)?;
+    let before = match req.before.as_deref() {
+        None => None,
+        Some(t) => {
+            let micros = starling_proto::datetime::parse_xep0082(t).ok_or_else(|| {
+                bad(format!(
+                    "before {t:?} is not a XEP-0082 DateTime like 2026-01-31T00:00:00Z"
+                ))
+            })?;
+            Some(ArchiveId::lower_bound(micros))
+        }
+    };
+    let n = st
+        .env
+        .storage
+        .archive
+        .purge_user(&jid, before)
+        .await
+        .map_err(storage_failed)?;
+    audit(&caller, "archive.purge", jid.as_str());
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "jid": jid.as_str(), "deleted": n }),
+    ))
+}
+
+/// How long the session list waits for the sessions' own answers.
+const PROBE_WAIT: Duration = Duration::from_millis(500);
+
+/// `GET /api/v1/sessions?user=&after=&limit=`: bound sessions by full JID
+/// — this node's (`user=` given: that account's, on every node).
+async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiResult {
+    let q = query(&raw)?;
+    let limit = limit(&q, 100, 1000)? as usize;
+    let after = q.get("after").cloned().unwrap_or_default();
+    let mut entries: Vec<(SessionEntry, Option<u64>)> = match q.get("user") {
+        Some(u) => {
+            let jid = account(u)?;
+            st.env
+                .sessions
+                .resources(&jid)
+                .into_iter()
+                .map(|e| (e, None))
+                .collect()
+        }
+        None => st
+            .table
+            .local_sessions()
+            .into_iter()
+            .map(|s| (s.entry, Some(s.bound_at)))
+            .collect(),
+    };
+    entries.retain(|(e, _)| e.jid().as_str() > after.as_str());
+    entries.sort_by(|a, b| a.0.jid().as_str().cmp(b.0.jid().as_str()));
+    let more = entries.len() > limit;
+    entries.truncate(limit);
+    // Ask this node's listed sessions for what only they know.
+    let token = st.probe.open();
+    let key = TimerKey {
+        module: PROBE_MODULE,
+        token,
+    };
+    let mut asked = 0;
+    for (e, _) in &entries {
+        if e.session.node == st.node && st.env.router.notify(&st.env, &e.session, key).await.is_ok()
+        {
+            asked += 1;
+        }
+    }
+    let deadline = tokio::time::Instant::now() + PROBE_WAIT;
+    while st.probe.answered(token) < asked && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let facts: HashMap<u64, SessionFacts> = st
+        .probe
+        .close(token)
+        .into_iter()
+        .map(|f| (f.id, f))
+        .collect();
+    let sessions: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|(e, bound_at)| {
+            let mut v = j!({
+                "jid": e.jid().as_str(),
+                "node": e.session.node,
+                "available": e.priority.is_some(),
+                "priority": e.priority,
+            });
+            if let Some(us) = bound_at {
+                v["since"] = j!(starling_proto::datetime::xep0082_datetime(u128::from(
+                    us / 1000
+                )));
+            }
+            if let Some(f) = (e.session.node == st.node)
+                .then(|| facts.get(&e.session.id))
+                .flatten()
+            {
+                v["ip"] = j!(f.peer.ip().to_string());
+                v["port"] = j!(f.peer.port());
+                v["tls"] = j!(f.secure);
+                v["state"] = j!(f.state);
+                if let Some(s) = f.resumable_for_secs {
+                    v["resumable_for_secs"] = j!(s);
+                }
+            }
+            v
+        })
+        .collect();
+    let next = more
+        .then(|| entries.last().map(|(e, _)| e.jid().to_string()))
+        .flatten();
+    Ok(json(
+        StatusCode::OK,
+        &j!({ "node": st.node, "sessions": sessions, "next": next }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KickRequest {
+    jid: String,
+    reason: Option<String>,
+}
+
+/// `POST /api/v1/sessions/kick` `{"jid", "reason"?}`: a full JID closes
+/// that session, a bare JID every session of the account, with the stream
+/// error `<policy-violation/>` (RFC 6120 §4.9.3.14: the server's policy
+/// ends the stream; not `<reset/>`, which asks the client to negotiate
+/// again at once) and the reason as its text. The client may log in
+/// again; ban the account to keep it out.
+async fn kick(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Body(req): Body<KickRequest>,
+) -> ApiResult {
+    let text = req
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "closed by an administrator".to_owned());
+    let reason = close_reason(StreamErrorCondition::PolicyViolation, &text);
+    let Ok(jid) = Jid::new(&req.jid) else {
+        return Err(bad(format!(
+            "{:?} is not a session (user@domain/resource) or account JID",
+            req.jid
+        )));
+    };
+    let kicked: Vec<String> = match jid.try_into_full() {
+        Ok(full) => match st.env.sessions.get(&full) {
+            Some(e) if st.router.close_session(&e.session, reason) => vec![full.to_string()],
+            _ => Vec::new(),
+        },
+        Err(bare) if bare.node().is_some() => {
+            let list: Vec<String> = st
+                .env
+                .sessions
+                .resources(&bare)
+                .iter()
+                .map(|e| e.jid().to_string())
+                .collect();
+            st.env.router.close_sessions(&st.env, &bare, reason).await;
+            list
+        }
+        Err(_) => {
+            return Err(bad(format!(
+                "{:?} is not a session (user@domain/resource) or account JID",
+                req.jid
+            )))
+        }
+    };
+    if kicked.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no session of {} is bound", req.jid),
+        ));
+    }
+    audit(&caller, "session.kick", &req.jid);
+    Ok(json(StatusCode::OK, &j!({ "kicked": kicked })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageRequest {
+    to: String,
+    body: String,
+    #[serde(default = "chat")]
+    r#type: String,
+    subject: Option<String>,
+}
+
+fn chat() -> String {
+    "chat".into()
+}
+
+/// `POST /api/v1/messages` `{"to", "body", "type"?, "subject"?}`: a message
+/// from the server (its domain; the recipient's when that is served),
+/// routed like any other (offline storage, archive, carbons apply).
+/// `type` is `chat` (default), `normal` or `headline` (not stored
+/// offline, RFC 6121 §5.2.2).
+async fn send_message(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Body(req): Body<MessageRequest>,
+) -> ApiResult {
+    let to = Jid::new(&req.to).map_err(|_| bad(format!("{:?} is not a JID", req.to)))?;
+    if !matches!(req.r#type.as_str(), "chat" | "normal" | "headline") {
+        return Err(bad("type must be chat, normal or headline"));
+    }
+    if req.body.is_empty() {
+        return Err(bad("empty body"));
+    }
+    let domain = if served(&st, to.domain().as_str()) {
+        to.domain().as_str().to_owned()
+    } else {
+        st.domains.first().cloned().unwrap_or_default()
+    };
+    let from = Jid::new(&domain).map_err(|_| bad("no served domain"))?;
+    let id = starling_proto::random_id(12);
+    let mut el = Element::builder("message", starling_proto::ns::CLIENT)
+        .attr("type", req.r#type.as_str())
+        .attr("id", id.as_str())
+        .build();
+    if let Some(s) = req.subject.as_deref().filter(|s| !s.is_empty()) {
+        el.append_child(
+            Element::builder("subject", starling_proto::ns::CLIENT)
+                .text(s)
+                .build(),
+        );
+    }
+    el.append_child(
+        Element::builder("body", starling_proto::ns::CLIENT)
+            .text(req.body.as_str())
+            .build(),
+    );
+    st.env
+        .route(Stanza::new(el, Some(from.clone()), Some(to.clone())))
+        .await;
+    audit(&caller, "message.send", to.as_str());
+    Ok(json(
+        StatusCode::ACCEPTED,
+        &j!({ "to": to.as_str(), "from": from.as_str(), "id": id, "type": req.r#type }),
+    ))
+}
+
+/// `GET /api/v1/stats`.
+async fn stats(State(st): State<Shared>) -> ApiResult {
+    let queues: serde_json::Map<String, serde_json::Value> = st
+        .env
+        .metrics
+        .write_behind
+        .queues()
+        .into_iter()
+        .map(|(name, q)| {
+            (
+                name,
+                j!({
+                    "queued": q.queued.get(),
+                    "written": q.written.get(),
+                    "dropped": q.dropped.get(),
+                }),
+            )
+        })
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &j!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "node": st.node,
+            "uptime_secs": st.started.elapsed().as_secs(),
+            "domains": st.env.hosts.list(),
+            "sessions": {
+                "this_node": st.table.local_count(),
+                "all_nodes": st.env.sessions.count(),
+            },
+            "storage": st.env.storage.backend.describe(),
+            "write_behind": queues,
+            "pressure": st.env.pressure.is_high(),
+            "cluster": st.cluster.is_some(),
+        }),
+    ))
+}
+
+/// `GET /api/v1/cluster`: the nodes this node knows (as `starling cluster
+/// status` shows them, from this node's registry instead of listening to
+/// the bus), or `{"enabled": false}` without `[cluster]`.
+async fn cluster(State(st): State<Shared>) -> ApiResult {
+    Ok(match &st.cluster {
+        None => json(StatusCode::OK, &j!({ "enabled": false })),
+        Some(c) => json(
+            StatusCode::OK,
+            &j!({
+                "enabled": true,
+                "this_node": c.node(),
+                "nodes": c.status(),
+                "unacknowledged_deliveries": c.pending_count(),
+            }),
+        ),
+    })
+}

@@ -1,0 +1,295 @@
+//! The OpenAPI 3.0 document of the admin listener, served at
+//! [`PATH`]. Written by hand (no generator crate): the test below checks
+//! that every route the router serves is described, and nothing else.
+
+use serde_json::{json, Value};
+
+/// Where the document is served (no token needed).
+pub(crate) const PATH: &str = "/api/openapi.json";
+
+/// The listener's routes outside the API: (method, path).
+#[cfg(test)]
+pub(crate) const OTHER_ROUTES: &[(&str, &str)] = &[
+    ("get", "/health/live"),
+    ("get", "/health/ready"),
+    ("get", "/metrics"),
+    ("get", PATH),
+];
+
+fn jid_param() -> Value {
+    json!({
+        "name": "jid", "in": "path", "required": true,
+        "description": "The account, user@domain (percent-encoded in the path).",
+        "schema": { "type": "string", "example": "alice@example.org" }
+    })
+}
+
+fn query(name: &str, description: &str, schema: Value) -> Value {
+    json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema })
+}
+
+fn limit(default: u32, max: u32) -> Value {
+    query(
+        "limit",
+        "Page size.",
+        json!({ "type": "integer", "minimum": 1, "maximum": max, "default": default }),
+    )
+}
+
+fn body(schema: Value) -> Value {
+    json!({ "required": false, "content": { "application/json": { "schema": schema } } })
+}
+
+fn ok(description: &str, schema: Value) -> Value {
+    json!({ "description": description, "content": { "application/json": { "schema": schema } } })
+}
+
+fn err(description: &str) -> Value {
+    json!({ "description": description, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } })
+}
+
+/// An operation with the responses every API operation shares.
+fn op(summary: &str, params: Vec<Value>, request: Option<Value>, responses: Value) -> Value {
+    let mut r = responses;
+    r["400"] = err("Malformed input (JID, query or body).");
+    r["401"] = err("Missing or invalid bearer token.");
+    r["413"] = err("Body larger than [admin] max_body_bytes.");
+    r["503"] = err("Storage failed, or the server is starting or shutting down.");
+    let mut o = json!({ "summary": summary, "parameters": params, "responses": r });
+    if let Some(b) = request {
+        o["requestBody"] = b;
+    }
+    o
+}
+
+/// The document.
+pub(crate) fn document() -> Value {
+    let object = |props: Value| json!({ "type": "object", "properties": props });
+    let user_page = object(json!({
+        "domain": { "type": "string" },
+        "users": { "type": "array", "items": { "type": "string" } },
+        "next": { "type": "string", "nullable": true, "description": "The `after` of the next page; null on the last page." }
+    }));
+    let session = object(json!({
+        "jid": { "type": "string" }, "node": { "type": "integer" },
+        "available": { "type": "boolean" }, "priority": { "type": "integer", "nullable": true },
+        "since": { "type": "string", "format": "date-time" },
+        "ip": { "type": "string" }, "port": { "type": "integer" }, "tls": { "type": "boolean" },
+        "state": { "type": "string", "enum": ["pre-auth", "authenticated", "established", "detached", "closing"] },
+        "resumable_for_secs": { "type": "integer" }
+    }));
+    let not_found = err("No such account.");
+    let text = |d: &str| json!({ "description": d, "content": { "text/plain": { "schema": { "type": "string" } } } });
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Starling admin API",
+            "version": "1",
+            "description": "The admin listener of a Starling XMPP server ([admin] listen, loopback by default; docs/admin.md). /api/v1 needs `Authorization: Bearer <token>` (tokens: `starling admin token create --name NAME`). Every change is logged as `admin action` with the token's name."
+        },
+        "servers": [{ "url": "http://127.0.0.1:5290" }],
+        "security": [{ "bearer": [] }],
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Error": object(json!({ "error": { "type": "string" }, "status": { "type": "integer" } }))
+            }
+        },
+        "paths": {
+            "/health/live": { "get": {
+                "summary": "Liveness: 200 while the process serves requests.", "security": [],
+                "responses": { "200": ok("Live.", object(json!({ "status": { "type": "string" } }))) }
+            }},
+            "/health/ready": { "get": {
+                "summary": "Readiness: 200 once start-up is complete, 503 while starting or shutting down.", "security": [],
+                "responses": {
+                    "200": ok("Ready.", object(json!({ "status": { "type": "string" } }))),
+                    "503": ok("Not ready.", object(json!({ "status": { "type": "string" }, "reason": { "type": "string", "enum": ["starting", "shutting down"] } })))
+                }
+            }},
+            "/metrics": { "get": {
+                "summary": "Prometheus metrics (text format 0.0.4).", "security": [],
+                "responses": { "200": text("The metrics.") }
+            }},
+            PATH: { "get": {
+                "summary": "This document.", "security": [],
+                "responses": { "200": ok("OpenAPI 3.0 document.", json!({ "type": "object" })) }
+            }},
+            "/api/v1/users": {
+                "get": op("List a domain's accounts by name, a page at a time.",
+                    vec![
+                        query("domain", "The domain (default: the first configured).", json!({ "type": "string" })),
+                        query("after", "Start after this user name (the previous page's `next`).", json!({ "type": "string" })),
+                        limit(100, 1000),
+                    ], None,
+                    json!({ "200": ok("One page.", user_page) })),
+                "post": op("Create an account.", vec![],
+                    Some(body(object(json!({
+                        "jid": { "type": "string" },
+                        "password": { "type": "string", "description": "Left out: one is generated and returned." },
+                        "force": { "type": "boolean", "description": "Allow a domain this server does not serve." }
+                    })))),
+                    json!({
+                        "201": ok("Created.", object(json!({ "jid": { "type": "string" }, "password": { "type": "string" } }))),
+                        "409": err("The account exists.")
+                    }))
+            },
+            "/api/v1/users/{jid}": {
+                "get": op("An account: banned or not, its sessions, its offline queue length.", vec![jid_param()], None,
+                    json!({
+                        "200": ok("The account.", object(json!({
+                            "jid": { "type": "string" }, "disabled": { "type": "boolean" },
+                            "sessions": { "type": "array", "items": { "type": "string" } },
+                            "offline_messages": { "type": "integer" }
+                        }))),
+                        "404": not_found.clone()
+                    })),
+                "delete": op("Delete an account and all its data (rooms let go of it first); its sessions close with <not-authorized/>.", vec![jid_param()], None,
+                    json!({
+                        "200": ok("Deleted.", object(json!({ "jid": { "type": "string" }, "deleted": { "type": "boolean" }, "sessions_closed": { "type": "integer" } }))),
+                        "404": not_found.clone()
+                    }))
+            },
+            "/api/v1/users/{jid}/password": {
+                "post": op("Change an account's password (FAST tokens are revoked; sessions stay).", vec![jid_param()],
+                    Some(body(object(json!({ "password": { "type": "string", "description": "Left out: one is generated and returned." } })))),
+                    json!({
+                        "200": ok("Changed.", object(json!({ "jid": { "type": "string" }, "password_changed": { "type": "boolean" }, "password": { "type": "string" } }))),
+                        "404": not_found.clone()
+                    }))
+            },
+            "/api/v1/users/{jid}/ban": {
+                "post": op("Ban an account: it cannot log in (<account-disabled/>) and its sessions close with <policy-violation/>.", vec![jid_param()],
+                    Some(body(object(json!({ "reason": { "type": "string", "description": "Sent as the stream error's text." } })))),
+                    json!({
+                        "200": ok("Banned.", object(json!({ "jid": { "type": "string" }, "disabled": { "type": "boolean" }, "sessions_closed": { "type": "integer" } }))),
+                        "404": not_found.clone()
+                    }))
+            },
+            "/api/v1/users/{jid}/unban": {
+                "post": op("Lift a ban.", vec![jid_param()], None,
+                    json!({
+                        "200": ok("Unbanned.", object(json!({ "jid": { "type": "string" }, "disabled": { "type": "boolean" } }))),
+                        "404": not_found.clone()
+                    }))
+            },
+            "/api/v1/users/{jid}/offline": {
+                "get": op("The account's offline messages (XEP-0160), oldest first, left in place.", vec![jid_param(), limit(100, 10000)], None,
+                    json!({
+                        "200": ok("The queue.", object(json!({
+                            "jid": { "type": "string" }, "count": { "type": "integer" },
+                            "messages": { "type": "array", "items": object(json!({
+                                "id": { "type": "integer" }, "from": { "type": "string" },
+                                "stored_at": { "type": "string", "format": "date-time" }, "stanza": { "type": "string" }
+                            })) }
+                        }))),
+                        "404": not_found.clone()
+                    }))
+            },
+            "/api/v1/users/{jid}/archive/purge": {
+                "post": op("Delete the account's archived messages (XEP-0313): all, or those before an instant.", vec![jid_param()],
+                    Some(body(object(json!({ "before": { "type": "string", "format": "date-time", "example": "2026-01-31T00:00:00Z" } })))),
+                    json!({ "200": ok("Purged.", object(json!({ "jid": { "type": "string" }, "deleted": { "type": "integer" } }))) }))
+            },
+            "/api/v1/sessions": {
+                "get": op("Bound sessions by full JID: this node's, or one account's on every node.",
+                    vec![
+                        query("user", "Only this account's sessions (user@domain).", json!({ "type": "string" })),
+                        query("after", "Start after this full JID (the previous page's `next`).", json!({ "type": "string" })),
+                        limit(100, 1000),
+                    ], None,
+                    json!({ "200": ok("One page.", object(json!({
+                        "node": { "type": "integer" },
+                        "sessions": { "type": "array", "items": session },
+                        "next": { "type": "string", "nullable": true }
+                    }))) }))
+            },
+            "/api/v1/sessions/kick": {
+                "post": op("Close a session (full JID) or every session of an account (bare JID) with <policy-violation/>.", vec![],
+                    Some(json!({ "required": true, "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["jid"],
+                        "properties": { "jid": { "type": "string" }, "reason": { "type": "string" } }
+                    } } } })),
+                    json!({
+                        "200": ok("Closed.", object(json!({ "kicked": { "type": "array", "items": { "type": "string" } } }))),
+                        "404": err("No such session.")
+                    }))
+            },
+            "/api/v1/messages": {
+                "post": op("Send a message from the server (its domain) to a JID, routed like any message.", vec![],
+                    Some(json!({ "required": true, "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["to", "body"],
+                        "properties": {
+                            "to": { "type": "string" }, "body": { "type": "string" },
+                            "type": { "type": "string", "enum": ["chat", "normal", "headline"], "default": "chat" },
+                            "subject": { "type": "string" }
+                        }
+                    } } } })),
+                    json!({ "202": ok("Routed.", object(json!({
+                        "to": { "type": "string" }, "from": { "type": "string" }, "id": { "type": "string" }, "type": { "type": "string" }
+                    }))) }))
+            },
+            "/api/v1/stats": {
+                "get": op("Server statistics: version, node, uptime, sessions, storage queues.", vec![], None,
+                    json!({ "200": ok("Statistics.", object(json!({
+                        "version": { "type": "string" }, "node": { "type": "integer" }, "uptime_secs": { "type": "integer" },
+                        "domains": { "type": "array", "items": { "type": "string" } },
+                        "sessions": object(json!({ "this_node": { "type": "integer" }, "all_nodes": { "type": "integer" } })),
+                        "storage": { "type": "string" },
+                        "write_behind": { "type": "object", "additionalProperties": object(json!({
+                            "queued": { "type": "integer" }, "written": { "type": "integer" }, "dropped": { "type": "integer" }
+                        })) },
+                        "pressure": { "type": "boolean" }, "cluster": { "type": "boolean" }
+                    }))) }))
+            },
+            "/api/v1/cluster": {
+                "get": op("Cluster status as this node sees it ({\"enabled\": false} without [cluster]).", vec![], None,
+                    json!({ "200": ok("Nodes.", object(json!({
+                        "enabled": { "type": "boolean" }, "this_node": { "type": "integer" },
+                        "nodes": { "type": "array", "items": object(json!({
+                            "node": { "type": "integer" }, "this_node": { "type": "boolean" }, "sessions": { "type": "integer" },
+                            "registry_entries": { "type": "integer" }, "last_heartbeat_ms_ago": { "type": "integer" }
+                        })) },
+                        "unacknowledged_deliveries": { "type": "integer" }
+                    }))) }))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every route the admin router serves is in the document with its
+    /// method, and the document describes no route that is not served.
+    #[test]
+    fn openapi_describes_every_route_and_only_those() {
+        let doc = document();
+        let paths = doc["paths"].as_object().expect("paths");
+        let mut served: Vec<(String, String)> = super::super::api::table()
+            .into_iter()
+            .map(|(m, p, _)| (m.to_owned(), p.to_owned()))
+            .collect();
+        served.extend(
+            OTHER_ROUTES
+                .iter()
+                .map(|(m, p)| (m.to_string(), p.to_string())),
+        );
+        for (method, path) in &served {
+            assert!(
+                paths.get(path).and_then(|p| p.get(method)).is_some(),
+                "{method} {path} is served but not in the OpenAPI document"
+            );
+        }
+        for (path, ops) in paths {
+            for method in ops.as_object().expect("operations").keys() {
+                assert!(
+                    served.iter().any(|(m, p)| m == method && p == path),
+                    "{method} {path} is documented but not served"
+                );
+            }
+        }
+        assert_eq!(doc["openapi"], "3.0.3");
+    }
+}

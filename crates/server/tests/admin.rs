@@ -1,0 +1,751 @@
+//! The admin listener over real sockets: token checks, every API
+//! endpoint, metrics, health, the OpenAPI document, hostile input, and
+//! `starling admin token` + `starling ctl` against a running binary.
+
+use serde_json::{json, Value};
+use starling_proto::sasl::Mechanism;
+use starling_testkit::{free_port, write_binary_config_with_admin, Client, TestServer};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One HTTP/1.1 request (`Connection: close`): status, content type, body.
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String, String) {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    tcp.write_all(body.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tcp.read_to_end(&mut raw).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status: u16 = head[9..12].parse().unwrap();
+    let mut content_type = String::new();
+    let mut chunked = false;
+    for l in head.lines().skip(1) {
+        let (k, v) = l.split_once(':').unwrap();
+        if k.eq_ignore_ascii_case("content-type") {
+            content_type = v.trim().to_owned();
+        }
+        if k.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = v.trim().eq_ignore_ascii_case("chunked");
+        }
+    }
+    let body = if chunked {
+        let mut out = String::new();
+        let mut r = rest;
+        loop {
+            let (size, after) = r.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.push_str(&after[..size]);
+            r = &after[size + 2..];
+        }
+        out
+    } else {
+        rest.to_owned()
+    };
+    (status, content_type, body)
+}
+
+/// A started server and an admin token for it.
+async fn server() -> (TestServer, String) {
+    let ts = TestServer::start().await;
+    let token = starling_server::admin::tokens::create(
+        ts.server.env.storage.admin_tokens.as_ref(),
+        "tests",
+    )
+    .await
+    .unwrap();
+    (ts, token)
+}
+
+/// A JSON API call with the token.
+async fn api(
+    ts: &TestServer,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let body = body.map(|b| b.to_string());
+    let (status, ct, text) =
+        http(ts.admin_addr(), method, path, Some(token), body.as_deref()).await;
+    assert_eq!(ct, "application/json", "{method} {path}: {text}");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+    )
+}
+
+#[tokio::test]
+async fn admin_api_refuses_requests_without_a_valid_token() {
+    let (ts, token) = server().await;
+    let a = ts.admin_addr();
+    for (method, path) in [
+        ("GET", "/api/v1/users"),
+        ("GET", "/api/v1/stats"),
+        ("POST", "/api/v1/users"),
+        ("DELETE", "/api/v1/users/a@localhost"),
+    ] {
+        let (status, ct, body) = http(a, method, path, None, None).await;
+        assert_eq!(
+            (status, ct.as_str()),
+            (401, "application/json"),
+            "{method} {path}: {body}"
+        );
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(v["error"].as_str().unwrap().contains("bearer token"), "{v}");
+        let (status, _, _) = http(a, method, path, Some("sta_not-a-token"), None).await;
+        assert_eq!(status, 401, "{method} {path}");
+        // The right token with one character changed.
+        let mut wrong = token.clone();
+        wrong.pop();
+        wrong.push(if token.ends_with('A') { 'B' } else { 'A' });
+        let (status, _, _) = http(a, method, path, Some(&wrong), None).await;
+        assert_eq!(status, 401, "{method} {path}");
+    }
+    let (status, _, _) = http(a, "GET", "/api/v1/stats", Some(&token), None).await;
+    assert_eq!(status, 200);
+    // A revoked token stops working at once.
+    let store = ts.server.env.storage.admin_tokens.clone();
+    assert!(store.revoke_admin_token("tests").await.unwrap());
+    let (status, _, _) = http(a, "GET", "/api/v1/stats", Some(&token), None).await;
+    assert_eq!(status, 401);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_metrics_health_and_openapi_need_no_token() {
+    let (ts, token) = server().await;
+    let a = ts.admin_addr();
+    let (status, ct, body) = http(a, "GET", "/metrics", None, None).await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+    assert!(body.contains("starling_c2s_sessions"), "{body}");
+    let (status, _, body) = http(a, "GET", "/health/live", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = http(a, "GET", "/health/ready", None, None).await;
+    assert_eq!((status, body.trim()), (200, r#"{"status":"ready"}"#));
+    let (status, _, body) = http(a, "GET", "/api/openapi.json", None, None).await;
+    assert_eq!(status, 200);
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["openapi"], "3.0.3");
+    for p in [
+        "/api/v1/users",
+        "/api/v1/sessions/kick",
+        "/metrics",
+        "/health/ready",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} missing");
+    }
+    let (status, _, body) = http(a, "GET", "/nothing/here", None, None).await;
+    assert_eq!(status, 404, "{body}");
+    // Not ready once shutdown begins; the API refuses changes meanwhile.
+    ts.server.health.set_stopping();
+    let (status, _, body) = http(a, "GET", "/health/ready", None, None).await;
+    assert_eq!(status, 503);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["reason"], "shutting down");
+    let (status, _, _) = http(a, "GET", "/health/live", None, None).await;
+    assert_eq!(status, 200);
+    let (status, _) = api(&ts, &token, "GET", "/api/v1/stats", None).await;
+    assert_eq!(status, 503);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_users_create_list_in_pages_show_and_delete() {
+    let (ts, token) = server().await;
+    for u in ["carol", "alice", "bob"] {
+        let (status, v) = api(
+            &ts,
+            &token,
+            "POST",
+            "/api/v1/users",
+            Some(json!({ "jid": format!("{u}@localhost"), "password": "pw" })),
+        )
+        .await;
+        assert_eq!(status, 201, "{v}");
+        assert!(
+            v.get("password").is_none(),
+            "a given password is not echoed: {v}"
+        );
+    }
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users",
+        Some(json!({ "jid": "dave@localhost" })),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert!(
+        v["password"].as_str().is_some_and(|p| p.len() >= 16),
+        "generated: {v}"
+    );
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users",
+        Some(json!({ "jid": "alice@localhost", "password": "x" })),
+    )
+    .await;
+    assert_eq!(status, 409, "{v}");
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users",
+        Some(json!({ "jid": "eve@elsewhere.example", "password": "x" })),
+    )
+    .await;
+    assert_eq!(status, 400, "not a served domain: {v}");
+
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/users?limit=2", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["users"], json!(["alice@localhost", "bob@localhost"]));
+    assert_eq!(v["next"], "bob");
+    let (_, v) = api(&ts, &token, "GET", "/api/v1/users?limit=2&after=bob", None).await;
+    assert_eq!(v["users"], json!(["carol@localhost", "dave@localhost"]));
+    let (_, v) = api(&ts, &token, "GET", "/api/v1/users?limit=2&after=dave", None).await;
+    assert_eq!(v["users"], json!([]));
+    assert_eq!(v["next"], Value::Null);
+    let (status, _) = api(&ts, &token, "GET", "/api/v1/users?limit=0", None).await;
+    assert_eq!(status, 400);
+
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/users/alice@localhost", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["disabled"], false);
+    assert_eq!(v["offline_messages"], 0);
+
+    let (status, v) = api(&ts, &token, "DELETE", "/api/v1/users/bob@localhost", None).await;
+    assert_eq!((status, &v["deleted"]), (200, &json!(true)), "{v}");
+    let (status, _) = api(&ts, &token, "DELETE", "/api/v1/users/bob@localhost", None).await;
+    assert_eq!(status, 404);
+    let (status, _) = api(&ts, &token, "GET", "/api/v1/users/bob@localhost", None).await;
+    assert_eq!(status, 404);
+    let (_, v) = api(&ts, &token, "GET", "/api/v1/users", None).await;
+    assert_eq!(
+        v["users"],
+        json!(["alice@localhost", "carol@localhost", "dave@localhost"])
+    );
+    ts.stop().await;
+}
+
+/// SQL-looking names, path traversal and malformed bodies are refused as
+/// input errors, never a 500; a large body is 413.
+#[tokio::test]
+async fn admin_hostile_input_is_refused_cleanly() {
+    let (ts, token) = server().await;
+    for path in [
+        "/api/v1/users/x'%3B%20DROP%20TABLE%20accounts%3B%20--@localhost",
+        "/api/v1/users/..%2F..%2Fetc%2Fpasswd",
+        "/api/v1/users/%00@localhost",
+        "/api/v1/users/localhost",
+        "/api/v1/users/a@b/c",
+        "/api/v1/users/../../etc/passwd",
+        "/api/v1/users?domain=x'%20OR%201=1",
+        "/api/v1/users?limit=abc",
+        "/api/v1/users?after=%ZZ",
+    ] {
+        let (status, _, body) = http(ts.admin_addr(), "GET", path, Some(&token), None).await;
+        assert!(status == 400 || status == 404, "{path}: {status} {body}");
+    }
+    for body in [
+        r#"{"jid": "x'); DROP TABLE accounts; --@localhost", "password": "p"}"#,
+        "not json",
+        r#"{"jid": 5}"#,
+        r#"{"jid": "a@localhost", "extra": 1}"#,
+    ] {
+        let (status, _, text) = http(
+            ts.admin_addr(),
+            "POST",
+            "/api/v1/users",
+            Some(&token),
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 400, "{body}: {text}");
+    }
+    let big = format!(
+        r#"{{"jid": "a@localhost", "password": "{}"}}"#,
+        "x".repeat(100_000)
+    );
+    let (status, _, text) = http(
+        ts.admin_addr(),
+        "POST",
+        "/api/v1/users",
+        Some(&token),
+        Some(&big),
+    )
+    .await;
+    assert_eq!(status, 413, "{text}");
+    // The accounts table is intact.
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/users", None).await;
+    assert_eq!((status, &v["users"]), (200, &json!([])));
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_password_change_then_scram_login_uses_the_new_password() {
+    let (ts, token) = server().await;
+    ts.create_user("alice", "old-password").await;
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/alice@localhost/password",
+        Some(json!({ "password": "new-password" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/nobody@localhost/password",
+        Some(json!({ "password": "x" })),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let mut c = Client::connect(ts.starttls_addr()).await;
+    c.negotiate_tls().await;
+    assert!(c
+        .auth(Mechanism::ScramSha256, "alice", "old-password")
+        .await
+        .is_err());
+    let mut c = Client::connect(ts.starttls_addr()).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, "alice", "new-password")
+        .await
+        .expect("new password works");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_ban_closes_sessions_and_refuses_login_until_unbanned() {
+    let (ts, token) = server().await;
+    let mut alice = ts.login("alice").await;
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/alice@localhost/ban",
+        Some(json!({ "reason": "spam" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["sessions_closed"], 1);
+    alice.expect_stream_error("policy-violation").await;
+    let (_, v) = api(&ts, &token, "GET", "/api/v1/users/alice@localhost", None).await;
+    assert_eq!(v["disabled"], true);
+    let mut c = Client::connect(ts.starttls_addr()).await;
+    c.negotiate_tls().await;
+    let failure = c
+        .auth(Mechanism::ScramSha256, "alice", "pw-alice")
+        .await
+        .unwrap_err();
+    assert!(
+        failure.children().any(|e| e.name() == "account-disabled"),
+        "{failure}"
+    );
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/alice@localhost/unban",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let mut c = Client::connect(ts.starttls_addr()).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, "alice", "pw-alice")
+        .await
+        .expect("unbanned");
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/nobody@localhost/ban",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_sessions_are_listed_and_kicked() {
+    let (ts, token) = server().await;
+    let mut bob = ts.login("bob").await;
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/sessions", None).await;
+    assert_eq!(status, 200, "{v}");
+    let s = &v["sessions"][0];
+    assert_eq!(s["jid"], bob.jid.as_str());
+    assert_eq!(s["ip"], "127.0.0.1");
+    assert_eq!(s["tls"], true);
+    assert_eq!(s["state"], "established");
+    assert_eq!(s["available"], true);
+    assert!(s["since"].as_str().is_some_and(|t| t.ends_with('Z')), "{s}");
+    let (_, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/sessions?user=bob@localhost",
+        None,
+    )
+    .await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
+    let (_, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/sessions?user=nobody@localhost",
+        None,
+    )
+    .await;
+    assert_eq!(v["sessions"], json!([]));
+
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/sessions/kick",
+        Some(json!({ "jid": bob.jid })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["kicked"], json!([bob.jid]));
+    bob.expect_stream_error("policy-violation").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/sessions/kick",
+        Some(json!({ "jid": bob.jid })),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/sessions/kick",
+        Some(json!({ "jid": "not a jid" })),
+    )
+    .await;
+    assert_eq!(status, 400);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_messages_reach_clients_or_offline_storage() {
+    let (ts, token) = server().await;
+    let mut carol = ts.login("carol").await;
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/messages",
+        Some(json!({ "to": "carol@localhost", "body": "maintenance at noon" })),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    let m = carol.recv_message().await;
+    assert_eq!(m.attr("from"), Some("localhost"));
+    assert_eq!(m.attr("type"), Some("chat"));
+    assert!(m.to_string().contains("maintenance at noon"), "{m}");
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/messages",
+        Some(json!({ "to": carol.jid, "body": "notice", "type": "headline" })),
+    )
+    .await;
+    assert_eq!(status, 202);
+    let m = carol.recv_message().await;
+    assert_eq!(m.attr("type"), Some("headline"));
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/messages",
+        Some(json!({ "to": "carol@localhost", "body": "x", "type": "groupchat" })),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    // Offline: stored, then inspected without being taken.
+    ts.create_user("dave", "pw").await;
+    for text in ["first", "second"] {
+        let (status, _) = api(
+            &ts,
+            &token,
+            "POST",
+            "/api/v1/messages",
+            Some(json!({ "to": "dave@localhost", "body": text })),
+        )
+        .await;
+        assert_eq!(status, 202);
+    }
+    let (status, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/users/dave@localhost/offline",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["count"], 2);
+    assert!(
+        v["messages"][0]["stanza"]
+            .as_str()
+            .unwrap()
+            .contains("first"),
+        "{v}"
+    );
+    let (_, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/users/dave@localhost/offline?limit=1",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (v["count"].as_u64(), v["messages"].as_array().map(Vec::len)),
+        (Some(2), Some(1))
+    );
+    let (_, v) = api(&ts, &token, "GET", "/api/v1/users/dave@localhost", None).await;
+    assert_eq!(v["offline_messages"], 2);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_stats_cluster_and_archive_purge() {
+    let (ts, token) = server().await;
+    let _erin = ts.login("erin").await;
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/stats", None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["sessions"]["this_node"], 1);
+    assert_eq!(v["domains"], json!(["localhost"]));
+    assert!(v["write_behind"].is_object(), "{v}");
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/cluster", None).await;
+    assert_eq!((status, v), (200, json!({ "enabled": false })));
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/erin@localhost/archive/purge",
+        Some(json!({ "before": "2000-01-01T00:00:00Z" })),
+    )
+    .await;
+    assert_eq!((status, &v["deleted"]), (200, &json!(0)), "{v}");
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users/erin@localhost/archive/purge",
+        Some(json!({ "before": "yesterday" })),
+    )
+    .await;
+    assert_eq!(status, 400);
+    ts.stop().await;
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+}
+
+/// (exit code, stdout, stderr)
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `starling admin token create|list|revoke` offline, then `starling ctl`
+/// against the running binary: every exit code scripts rely on.
+#[test]
+fn cli_token_and_ctl_against_a_running_server() {
+    let dir =
+        std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (p1, p2, admin) = (free_port(), free_port(), free_port());
+    let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
+    let (code, token, err) = run(bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["admin", "token", "create", "--name", "ci"]));
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim().to_owned();
+    assert!(token.starts_with("sta_"), "{token}");
+    let (code, _, err) = run(bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["admin", "token", "create", "--name", "ci"]));
+    assert_ne!(code, 0);
+    assert!(err.contains("exists already"), "{err}");
+    let (code, out, _) = run(bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["admin", "token", "list"]));
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("ci  created ") && out.contains("last used never"),
+        "{out}"
+    );
+    assert!(!out.contains(&token), "the token is never shown again");
+
+    let url = format!("http://127.0.0.1:{admin}");
+    let ctl = |args: &[&str]| {
+        let mut c = bin();
+        c.args(["ctl", "--url", &url])
+            .args(args)
+            .env("STARLING_ADMIN_TOKEN", &token);
+        run(&mut c)
+    };
+    // Nothing listens yet.
+    let (code, _, err) = ctl(&["status"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("Is the server running") && err.contains("[admin] listen"),
+        "{err}"
+    );
+
+    let mut server = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ready = false;
+    for _ in 0..600 {
+        if ctl(&["status"]).0 == 0 {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = std::panic::catch_unwind(|| {
+        assert!(ready, "server did not become ready");
+        let (code, out, err) = ctl(&["users", "add", "alice@localhost", "--password", "pw"]);
+        assert_eq!((code, out.trim()), (0, "created alice@localhost"), "{err}");
+        let (code, out, _) = ctl(&["users", "add", "bob@localhost"]);
+        assert_eq!(code, 0);
+        assert!(
+            out.starts_with("created bob@localhost with password: "),
+            "{out}"
+        );
+        let (code, _, err) = ctl(&["users", "add", "alice@localhost", "--password", "pw"]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("409") && err.contains("already exists"),
+            "{err}"
+        );
+        let (code, out, _) = ctl(&["users", "list"]);
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "alice@localhost\nbob@localhost\n")
+        );
+        let (code, out, _) = ctl(&["--json", "users", "list"]);
+        assert_eq!(code, 0);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["users"], json!(["alice@localhost", "bob@localhost"]));
+        let (code, out, _) = ctl(&["users", "ban", "bob@localhost"]);
+        assert_eq!(code, 0, "{out}");
+        let (code, out, _) = ctl(&["users", "show", "bob@localhost"]);
+        assert!(code == 0 && out.contains("banned"), "{out}");
+        let (code, _, _) = ctl(&["users", "unban", "bob@localhost"]);
+        assert_eq!(code, 0);
+        let (code, _, _) = ctl(&["users", "passwd", "bob@localhost", "--password", "new"]);
+        assert_eq!(code, 0);
+        let (code, out, _) = ctl(&["users", "del", "bob@localhost"]);
+        assert!(
+            code == 0 && out.starts_with("deleted bob@localhost"),
+            "{out}"
+        );
+        let (code, _, err) = ctl(&["users", "del", "bob@localhost"]);
+        assert_eq!(code, 1, "{err}");
+        let (code, out, _) = ctl(&["sessions", "list"]);
+        assert_eq!((code, out.as_str()), (0, ""));
+        let (code, _, err) = ctl(&["sessions", "kick", "alice@localhost/x"]);
+        assert_eq!(code, 1, "{err}");
+        let (code, out, err) = ctl(&["send", "alice@localhost", "hello", "--headline"]);
+        assert!(
+            code == 0 && out.starts_with("sent to alice@localhost"),
+            "{out}{err}"
+        );
+        let (code, out, _) = ctl(&["stats"]);
+        assert!(
+            code == 0 && out.contains("sessions: 0 on this node"),
+            "{out}"
+        );
+        let (code, out, _) = ctl(&["--json", "stats"]);
+        assert_eq!(code, 0);
+        assert!(serde_json::from_str::<Value>(&out).unwrap()["uptime_secs"].is_u64());
+        // Usage errors and bad tokens.
+        let (code, _, _) = ctl(&["users"]);
+        assert_eq!(code, 2);
+        let (code, _, err) = run(bin().args(["ctl", "--url", "https://127.0.0.1:1", "stats"]));
+        assert_eq!(code, 2, "{err}");
+        let (code, _, err) = run(bin()
+            .args(["ctl", "--url", &url, "stats"])
+            .env_remove("STARLING_ADMIN_TOKEN"));
+        assert_eq!(code, 2, "{err}");
+        let (code, _, err) =
+            run(bin().args(["ctl", "--url", &url, "--token", "sta_wrong", "stats"]));
+        assert_eq!(code, 1);
+        assert!(err.contains("401"), "{err}");
+        // A revoked token is refused by the running server.
+        let (code, _, _) = run(bin()
+            .arg("--config")
+            .arg(&cfg)
+            .args(["admin", "token", "revoke", "ci"]));
+        assert_eq!(code, 0);
+        let (code, _, err) = ctl(&["stats"]);
+        assert_eq!(code, 1, "{err}");
+        // The offline commands say which mode they use.
+        let (code, _, err) = run(bin().arg("--config").arg(&cfg).args(["user", "list"]));
+        assert_eq!(code, 0);
+        assert!(
+            err.contains("offline on the database") && err.contains("starling ctl"),
+            "{err}"
+        );
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
