@@ -5,7 +5,10 @@
 # against it with Debian's chromium (CHROMIUM, default /usr/bin/chromium; no
 # browser is downloaded). Screenshots of failed tests, and the XMPP frames
 # each page exchanged, are kept in ARTIFACTS (default
-# tests/browser/artifacts). Stops the server whatever happens.
+# tests/browser/artifacts). Stops the server whatever happens. The server's
+# admin listener is on a free loopback port too, with an admin token made by
+# `starling admin token create` (ADMIN_URL and ADMIN_TOKEN for
+# test/admin.test.js, the web admin page).
 #
 #   STARLING_BIN  the binary to test (default: target/debug/starling, built if missing)
 set -euo pipefail
@@ -22,8 +25,8 @@ if [ ! -d "$here/node_modules/playwright-core" ]; then
   (cd "$here" && npm ci --no-audit --no-fund --ignore-scripts --silent)
 fi
 
-read -r p1 p2 < <(python3 -c 'import socket
-s = [socket.socket() for _ in range(2)]
+read -r p1 p2 p3 < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(3)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 work="$(mktemp -d)"
@@ -42,6 +45,10 @@ web_client_dir = "$root/web/node_modules/converse.js/dist"
 address = "127.0.0.1:$p2"
 tls = false
 
+# The web admin page for admin.test.js.
+[admin]
+listen = ["127.0.0.1:$p3"]
+
 # XEP-0363 for upload.test.js: URLs default to this listener, the page's origin.
 [modules.upload]
 enabled = true
@@ -49,6 +56,9 @@ CFG
 for u in alice bob carol; do
   echo "pw-$u" | "$bin" --config "$work/starling.toml" user add "$u@localhost" >/dev/null
 done
+ADMIN_TOKEN="$("$bin" --config "$work/starling.toml" admin token create --name browser-tests)"
+export ADMIN_TOKEN
+export ADMIN_URL="http://127.0.0.1:$p3"
 "$bin" --config "$work/starling.toml" > "$work/server.log" 2>&1 &
 pid=$!
 cleanup() {

@@ -42,7 +42,7 @@ use crate::tls::SniResolver;
 use starling_core::storage::{DomainSettings, DomainState, Storage, StorageError, StoredDomain};
 use starling_core::{CloseReason, Env};
 use starling_proto::{BareJid, StreamError, StreamErrorCondition};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -224,8 +224,9 @@ pub struct Domains {
     runtime: OnceLock<Runtime>,
     /// The counter value last applied (`None`: never synced).
     applied: tokio::sync::Mutex<Option<i64>>,
-    /// Removals running on this node.
-    removing: Arc<Mutex<HashSet<String>>>,
+    /// Removals running on this node, with the accounts deleted so far
+    /// (updated every [`PROGRESS_EVERY`]).
+    removing: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 fn now_ms() -> i64 {
@@ -394,6 +395,16 @@ impl Domains {
         self.stored(&name).await
     }
 
+    /// Accounts deleted so far by a removal of `name` running on this
+    /// node (counted every [`PROGRESS_EVERY`]), `None` if none runs here.
+    pub fn removal_progress(&self, name: &str) -> Option<u64> {
+        self.removing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
+    }
+
     /// Every domain: the configured ones first, then the stored ones by
     /// name.
     pub async fn list(&self) -> Result<Vec<DomainInfo>, DomainError> {
@@ -520,11 +531,12 @@ impl Domains {
                 return;
             }
         }
-        if !self
+        if self
             .removing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone())
+            .insert(name.clone(), 0)
+            .is_some()
         {
             return;
         }
@@ -542,6 +554,13 @@ impl Domains {
                 .collect();
             match purge(&storage, Some(&env), &name, &services, |n| {
                 tracing::info!(domain = %name, accounts_deleted = n, "removing domain: progress");
+                if let Some(p) = removing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(&name)
+                {
+                    *p = n;
+                }
             })
             .await
             {

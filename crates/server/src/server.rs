@@ -342,7 +342,9 @@ pub async fn start_with(
             started: std::time::Instant::now(),
             node: cfg.server.node_id,
             iterations: cfg.auth.scram_iterations,
-            domains: domains.clone(),
+            configured: domains.clone(),
+            domains: domain_service.clone(),
+            web: crate::admin::web::WebState::default(),
         });
         let app = crate::admin::routes(state, cfg.admin.max_body_bytes);
         for listener in admin_bound {

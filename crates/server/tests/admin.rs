@@ -749,3 +749,863 @@ fn cli_token_and_ctl_against_a_running_server() {
         std::panic::resume_unwind(e);
     }
 }
+
+// ---- Domains through the API (docs/admin.md, docs/domains.md)
+
+const DYN: &str = "dyn.example";
+
+/// Logs `user@domain` in over STARTTLS with SNI and stream `to` set to
+/// `domain`, binds, sends presence and reads its echo.
+async fn login_to(ts: &TestServer, user: &str, domain: &str, password: &str) -> Client {
+    let mut c = Client::connect(ts.starttls_addr()).await;
+    c.domain = domain.to_owned();
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256Plus, user, password)
+        .await
+        .unwrap_or_else(|f| panic!("login of {user}@{domain} failed: {f}"));
+    c.bind(None).await;
+    c.send("<presence/>").await;
+    c.recv().await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_domains_add_serve_disable_enable_and_remove() {
+    let (ts, token) = server().await;
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/domains",
+        Some(json!({ "name": "Dyn.Example", "settings": { "max_sessions": 10, "registration": "off" } })),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["name"], DYN, "normalised to lower case: {v}");
+    assert_eq!(v["state"], "enabled");
+    assert_eq!(v["source"], "stored");
+    assert_eq!(v["served"], true);
+    assert_eq!(
+        v["settings"],
+        json!({ "max_sessions": 10, "registration": false })
+    );
+    assert!(ts.server.env.hosts.is_local(DYN));
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/domains",
+        Some(json!({ "name": DYN })),
+    )
+    .await;
+    assert_eq!(status, 409, "{v}");
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/domains", None).await;
+    assert_eq!(status, 200);
+    let names: Vec<(&str, &str)> = v["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["name"].as_str().unwrap(), d["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, [("localhost", "config"), (DYN, "stored")]);
+
+    // A user of the run-time domain, created through the API, logs in.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users",
+        Some(json!({ "jid": format!("alice@{DYN}"), "password": "secret" })),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let (_, v) = api(
+        &ts,
+        &token,
+        "GET",
+        &format!("/api/v1/users?domain={DYN}"),
+        None,
+    )
+    .await;
+    assert_eq!(v["users"], json!([format!("alice@{DYN}")]));
+    let mut alice = login_to(&ts, "alice", DYN, "secret").await;
+    assert!(alice.jid.starts_with("alice@dyn.example/"), "{}", alice.jid);
+
+    // Disable: her session ends with host-gone; no account can be made.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        &format!("/api/v1/domains/{DYN}/disable"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (&v["state"], &v["served"]),
+        (&json!("disabled"), &json!(false))
+    );
+    alice.expect_stream_error("host-gone").await;
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/users",
+        Some(json!({ "jid": format!("bob@{DYN}"), "password": "x" })),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("disabled"), "{v}");
+
+    // Enable: she logs in again.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        &format!("/api/v1/domains/{DYN}/enable"),
+        None,
+    )
+    .await;
+    assert_eq!((status, &v["state"]), (200, &json!("enabled")), "{v}");
+    let mut alice = login_to(&ts, "alice", DYN, "secret").await;
+
+    // Settings: PATCH changes the keys given, PUT replaces them all.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "PATCH",
+        &format!("/api/v1/domains/{DYN}/settings"),
+        Some(json!({ "max_sessions": null, "archive_retention_days": 30 })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["settings"],
+        json!({ "registration": false, "archive_retention_days": 30 })
+    );
+    assert_eq!(
+        ts.server
+            .env
+            .hosts
+            .get(DYN)
+            .unwrap()
+            .settings
+            .archive_retention_days,
+        Some(30)
+    );
+    let (status, v) = api(
+        &ts,
+        &token,
+        "PUT",
+        &format!("/api/v1/domains/{DYN}/settings"),
+        Some(json!({ "max_sessions": "5" })),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["settings"]),
+        (200, &json!({ "max_sessions": 5 })),
+        "{v}"
+    );
+
+    // The configuration file's domain cannot be changed here.
+    for (method, path) in [
+        ("DELETE", "/api/v1/domains/localhost"),
+        ("POST", "/api/v1/domains/localhost/disable"),
+        ("PATCH", "/api/v1/domains/localhost/settings"),
+    ] {
+        let (status, v) = api(&ts, &token, method, path, Some(json!({}))).await;
+        assert_eq!(status, 409, "{method} {path}: {v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("configuration file"),
+            "{v}"
+        );
+    }
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/domains/localhost", None).await;
+    assert_eq!((status, &v["source"]), (200, &json!("config")), "{v}");
+
+    // Remove: 202, her session ends, the data goes in the background.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "DELETE",
+        &format!("/api/v1/domains/{DYN}"),
+        None,
+    )
+    .await;
+    assert_eq!((status, &v["state"]), (202, &json!("removing")), "{v}");
+    alice.expect_stream_error("host-gone").await;
+    let mut gone = false;
+    for _ in 0..200 {
+        let (status, v) = api(&ts, &token, "GET", &format!("/api/v1/domains/{DYN}"), None).await;
+        match status {
+            404 => {
+                gone = true;
+                break;
+            }
+            200 => assert_eq!(v["state"], "removing", "{v}"),
+            s => panic!("{s}: {v}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the removal did not finish");
+    let jid = starling_proto::BareJid::new(&format!("alice@{DYN}")).unwrap();
+    assert!(!ts.server.env.storage.accounts.exists(&jid).await.unwrap());
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        &format!("/api/v1/domains/{DYN}/enable"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_domain_names_and_settings_are_checked() {
+    let (ts, token) = server().await;
+    for name in [
+        "../x",
+        "a/b",
+        "a..b",
+        "user@host.example",
+        "x'; DROP TABLE domains; --",
+        "-bad.example",
+        "under_score.example",
+        "",
+        ".example",
+    ] {
+        let (status, v) = api(
+            &ts,
+            &token,
+            "POST",
+            "/api/v1/domains",
+            Some(json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(status, 400, "{name:?}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("not a valid domain name"),
+            "{v}"
+        );
+    }
+    for path in [
+        "/api/v1/domains/..%2F..%2Fetc",
+        "/api/v1/domains/a..b",
+        "/api/v1/domains/x'%3B%20DROP%20TABLE%20domains",
+        "/api/v1/domains/a@b.example",
+    ] {
+        let (status, _, body) = http(ts.admin_addr(), "GET", path, Some(&token), None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let (status, _, body) = http(ts.admin_addr(), "DELETE", path, Some(&token), None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+    }
+    for settings in [
+        json!({ "colour": "blue" }),
+        json!({ "max_sessions": "many" }),
+        json!({ "max_sessions": -1 }),
+        json!({ "registration": "maybe" }),
+        json!({ "registration": [true] }),
+        json!({ "certificate": "/etc/ssl/x.pem" }),
+        json!({ "certificate": "/nonexistent/c.pem", "private_key": "/nonexistent/k.pem" }),
+    ] {
+        let (status, v) = api(
+            &ts,
+            &token,
+            "POST",
+            "/api/v1/domains",
+            Some(json!({ "name": "ok.example", "settings": settings })),
+        )
+        .await;
+        assert_eq!(status, 400, "{settings}: {v}");
+    }
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/domains", None).await;
+    assert_eq!(
+        (status, v["domains"].as_array().unwrap().len()),
+        (200, 1),
+        "{v}"
+    );
+    let (status, _) = api(&ts, &token, "GET", "/api/v1/domains/nowhere.example", None).await;
+    assert_eq!(status, 404);
+    let (status, _) = api(
+        &ts,
+        &token,
+        "DELETE",
+        "/api/v1/domains/nowhere.example",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    // Without a token, like every API route.
+    let (status, _, _) = http(ts.admin_addr(), "GET", "/api/v1/domains", None, None).await;
+    assert_eq!(status, 401);
+    ts.stop().await;
+}
+
+// ---- The web admin page (/admin), over the real socket
+
+/// One request to the web page: (status, headers, body). `cookies` is the
+/// Cookie header; `form` an urlencoded body.
+async fn web(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    cookies: &str,
+    form: Option<&str>,
+    origin: Option<&str>,
+) -> (u16, Vec<(String, String)>, String) {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = form.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if !cookies.is_empty() {
+        req.push_str(&format!("Cookie: {cookies}\r\n"));
+    }
+    if let Some(o) = origin {
+        req.push_str(&format!("Origin: {o}\r\n"));
+    }
+    if form.is_some() {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tcp.read_to_end(&mut raw).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status: u16 = head[9..12].parse().unwrap();
+    let headers: Vec<(String, String)> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked {
+        let mut out = String::new();
+        let mut r = rest;
+        loop {
+            let (size, after) = r.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.push_str(&after[..size]);
+            r = &after[size + 2..];
+        }
+        out
+    } else {
+        rest.to_owned()
+    };
+    (status, headers, body)
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// The value of cookie `name` set by a response.
+fn set_cookie(h: &[(String, String)], name: &str) -> Option<String> {
+    h.iter()
+        .filter(|(k, _)| k == "set-cookie")
+        .find_map(|(_, v)| v.strip_prefix(&format!("{name}=")))
+        .map(|v| v.split(';').next().unwrap_or("").to_owned())
+}
+
+/// The value of the first hidden `csrf` input of a page.
+fn csrf_of(page: &str) -> String {
+    let at = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    page[at..].split('"').next().unwrap().to_owned()
+}
+
+fn form_enc(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let enc = |s: &str| {
+                s.bytes()
+                    .map(|b| {
+                        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                            (b as char).to_string()
+                        } else {
+                            format!("%{b:02X}")
+                        }
+                    })
+                    .collect::<String>()
+            };
+            format!("{}={}", enc(k), enc(v))
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Logs in to the web page with `token`: (the session cookie, a CSRF
+/// token of the dashboard).
+async fn web_login(addr: SocketAddr, token: &str) -> (String, String) {
+    let (status, h, page) = web(addr, "GET", "/admin/login", "", None, None).await;
+    assert_eq!(status, 200, "{page}");
+    let pre = set_cookie(&h, "starling_admin_login").unwrap();
+    let (status, h, body) = web(
+        addr,
+        "POST",
+        "/admin/login",
+        &format!("starling_admin_login={pre}"),
+        Some(&form_enc(&[("csrf", &csrf_of(&page)), ("token", token)])),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, header(&h, "location")),
+        (303, Some("/admin")),
+        "{body}"
+    );
+    let sid = set_cookie(&h, "starling_admin").expect("a session cookie");
+    let cookie = h
+        .iter()
+        .find(|(k, v)| k == "set-cookie" && v.starts_with("starling_admin="))
+        .unwrap()
+        .1
+        .clone();
+    assert!(
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("Path=/admin"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains(token) && sid.len() >= 40, "{cookie}");
+    let c = format!("starling_admin={sid}");
+    let (status, _, page) = web(addr, "GET", "/admin", &c, None, None).await;
+    assert_eq!(status, 200, "{page}");
+    (c, csrf_of(&page))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_web_login_actions_and_logout() {
+    let (ts, token) = server().await;
+    let a = ts.admin_addr();
+    // Not logged in: every page sends to the login form.
+    for path in [
+        "/admin",
+        "/admin/users",
+        "/admin/sessions",
+        "/admin/domains",
+    ] {
+        let (status, h, _) = web(a, "GET", path, "", None, None).await;
+        assert_eq!(
+            (status, header(&h, "location")),
+            (303, Some("/admin/login")),
+            "{path}"
+        );
+    }
+    let (status, h, _) = web(a, "GET", "/admin/login", "", None, None).await;
+    assert_eq!(status, 200);
+    assert!(header(&h, "content-security-policy")
+        .unwrap()
+        .contains("default-src 'none'"));
+    assert_eq!(header(&h, "x-frame-options"), Some("DENY"));
+
+    let (cookie, csrf) = web_login(a, &token).await;
+    let (_, _, dash) = web(a, "GET", "/admin", &cookie, None, None).await;
+    assert!(
+        dash.contains("id=\"sessions\"") && dash.contains("uptime"),
+        "{dash}"
+    );
+    assert!(dash.contains("id=\"queues\""), "{dash}");
+    assert!(!dash.contains(&token), "the token never appears in a page");
+
+    // A form without the CSRF token, or from another origin, is refused.
+    let post = |path: &'static str, pairs: Vec<(&'static str, String)>| {
+        let cookie = cookie.clone();
+        async move {
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            web(a, "POST", path, &cookie, Some(&form_enc(&pairs)), None).await
+        }
+    };
+    let (status, _, _) = post("/admin/users/create", vec![("jid", "eve@localhost".into())]).await;
+    assert_eq!(status, 403);
+    let (status, _, _) = post(
+        "/admin/users/create",
+        vec![("csrf", "wrong".into()), ("jid", "eve@localhost".into())],
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _, _) = web(
+        a,
+        "POST",
+        "/admin/users/create",
+        &cookie,
+        Some(&form_enc(&[("csrf", &csrf), ("jid", "eve@localhost")])),
+        Some("http://evil.example"),
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(!ts
+        .server
+        .env
+        .storage
+        .accounts
+        .exists(&starling_proto::BareJid::new("eve@localhost").unwrap())
+        .await
+        .unwrap());
+
+    // Create a user (same operation as the API), then it is listed.
+    let (status, h, _) = post(
+        "/admin/users/create",
+        vec![
+            ("csrf", csrf.clone()),
+            ("jid", "dave@localhost".into()),
+            ("password", "pw-dave".into()),
+            ("domain", "localhost".into()),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (status, header(&h, "location")),
+        (303, Some("/admin/users?domain=localhost"))
+    );
+    let (_, _, users) = web(
+        a,
+        "GET",
+        "/admin/users?domain=localhost",
+        &cookie,
+        None,
+        None,
+    )
+    .await;
+    assert!(users.contains("created dave@localhost"), "{users}");
+    assert!(users.contains("data-jid=\"dave@localhost\""), "{users}");
+    // The message shows once.
+    let (_, _, users) = web(a, "GET", "/admin/users", &cookie, None, None).await;
+    assert!(!users.contains("created dave@localhost"), "{users}");
+    // Input echoed in a message is escaped.
+    let (_, _, _) = post(
+        "/admin/users/create",
+        vec![
+            ("csrf", csrf.clone()),
+            ("jid", "<script>alert(1)</script>@localhost".into()),
+        ],
+    )
+    .await;
+    let (_, _, users) = web(a, "GET", "/admin/users", &cookie, None, None).await;
+    assert!(
+        users.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{users}"
+    );
+    assert!(!users.contains("<script>"), "{users}");
+
+    // Dave logs in: his session is listed, then kicked.
+    let mut dave = Client::connect(ts.starttls_addr()).await;
+    dave.negotiate_tls().await;
+    dave.auth(Mechanism::ScramSha256, "dave", "pw-dave")
+        .await
+        .unwrap();
+    dave.bind(Some("web")).await;
+    let (_, _, sessions) = web(a, "GET", "/admin/sessions", &cookie, None, None).await;
+    assert!(
+        sessions.contains("data-jid=\"dave@localhost/web\""),
+        "{sessions}"
+    );
+    assert!(sessions.contains("127.0.0.1"), "{sessions}");
+    let (status, h, _) = post(
+        "/admin/sessions/kick",
+        vec![("csrf", csrf.clone()), ("jid", "dave@localhost/web".into())],
+    )
+    .await;
+    assert_eq!(
+        (status, header(&h, "location")),
+        (303, Some("/admin/sessions"))
+    );
+    dave.expect_stream_error("policy-violation").await;
+    let (_, _, sessions) = web(a, "GET", "/admin/sessions", &cookie, None, None).await;
+    assert!(sessions.contains("closed dave@localhost/web"), "{sessions}");
+
+    // Ban, unban, new password, delete.
+    for (path, extra, expect) in [
+        (
+            "/admin/users/ban",
+            ("reason", "spam"),
+            "banned dave@localhost",
+        ),
+        (
+            "/admin/users/unban",
+            ("reason", ""),
+            "unbanned dave@localhost",
+        ),
+        (
+            "/admin/users/password",
+            ("password", ""),
+            "new password for dave@localhost",
+        ),
+        (
+            "/admin/users/delete",
+            ("reason", ""),
+            "deleted dave@localhost",
+        ),
+    ] {
+        let (status, _, _) = post(
+            path,
+            vec![
+                ("csrf", csrf.clone()),
+                ("jid", "dave@localhost".into()),
+                (extra.0, extra.1.into()),
+            ],
+        )
+        .await;
+        assert_eq!(status, 303, "{path}");
+        let (_, _, page) = web(a, "GET", "/admin/users", &cookie, None, None).await;
+        assert!(page.contains(expect), "{path}: {page}");
+    }
+
+    // Domains: add, disable, enable, remove.
+    let (status, _, _) = post(
+        "/admin/domains/add",
+        vec![
+            ("csrf", csrf.clone()),
+            ("name", "web.example".into()),
+            ("enabled", "on".into()),
+            ("max_sessions", "7".into()),
+        ],
+    )
+    .await;
+    assert_eq!(status, 303);
+    let (_, _, page) = web(a, "GET", "/admin/domains", &cookie, None, None).await;
+    assert!(page.contains("added web.example (enabled)"), "{page}");
+    assert!(page.contains("max_sessions=7"), "{page}");
+    assert!(ts.server.env.hosts.is_local("web.example"));
+    post(
+        "/admin/domains/disable",
+        vec![("csrf", csrf.clone()), ("name", "web.example".into())],
+    )
+    .await;
+    assert!(!ts.server.env.hosts.is_local("web.example"));
+    post(
+        "/admin/domains/enable",
+        vec![("csrf", csrf.clone()), ("name", "web.example".into())],
+    )
+    .await;
+    assert!(ts.server.env.hosts.is_local("web.example"));
+    // Removal needs the confirmation box.
+    post(
+        "/admin/domains/remove",
+        vec![("csrf", csrf.clone()), ("name", "web.example".into())],
+    )
+    .await;
+    let (_, _, page) = web(a, "GET", "/admin/domains", &cookie, None, None).await;
+    assert!(page.contains("tick the box"), "{page}");
+    assert!(ts.server.env.hosts.is_local("web.example"));
+    post(
+        "/admin/domains/remove",
+        vec![
+            ("csrf", csrf.clone()),
+            ("name", "web.example".into()),
+            ("confirm", "yes".into()),
+        ],
+    )
+    .await;
+    assert!(!ts.server.env.hosts.is_local("web.example"));
+    let (_, _, page) = web(a, "GET", "/admin/domains", &cookie, None, None).await;
+    assert!(page.contains("removing web.example"), "{page}");
+    // The configuration's domain has no buttons.
+    assert!(page.contains("configuration file"), "{page}");
+
+    // Logout ends the session.
+    let (status, h, _) = post("/admin/logout", vec![("csrf", csrf.clone())]).await;
+    assert_eq!(
+        (status, header(&h, "location")),
+        (303, Some("/admin/login"))
+    );
+    let (status, h, _) = web(a, "GET", "/admin", &cookie, None, None).await;
+    assert_eq!(
+        (status, header(&h, "location")),
+        (303, Some("/admin/login"))
+    );
+
+    // A revoked token ends its web sessions.
+    let (cookie, _) = web_login(a, &token).await;
+    assert!(ts
+        .server
+        .env
+        .storage
+        .admin_tokens
+        .revoke_admin_token("tests")
+        .await
+        .unwrap());
+    let (status, h, _) = web(a, "GET", "/admin", &cookie, None, None).await;
+    assert_eq!(
+        (status, header(&h, "location")),
+        (303, Some("/admin/login"))
+    );
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn admin_web_login_refuses_wrong_tokens_and_limits_attempts() {
+    let (ts, token) = server().await;
+    let a = ts.admin_addr();
+    let (_, h, page) = web(a, "GET", "/admin/login", "", None, None).await;
+    let pre = set_cookie(&h, "starling_admin_login").unwrap();
+    let cookie = format!("starling_admin_login={pre}");
+    let csrf = csrf_of(&page);
+    // Without the login form's CSRF cookie: refused before the token is looked at.
+    let (status, _, _) = web(
+        a,
+        "POST",
+        "/admin/login",
+        "",
+        Some(&form_enc(&[("csrf", &csrf), ("token", &token)])),
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    for i in 0..5 {
+        let (status, h, body) = web(
+            a,
+            "POST",
+            "/admin/login",
+            &cookie,
+            Some(&form_enc(&[
+                ("csrf", &csrf),
+                ("token", &format!("sta_wrong{i}")),
+            ])),
+            None,
+        )
+        .await;
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("invalid token"), "{body}");
+        assert!(set_cookie(&h, "starling_admin").is_none());
+    }
+    // Five failures: even the right token waits now.
+    let (status, _, body) = web(
+        a,
+        "POST",
+        "/admin/login",
+        &cookie,
+        Some(&form_enc(&[("csrf", &csrf), ("token", &token)])),
+        None,
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("too many failed logins"), "{body}");
+    ts.stop().await;
+}
+
+/// `starling ctl domains …` against the running binary.
+#[test]
+fn ctl_domains_against_a_running_server() {
+    let dir =
+        std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (p1, p2, admin) = (free_port(), free_port(), free_port());
+    let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
+    let (code, token, err) = run(bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["admin", "token", "create", "--name", "ci"]));
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim().to_owned();
+    let url = format!("http://127.0.0.1:{admin}");
+    let ctl = |args: &[&str]| {
+        let mut c = bin();
+        c.args(["ctl", "--url", &url])
+            .args(args)
+            .env("STARLING_ADMIN_TOKEN", &token);
+        run(&mut c)
+    };
+    let mut server = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ready = false;
+    for _ in 0..600 {
+        if ctl(&["status"]).0 == 0 {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = std::panic::catch_unwind(|| {
+        assert!(ready, "server did not become ready");
+        let (code, out, err) = ctl(&["domains", "add", "ctl.example", "max_sessions=3"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            out.trim(),
+            "added ctl.example  enabled  stored  max_sessions=3"
+        );
+        let (code, _, err) = ctl(&["domains", "add", "ctl.example"]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("409") && err.contains("already exists"),
+            "{err}"
+        );
+        let (code, _, err) = ctl(&["domains", "add", "../etc"]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("400") && err.contains("not a valid domain name"),
+            "{err}"
+        );
+        let (code, _, err) = ctl(&["domains", "add", "x.example", "nonsense"]);
+        assert_eq!(code, 2, "{err}");
+        let (code, out, _) = ctl(&["domains", "list"]);
+        assert_eq!(
+            (code, out.as_str()),
+            (
+                0,
+                "localhost  enabled  config\nctl.example  enabled  stored  max_sessions=3\n"
+            )
+        );
+        let (code, out, _) = ctl(&["--json", "domains", "list"]);
+        assert_eq!(code, 0);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["domains"][1]["settings"], json!({ "max_sessions": 3 }));
+        let (code, out, err) = ctl(&[
+            "domains",
+            "set",
+            "ctl.example",
+            "registration=off",
+            "max_sessions=default",
+        ]);
+        assert_eq!(
+            (code, out.trim()),
+            (0, "ctl.example  enabled  stored  registration=off"),
+            "{err}"
+        );
+        let (code, out, _) = ctl(&["domains", "disable", "ctl.example"]);
+        assert!(
+            code == 0 && out.starts_with("disabled ctl.example"),
+            "{out}"
+        );
+        let (code, out, _) = ctl(&["users", "add", "a@ctl.example", "--password", "x"]);
+        assert_eq!(code, 1, "{out}");
+        let (code, out, _) = ctl(&["domains", "enable", "ctl.example"]);
+        assert_eq!((code, out.trim()), (0, "enabled ctl.example"));
+        let (code, _, err) = ctl(&["users", "add", "a@ctl.example", "--password", "x"]);
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = ctl(&["domains", "remove", "localhost"]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("409") && err.contains("configuration file"),
+            "{err}"
+        );
+        let (code, out, err) = ctl(&["domains", "remove", "ctl.example", "--wait"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.ends_with("removed ctl.example\n"), "{out}");
+        let (code, out, _) = ctl(&["domains", "list"]);
+        assert_eq!((code, out.as_str()), (0, "localhost  enabled  config\n"));
+        let (code, _, _) = ctl(&["users", "show", "a@ctl.example"]);
+        assert_eq!(code, 1, "the account went with its domain");
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}

@@ -16,7 +16,8 @@ let browser;
 /** Every page opened by login(), for screenshots(). */
 const pages = [];
 
-async function launch() {
+/** The shared headless chromium (launched on first use). */
+export async function launch() {
   browser ??= await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
     headless: true,

@@ -5,20 +5,28 @@
 //! same paths as the rest of the server: `Env::delete_account`,
 //! `accounts::create`/`set_password`, the router for kicks and messages.
 //! Every change is logged at INFO as `admin action` with the token's name.
+//!
+//! Each endpoint is two functions: an operation (`user_create`,
+//! `domain_remove`, …) that takes typed input and returns the answer's
+//! JSON or an [`ApiError`], and a thin axum handler that extracts the
+//! input and writes the answer. The web admin page (`web.rs`) calls the
+//! same operations, so a change made there is checked, performed and
+//! logged exactly as through the API.
 
 use super::{error, json, Caller, SessionFacts, Shared, PROBE_MODULE};
 use crate::accounts::{self, AccountError};
+use crate::domains::{DomainError, DomainInfo, DomainSource};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{delete, get, post, MethodRouter};
+use axum::routing::{delete, get, patch, post, put, MethodRouter};
 use axum::{Extension, Router};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::json as j;
+use serde_json::{json as j, Value};
 use starling_core::hooks::TimerKey;
-use starling_core::storage::ArchiveId;
+use starling_core::storage::{ArchiveId, DomainSettings, DomainState};
 use starling_core::{CloseReason, SessionEntry};
 use starling_proto::{BareJid, Element, Jid, Stanza, StreamError, StreamErrorCondition};
 use std::collections::HashMap;
@@ -47,6 +55,26 @@ pub(crate) fn table() -> Vec<(&'static str, &'static str, MethodRouter<Shared>)>
         ("post", "/api/v1/messages", post(send_message)),
         ("get", "/api/v1/stats", get(stats)),
         ("get", "/api/v1/cluster", get(cluster)),
+        ("get", "/api/v1/domains", get(list_domains)),
+        ("post", "/api/v1/domains", post(add_domain)),
+        ("get", "/api/v1/domains/{name}", get(get_domain)),
+        ("delete", "/api/v1/domains/{name}", delete(remove_domain)),
+        (
+            "post",
+            "/api/v1/domains/{name}/disable",
+            post(disable_domain),
+        ),
+        ("post", "/api/v1/domains/{name}/enable", post(enable_domain)),
+        (
+            "put",
+            "/api/v1/domains/{name}/settings",
+            put(replace_domain_settings),
+        ),
+        (
+            "patch",
+            "/api/v1/domains/{name}/settings",
+            patch(patch_domain_settings),
+        ),
     ]
 }
 
@@ -61,14 +89,18 @@ pub(crate) fn routes() -> Router<Shared> {
 
 type ApiResult = Result<Response, ApiError>;
 
+/// What an operation answers: the JSON body, or an [`ApiError`].
+pub(crate) type OpResult = Result<Value, ApiError>;
+
 /// An error answer (small, unlike a `Response`, so `Result`s stay small).
-struct ApiError {
-    status: StatusCode,
-    message: String,
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -82,7 +114,7 @@ impl axum::response::IntoResponse for ApiError {
     }
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
+pub(crate) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, message)
 }
 
@@ -129,7 +161,7 @@ impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body
 }
 
 /// The query string's parameters, percent-decoded (`+` is a space).
-fn query(raw: &Option<String>) -> Result<HashMap<String, String>, ApiError> {
+pub(crate) fn query(raw: &Option<String>) -> Result<HashMap<String, String>, ApiError> {
     let mut out = HashMap::new();
     for pair in raw
         .as_deref()
@@ -170,7 +202,7 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// `limit` from the query: 1..=max, `default` when absent.
-fn limit(q: &HashMap<String, String>, default: u32, max: u32) -> Result<u32, ApiError> {
+pub(crate) fn limit(q: &HashMap<String, String>, default: u32, max: u32) -> Result<u32, ApiError> {
     match q.get("limit") {
         None => Ok(default),
         Some(v) => v
@@ -225,20 +257,28 @@ async fn close_all(st: &Shared, jid: &BareJid, reason: CloseReason) -> usize {
     n
 }
 
-/// `GET /api/v1/users?domain=&after=&limit=`: one page of a domain's
-/// accounts, by name; `next` is the `after` of the next page.
-async fn list_users(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiResult {
-    let q = query(&raw)?;
-    let domain = match q.get("domain") {
+/// The default domain: the first configured.
+fn default_domain(st: &Shared) -> String {
+    st.configured.first().cloned().unwrap_or_default()
+}
+
+/// One page of a domain's accounts, by name (`domain` default: the first
+/// configured); `next` is the `after` of the next page.
+pub(crate) async fn users_page(
+    st: &Shared,
+    domain: Option<&str>,
+    after: Option<&str>,
+    limit: u32,
+) -> OpResult {
+    let domain = match domain {
         Some(d) => BareJid::new(d)
             .ok()
             .filter(|j| j.node().is_none())
             .map(|j| j.domain().as_str().to_owned())
             .ok_or_else(|| bad(format!("{d:?} is not a domain")))?,
-        None => st.domains.first().cloned().unwrap_or_default(),
+        None => default_domain(st),
     };
-    let limit = limit(&q, 100, 1000)?;
-    let after = q.get("after").map(String::as_str).filter(|a| !a.is_empty());
+    let after = after.filter(|a| !a.is_empty());
     let page = st
         .env
         .storage
@@ -250,19 +290,30 @@ async fn list_users(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiRes
         .then(|| page.last().cloned())
         .flatten();
     let users: Vec<String> = page.iter().map(|u| format!("{u}@{domain}")).collect();
-    Ok(json(
-        StatusCode::OK,
-        &j!({ "domain": domain, "users": users, "next": next }),
-    ))
+    Ok(j!({ "domain": domain, "users": users, "next": next }))
+}
+
+/// `GET /api/v1/users?domain=&after=&limit=`.
+async fn list_users(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiResult {
+    let q = query(&raw)?;
+    let limit = limit(&q, 100, 1000)?;
+    let v = users_page(
+        &st,
+        q.get("domain").map(String::as_str),
+        q.get("after").map(String::as_str),
+        limit,
+    )
+    .await?;
+    Ok(json(StatusCode::OK, &v))
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NewUser {
-    jid: String,
-    password: Option<String>,
+pub(crate) struct NewUser {
+    pub(crate) jid: String,
+    pub(crate) password: Option<String>,
     #[serde(default)]
-    force: bool,
+    pub(crate) force: bool,
 }
 
 /// The given password, or a generated one (then returned in the answer).
@@ -274,36 +325,50 @@ fn password_or_generated(given: Option<String>) -> Result<(String, bool), ApiErr
     }
 }
 
+/// Creates an account of a served domain (configured, or added at run
+/// time and enabled), or of any domain with `force`.
+pub(crate) async fn user_create(st: &Shared, caller: &Caller, req: NewUser) -> OpResult {
+    let jid = account(&req.jid)?;
+    let domain = jid.domain().as_str();
+    if !req.force && !served(st, domain) {
+        let why = match st.domains.get(domain).await {
+            Ok(d) if d.state == DomainState::Disabled => format!(
+                "{domain} is disabled: enable it first (POST /api/v1/domains/{domain}/enable), or pass \"force\": true"
+            ),
+            Ok(d) if d.state == DomainState::Removing => format!("{domain} is being removed"),
+            _ => format!(
+                "{domain} is not served by this server (add it: POST /api/v1/domains, or [server] domains; or pass \"force\": true)"
+            ),
+        };
+        return Err(bad(why));
+    }
+    let (password, generated) = password_or_generated(req.password)?;
+    accounts::create(&st.env.storage, &jid, &password, st.iterations)
+        .await
+        .map_err(account_error)?;
+    audit(caller, "user.create", jid.as_str());
+    let mut body = j!({ "jid": jid.as_str() });
+    if generated {
+        body["password"] = j!(password);
+    }
+    Ok(body)
+}
+
 /// `POST /api/v1/users` `{"jid", "password"?, "force"?}`.
 async fn create_user(
     State(st): State<Shared>,
     Extension(caller): Extension<Caller>,
     Body(req): Body<NewUser>,
 ) -> ApiResult {
-    let jid = account(&req.jid)?;
-    if !req.force && !served(&st, jid.domain().as_str()) {
-        return Err(bad(format!(
-            "{} is not served by this server (add it to [server] domains, or pass \"force\": true)",
-            jid.domain()
-        )));
-    }
-    let (password, generated) = password_or_generated(req.password)?;
-    accounts::create(&st.env.storage, &jid, &password, st.iterations)
-        .await
-        .map_err(account_error)?;
-    audit(&caller, "user.create", jid.as_str());
-    let mut body = j!({ "jid": jid.as_str() });
-    if generated {
-        body["password"] = j!(password);
-    }
-    Ok(json(StatusCode::CREATED, &body))
+    let v = user_create(&st, &caller, req).await?;
+    Ok(json(StatusCode::CREATED, &v))
 }
 
 /// `GET /api/v1/users/{jid}`: whether it is banned, its sessions and its
 /// offline queue's length.
-async fn get_user(State(st): State<Shared>, Path(jid): Path<String>) -> ApiResult {
-    let jid = account(&jid)?;
-    existing(&st, &jid).await?;
+pub(crate) async fn user_show(st: &Shared, jid: &str) -> OpResult {
+    let jid = account(jid)?;
+    existing(st, &jid).await?;
     let s = &st.env.storage;
     let disabled = s.accounts.is_disabled(&jid).await.map_err(storage_failed)?;
     let offline = s.offline.count(&jid).await.map_err(storage_failed)?;
@@ -314,27 +379,23 @@ async fn get_user(State(st): State<Shared>, Path(jid): Path<String>) -> ApiResul
         .iter()
         .map(|e| e.jid().to_string())
         .collect();
-    Ok(json(
-        StatusCode::OK,
-        &j!({
-            "jid": jid.as_str(),
-            "disabled": disabled,
-            "sessions": sessions,
-            "offline_messages": offline,
-        }),
-    ))
+    Ok(j!({
+        "jid": jid.as_str(),
+        "disabled": disabled,
+        "sessions": sessions,
+        "offline_messages": offline,
+    }))
 }
 
-/// `DELETE /api/v1/users/{jid}`: through the running server
-/// (`Env::delete_account`: rooms let go of the account first), then its
-/// sessions are closed with `<not-authorized/>`, as after an in-band
-/// cancellation (XEP-0077 §3.2).
-async fn delete_user(
-    State(st): State<Shared>,
-    Extension(caller): Extension<Caller>,
-    Path(jid): Path<String>,
-) -> ApiResult {
-    let jid = account(&jid)?;
+async fn get_user(State(st): State<Shared>, Path(jid): Path<String>) -> ApiResult {
+    Ok(json(StatusCode::OK, &user_show(&st, &jid).await?))
+}
+
+/// Deletes an account through the running server (`Env::delete_account`:
+/// rooms let go of the account first), then closes its sessions with
+/// `<not-authorized/>`, as after an in-band cancellation (XEP-0077 §3.2).
+pub(crate) async fn user_delete(st: &Shared, caller: &Caller, jid: &str) -> OpResult {
+    let jid = account(jid)?;
     let existed = st.env.delete_account(&jid).await.map_err(storage_failed)?;
     if !existed {
         return Err(ApiError::new(
@@ -342,15 +403,24 @@ async fn delete_user(
             format!("account {jid} does not exist"),
         ));
     }
-    audit(&caller, "user.delete", jid.as_str());
+    audit(caller, "user.delete", jid.as_str());
     let reason = close_reason(
         StreamErrorCondition::NotAuthorized,
         "this account has been deleted",
     );
-    let closed = close_all(&st, &jid, reason).await;
+    let closed = close_all(st, &jid, reason).await;
+    Ok(j!({ "jid": jid.as_str(), "deleted": true, "sessions_closed": closed }))
+}
+
+/// `DELETE /api/v1/users/{jid}`.
+async fn delete_user(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+) -> ApiResult {
     Ok(json(
         StatusCode::OK,
-        &j!({ "jid": jid.as_str(), "deleted": true, "sessions_closed": closed }),
+        &user_delete(&st, &caller, &jid).await?,
     ))
 }
 
@@ -360,25 +430,36 @@ struct NewPassword {
     password: Option<String>,
 }
 
-/// `POST /api/v1/users/{jid}/password` `{"password"?}`: new SCRAM keys
-/// (and no FAST token survives it). Open sessions stay.
+/// New SCRAM keys (and no FAST token survives it); open sessions stay.
+/// Without a password one is generated and returned.
+pub(crate) async fn user_password(
+    st: &Shared,
+    caller: &Caller,
+    jid: &str,
+    password: Option<String>,
+) -> OpResult {
+    let jid = account(jid)?;
+    let (password, generated) = password_or_generated(password)?;
+    accounts::set_password(&st.env.storage, &jid, &password, st.iterations)
+        .await
+        .map_err(account_error)?;
+    audit(caller, "user.password", jid.as_str());
+    let mut body = j!({ "jid": jid.as_str(), "password_changed": true });
+    if generated {
+        body["password"] = j!(password);
+    }
+    Ok(body)
+}
+
+/// `POST /api/v1/users/{jid}/password` `{"password"?}`.
 async fn set_password(
     State(st): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(jid): Path<String>,
     Body(req): Body<NewPassword>,
 ) -> ApiResult {
-    let jid = account(&jid)?;
-    let (password, generated) = password_or_generated(req.password)?;
-    accounts::set_password(&st.env.storage, &jid, &password, st.iterations)
-        .await
-        .map_err(account_error)?;
-    audit(&caller, "user.password", jid.as_str());
-    let mut body = j!({ "jid": jid.as_str(), "password_changed": true });
-    if generated {
-        body["password"] = j!(password);
-    }
-    Ok(json(StatusCode::OK, &body))
+    let v = user_password(&st, &caller, &jid, req.password).await?;
+    Ok(json(StatusCode::OK, &v))
 }
 
 #[derive(Deserialize)]
@@ -387,16 +468,16 @@ struct BanRequest {
     reason: Option<String>,
 }
 
-/// `POST /api/v1/users/{jid}/ban` `{"reason"?}`: the account can no longer
-/// authenticate (`<account-disabled/>`, RFC 6120 §6.5.1) and its sessions
-/// are closed with `<policy-violation/>` (§4.9.3.14) and the reason.
-async fn ban(
-    State(st): State<Shared>,
-    Extension(caller): Extension<Caller>,
-    Path(jid): Path<String>,
-    Body(req): Body<BanRequest>,
-) -> ApiResult {
-    let jid = account(&jid)?;
+/// The account can no longer authenticate (`<account-disabled/>`, RFC
+/// 6120 §6.5.1) and its sessions are closed with `<policy-violation/>`
+/// (§4.9.3.14) and the reason.
+pub(crate) async fn user_ban(
+    st: &Shared,
+    caller: &Caller,
+    jid: &str,
+    reason: Option<String>,
+) -> OpResult {
+    let jid = account(jid)?;
     let found = st
         .env
         .storage
@@ -410,30 +491,33 @@ async fn ban(
             format!("account {jid} does not exist"),
         ));
     }
-    audit(&caller, "user.ban", jid.as_str());
-    let text = req
-        .reason
+    audit(caller, "user.ban", jid.as_str());
+    let text = reason
         .filter(|r| !r.trim().is_empty())
         .unwrap_or_else(|| "this account has been disabled".to_owned());
     let closed = close_all(
-        &st,
+        st,
         &jid,
         close_reason(StreamErrorCondition::PolicyViolation, &text),
     )
     .await;
-    Ok(json(
-        StatusCode::OK,
-        &j!({ "jid": jid.as_str(), "disabled": true, "sessions_closed": closed }),
-    ))
+    Ok(j!({ "jid": jid.as_str(), "disabled": true, "sessions_closed": closed }))
 }
 
-/// `POST /api/v1/users/{jid}/unban`.
-async fn unban(
+/// `POST /api/v1/users/{jid}/ban` `{"reason"?}`.
+async fn ban(
     State(st): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(jid): Path<String>,
+    Body(req): Body<BanRequest>,
 ) -> ApiResult {
-    let jid = account(&jid)?;
+    let v = user_ban(&st, &caller, &jid, req.reason).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+/// Lifts a ban.
+pub(crate) async fn user_unban(st: &Shared, caller: &Caller, jid: &str) -> OpResult {
+    let jid = account(jid)?;
     let found = st
         .env
         .storage
@@ -447,13 +531,18 @@ async fn unban(
             format!("account {jid} does not exist"),
         ));
     }
-    audit(&caller, "user.unban", jid.as_str());
-    Ok(json(
-        StatusCode::OK,
-        &j!({ "jid": jid.as_str(), "disabled": false }),
-    ))
+    audit(caller, "user.unban", jid.as_str());
+    Ok(j!({ "jid": jid.as_str(), "disabled": false }))
 }
 
+/// `POST /api/v1/users/{jid}/unban`.
+async fn unban(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(jid): Path<String>,
+) -> ApiResult {
+    Ok(json(StatusCode::OK, &user_unban(&st, &caller, &jid).await?))
+}
 /// `GET /api/v1/users/{jid}/offline?limit=`: the offline queue (XEP-0160),
 /// oldest first, read without taking anything.
 async fn offline(
@@ -536,13 +625,15 @@ async fn purge_archive(
 /// How long the session list waits for the sessions' own answers.
 const PROBE_WAIT: Duration = Duration::from_millis(500);
 
-/// `GET /api/v1/sessions?user=&after=&limit=`: bound sessions by full JID
-/// — this node's (`user=` given: that account's, on every node).
-async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiResult {
-    let q = query(&raw)?;
-    let limit = limit(&q, 100, 1000)? as usize;
-    let after = q.get("after").cloned().unwrap_or_default();
-    let mut entries: Vec<(SessionEntry, Option<u64>)> = match q.get("user") {
+/// Bound sessions by full JID after `after`, at most `limit`: this
+/// node's, or (`user` given) that account's on every node.
+pub(crate) async fn sessions_page(
+    st: &Shared,
+    user: Option<&str>,
+    after: &str,
+    limit: usize,
+) -> OpResult {
+    let mut entries: Vec<(SessionEntry, Option<u64>)> = match user {
         Some(u) => {
             let jid = account(u)?;
             st.env
@@ -559,7 +650,7 @@ async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> Api
             .map(|s| (s.entry, Some(s.bound_at)))
             .collect(),
     };
-    entries.retain(|(e, _)| e.jid().as_str() > after.as_str());
+    entries.retain(|(e, _)| e.jid().as_str() > after);
     entries.sort_by(|a, b| a.0.jid().as_str().cmp(b.0.jid().as_str()));
     let more = entries.len() > limit;
     entries.truncate(limit);
@@ -586,7 +677,7 @@ async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> Api
         .into_iter()
         .map(|f| (f.id, f))
         .collect();
-    let sessions: Vec<serde_json::Value> = entries
+    let sessions: Vec<Value> = entries
         .iter()
         .map(|(e, bound_at)| {
             let mut v = j!({
@@ -618,10 +709,16 @@ async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> Api
     let next = more
         .then(|| entries.last().map(|(e, _)| e.jid().to_string()))
         .flatten();
-    Ok(json(
-        StatusCode::OK,
-        &j!({ "node": st.node, "sessions": sessions, "next": next }),
-    ))
+    Ok(j!({ "node": st.node, "sessions": sessions, "next": next }))
+}
+
+/// `GET /api/v1/sessions?user=&after=&limit=`.
+async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> ApiResult {
+    let q = query(&raw)?;
+    let limit = limit(&q, 100, 1000)? as usize;
+    let after = q.get("after").map(String::as_str).unwrap_or_default();
+    let v = sessions_page(&st, q.get("user").map(String::as_str), after, limit).await?;
+    Ok(json(StatusCode::OK, &v))
 }
 
 #[derive(Deserialize)]
@@ -631,28 +728,27 @@ struct KickRequest {
     reason: Option<String>,
 }
 
-/// `POST /api/v1/sessions/kick` `{"jid", "reason"?}`: a full JID closes
-/// that session, a bare JID every session of the account, with the stream
-/// error `<policy-violation/>` (RFC 6120 §4.9.3.14: the server's policy
-/// ends the stream; not `<reset/>`, which asks the client to negotiate
-/// again at once) and the reason as its text. The client may log in
-/// again; ban the account to keep it out.
-async fn kick(
-    State(st): State<Shared>,
-    Extension(caller): Extension<Caller>,
-    Body(req): Body<KickRequest>,
-) -> ApiResult {
-    let text = req
-        .reason
+/// A full JID closes that session, a bare JID every session of the
+/// account, with the stream error `<policy-violation/>` (RFC 6120
+/// §4.9.3.14: the server's policy ends the stream; not `<reset/>`, which
+/// asks the client to negotiate again at once) and the reason as its
+/// text. The client may log in again; ban the account to keep it out.
+pub(crate) async fn session_kick(
+    st: &Shared,
+    caller: &Caller,
+    target: &str,
+    reason: Option<String>,
+) -> OpResult {
+    let text = reason
         .filter(|r| !r.trim().is_empty())
         .unwrap_or_else(|| "closed by an administrator".to_owned());
     let reason = close_reason(StreamErrorCondition::PolicyViolation, &text);
-    let Ok(jid) = Jid::new(&req.jid) else {
-        return Err(bad(format!(
-            "{:?} is not a session (user@domain/resource) or account JID",
-            req.jid
-        )));
+    let not_a_jid = || {
+        bad(format!(
+            "{target:?} is not a session (user@domain/resource) or account JID"
+        ))
     };
+    let jid = Jid::new(target).map_err(|_| not_a_jid())?;
     let kicked: Vec<String> = match jid.try_into_full() {
         Ok(full) => match st.env.sessions.get(&full) {
             Some(e) if st.router.close_session(&e.session, reason) => vec![full.to_string()],
@@ -669,21 +765,26 @@ async fn kick(
             st.env.router.close_sessions(&st.env, &bare, reason).await;
             list
         }
-        Err(_) => {
-            return Err(bad(format!(
-                "{:?} is not a session (user@domain/resource) or account JID",
-                req.jid
-            )))
-        }
+        Err(_) => return Err(not_a_jid()),
     };
     if kicked.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            format!("no session of {} is bound", req.jid),
+            format!("no session of {target} is bound"),
         ));
     }
-    audit(&caller, "session.kick", &req.jid);
-    Ok(json(StatusCode::OK, &j!({ "kicked": kicked })))
+    audit(caller, "session.kick", target);
+    Ok(j!({ "kicked": kicked }))
+}
+
+/// `POST /api/v1/sessions/kick` `{"jid", "reason"?}`.
+async fn kick(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Body(req): Body<KickRequest>,
+) -> ApiResult {
+    let v = session_kick(&st, &caller, &req.jid, req.reason).await?;
+    Ok(json(StatusCode::OK, &v))
 }
 
 #[derive(Deserialize)]
@@ -720,7 +821,7 @@ async fn send_message(
     let domain = if served(&st, to.domain().as_str()) {
         to.domain().as_str().to_owned()
     } else {
-        st.domains.first().cloned().unwrap_or_default()
+        default_domain(&st)
     };
     let from = Jid::new(&domain).map_err(|_| bad("no served domain"))?;
     let id = starling_proto::random_id(12);
@@ -750,9 +851,9 @@ async fn send_message(
     ))
 }
 
-/// `GET /api/v1/stats`.
-async fn stats(State(st): State<Shared>) -> ApiResult {
-    let queues: serde_json::Map<String, serde_json::Value> = st
+/// Version, node, uptime, domains, sessions, storage and its queues.
+pub(crate) fn stats_value(st: &Shared) -> Value {
+    let queues: serde_json::Map<String, Value> = st
         .env
         .metrics
         .write_behind
@@ -769,39 +870,305 @@ async fn stats(State(st): State<Shared>) -> ApiResult {
             )
         })
         .collect();
-    Ok(json(
-        StatusCode::OK,
-        &j!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "node": st.node,
-            "uptime_secs": st.started.elapsed().as_secs(),
-            "domains": st.env.hosts.list(),
-            "sessions": {
-                "this_node": st.table.local_count(),
-                "all_nodes": st.env.sessions.count(),
-            },
-            "storage": st.env.storage.backend.describe(),
-            "write_behind": queues,
-            "pressure": st.env.pressure.is_high(),
-            "cluster": st.cluster.is_some(),
-        }),
-    ))
+    j!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "node": st.node,
+        "uptime_secs": st.started.elapsed().as_secs(),
+        "domains": st.env.hosts.list(),
+        "sessions": {
+            "this_node": st.table.local_count(),
+            "all_nodes": st.env.sessions.count(),
+        },
+        "storage": st.env.storage.backend.describe(),
+        "write_behind": queues,
+        "pressure": st.env.pressure.is_high(),
+        "cluster": st.cluster.is_some(),
+    })
 }
 
-/// `GET /api/v1/cluster`: the nodes this node knows (as `starling cluster
-/// status` shows them, from this node's registry instead of listening to
-/// the bus), or `{"enabled": false}` without `[cluster]`.
+/// `GET /api/v1/stats`.
+async fn stats(State(st): State<Shared>) -> ApiResult {
+    Ok(json(StatusCode::OK, &stats_value(&st)))
+}
+
+/// The nodes this node knows (as `starling cluster status` shows them,
+/// from this node's registry instead of listening to the bus), or
+/// `{"enabled": false}` without `[cluster]`.
+pub(crate) fn cluster_value(st: &Shared) -> Value {
+    match &st.cluster {
+        None => j!({ "enabled": false }),
+        Some(c) => j!({
+            "enabled": true,
+            "this_node": c.node(),
+            "nodes": c.status(),
+            "unacknowledged_deliveries": c.pending_count(),
+        }),
+    }
+}
+
+/// `GET /api/v1/cluster`.
 async fn cluster(State(st): State<Shared>) -> ApiResult {
-    Ok(match &st.cluster {
-        None => json(StatusCode::OK, &j!({ "enabled": false })),
-        Some(c) => json(
-            StatusCode::OK,
-            &j!({
-                "enabled": true,
-                "this_node": c.node(),
-                "nodes": c.status(),
-                "unacknowledged_deliveries": c.pending_count(),
-            }),
-        ),
-    })
+    Ok(json(StatusCode::OK, &cluster_value(&st)))
+}
+
+// ---- Domains (docs/domains.md), through `crate::domains::Domains`.
+
+fn domain_error(e: DomainError) -> ApiError {
+    let status = match &e {
+        DomainError::InvalidName(..) | DomainError::BadSetting(_) => StatusCode::BAD_REQUEST,
+        DomainError::Configured(_) | DomainError::Exists(_) | DomainError::Removing(_) => {
+            StatusCode::CONFLICT
+        }
+        DomainError::NotFound(_) => StatusCode::NOT_FOUND,
+        DomainError::Storage(e) => return storage_failed(e),
+    };
+    ApiError::new(status, e.to_string())
+}
+
+/// A domain as the API shows it.
+fn domain_value(st: &Shared, d: &DomainInfo) -> Value {
+    let mut v = j!({
+        "name": d.name,
+        "source": match d.source {
+            DomainSource::Configured => "config",
+            DomainSource::Stored => "stored",
+        },
+        "state": d.state.as_str(),
+        "served": st.env.hosts.is_local(&d.name),
+        "settings": d.settings,
+        "created_at": d.created_at.map(|ms| starling_proto::datetime::xep0082_datetime(
+            u128::try_from(ms).unwrap_or(0))),
+    });
+    if d.state == DomainState::Removing {
+        // Progress of a removal this node runs (another node's is in its log).
+        v["removal"] = j!({
+            "running_here": st.domains.removal_progress(&d.name).is_some(),
+            "accounts_deleted": st.domains.removal_progress(&d.name),
+        });
+    }
+    v
+}
+
+/// Every domain: configured ones first, then stored ones by name, each
+/// with its state and settings.
+pub(crate) async fn domains_list(st: &Shared) -> OpResult {
+    let list = st.domains.list().await.map_err(domain_error)?;
+    let v: Vec<Value> = list.iter().map(|d| domain_value(st, d)).collect();
+    Ok(j!({ "domains": v }))
+}
+
+/// `GET /api/v1/domains`.
+async fn list_domains(State(st): State<Shared>) -> ApiResult {
+    Ok(json(StatusCode::OK, &domains_list(&st).await?))
+}
+
+/// One domain (404 if neither configured nor stored).
+pub(crate) async fn domain_show(st: &Shared, raw: &str) -> OpResult {
+    let name = crate::domains::validate_name(raw).map_err(domain_error)?;
+    let list = st.domains.list().await.map_err(domain_error)?;
+    let d = list.iter().find(|d| d.name == name).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no domain {name} (GET /api/v1/domains lists them)"),
+        )
+    })?;
+    Ok(domain_value(st, d))
+}
+
+/// `GET /api/v1/domains/{name}`.
+async fn get_domain(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult {
+    Ok(json(StatusCode::OK, &domain_show(&st, &name).await?))
+}
+
+/// Applies a JSON object of settings to `s`, key by key, through
+/// `domains::apply_setting` (as `starling domain set` does): `true`/`false`
+/// are on/off, numbers and strings their text, `null` or `"default"`
+/// remove the override.
+pub(crate) fn apply_settings_json(
+    s: &mut DomainSettings,
+    given: &serde_json::Map<String, Value>,
+) -> Result<(), ApiError> {
+    for (key, value) in given {
+        let text = match value {
+            Value::Null => "default".to_owned(),
+            Value::Bool(true) => "on".to_owned(),
+            Value::Bool(false) => "off".to_owned(),
+            Value::Number(n) => n.to_string(),
+            Value::String(t) => t.clone(),
+            _ => {
+                return Err(bad(format!(
+                    "setting {key:?}: a string, number, boolean or null is expected"
+                )))
+            }
+        };
+        crate::domains::apply_setting(s, &format!("{key}={text}")).map_err(domain_error)?;
+    }
+    Ok(())
+}
+
+/// A certificate named in settings must load (as the CLI checks).
+async fn check_certificate(s: &DomainSettings) -> Result<(), ApiError> {
+    if let Some((c, k)) = s.certificate_pair() {
+        let (c, k) = (c.to_owned(), k.to_owned());
+        tokio::task::spawn_blocking(move || crate::tls::TlsContext::load(&c, &k).map(|_| ()))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("checking the certificate failed: {e}"),
+                )
+            })?
+            .map_err(|e| bad(format!("the certificate cannot be used: {e:#}")))?;
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewDomain {
+    pub(crate) name: String,
+    #[serde(default = "yes")]
+    pub(crate) enabled: bool,
+    #[serde(default)]
+    pub(crate) settings: serde_json::Map<String, Value>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Adds a domain (enabled unless `enabled` is false) with its settings;
+/// this node serves it at once, the others within 2 s.
+pub(crate) async fn domain_add(st: &Shared, caller: &Caller, req: NewDomain) -> OpResult {
+    let name = crate::domains::validate_name(&req.name).map_err(domain_error)?;
+    let mut settings = DomainSettings::default();
+    apply_settings_json(&mut settings, &req.settings)?;
+    check_certificate(&settings).await?;
+    let d = st
+        .domains
+        .add(&name, req.enabled, settings)
+        .await
+        .map_err(domain_error)?;
+    audit(caller, "domain.add", &d.name);
+    domain_show(st, &d.name).await
+}
+
+/// `POST /api/v1/domains` `{"name", "enabled"?, "settings"?}`.
+async fn add_domain(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Body(req): Body<NewDomain>,
+) -> ApiResult {
+    let v = domain_add(&st, &caller, req).await?;
+    Ok(json(StatusCode::CREATED, &v))
+}
+
+/// Disables (`enable` false: its sessions close with `host-gone`, new
+/// streams get `host-unknown`, its data stays) or enables a stored domain.
+pub(crate) async fn domain_set_enabled(
+    st: &Shared,
+    caller: &Caller,
+    raw: &str,
+    enable: bool,
+) -> OpResult {
+    let name = crate::domains::validate_name(raw).map_err(domain_error)?;
+    let (r, action) = if enable {
+        (st.domains.enable(&name).await, "domain.enable")
+    } else {
+        (st.domains.disable(&name).await, "domain.disable")
+    };
+    r.map_err(domain_error)?;
+    audit(caller, action, &name);
+    domain_show(st, &name).await
+}
+
+/// `POST /api/v1/domains/{name}/disable`.
+async fn disable_domain(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    let v = domain_set_enabled(&st, &caller, &name, false).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+/// `POST /api/v1/domains/{name}/enable`.
+async fn enable_domain(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    let v = domain_set_enabled(&st, &caller, &name, true).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+/// Marks a stored domain `removing` (not served from now on) and lets the
+/// server delete its data in the background; a configured domain is 409.
+pub(crate) async fn domain_remove(st: &Shared, caller: &Caller, raw: &str) -> OpResult {
+    let name = crate::domains::validate_name(raw).map_err(domain_error)?;
+    st.domains.remove(&name).await.map_err(domain_error)?;
+    audit(caller, "domain.remove", &name);
+    Ok(j!({
+        "name": name,
+        "state": "removing",
+        "status": format!("removal started: its sessions are closed and its data is deleted in the background; GET /api/v1/domains/{name} shows progress until it answers 404"),
+    }))
+}
+
+/// `DELETE /api/v1/domains/{name}`: 202 Accepted.
+async fn remove_domain(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    let v = domain_remove(&st, &caller, &name).await?;
+    Ok(json(StatusCode::ACCEPTED, &v))
+}
+
+/// Changes a stored domain's settings: `replace` sets exactly `given`
+/// (every other key back to the default), else only the keys given
+/// change (`null`/`"default"` removes one).
+pub(crate) async fn domain_settings(
+    st: &Shared,
+    caller: &Caller,
+    raw: &str,
+    given: &serde_json::Map<String, Value>,
+    replace: bool,
+) -> OpResult {
+    let name = crate::domains::validate_name(raw).map_err(domain_error)?;
+    let mut s = if replace {
+        DomainSettings::default()
+    } else {
+        st.domains.get(&name).await.map_err(domain_error)?.settings
+    };
+    apply_settings_json(&mut s, given)?;
+    check_certificate(&s).await?;
+    st.domains
+        .set_settings(&name, s)
+        .await
+        .map_err(domain_error)?;
+    audit(caller, "domain.settings", &name);
+    domain_show(st, &name).await
+}
+
+/// `PUT /api/v1/domains/{name}/settings`: the whole settings object.
+async fn replace_domain_settings(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Body(given): Body<serde_json::Map<String, Value>>,
+) -> ApiResult {
+    let v = domain_settings(&st, &caller, &name, &given, true).await?;
+    Ok(json(StatusCode::OK, &v))
+}
+
+/// `PATCH /api/v1/domains/{name}/settings`: the keys to change.
+async fn patch_domain_settings(
+    State(st): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Body(given): Body<serde_json::Map<String, Value>>,
+) -> ApiResult {
+    let v = domain_settings(&st, &caller, &name, &given, false).await?;
+    Ok(json(StatusCode::OK, &v))
 }

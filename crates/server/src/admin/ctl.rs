@@ -62,6 +62,9 @@ pub enum CtlCommand {
     /// Bound sessions.
     #[command(subcommand)]
     Sessions(SessionsCommand),
+    /// Domains: the configuration file's and those added at run time.
+    #[command(subcommand)]
+    Domains(DomainsCommand),
     /// Send a message from the server (its domain) to a JID.
     Send {
         /// The recipient: an account (all its resources, or offline
@@ -161,6 +164,167 @@ pub enum SessionsCommand {
     },
 }
 
+/// `starling ctl domains …`.
+#[derive(Subcommand, Debug)]
+pub enum DomainsCommand {
+    /// List every domain with its source, state and settings.
+    List,
+    /// Add a domain (served at once; enabled unless --disabled).
+    /// Example: starling ctl domains add chat.example.net registration=off
+    Add {
+        /// The domain.
+        name: String,
+        /// Store it without serving it yet.
+        #[arg(long)]
+        disabled: bool,
+        /// Settings, key=value: registration=on|off,
+        /// archive_retention_days=N, max_sessions=N, certificate=PATH,
+        /// private_key=PATH (paths on the server's machine).
+        #[arg(value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+    },
+    /// Stop serving a domain, keeping its data (its sessions are closed).
+    Disable {
+        /// The domain.
+        name: String,
+    },
+    /// Serve a disabled domain again.
+    Enable {
+        /// The domain.
+        name: String,
+    },
+    /// Remove a domain: not served from now on, all its data deleted by
+    /// the server in the background.
+    Remove {
+        /// The domain.
+        name: String,
+        /// Wait until the deletion is finished, printing its progress.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Change settings (key=value; the value `default` removes an
+    /// override), leaving the others as they are.
+    Set {
+        /// The domain.
+        name: String,
+        /// key=value …
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+    },
+}
+
+/// `key=value` arguments as a JSON object of strings.
+fn settings_object(args: &[String]) -> Result<Value, Failure> {
+    let mut m = serde_json::Map::new();
+    for a in args {
+        let (k, v) = a.split_once('=').ok_or_else(|| {
+            Failure::Usage(format!("{a:?}: write key=value, e.g. registration=off"))
+        })?;
+        m.insert(k.trim().to_owned(), json!(v.trim()));
+    }
+    Ok(Value::Object(m))
+}
+
+/// One domain as a line: name, state, source, settings.
+fn domain_line(d: &Value) -> String {
+    let mut l = format!(
+        "{}  {}  {}",
+        d["name"].as_str().unwrap_or("?"),
+        d["state"].as_str().unwrap_or("?"),
+        d["source"].as_str().unwrap_or("?")
+    );
+    let settings: Vec<String> = d["settings"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| match v {
+            Value::Bool(b) => format!("{k}={}", if *b { "on" } else { "off" }),
+            Value::String(s) => format!("{k}={s}"),
+            v => format!("{k}={v}"),
+        })
+        .collect();
+    if !settings.is_empty() {
+        l.push_str("  ");
+        l.push_str(&settings.join(" "));
+    }
+    if let Some(n) = d["removal"]["accounts_deleted"].as_u64() {
+        l.push_str(&format!("  ({n} accounts deleted so far)"));
+    }
+    l
+}
+
+async fn domains(a: &CtlArgs, client: &Client, cmd: &DomainsCommand) -> Result<(), Failure> {
+    let path = |name: &str, rest: &str| format!("/api/v1/domains/{}{rest}", enc(name));
+    match cmd {
+        DomainsCommand::List => {
+            let v = client.call("GET", "/api/v1/domains", None).await?;
+            if a.json {
+                line(&v.to_string());
+            } else {
+                for d in v["domains"].as_array().into_iter().flatten() {
+                    line(&domain_line(d));
+                }
+            }
+        }
+        DomainsCommand::Add {
+            name,
+            disabled,
+            settings,
+        } => {
+            let body = json!({ "name": name, "enabled": !disabled, "settings": settings_object(settings)? });
+            let v = client.call("POST", "/api/v1/domains", Some(body)).await?;
+            print(a, &v, || format!("added {}", domain_line(&v)));
+        }
+        DomainsCommand::Disable { name } => {
+            let v = client.call("POST", &path(name, "/disable"), None).await?;
+            print(a, &v, || {
+                format!("disabled {name}: its sessions are closed, its data is kept")
+            });
+        }
+        DomainsCommand::Enable { name } => {
+            let v = client.call("POST", &path(name, "/enable"), None).await?;
+            print(a, &v, || format!("enabled {name}"));
+        }
+        DomainsCommand::Remove { name, wait } => {
+            let v = client.call("DELETE", &path(name, ""), None).await?;
+            if !wait {
+                print(a, &v, || {
+                    format!("removing {name}: its data is deleted in the background (`starling ctl domains list` shows progress)")
+                });
+                return Ok(());
+            }
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                match client.call("GET", &path(name, ""), None).await {
+                    Err(Failure::Server(404, _)) => break,
+                    Err(e) => return Err(e),
+                    Ok(d) => {
+                        if !a.json {
+                            if let Some(n) = d["removal"]["accounts_deleted"].as_u64() {
+                                line(&format!("{name}: {n} accounts deleted so far"));
+                            }
+                        }
+                    }
+                }
+            }
+            print(a, &json!({ "name": name, "removed": true }), || {
+                format!("removed {name}")
+            });
+        }
+        DomainsCommand::Set { name, settings } => {
+            let v = client
+                .call(
+                    "PATCH",
+                    &path(name, "/settings"),
+                    Some(settings_object(settings)?),
+                )
+                .await?;
+            print(a, &v, || domain_line(&v));
+        }
+    }
+    Ok(())
+}
+
 /// Why a request failed.
 enum Failure {
     /// Nothing answered (or the answer was not HTTP).
@@ -200,7 +364,7 @@ fn line(s: &str) {
 }
 
 /// Percent-encodes a path segment or query value.
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~@".contains(&b) {
@@ -338,6 +502,7 @@ async fn execute(a: &CtlArgs) -> Result<(), Failure> {
             Ok(())
         }
         CtlCommand::Users(cmd) => users(a, &client, cmd).await,
+        CtlCommand::Domains(cmd) => domains(a, &client, cmd).await,
     }
 }
 

@@ -10,7 +10,10 @@
 //! - `/metrics`, the Prometheus text exposition of `Metrics::encode`;
 //! - `/health/live` (200 while the process serves) and `/health/ready`
 //!   (200 once start-up is complete, 503 while starting or shutting
-//!   down), for load balancers and orchestrators.
+//!   down), for load balancers and orchestrators;
+//! - `/admin`, the web admin page ([`web`]: server-rendered HTML, a
+//!   login with an admin token, then a session cookie), whose actions
+//!   call the API's operations.
 //!
 //! The API is versioned under `/api/v1`; errors are `{"error", "status"}`
 //! objects. Metrics, health and the OpenAPI document need no token, which
@@ -36,6 +39,7 @@ pub(crate) mod api;
 pub mod ctl;
 pub(crate) mod openapi;
 pub mod tokens;
+pub(crate) mod web;
 
 use crate::cluster::Cluster;
 use crate::routing::router::LocalRouter;
@@ -174,7 +178,12 @@ pub(crate) struct AdminState {
     /// PBKDF2 iterations for passwords set through the API.
     pub iterations: u32,
     /// The configured domains, normalised, first = default.
-    pub domains: Vec<String>,
+    pub configured: Vec<String>,
+    /// Domains added at run time: the served set is `env.hosts`, changes
+    /// go through this service (docs/domains.md).
+    pub domains: Arc<crate::domains::Domains>,
+    /// The web admin page's sessions and login limits ([`web`]).
+    pub web: web::WebState,
 }
 
 /// The admin listeners' shared state.
@@ -193,6 +202,7 @@ pub(crate) fn routes(state: Shared, max_body: usize) -> Router {
         .route("/metrics", get(metrics))
         .route(openapi::PATH, get(openapi_document))
         .merge(api)
+        .merge(web::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)

@@ -80,7 +80,7 @@ pub(crate) fn document() -> Value {
     }));
     let not_found = err("No such account.");
     let text = |d: &str| json!({ "description": d, "content": { "text/plain": { "schema": { "type": "string" } } } });
-    json!({
+    let mut doc = json!({
         "openapi": "3.0.3",
         "info": {
             "title": "Starling admin API",
@@ -254,6 +254,87 @@ pub(crate) fn document() -> Value {
                     }))) }))
             }
         }
+    });
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), domain_paths()) {
+        paths.extend(more);
+    }
+    doc
+}
+
+/// The domain endpoints (a document of their own: one `json!` for
+/// everything exceeds the macro recursion limit).
+fn domain_paths() -> Value {
+    let object = |props: Value| json!({ "type": "object", "properties": props });
+    let settings = json!({
+        "type": "object",
+        "description": "Overrides of the global configuration (docs/domains.md). In a request, null or \"default\" removes an override.",
+        "properties": {
+            "registration": { "type": "boolean", "description": "In-band registration on (true, \"on\") or off (false, \"off\")." },
+            "archive_retention_days": { "type": "integer", "minimum": 0, "description": "0: forever." },
+            "max_sessions": { "type": "integer", "minimum": 0, "description": "Sessions bound at once on one node." },
+            "certificate": { "type": "string", "description": "PEM chain on the server's machine (with private_key)." },
+            "private_key": { "type": "string" }
+        }
+    });
+    let domain = object(json!({
+        "name": { "type": "string" },
+        "source": { "type": "string", "enum": ["config", "stored"] },
+        "state": { "type": "string", "enum": ["enabled", "disabled", "removing"] },
+        "served": { "type": "boolean" },
+        "settings": settings.clone(),
+        "created_at": { "type": "string", "format": "date-time", "nullable": true },
+        "removal": object(json!({
+            "running_here": { "type": "boolean" },
+            "accounts_deleted": { "type": "integer", "nullable": true, "description": "Counted every 1000 accounts, on the node that deletes." }
+        }))
+    }));
+    let name_param = json!({
+        "name": "name", "in": "path", "required": true,
+        "description": "The domain.",
+        "schema": { "type": "string", "example": "chat.example.net" }
+    });
+    let no_domain = err("No such domain.");
+    let configured = err("A domain of the configuration file (it cannot be changed at run time), one that exists already, or one being removed.");
+    json!({
+            "/api/v1/domains": {
+                "get": op("Every domain: the configuration file's, then those added at run time, with state and settings.", vec![], None,
+                    json!({ "200": ok("The domains.", object(json!({ "domains": { "type": "array", "items": domain.clone() } }))) })),
+                "post": op("Add a domain at run time (served at once on this node, within 2 s on the others).", vec![],
+                    Some(json!({ "required": true, "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["name"],
+                        "properties": {
+                            "name": { "type": "string" },
+                            "enabled": { "type": "boolean", "default": true },
+                            "settings": settings.clone()
+                        }
+                    } } } })),
+                    json!({ "201": ok("Added.", domain.clone()), "409": configured.clone() }))
+            },
+            "/api/v1/domains/{name}": {
+                "get": op("One domain, with the progress of its removal.", vec![name_param.clone()], None,
+                    json!({ "200": ok("The domain.", domain.clone()), "404": no_domain.clone() })),
+                "delete": op("Remove a domain: it stops being served (its sessions close with <host-gone/>) and its data is deleted in the background; GET shows state `removing` until it answers 404.", vec![name_param.clone()], None,
+                    json!({
+                        "202": ok("Removal started.", object(json!({ "name": { "type": "string" }, "state": { "type": "string" }, "status": { "type": "string" } }))),
+                        "404": no_domain.clone(), "409": configured.clone()
+                    }))
+            },
+            "/api/v1/domains/{name}/disable": {
+                "post": op("Stop serving a domain, keeping its data: its sessions close with <host-gone/>, new streams get <host-unknown/>.", vec![name_param.clone()], None,
+                    json!({ "200": ok("Disabled.", domain.clone()), "404": no_domain.clone(), "409": configured.clone() }))
+            },
+            "/api/v1/domains/{name}/enable": {
+                "post": op("Serve a disabled domain again.", vec![name_param.clone()], None,
+                    json!({ "200": ok("Enabled.", domain.clone()), "404": no_domain.clone(), "409": configured.clone() }))
+            },
+            "/api/v1/domains/{name}/settings": {
+                "put": op("Replace a domain's settings (keys left out go back to the default).", vec![name_param.clone()],
+                    Some(body(settings.clone())),
+                    json!({ "200": ok("Changed.", domain.clone()), "404": no_domain.clone(), "409": configured.clone() })),
+                "patch": op("Change some of a domain's settings (null or \"default\" removes an override).", vec![name_param.clone()],
+                    Some(body(settings.clone())),
+                    json!({ "200": ok("Changed.", domain.clone()), "404": no_domain.clone(), "409": configured.clone() }))
+            }
     })
 }
 
