@@ -571,6 +571,8 @@ impl Domains {
                     if let Some(t) = &tls {
                         t.forget(&name);
                     }
+                    // Its sessions closed long before its data was gone.
+                    env.metrics.forget_domain(&name);
                     tracing::info!(domain = %name, accounts_deleted = n, "domain removed: its data is deleted");
                 }
                 Err(e) => {

@@ -148,8 +148,12 @@ enum TokenCommand {
         /// made with it.
         #[arg(long)]
         name: String,
+        /// What it may do: admin (everything) or read (GET requests and
+        /// the web page without its forms: monitoring, dashboards).
+        #[arg(long, default_value = "admin", value_parser = ["admin", "read"])]
+        scope: String,
     },
-    /// List the tokens: name, created, last used (never the tokens).
+    /// List the tokens: name, scope, created, last used (never the tokens).
     List,
     /// Revoke a token; requests using it are refused at once.
     Revoke {
@@ -519,10 +523,10 @@ async fn admin_token(cfg: Config, cmd: TokenCommand) -> anyhow::Result<()> {
     let store = storage.admin_tokens.as_ref();
     let result = async {
         match cmd {
-            TokenCommand::Create { name } => {
-                let token = tokens::create(store, &name).await?;
+            TokenCommand::Create { name, scope } => {
+                let token = tokens::create(store, &name, &scope).await?;
                 note!(
-                    "created admin token {name:?}; it is shown only now: keep it secret (e.g. export STARLING_ADMIN_TOKEN=…)"
+                    "created admin token {name:?} (scope {scope}); it is shown only now: keep it secret (e.g. export STARLING_ADMIN_TOKEN=…)"
                 );
                 out!("{token}")?;
             }
@@ -536,8 +540,9 @@ async fn admin_token(cfg: Config, cmd: TokenCommand) -> anyhow::Result<()> {
                 };
                 for t in &list {
                     out!(
-                        "{}  created {}  last used {}",
+                        "{}  scope {}  created {}  last used {}",
                         t.name,
+                        t.scope,
                         when(t.created_at),
                         t.last_used_at.map_or("never".to_owned(), when)
                     )?;

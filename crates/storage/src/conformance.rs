@@ -654,6 +654,7 @@ pub async fn admin(s: &Storage) {
         hash: vec![hash; 32],
         created_at: 1_800_000_000_000,
         last_used_at: None,
+        scope: if hash == 2 { "read" } else { "admin" }.to_owned(),
     };
     let odd = "ops'; DROP TABLE admin_tokens; --";
     t.create_admin_token(&tok("deploy", 1)).await.unwrap();

@@ -16,7 +16,15 @@ pub struct AdminToken {
     /// When it last authenticated a request, milliseconds since the Unix
     /// epoch (updated at most once a minute).
     pub last_used_at: Option<i64>,
+    /// What it may do: [`SCOPE_ADMIN`] everything, [`SCOPE_READ`] only
+    /// read (`GET` requests, the web page without its forms).
+    pub scope: String,
 }
+
+/// The scope of a token that may do everything.
+pub const SCOPE_ADMIN: &str = "admin";
+/// The scope of a read-only token (monitoring, dashboards).
+pub const SCOPE_READ: &str = "read";
 
 /// The admin API's bearer tokens. Few (one per operator or script), so
 /// they are read all at once and compared in constant time by the server.

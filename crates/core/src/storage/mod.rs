@@ -14,7 +14,7 @@ mod offline;
 mod pubsub;
 mod timed;
 
-pub use admin::{AdminToken, AdminTokenStore};
+pub use admin::{AdminToken, AdminTokenStore, SCOPE_ADMIN, SCOPE_READ};
 pub use archive::coalesce_inbox_updates;
 pub use domains::{DomainSettings, DomainState, DomainStore, StoredDomain};
 pub use archive::{

@@ -51,6 +51,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use starling_core::hooks::{HookResult, SessionCtx, SessionState, TimerHandler};
+use starling_core::storage::SCOPE_ADMIN;
 use starling_core::{Env, Flow};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -248,6 +249,17 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
+    let ip = peer.map(|p| p.ip());
+    if ip.is_some_and(|ip| !st.web.login_allowed(ip)) {
+        tracing::warn!(peer = ?peer, "admin API: too many requests with a wrong token from this address; refused");
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                "too many requests with a wrong token from this address; wait {} s",
+                web::LOGIN_WINDOW.as_secs()
+            ),
+        );
+    }
     let Some(given) = given.filter(|t| !t.is_empty()) else {
         return unauthorized("missing bearer token: send Authorization: Bearer <token> (tokens are made with `starling admin token create --name NAME`)");
     };
@@ -259,6 +271,9 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
         }
     };
     let Some(token) = tokens::find(&stored, given) else {
+        if let Some(ip) = ip {
+            st.web.login_failed(ip);
+        }
         // The token itself is never logged.
         tracing::warn!(peer = ?peer, "admin API: request with an unknown token refused");
         return unauthorized("invalid token (revoked, or never created on this deployment)");
@@ -278,6 +293,23 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
                 tracing::debug!(error = %e, "admin API: cannot record a token's use");
             }
         });
+    }
+    let reads = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if token.scope != SCOPE_ADMIN && !reads {
+        tracing::warn!(token = %token.name, scope = %token.scope, method = %req.method(), path = %req.uri().path(), "admin API: a change refused to a read-only token");
+        return error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "token {:?} has scope {:?}: it may only read (GET); changes need a token made with --scope admin",
+                token.name, token.scope
+            ),
+        );
+    }
+    if let Some(ip) = ip {
+        st.web.login_succeeded(ip);
     }
     req.extensions_mut().insert(Caller(token.name.clone()));
     next.run(req).await
@@ -337,12 +369,14 @@ async fn ready(State(st): State<Shared>) -> Response {
     }
 }
 
-/// `GET /metrics`: the Prometheus text format (version 0.0.4).
+/// `GET /metrics`: the OpenMetrics text format, which `Metrics::encode`
+/// writes (counter families named without `_total`, `# EOF` at the end):
+/// served as such, Prometheus keeps the metric types.
 async fn metrics(State(st): State<Shared>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
         )],
         st.env.metrics.encode(),
     )

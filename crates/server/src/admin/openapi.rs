@@ -108,7 +108,7 @@ pub(crate) fn document() -> Value {
                 }
             }},
             "/metrics": { "get": {
-                "summary": "Prometheus metrics (text format 0.0.4).", "security": [],
+                "summary": "Prometheus metrics (OpenMetrics text format 1.0.0).", "security": [],
                 "responses": { "200": text("The metrics.") }
             }},
             PATH: { "get": {

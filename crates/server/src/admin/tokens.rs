@@ -10,7 +10,9 @@
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
-use starling_core::storage::{AdminToken, AdminTokenStore, StorageError, StorageResult};
+use starling_core::storage::{
+    AdminToken, AdminTokenStore, StorageError, StorageResult, SCOPE_ADMIN, SCOPE_READ,
+};
 use subtle::ConstantTimeEq;
 
 /// Prefix of every token: recognisable in a leaked file or log, and by
@@ -72,6 +74,9 @@ pub enum TokenError {
     /// The name is not acceptable.
     #[error("token name {0:?} is not valid: use 1-64 letters, digits, '-', '_', '.' or '@'")]
     BadName(String),
+    /// The scope is not one of `admin`, `read`.
+    #[error("token scope {0:?} is not valid: use admin (everything) or read (GET requests only)")]
+    BadScope(String),
     /// A token with this name exists.
     #[error("a token named {0:?} exists already: revoke it first (starling admin token revoke {0}) or choose another name")]
     Exists(String),
@@ -80,11 +85,18 @@ pub enum TokenError {
     Storage(#[from] StorageError),
 }
 
-/// Creates and stores a token named `name`; returns the token, which is
-/// not kept anywhere else.
-pub async fn create(store: &dyn AdminTokenStore, name: &str) -> Result<String, TokenError> {
+/// Creates and stores a token named `name` with `scope` (`admin` or
+/// `read`); returns the token, which is not kept anywhere else.
+pub async fn create(
+    store: &dyn AdminTokenStore,
+    name: &str,
+    scope: &str,
+) -> Result<String, TokenError> {
     if !valid_name(name) {
         return Err(TokenError::BadName(name.to_owned()));
+    }
+    if scope != SCOPE_ADMIN && scope != SCOPE_READ {
+        return Err(TokenError::BadScope(scope.to_owned()));
     }
     let token = generate();
     let row = AdminToken {
@@ -92,6 +104,7 @@ pub async fn create(store: &dyn AdminTokenStore, name: &str) -> Result<String, T
         hash: hash(&token),
         created_at: now_millis(),
         last_used_at: None,
+        scope: scope.to_owned(),
     };
     match store.create_admin_token(&row).await {
         Ok(()) => Ok(token),
@@ -123,12 +136,14 @@ mod tests {
                 hash: hash(&a),
                 created_at: 0,
                 last_used_at: None,
+                scope: SCOPE_ADMIN.to_owned(),
             },
             AdminToken {
                 name: "b".into(),
                 hash: hash(&b),
                 created_at: 0,
                 last_used_at: None,
+                scope: SCOPE_ADMIN.to_owned(),
             },
         ];
         assert_eq!(find(&stored, &b).map(|t| t.name.as_str()), Some("b"));

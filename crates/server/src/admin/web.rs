@@ -35,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde_json::Value;
+use starling_core::storage::SCOPE_ADMIN;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -108,15 +109,16 @@ fn same(a: &str, b: &str) -> bool {
 }
 
 impl WebState {
-    /// True if `ip` may try to log in now.
-    fn login_allowed(&self, ip: IpAddr) -> bool {
+    /// True if `ip` may try to log in now (the web page's login and the
+    /// API's token check share this limit).
+    pub(super) fn login_allowed(&self, ip: IpAddr) -> bool {
         match lock(&self.failures).get(&ip) {
             Some((since, n)) => since.elapsed() >= LOGIN_WINDOW || *n < LOGIN_FAILURES,
             None => true,
         }
     }
 
-    fn login_failed(&self, ip: IpAddr) {
+    pub(super) fn login_failed(&self, ip: IpAddr) {
         let mut f = lock(&self.failures);
         if f.len() > 10_000 {
             f.retain(|_, (since, _)| since.elapsed() < LOGIN_WINDOW);
@@ -128,7 +130,7 @@ impl WebState {
         e.1 += 1;
     }
 
-    fn login_succeeded(&self, ip: IpAddr) {
+    pub(super) fn login_succeeded(&self, ip: IpAddr) {
         lock(&self.failures).remove(&ip);
     }
 
@@ -435,6 +437,8 @@ fn error_page(status: StatusCode, text: &str) -> Response {
 struct Logged {
     id: String,
     caller: Caller,
+    /// The token may only read (scope `read`): pages, no actions.
+    read_only: bool,
     csrf: String,
     flash: Option<Flash>,
 }
@@ -455,12 +459,14 @@ async fn logged(st: &Shared, headers: &HeaderMap, take_flash: bool) -> Result<Lo
         return Err(redirect("/admin/login"));
     };
     // A revoked token ends its web sessions.
-    match st.env.storage.admin_tokens.admin_tokens().await {
-        Ok(list) if list.iter().any(|t| t.name == token) => {}
-        Ok(_) => {
-            st.web.close(&id);
-            return Err(redirect("/admin/login"));
-        }
+    let read_only = match st.env.storage.admin_tokens.admin_tokens().await {
+        Ok(list) => match list.iter().find(|t| t.name == token) {
+            Some(t) => t.scope != SCOPE_ADMIN,
+            None => {
+                st.web.close(&id);
+                return Err(redirect("/admin/login"));
+            }
+        },
         Err(e) => {
             tracing::error!(error = %e, "admin web: cannot read the tokens");
             return Err(error_page(
@@ -468,10 +474,11 @@ async fn logged(st: &Shared, headers: &HeaderMap, take_flash: bool) -> Result<Lo
                 "storage unavailable",
             ));
         }
-    }
+    };
     Ok(Logged {
         id,
         caller: Caller(token),
+        read_only,
         csrf,
         flash,
     })
@@ -1058,6 +1065,13 @@ async fn action(
         return error_page(
             StatusCode::FORBIDDEN,
             "missing or wrong CSRF token: reload the page and try again",
+        );
+    }
+    if me.read_only {
+        tracing::warn!(token = %me.caller.0, section = %section, action = %act, "admin web: a change refused to a read-only token");
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "this token may only read (scope read); changes need a token made with --scope admin",
         );
     }
     let caller = &me.caller;

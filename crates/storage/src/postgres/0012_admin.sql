@@ -6,7 +6,8 @@ CREATE TABLE admin_tokens (
     name         TEXT COLLATE "C" NOT NULL PRIMARY KEY,
     token_hash   BYTEA  NOT NULL, -- SHA-256 of the token
     created_at   BIGINT NOT NULL, -- milliseconds since the Unix epoch
-    last_used_at BIGINT           -- milliseconds since the Unix epoch
+    last_used_at BIGINT,          -- milliseconds since the Unix epoch
+    scope        TEXT   NOT NULL DEFAULT 'admin' -- 'admin' or 'read'
 );
 
 ALTER TABLE accounts ADD COLUMN disabled BOOLEAN NOT NULL DEFAULT FALSE;

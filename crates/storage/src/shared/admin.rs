@@ -10,13 +10,14 @@ use starling_core::storage::{AdminToken, AdminTokenStore, StorageError, StorageR
 impl AdminTokenStore for Store {
     async fn create_admin_token(&self, token: &AdminToken) -> StorageResult<()> {
         let n = sqlx::query(
-            "INSERT INTO admin_tokens (name, token_hash, created_at, last_used_at)
-             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            "INSERT INTO admin_tokens (name, token_hash, created_at, last_used_at, scope)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
         )
         .bind(&token.name)
         .bind(&token.hash)
         .bind(token.created_at)
         .bind(token.last_used_at)
+        .bind(&token.scope)
         .execute(&self.writer)
         .await
         .map_err(backend)?
@@ -29,7 +30,7 @@ impl AdminTokenStore for Store {
 
     async fn admin_tokens(&self) -> StorageResult<Vec<AdminToken>> {
         let rows = sqlx::query(
-            "SELECT name, token_hash, created_at, last_used_at FROM admin_tokens ORDER BY name",
+            "SELECT name, token_hash, created_at, last_used_at, scope FROM admin_tokens ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await
@@ -41,6 +42,7 @@ impl AdminTokenStore for Store {
                 hash: r.get(1),
                 created_at: r.get(2),
                 last_used_at: r.get(3),
+                scope: r.get(4),
             })
             .collect())
     }

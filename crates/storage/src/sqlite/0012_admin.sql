@@ -6,7 +6,8 @@ CREATE TABLE admin_tokens (
     name         TEXT    NOT NULL PRIMARY KEY,
     token_hash   BLOB    NOT NULL, -- SHA-256 of the token
     created_at   INTEGER NOT NULL, -- milliseconds since the Unix epoch
-    last_used_at INTEGER           -- milliseconds since the Unix epoch
+    last_used_at INTEGER,          -- milliseconds since the Unix epoch
+    scope        TEXT    NOT NULL DEFAULT 'admin' -- 'admin' or 'read'
 ) WITHOUT ROWID;
 
 ALTER TABLE accounts ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0;
