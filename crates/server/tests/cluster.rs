@@ -1257,3 +1257,59 @@ async fn a_joining_node_takes_over_the_rooms_it_wins() {
     n1.stop().await;
     env.stop().await;
 }
+
+/// Issue 14 (docs/domains.md): a domain added on one node is served by
+/// every node within seconds (each node polls the domains' change
+/// counter in the shared database), a user of it logs in on the other
+/// node with SNI, and disabling it on the first node closes that session
+/// on the other with `host-gone` (RFC 6120 §4.9.3.5).
+#[tokio::test]
+async fn a_domain_added_or_disabled_on_one_node_is_seen_by_every_node() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let domain = "dyn.example";
+    let seen_by = |n: &TestServer, want: bool| {
+        let hosts = n.server.env.clone();
+        async move {
+            let t = std::time::Instant::now();
+            while hosts.hosts.is_local(domain) != want {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "after 10 s, served = {} on the other node",
+                    !want
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            t.elapsed()
+        }
+    };
+    assert!(!n2.server.env.hosts.is_local(domain));
+    n1.server
+        .domains
+        .add(domain, true, Default::default())
+        .await
+        .unwrap();
+    let took = seen_by(&n2, true).await;
+    assert!(took < Duration::from_secs(5), "seen after {took:?}");
+    let zoe = BareJid::new(&format!("zoe@{domain}")).unwrap();
+    starling_server::accounts::create(&n2.server.env.storage, &zoe, "pw-zoe", 4096)
+        .await
+        .unwrap();
+    let mut c = Client::connect(n2.starttls_addr()).await;
+    c.domain = domain.to_owned();
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, "zoe", "pw-zoe")
+        .await
+        .unwrap_or_else(|f| panic!("login on node 2 failed: {f}"));
+    c.bind(None).await;
+    n1.server.domains.disable(domain).await.unwrap();
+    c.expect_stream_error("host-gone").await;
+    seen_by(&n2, false).await;
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
