@@ -255,10 +255,21 @@ pub struct PepArgs {
     /// at most `--concurrency` logins in flight until bound).
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
-    /// A login is over once this long passed without a notification (from
-    /// its presence or its last notification), ms.
+    /// Once a login got every expected notification, its window closes
+    /// when this long passed without another (duplicates and extras still
+    /// count in it), ms.
     #[arg(long, default_value_t = 2000)]
     pub quiet_ms: u64,
+    /// A login's window closes this long after its caps presence at the
+    /// latest: what has not arrived by then is missing (servers deliver
+    /// at their own pace; none is cut off for being slow), s.
+    #[arg(long, default_value_t = 60.0)]
+    pub window_secs: f64,
+    /// Skip the caps warm-up: the storm's sessions announce a `ver` the
+    /// server has not seen since it started (unless an earlier run showed
+    /// it), and what it sends before it learned the features is up to it.
+    #[arg(long)]
+    pub cold_caps: bool,
     /// Skip the setup: the accounts are subscribed and have published
     /// (an earlier run with the same --users, --contacts and --nodes).
     #[arg(long)]
@@ -648,6 +659,11 @@ pub struct ProvisionArgs {
     /// `prosody-files`: chown the files to this user (e.g. prosody).
     #[arg(long)]
     pub chown: Option<String>,
+    /// `prosody-files`: also write every user's roster, with the `pep`
+    /// scenario's layout for this many contacts per user (groups of
+    /// contacts + 1 consecutive users, mutually subscribed: `both`).
+    #[arg(long)]
+    pub contacts: Option<u64>,
 }
 
 impl ConnArgs {

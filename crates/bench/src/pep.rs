@@ -20,19 +20,44 @@
 //!    - then it publishes one item to each of the first `--nodes` nodes of
 //!      [`NODES`] (avatar metadata, nick, OMEMO device lists with
 //!      `publish-options` access model `open`…; payloads of a few hundred
-//!      bytes) and deletes the list's other nodes (an earlier run's);
-//!    - every session closes (`</stream:stream>`), and the tool waits
-//!      `--settle-secs`.
-//! 2. **The login storm** (measured): every user logs in again, at
+//!      bytes) and deletes the list's other nodes (an earlier run's); a
+//!      refused publication is sent again after a pause, at most 9 times
+//!      (ejabberd's mnesia refuses some of many simultaneous first
+//!      publications: see [`publish_retry_after`]), the retries reported;
+//!    - every session closes (`</stream:stream>`).
+//! 2. **The caps warm-up** (not measured; skipped with `--cold-caps`): the
+//!    first user logs in alone, sends the storm's caps presence and
+//!    answers the server's disco#info queries, then logs out; the tool
+//!    waits `--settle-secs`. A production server knows the `ver` of the
+//!    clients its users run (ejabberd and Starling keep verified caps in
+//!    their database, Prosody in memory): without this, the storm's
+//!    first logins would all meet a `ver` the server never saw, and what a
+//!    server does with notifications before its disco#info round trip
+//!    completes differs (ejabberd 23.01 drops them: `mod_pubsub` filters
+//!    last items through `mod_caps:get_features/2`, empty until the
+//!    answer is stored, and does not send them again afterwards).
+//! 3. **The login storm** (measured): every user logs in again, at
 //!    `--rate` logins/s (0: all at once; at most `--concurrency` in flight
 //!    until bound), and sends available presence with XEP-0115
 //!    capabilities: one `ver` (sha-1, §5.1) shared by every session,
 //!    whose features include `NODE+notify` for each published node. The
 //!    server's disco#info query for it (§6.3, from whichever JID) is
-//!    answered. A login's window lasts until `--quiet-ms` pass without a
-//!    notification (`<message>` with a `pubsub#event` child); expected in
-//!    it: the last item of every node of every group member, its own
-//!    included (group size × nodes). Per login: TCP connect → last
+//!    answered. Expected by each login: the last item of every node of
+//!    every group member, its own included (group size × nodes), as
+//!    notifications (`<message>` with a `pubsub#event` child). A login's
+//!    window lasts until it got all of them and then `--quiet-ms` passed
+//!    without another, or `--window-secs` after its caps presence at the
+//!    latest: servers that deliver later (a backlog, their own round
+//!    trips) are waited for rather than cut off; what did not arrive by
+//!    then is missing, split by whether its publisher was online first
+//!    (the login itself, or a contact whose caps presence went out before
+//!    the login's) or logged in after it. (ejabberd 23.01 sends a login
+//!    the last items of online contacts only, from their sessions'
+//!    answers to its presence probes — `mod_pubsub:presence_probe/3`; its
+//!    `ignore_pep_from_offline: false` is a no-op since the code that
+//!    used it was commented out in `send_last_items/1` — so with
+//!    simultaneous logins it misses the items of the contacts that log in
+//!    after it, by design.) Per login: TCP connect → last
 //!    notification (and caps presence → last notification), notifications
 //!    received, the expected (publisher, node) pairs among them,
 //!    duplicates, unexpected ones, XML bytes and presences received after
@@ -350,7 +375,7 @@ fn notification(el: &Element) -> Option<(String, String)> {
 
 /// The users of user `n`'s group (groups of `contacts + 1` consecutive
 /// users from `first`; the last one may be smaller).
-fn group_of(first: u64, users: u64, contacts: u64, n: u64) -> std::ops::Range<u64> {
+pub(crate) fn group_of(first: u64, users: u64, contacts: u64, n: u64) -> std::ops::Range<u64> {
     let size = contacts + 1;
     let lo = first + (n - first) / size * size;
     lo..(lo + size).min(first + users)
@@ -612,6 +637,7 @@ struct SetupDone {
     reset: u64,
     removed: u64,
     published: u64,
+    publish_retries: u64,
     deleted: u64,
     subscribed_after: Option<Duration>,
     published_after: Option<Duration>,
@@ -623,8 +649,39 @@ struct SetupDone {
 enum Op {
     Remove,
     Reset,
-    Publish,
+    /// The item of node `k` of [`NODES`].
+    Publish(usize),
     Delete,
+}
+
+/// Attempts at each publication of the setup (see [`publish_retry_after`]).
+const PUBLISH_ATTEMPTS: u32 = 10;
+
+/// How long user `n` waits before attempt `attempt` (1, 2…) at the
+/// publication to node `k` that was refused: 200 ms doubled at each
+/// attempt up to 6.4 s, plus up to as much again (jitter, so that the
+/// users whose publications collided do not collide again): about a
+/// minute at most over the 9 retries. (5 attempts 200 ms × attempt
+/// apart left 453 of 1,503 publications refused at 501 users.)
+///
+/// Why retry at all: a server may refuse a publication because of other
+/// users' concurrent ones, not because of anything in it. ejabberd 23.01
+/// (mnesia) allocates every new node's id from one record,
+/// `{pubsub_index, node}` (`pubsub_index:new/1` reads it, then writes
+/// it); when many users auto-create their first nodes in the same
+/// instant, mnesia aborts some of those transactions as deadlocks
+/// (`{aborted, {cyclic, …, {pubsub_index, node}, write, …}}` in its
+/// error.log), `mod_pubsub:do_transaction/4` turns the abort into an
+/// error instead of letting mnesia restart the transaction, and
+/// `publish_item/8` answers the failed auto-create with `item-not-found`
+/// (43 of 303 publications refused at 101 users). A production server
+/// never sees its users create their first nodes all in one instant;
+/// a client whose publication fails tries again later. Retrying gives
+/// every server the same published items; the retries are reported.
+fn publish_retry_after(n: u64, k: usize, attempt: u32) -> Duration {
+    let base = 200u64 << attempt.saturating_sub(1).min(5);
+    let jitter = SplitMix::new(n ^ ((k as u64) << 32) ^ (u64::from(attempt) << 40)).next_u64();
+    Duration::from_millis(base + jitter % (base + 1))
 }
 
 /// Subscriptions, publications, clean-up of one user; returns its
@@ -694,6 +751,10 @@ async fn setup_user(p: SetupPlan, t0: Instant) -> (Conn, SetupDone) {
         }
     }
     let mut bytes = 0;
+    // Publications refused so far, per node; refused ones to send again
+    // (when, node).
+    let mut attempts = [0u32; NODES.len()];
+    let mut retries: Vec<(tokio::time::Instant, usize)> = Vec::new();
     let mut alive = batch.is_empty() || conn.send(batch.as_bytes()).await.is_ok();
     // Handles what the server sends; false when the session is gone.
     macro_rules! serve {
@@ -730,10 +791,18 @@ async fn setup_user(p: SetupPlan, t0: Instant) -> (Conn, SetupDone) {
                     match (op, ok) {
                         (Op::Remove, true) => out.removed += 1,
                         (Op::Delete, true) => out.deleted += 1,
-                        (Op::Publish, true) => out.published += 1,
-                        (Op::Publish, false) => {
-                            let (cond, text) = error_of(&el);
-                            out.failures.push((format!("publish:{cond}"), text));
+                        (Op::Publish(_), true) => out.published += 1,
+                        (Op::Publish(k), false) => {
+                            attempts[k] += 1;
+                            if attempts[k] < PUBLISH_ATTEMPTS {
+                                out.publish_retries += 1;
+                                let at = tokio::time::Instant::now()
+                                    + publish_retry_after(n, k, attempts[k]);
+                                retries.push((at, k));
+                            } else {
+                                let (cond, text) = error_of(&el);
+                                out.failures.push((format!("publish:{cond}"), text));
+                            }
                         }
                         (Op::Reset, _) => {}
                         // Already gone (item-not-found): nothing to clean.
@@ -774,12 +843,12 @@ async fn setup_user(p: SetupPlan, t0: Instant) -> (Conn, SetupDone) {
     let mut batch = String::new();
     for (k, node) in NODES.iter().enumerate() {
         let (id, op) = if k < nodes {
-            (format!("pub{k}"), Op::Publish)
+            (format!("pub{k}"), Op::Publish(k))
         } else {
             (format!("del{k}"), Op::Delete)
         };
         batch.push_str(&match op {
-            Op::Publish => publish_iq(k, n, &id),
+            Op::Publish(_) => publish_iq(k, n, &id),
             _ => format!(
                 "<iq type='set' id='{id}'><pubsub xmlns='{NS_PUBSUB_OWNER}'><delete node='{}'/></pubsub></iq>",
                 node.node
@@ -789,10 +858,37 @@ async fn setup_user(p: SetupPlan, t0: Instant) -> (Conn, SetupDone) {
     }
     alive = alive && conn.send(batch.as_bytes()).await.is_ok();
     let deadline = tokio::time::Instant::now() + timeout;
-    while alive && !pending.is_empty() {
-        match next_element(&mut conn, &mut bytes, Some(deadline)).await {
+    while alive && (!pending.is_empty() || !retries.is_empty()) {
+        let now = tokio::time::Instant::now();
+        if retries.iter().any(|(at, _)| *at <= now) {
+            let mut batch = String::new();
+            retries.retain(|&(at, k)| {
+                if at > now {
+                    return true;
+                }
+                let id = format!("pub{k}r{}", attempts[k]);
+                batch.push_str(&publish_iq(k, n, &id));
+                pending.insert(id, Op::Publish(k));
+                false
+            });
+            if conn.send(batch.as_bytes()).await.is_err() {
+                alive = false;
+                break;
+            }
+        }
+        let wake = retries
+            .iter()
+            .map(|(at, _)| *at)
+            .min()
+            .map_or(deadline, |at| at.min(deadline));
+        match next_element(&mut conn, &mut bytes, Some(wake)).await {
+            Next::Timeout if tokio::time::Instant::now() < deadline => {}
             Next::Timeout => {
-                let left = pending.values().filter(|o| **o == Op::Publish).count();
+                let left = pending
+                    .values()
+                    .filter(|o| matches!(o, Op::Publish(_)))
+                    .count()
+                    + retries.len();
                 if left > 0 {
                     out.failures.push((
                         "publish-timeout".into(),
@@ -907,6 +1003,7 @@ async fn setup_phase(
         x.pairs_reset += d.reset;
         x.stale_items_removed += d.removed;
         x.published += d.published;
+        x.publish_retries += d.publish_retries;
         x.stale_nodes_deleted += d.deleted;
         sub_s = sub_s.max(d.subscribed_after.map_or(0.0, |t| t.as_secs_f64()));
         pub_s = pub_s.max(d.published_after.map_or(0.0, |t| t.as_secs_f64()));
@@ -936,6 +1033,62 @@ async fn setup_phase(
     x
 }
 
+// ----- the caps warm-up -----
+
+/// The caps warm-up (see the module doc): user `n` logs in, announces the
+/// capabilities and answers the server's disco#info queries, until `quiet`
+/// passes without one (a query answered, or none came: the server knew
+/// the `ver` already, or does not ask), 20 s at most; then logs out.
+/// Returns the queries answered.
+async fn warm_caps(
+    target: &Target,
+    conn_args: &crate::cli::ConnArgs,
+    resource: &str,
+    n: u64,
+    caps: &Caps,
+    quiet: Duration,
+) -> Result<u64, SetupError> {
+    let (user, password) = (conn_args.user(n), conn_args.password_of(n));
+    let mut conn = client::establish(
+        target,
+        target.source_for(n),
+        &user,
+        &password,
+        resource,
+        false,
+    )
+    .await?;
+    let err = |detail: &str| SetupError {
+        cause: Cause::Closed,
+        detail: detail.to_owned(),
+    };
+    conn.send(caps.presence().as_bytes())
+        .await
+        .map_err(|e| err(&format!("sending the caps presence: {e}")))?;
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut deadline = (tokio::time::Instant::now() + quiet).min(end);
+    let (mut queries, mut sink) = (0, 0);
+    loop {
+        match next_element(&mut conn, &mut sink, Some(deadline)).await {
+            Next::Timeout => break,
+            Next::Closed => return Err(err("the server closed the warm-up session")),
+            Next::El(el) => {
+                if let Some((reply, disco)) = answer_iq(&el, caps) {
+                    if disco {
+                        queries += 1;
+                        deadline = (tokio::time::Instant::now() + quiet).min(end);
+                    }
+                    conn.send(reply.as_bytes())
+                        .await
+                        .map_err(|e| err(&format!("answering: {e}")))?;
+                }
+            }
+        }
+    }
+    close(conn).await;
+    Ok(queries)
+}
+
 // ----- the storm -----
 
 /// What the storm's tasks share.
@@ -948,14 +1101,21 @@ struct StormCtx {
     caps: Caps,
     presence: String,
     quiet: Duration,
+    /// A window's longest.
+    window: Duration,
     shared: Arc<Shared>,
     /// Every notification received, in windows or after.
     notifications: AtomicU64,
+    /// Per user (`n - first`): when its caps presence went out (µs since
+    /// the epoch; 0: not yet, or never).
+    presence_at: Vec<AtomicU64>,
 }
 
 /// One login, at the end of its window.
 #[derive(Debug, Default)]
 struct LoginStats {
+    /// The user.
+    n: u64,
     setup_us: u64,
     bound_unix_ms: u64,
     expected: u64,
@@ -966,6 +1126,11 @@ struct LoginStats {
     last_us: Option<u64>,
     after_presence_us: Option<u64>,
     window_end_unix_ms: u64,
+    /// When the caps presence went out (µs since the epoch).
+    presence_unix_us: u64,
+    /// The publisher of every expected (publisher, node) pair that did not
+    /// arrive in the window.
+    missing_from: Vec<u64>,
     bytes: u64,
     presences: u64,
     caps_queries: u64,
@@ -1030,6 +1195,7 @@ async fn login(
     ctx.shared.established.fetch_add(1, Relaxed);
     let expected = ctx.layout.expected(n, &ctx.nodes);
     let mut s = LoginStats {
+        n,
         setup_us: t0.elapsed().as_micros() as u64,
         bound_unix_ms: now_us() / 1000,
         expected: expected.len() as u64,
@@ -1037,8 +1203,21 @@ async fn login(
     };
     let mut seen: HashSet<(String, String)> = HashSet::new();
     let tp = Instant::now();
+    s.presence_unix_us = now_us();
+    if let Some(at) = ctx.presence_at.get((n - ctx.layout.first) as usize) {
+        at.store(s.presence_unix_us, Relaxed);
+    }
     s.closed = conn.send(ctx.presence.as_bytes()).await.is_err();
-    let mut deadline = tokio::time::Instant::now() + ctx.quiet;
+    // Until every expected notification arrived (then `quiet` more, for
+    // duplicates and extras), or `window` at most: a server that delivers
+    // later than another (its own caps round trips, a backlog) is waited
+    // for, not counted as missing.
+    let window_end = tokio::time::Instant::now() + ctx.window;
+    let mut deadline = if expected.is_empty() {
+        tokio::time::Instant::now() + ctx.quiet
+    } else {
+        window_end
+    };
     while !s.closed {
         let el = match next_element(&mut conn, &mut s.bytes, Some(deadline)).await {
             Next::Timeout => break,
@@ -1053,7 +1232,6 @@ async fn login(
             s.received += 1;
             s.last_us = Some(t0.elapsed().as_micros() as u64);
             s.after_presence_us = Some(tp.elapsed().as_micros() as u64);
-            deadline = tokio::time::Instant::now() + ctx.quiet;
             if !expected.contains(&key) {
                 s.unexpected += 1;
             } else if seen.contains(&key) {
@@ -1062,6 +1240,9 @@ async fn login(
                 s.received_expected += 1;
             }
             seen.insert(key);
+            if s.received_expected == s.expected {
+                deadline = (tokio::time::Instant::now() + ctx.quiet).min(window_end + ctx.quiet);
+            }
         } else if el.name() == "presence" {
             s.presences += 1;
         } else if let Some((reply, disco)) = answer_iq(&el, &ctx.caps) {
@@ -1072,6 +1253,14 @@ async fn login(
         }
     }
     s.window_end_unix_ms = now_us() / 1000;
+    for m in group_of(ctx.layout.first, ctx.layout.users, ctx.layout.contacts, n) {
+        let jid = ctx.layout.jid(m);
+        for node in &ctx.nodes {
+            if !seen.contains(&(jid.clone(), node.node.to_owned())) {
+                s.missing_from.push(m);
+            }
+        }
+    }
     let gone = s.closed;
     let _ = reports.send(LoginReport {
         at_unix_ms: s.bound_unix_ms,
@@ -1110,11 +1299,14 @@ async fn login(
     tail
 }
 
-/// The result of the storm from the logins' reports and tails.
+/// The result of the storm from the logins' reports and tails;
+/// `presence_of(m)`: when user `m`'s caps presence went out (µs since the
+/// epoch, 0: never).
 fn storm_result(
     started_unix_ms: u64,
     reports: Vec<LoginReport>,
     tails: &[Tail],
+    presence_of: impl Fn(u64) -> u64,
 ) -> (ConnectResult, PepResult) {
     let mut c = ConnectResult {
         attempted: reports.len() as u64,
@@ -1151,6 +1343,14 @@ fn storm_result(
         p.unexpected += s.unexpected;
         p.caps_queries += s.caps_queries;
         p.closed_in_window += u64::from(s.closed);
+        for &m in &s.missing_from {
+            let t = presence_of(m);
+            if m == s.n || (t != 0 && t < s.presence_unix_us) {
+                p.missing_online_first += 1;
+            } else {
+                p.missing_later += 1;
+            }
+        }
         p.complete_logins += u64::from(s.received_expected == s.expected);
         bytes += s.bytes;
         presences += s.presences;
@@ -1205,6 +1405,10 @@ fn check(a: &PepArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(a.quiet_ms > 0, "--quiet-ms must be at least 1");
     anyhow::ensure!(
+        a.window_secs > 0.0 && a.window_secs.is_finite(),
+        "--window-secs must be more than 0"
+    );
+    anyhow::ensure!(
         !sc.conn.sm,
         "pep does not speak XEP-0198 stream management: leave out --sm"
     );
@@ -1256,7 +1460,31 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
         }
         Some(x)
     };
-    if setup.is_some() {
+    // The caps warm-up.
+    let warmup = if a.cold_caps {
+        None
+    } else {
+        pb.set_message("caps warm-up");
+        match warm_caps(
+            &target,
+            &sc.conn,
+            &sc.resource,
+            sc.conn.first_user,
+            &caps,
+            Duration::from_millis(a.quiet_ms),
+        )
+        .await
+        {
+            Ok(q) => Some(q),
+            Err(e) => {
+                pb.println(format!(
+                    "pep: caps warm-up failed ({e}); the storm starts cold"
+                ));
+                None
+            }
+        }
+    };
+    if setup.is_some() || warmup.is_some() {
         pb.set_message(format!("settling {} s", sc.settle_secs));
         engine::hold(sc.settle_secs).await;
     }
@@ -1276,8 +1504,10 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
         caps: (*caps).clone(),
         nodes: nodes.clone(),
         quiet: Duration::from_millis(a.quiet_ms),
+        window: Duration::from_secs_f64(a.window_secs),
         shared: shared.clone(),
         notifications: AtomicU64::new(0),
+        presence_at: (0..sc.conn.users).map(|_| AtomicU64::new(0)).collect(),
     });
     let c0 = cpu();
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1332,7 +1562,12 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
     reporter.abort();
     pb.finish_and_clear();
 
-    let (mut connect, mut p) = storm_result(started_unix_ms, reports, &tails);
+    let first = ctx.layout.first;
+    let (mut connect, mut p) = storm_result(started_unix_ms, reports, &tails, |m| {
+        ctx.presence_at
+            .get((m - first) as usize)
+            .map_or(0, |t| t.load(Relaxed))
+    });
     connect.server_cpu_s = delta(c0.0, c1.0);
     connect.client_cpu_s = delta(c0.1, c1.1);
     p.server_cpu_ms_per_login = connect
@@ -1353,6 +1588,9 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
     p.caps_ver = caps.ver.clone();
     p.target_rate = a.rate;
     p.quiet_ms = a.quiet_ms;
+    p.window_secs = a.window_secs;
+    p.caps_warmed_up = warmup.is_some();
+    p.caps_warmup_queries = warmup.unwrap_or(0);
     p.setup = setup;
     result.connect = connect;
     result.pep = Some(p);
@@ -1651,9 +1889,17 @@ mod tests {
             s.duplicates = 1;
             s.unexpected = 1;
         }
+        // User 2 misses one item of its own, one of user 1 (online
+        // first) and one of user 3 (later): 3 of 6 received.
+        let mut partial = ok(6, 3, 3, Some(40_000));
+        if let Ok(s) = &mut partial.outcome {
+            s.n = 2;
+            s.presence_unix_us = 1_600_000;
+            s.missing_from = vec![1, 2, 3];
+        }
         let reports = vec![
             ok(6, 6, 6, Some(30_000)),
-            ok(6, 5, 5, Some(40_000)),
+            partial,
             dup,
             LoginReport {
                 at_unix_ms: 2_000,
@@ -1671,14 +1917,16 @@ mod tests {
             },
             Tail::default(),
         ];
-        let (c, p) = storm_result(1_000, reports, &tails);
+        let presence_of = |m: u64| [0, 1_550_000, 1_600_000, 1_700_000][m as usize];
+        let (c, p) = storm_result(1_000, reports, &tails, presence_of);
         assert_eq!((c.attempted, c.established, c.failed), (4, 3, 1));
         assert_eq!(c.failures["auth"], 1);
         assert_eq!(c.duration_s, 1.0);
         assert_eq!(c.sessions_per_s, 3.0);
         assert_eq!(c.setup_latency.count, 3);
-        assert_eq!((p.logins, p.expected, p.received), (3, 18, 19));
-        assert_eq!((p.received_expected, p.missing), (17, 1));
+        assert_eq!((p.logins, p.expected, p.received), (3, 18, 17));
+        assert_eq!((p.received_expected, p.missing), (15, 3));
+        assert_eq!((p.missing_online_first, p.missing_later), (2, 1));
         assert_eq!((p.duplicates, p.unexpected, p.after_window), (2, 1, 2));
         assert_eq!(p.complete_logins, 2);
         assert_eq!(p.caps_queries, 3);
@@ -1688,7 +1936,22 @@ mod tests {
         assert!((p.latency.max_ms - 50.0).abs() < 0.1);
         assert!((p.after_presence_latency.p50_ms - 30.0).abs() < 0.1);
         assert_eq!(p.duration_s, 2.0);
-        assert_eq!(p.notifications_per_s, 9.5);
+        assert_eq!(p.notifications_per_s, 8.5);
+    }
+
+    #[test]
+    fn refused_publications_back_off() {
+        let ms = |a| publish_retry_after(7, 2, a).as_millis() as u64;
+        assert!((200..=400).contains(&ms(1)), "{}", ms(1));
+        assert!((400..=800).contains(&ms(2)), "{}", ms(2));
+        assert!((6_400..=12_800).contains(&ms(9)), "{}", ms(9));
+        let total: u64 = (1..PUBLISH_ATTEMPTS).map(ms).sum();
+        assert!(total < 120_000, "{total} ms");
+        assert_ne!(
+            publish_retry_after(7, 2, 3),
+            publish_retry_after(8, 2, 3),
+            "jittered per user"
+        );
     }
 
     #[test]

@@ -65,6 +65,17 @@ pub async fn run(p: ProvisionArgs) -> anyhow::Result<()> {
                 .clone()
                 .context("--prosody-data DIR is required")?;
             prosody_files(c, &dir, p.iterations, p.chown.as_deref())?;
+            if let Some(contacts) = p.contacts {
+                prosody_rosters(c, &dir, contacts)?;
+                if let Some(owner) = p.chown.as_deref() {
+                    let st = std::process::Command::new("chown")
+                        .arg("-R")
+                        .arg(owner)
+                        .arg(&dir)
+                        .status()?;
+                    anyhow::ensure!(st.success(), "chown failed");
+                }
+            }
         }
     }
     eprintln!(
@@ -223,6 +234,75 @@ pub fn prosody_account(password: &str, salt: &str, iterations: u32) -> anyhow::R
     ))
 }
 
+/// A Lua string literal.
+fn lua_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The content of one Prosody `roster/USER.dat` (the `internal` storage,
+/// as Prosody 0.12 writes it): `contacts` (bare JIDs), each `both`, no
+/// pending request, no name, no group.
+pub fn prosody_roster(contacts: &[String]) -> String {
+    let mut s = String::from(
+        "return {\n\t[false] = {\n\t\t[\"pending\"] = {};\n\t\t[\"version\"] = 1;\n\t};\n",
+    );
+    for jid in contacts {
+        let _ = write!(
+            s,
+            "\t[{}] = {{\n\t\t[\"groups\"] = {{}};\n\t\t[\"subscription\"] = \"both\";\n\t}};\n",
+            lua_string(jid)
+        );
+    }
+    s.push_str("};\n");
+    s
+}
+
+/// Every user's roster file with the `pep` scenario's layout for
+/// `contacts` contacts per user: what its setup over XMPP (one
+/// subscription handshake per pair) leaves, without the handshakes.
+///
+/// Why: Prosody 0.12 with its file storage rewrites a user's whole roster
+/// file (pending requests included, re-serialised in Lua) at every step
+/// of every handshake — about 8 writes of a 100-item file per pair of
+/// contacts. At 101 users × 100 contacts that is ~40,000 writes of
+/// 10–20 KB, which this machine's Prosody does at ~90/s: 7+ minutes of
+/// full CPU, far beyond the setup's timeout, and its backlog then
+/// starved the storm's logins. The `pep` scenario finds these rosters
+/// `both` on both sides and only publishes over XMPP.
+fn prosody_rosters(c: &ConnArgs, data: &Path, contacts: u64) -> anyhow::Result<()> {
+    let dir: PathBuf = data.join(prosody_encode(&c.domain)).join("roster");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let domain = c.domain.to_ascii_lowercase();
+    let bare = |n: u64| format!("{}@{domain}", c.user(n).to_ascii_lowercase());
+    for n in c.first_user..c.first_user + c.users {
+        let jids: Vec<String> = crate::pep::group_of(c.first_user, c.users, contacts, n)
+            .filter(|&m| m != n)
+            .map(bare)
+            .collect();
+        let path = dir.join(format!("{}.dat", prosody_encode(&c.user(n))));
+        std::fs::write(&path, prosody_roster(&jids))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    eprintln!(
+        "wrote {} Prosody rosters ({contacts} contacts per user, groups of {}) under {}",
+        c.users,
+        contacts + 1,
+        dir.display()
+    );
+    Ok(())
+}
+
 fn prosody_files(
     c: &ConnArgs,
     data: &Path,
@@ -316,6 +396,13 @@ mod tests {
         let creds = ScramCredentials::derive(ScramHash::Sha1, "pencil", b"abc-salt", 4096).unwrap();
         assert!(text.contains(&hex(&creds.stored_key)));
         assert_eq!(prosody_encode("example.org"), "example%2eorg");
+        let roster = prosody_roster(&["user2@localhost".into(), "a\"b@localhost".into()]);
+        assert!(roster.starts_with("return {\n\t[false] = {\n"));
+        assert!(roster.contains(
+            "\t[\"user2@localhost\"] = {\n\t\t[\"groups\"] = {};\n\t\t[\"subscription\"] = \"both\";\n\t};\n"
+        ));
+        assert!(roster.contains("[\"a\\\"b@localhost\"]"));
+        assert!(roster.ends_with("};\n"));
         assert_eq!(prosody_encode("user1"), "user1");
     }
 }

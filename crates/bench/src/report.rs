@@ -187,8 +187,21 @@ pub struct PepResult {
     pub caps_ver: String,
     /// Logins started per second (`--rate`; 0: all at once).
     pub target_rate: f64,
-    /// A login's window closes after this long without a notification, ms.
+    /// Once a login got every expected notification, its window closes
+    /// after this long without another, ms.
     pub quiet_ms: u64,
+    /// A login's window closes this long after its caps presence at the
+    /// latest (what has not arrived by then is missing), s.
+    #[serde(default)]
+    pub window_secs: f64,
+    /// Whether the server was shown the sessions' capabilities before the
+    /// storm (one login announcing them and answering the server's
+    /// disco#info), as a production server knows the common clients'.
+    #[serde(default)]
+    pub caps_warmed_up: bool,
+    /// disco#info queries that warm-up login answered.
+    #[serde(default)]
+    pub caps_warmup_queries: u64,
     /// The setup (absent with `--skip-setup`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<PepSetup>,
@@ -205,6 +218,17 @@ pub struct PepResult {
     pub received_expected: u64,
     /// expected − received_expected.
     pub missing: u64,
+    /// Of `missing`, those whose publisher was online first: the login
+    /// itself, or a contact whose caps presence went out before the
+    /// login's (by the tool's clock: for logins a few ms apart the
+    /// server may have seen them in the other order).
+    #[serde(default)]
+    pub missing_online_first: u64,
+    /// Of `missing`, those whose publisher's caps presence went out after
+    /// the login's (or never: its login failed). A server that sends the
+    /// last items of online contacts only (ejabberd) misses these.
+    #[serde(default)]
+    pub missing_later: u64,
     /// A (publisher, node) pair a session had already got, in its window
     /// or after.
     pub duplicates: u64,
@@ -274,6 +298,10 @@ pub struct PepSetup {
     pub publish_expected: u64,
     /// Publications acknowledged.
     pub published: u64,
+    /// Refused publications sent again (each at most 9 times, after a
+    /// growing pause): what a server refused because of concurrent ones.
+    #[serde(default)]
+    pub publish_retries: u64,
     /// Nodes of the list beyond `--nodes` deleted (an earlier run's).
     pub stale_nodes_deleted: u64,
     /// Start of the subscriptions → the last user's contacts all `both`, s.
@@ -1477,7 +1505,7 @@ fn pep_table(s: &mut String, p: &PepResult) {
     if let Some(x) = &p.setup {
         let _ = writeln!(
             s,
-            "  prepared   {:.1} s (setup over XMPP): {} logins in {:.2} s; {}/{} contacts mutually subscribed ({} already) after {:.2} s, {} subscribe sent, {} pairs reset, {} stale items removed; {}/{} items published after {:.2} s, {} stale nodes deleted",
+            "  prepared   {:.1} s (setup over XMPP): {} logins in {:.2} s; {}/{} contacts mutually subscribed ({} already) after {:.2} s, {} subscribe sent, {} pairs reset, {} stale items removed; {}/{} items published after {:.2} s ({} retries), {} stale nodes deleted",
             x.total_s,
             x.logins.established,
             x.logins.duration_s,
@@ -1491,6 +1519,7 @@ fn pep_table(s: &mut String, p: &PepResult) {
             x.published,
             x.publish_expected,
             x.publish_s,
+            x.publish_retries,
             x.stale_nodes_deleted
         );
         if !x.failures.is_empty() {
@@ -1503,25 +1532,36 @@ fn pep_table(s: &mut String, p: &PepResult) {
     }
     let _ = writeln!(
         s,
-        "  storm      {} logins {}; a window closes after {} ms without a notification; {:.1} s to the last window  =>  {:.0} notifications/s",
+        "  storm      {} logins {}, caps {}; a window closes {} ms after the last expected notification, or {:.0} s after the presence; {:.1} s to the last window  =>  {:.0} notifications/s",
         p.logins,
         if p.target_rate > 0.0 {
             format!("at {} logins/s", p.target_rate)
         } else {
             "all at once".to_string()
         },
+        if p.caps_warmed_up {
+            format!(
+                "known to the server (warm-up: {} queries)",
+                p.caps_warmup_queries
+            )
+        } else {
+            "new to the server".to_string()
+        },
         p.quiet_ms,
+        p.window_secs,
         p.duration_s,
         p.notifications_per_s
     );
     let _ = writeln!(
         s,
-        "  notified   {:.1} per login ({:.1} expected): {}/{} expected received, {} missing, {} duplicates, {} unexpected, {} after the window; {}/{} logins complete{}",
+        "  notified   {:.1} per login ({:.1} expected): {}/{} expected received, {} missing ({} of publishers online first, {} of later ones), {} duplicates, {} unexpected, {} after the window; {}/{} logins complete{}",
         p.received_per_login,
         p.expected_per_login,
         p.received_expected,
         p.expected,
         p.missing,
+        p.missing_online_first,
+        p.missing_later,
         p.duplicates,
         p.unexpected,
         p.after_window,
@@ -2206,6 +2246,11 @@ mod tests {
                 ],
                 caps_ver: "abc=".into(),
                 quiet_ms: 500,
+                window_secs: 30.0,
+                caps_warmed_up: true,
+                caps_warmup_queries: 1,
+                missing_online_first: 1,
+                missing_later: 1,
                 setup: Some(PepSetup {
                     logins,
                     contacts_expected: 80,
@@ -2259,8 +2304,8 @@ mod tests {
             "79/80 contacts mutually subscribed",
             "40/40 items published",
             "prep fails subscribe-timeout=1",
-            "20 logins all at once; a window closes after 500 ms",
-            "10.1 per login (10.0 expected): 198/200 expected received, 2 missing, 3 duplicates, 0 unexpected, 1 after the window; 18/20 logins complete",
+            "20 logins all at once, caps known to the server (warm-up: 1 queries); a window closes 500 ms after the last expected notification, or 30 s after the presence",
+            "10.1 per login (10.0 expected): 198/200 expected received, 2 missing (1 of publishers online first, 1 of later ones), 3 duplicates, 0 unexpected, 1 after the window; 18/20 logins complete",
             "p50 40.0 ms",
             "4.0 KiB received per login after binding",
             "server CPU 3.50 ms/login",
