@@ -188,9 +188,12 @@ PY
 # XEP-0163: the same 20 users in 4 groups of 5 mutual contacts (subscribed
 # over XMPP), each publishing 3 PEP items; then all log in at once with
 # caps carrying the 3 nodes' +notify: each must get the last item of every
-# node of its group, its own included (5 x 3), once.
+# node of its group, its own included (5 x 3), once. Then 3 publications
+# (by a user of each of the first 3 groups) must each reach the 5 online
+# sessions of its group, the publisher's own included.
 "$BENCH_BIN" pep --port "$port" --users "$MUC_USERS" --contacts 4 --nodes 3 --password 'pw{n}' \
     --tls starttls --mechanism SCRAM-SHA-256 --quiet-ms 500 --settle-secs 0 \
+    --publishes 3 --publish-interval-ms 100 \
     --require-ratio 1 --json --quiet >"$work/pep.json" 2>"$work/bench.log" \
     || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: pep failed" >&2; exit 1; }
 python3 - "$work/pep.json" <<'PY'
@@ -201,9 +204,13 @@ assert x["contacts_both"] == x["contacts_expected"] == 80 and x["published"] == 
 assert p["logins"] == 20 and p["expected"] == p["received_expected"] == 300 and p["missing"] == 0, p
 assert p["duplicates"] == 0 and p["unexpected"] == 0 and p["complete_logins"] == 20, p
 assert p["latency"]["count"] == 20, p["latency"]
+f = p["fanout"]
+assert f["sent"] == 3 and f["errors"] == 0 and f["expected"] == f["delivered"] == 15, f
+assert f["complete"] == 3 and f["duplicates"] == 0 and f["last_latency"]["count"] == 3, f
 print(f"smoke: OK: pep: {x['contacts_both']} contacts subscribed and {x['published']} items published "
       f"in {x['total_s']:.1f} s; {p['received_expected']}/{p['expected']} notifications at login, "
-      f"p99 until the last {p['latency']['p99_ms']:.1f} ms, {p['caps_queries']} caps queries")
+      f"p99 until the last {p['latency']['p99_ms']:.1f} ms, {p['caps_queries']} caps queries; "
+      f"fan-out {f['delivered']}/{f['expected']}, p99 to the last {f['last_latency']['p99_ms']:.1f} ms")
 PY
 
 # XEP-0363: the upload service discovered at upload.localhost, one 2 MiB

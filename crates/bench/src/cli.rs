@@ -278,6 +278,16 @@ pub struct PepArgs {
     /// many seconds.
     #[arg(long, default_value_t = 60.0)]
     pub setup_timeout_secs: f64,
+    /// Publish fan-out phase, once every login's window closed: this many
+    /// publications to the first node (avatar metadata), one at a time,
+    /// each by an online user of the next group (round-robin), timed to
+    /// every online session of its group (its contacts and itself). 0:
+    /// no such phase.
+    #[arg(long, default_value_t = 0)]
+    pub publishes: u64,
+    /// Pause between two publications of the fan-out phase, ms.
+    #[arg(long, default_value_t = 500)]
+    pub publish_interval_ms: u64,
 }
 
 /// Options of the `upload` scenario.

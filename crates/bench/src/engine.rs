@@ -374,6 +374,18 @@ pub(crate) fn output(result: &RunResult, args: &ScenarioArgs) -> anyhow::Result<
                     x.first_error
                 );
             }
+            if let Some(f) = &p.fanout {
+                anyhow::ensure!(
+                    f.sent as f64 >= r * f.publications as f64
+                        && f.delivered as f64 >= r * f.expected as f64,
+                    "publish fan-out: {}/{} publications sent, {}/{} notifications delivered ({} errors)",
+                    f.sent,
+                    f.publications,
+                    f.delivered,
+                    f.expected,
+                    f.errors
+                );
+            }
         }
         if let Some(u) = &result.upload {
             for p in &u.phases {

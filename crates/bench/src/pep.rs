@@ -69,8 +69,20 @@
 //!    (`--server-pid`, or whoever listens on `--port`) its VmRSS before and
 //!    after the storm (each after `--settle-secs`): KiB per session.
 //!
-//! No publish ramp: notifications carry no send time the engine's ramp
-//! could time, and the login storm is what the issue asks to measure.
+//! 4. **The publish fan-out** (measured; only with `--publishes` N > 0):
+//!    once every login's window closed (and the memory was read), N
+//!    publications to the first node (avatar metadata), one every
+//!    `--publish-interval-ms`, publication `i` by an online user of group
+//!    `i mod groups` (rotating through its members). The orchestrator
+//!    tells that user's session (a channel per session) to publish; the
+//!    item id `fan-<send time, µs since the epoch>-<i>` carries the send
+//!    time, so each receiving session times its notification itself:
+//!    publish → each notification, and per publication the number of
+//!    receivers and the time to the last one. Expected receivers: the
+//!    online sessions of the publisher's group, its own included (they
+//!    all announced `+notify`). After the last publication the tool waits
+//!    until `--quiet-ms` passes without a fan-out notification (30 s at
+//!    most), then every session closes.
 //!
 //! Runs in one process (at most `--max-per-process` sessions).
 
@@ -80,12 +92,12 @@ use crate::engine::{self, now_us, Scenario, Shared};
 use crate::hist::Latency;
 use crate::procmem;
 use crate::rate::{RateSchedule, SplitMix};
-use crate::report::{ConnectResult, PepMemory, PepResult, PepSetup};
+use crate::report::{ConnectResult, PepFanout, PepMemory, PepResult, PepSetup};
 use crate::rooms::{error_of, wait_quiet, Failure};
 use base64::Engine as _;
 use starling_xml::Element;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt as _;
@@ -239,6 +251,11 @@ fn item(k: usize, n: u64) -> (String, String) {
 /// The publish iq of user `n`'s item on node `k`, with id `id`.
 fn publish_iq(k: usize, n: u64, id: &str) -> String {
     let (item_id, payload) = item(k, n);
+    publish_item_iq(k, &item_id, &payload, id)
+}
+
+/// The publish iq of `payload` as item `item_id` on node `k`, with id `id`.
+fn publish_item_iq(k: usize, item_id: &str, payload: &str, id: &str) -> String {
     let options = if NODES[k].open {
         "<publish-options><x xmlns='jabber:x:data' type='submit'>\
          <field var='FORM_TYPE' type='hidden'>\
@@ -356,6 +373,26 @@ fn answer_iq(el: &Element, caps: &Caps) -> Option<(String, bool)> {
     engine::iq_reply(el).map(|r| (r, false))
 }
 
+/// The item id of fan-out publication `i`, sent at `send_us` (µs since
+/// the epoch).
+fn fan_item_id(send_us: u64, i: u64) -> String {
+    format!("fan-{send_us}-{i}")
+}
+
+/// Inverse of [`fan_item_id`]: (send time, publication).
+fn parse_fan_id(id: &str) -> Option<(u64, u64)> {
+    let (send, i) = id.strip_prefix("fan-")?.split_once('-')?;
+    Some((send.parse().ok()?, i.parse().ok()?))
+}
+
+/// The id of the first item of notification `el`, if any.
+fn notified_item_id(el: &Element) -> Option<&str> {
+    el.get_child("event", NS_EVENT)?
+        .get_child("items", NS_EVENT)?
+        .get_child("item", NS_EVENT)?
+        .attr("id")
+}
+
 /// A bare JID, lower-cased.
 fn bare(jid: &str) -> String {
     jid.split('/').next().unwrap_or(jid).to_ascii_lowercase()
@@ -433,6 +470,30 @@ impl Layout {
     fn groups(&self) -> u64 {
         self.users.div_ceil(self.contacts + 1)
     }
+
+    /// The users of group `g`.
+    fn group(&self, g: u64) -> std::ops::Range<u64> {
+        group_of(
+            self.first,
+            self.users,
+            self.contacts,
+            self.first + g * (self.contacts + 1),
+        )
+    }
+}
+
+/// Fan-out publication `i`'s publisher: the online member of group
+/// `i mod groups` at or after its turn (`i / groups`, rotating), and the
+/// online members of that group (the expected receivers, itself
+/// included); `None` when none is online.
+fn pick_publisher(layout: &Layout, i: u64, online: impl Fn(u64) -> bool) -> Option<(u64, u64)> {
+    let group = layout.group(i % layout.groups());
+    let size = group.end - group.start;
+    let turn = i / layout.groups();
+    let publisher = (0..size)
+        .map(|k| group.start + (turn + k) % size)
+        .find(|&m| online(m))?;
+    Some((publisher, group.filter(|&m| online(m)).count() as u64))
 }
 
 // ----- reading -----
@@ -1109,6 +1170,101 @@ struct StormCtx {
     /// Per user (`n - first`): when its caps presence went out (µs since
     /// the epoch; 0: not yet, or never).
     presence_at: Vec<AtomicU64>,
+    /// Per user (`n - first`): its session is online after its window.
+    online: Vec<AtomicBool>,
+    /// The fan-out phase.
+    fan: Mutex<Fan>,
+    /// Fan-out notifications received (duplicates included).
+    fan_notifications: AtomicU64,
+}
+
+/// A fan-out publication.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Publication {
+    /// When its publisher sent it (µs since the epoch; 0: never).
+    send_us: u64,
+    /// Online sessions of the publisher's group when it was asked for.
+    expected: u64,
+    /// Sessions that got it.
+    received: u64,
+    /// Publish → the latest notification, µs.
+    last_us: u64,
+}
+
+/// What the fan-out phase's sessions share.
+#[derive(Debug, Default)]
+struct Fan {
+    pubs: Vec<Publication>,
+    /// Publish → each notification.
+    each: Latency,
+    duplicates: u64,
+    errors: u64,
+}
+
+impl Fan {
+    /// Records a notification of publication `i` sent at `send_us` that
+    /// arrived at `now_us` in a session that already got `seen`; false if
+    /// it is not one of this run's.
+    fn receipt(&mut self, i: u64, send_us: u64, now_us: u64, seen: &mut HashSet<u64>) -> bool {
+        let Some(p) = self.pubs.get_mut(i as usize) else {
+            return false;
+        };
+        if p.send_us == 0 || p.send_us != send_us {
+            return false;
+        }
+        if !seen.insert(i) {
+            self.duplicates += 1;
+            return true;
+        }
+        let us = now_us.saturating_sub(send_us);
+        p.received += 1;
+        p.last_us = p.last_us.max(us);
+        self.each.record_us(us);
+        true
+    }
+
+    /// The phase's result.
+    fn result(&self, node: &str, publications: u64, interval_ms: u64) -> PepFanout {
+        let mut last = Latency::new();
+        let mut f = PepFanout {
+            node: node.to_owned(),
+            publications,
+            interval_ms,
+            errors: self.errors,
+            duplicates: self.duplicates,
+            ..PepFanout::default()
+        };
+        for p in self.pubs.iter().filter(|p| p.send_us != 0) {
+            f.sent += 1;
+            f.max_receivers = f.max_receivers.max(p.expected);
+            f.expected += p.expected;
+            f.delivered += p.received.min(p.expected);
+            if p.received >= p.expected {
+                f.complete += 1;
+                last.record_us(p.last_us);
+            }
+        }
+        f.latency = self.each.summary();
+        f.last_latency = last.summary();
+        f
+    }
+}
+
+/// Publishes fan-out publication `i` from user `n`'s session: false if the
+/// connection failed.
+async fn publish_fan(ctx: &StormCtx, conn: &mut Conn, n: u64, i: u64) -> bool {
+    let send_us = now_us();
+    if let Some(p) = ctx.fan.lock().unwrap().pubs.get_mut(i as usize) {
+        p.send_us = send_us;
+    }
+    let (_, payload) = item(0, n);
+    let iq = publish_item_iq(
+        0,
+        &fan_item_id(send_us, i),
+        &payload,
+        &format!("fan-pub-{i}"),
+    );
+    conn.send(iq.as_bytes()).await.is_ok()
 }
 
 /// One login, at the end of its window.
@@ -1162,6 +1318,7 @@ async fn login(
     sem: Arc<Semaphore>,
     reports: mpsc::UnboundedSender<LoginReport>,
     mut stop: watch::Receiver<bool>,
+    mut publish: mpsc::UnboundedReceiver<u64>,
 ) -> Tail {
     tokio::time::sleep_until(at).await;
     let permit = sem.acquire_owned().await.ok();
@@ -1262,6 +1419,10 @@ async fn login(
         }
     }
     let gone = s.closed;
+    let me = (n - ctx.layout.first) as usize;
+    if !gone {
+        ctx.online[me].store(true, Relaxed);
+    }
     let _ = reports.send(LoginReport {
         at_unix_ms: s.bound_unix_ms,
         outcome: Ok(s),
@@ -1272,15 +1433,39 @@ async fn login(
         return tail;
     }
     let mut sink = 0;
+    let mut fan_seen = HashSet::new();
+    let mut open = true;
     while !*stop.borrow() {
         let el = tokio::select! {
             r = next_element(&mut conn, &mut sink, None) => match r {
                 Next::El(el) => el,
-                _ => return tail,
+                _ => {
+                    open = false;
+                    break;
+                }
             },
+            Some(i) = publish.recv() => {
+                if !publish_fan(&ctx, &mut conn, n, i).await {
+                    open = false;
+                    break;
+                }
+                continue;
+            }
             _ = stop.changed() => break,
         };
         if let Some(key) = notification(&el) {
+            if let Some((send_us, i)) = notified_item_id(&el).and_then(parse_fan_id) {
+                let now = now_us();
+                if ctx
+                    .fan
+                    .lock()
+                    .unwrap()
+                    .receipt(i, send_us, now, &mut fan_seen)
+                {
+                    ctx.fan_notifications.fetch_add(1, Relaxed);
+                    continue;
+                }
+            }
             ctx.notifications.fetch_add(1, Relaxed);
             tail.after_window += 1;
             if !expected.contains(&key) {
@@ -1288,14 +1473,23 @@ async fn login(
             } else if !seen.insert(key) {
                 tail.duplicates += 1;
             }
+        } else if el.name() == "iq"
+            && el.attr("type") == Some("error")
+            && el.attr("id").is_some_and(|id| id.starts_with("fan-pub-"))
+        {
+            ctx.fan.lock().unwrap().errors += 1;
         } else if let Some((reply, disco)) = answer_iq(&el, &ctx.caps) {
             tail.caps_queries += u64::from(disco);
             if conn.send(reply.as_bytes()).await.is_err() {
-                return tail;
+                open = false;
+                break;
             }
         }
     }
-    close(conn).await;
+    ctx.online[me].store(false, Relaxed);
+    if open {
+        close(conn).await;
+    }
     tail
 }
 
@@ -1412,6 +1606,10 @@ fn check(a: &PepArgs) -> anyhow::Result<()> {
         !sc.conn.sm,
         "pep does not speak XEP-0198 stream management: leave out --sm"
     );
+    anyhow::ensure!(
+        a.publishes == 0 || a.nodes > 0,
+        "--publishes needs --nodes 1 or more (it publishes to the first node)"
+    );
     Ok(())
 }
 
@@ -1508,6 +1706,9 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
         shared: shared.clone(),
         notifications: AtomicU64::new(0),
         presence_at: (0..sc.conn.users).map(|_| AtomicU64::new(0)).collect(),
+        online: (0..sc.conn.users).map(|_| AtomicBool::new(false)).collect(),
+        fan: Mutex::new(Fan::default()),
+        fan_notifications: AtomicU64::new(0),
     });
     let c0 = cpu();
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1517,7 +1718,10 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
     let started_unix_ms = now_us() / 1000 + 100;
     let (lo, hi) = (sc.conn.first_user, sc.conn.first_user + sc.conn.users);
     let mut set = JoinSet::new();
+    let mut publishers = Vec::with_capacity(sc.conn.users as usize);
     for (i, n) in (lo..hi).enumerate() {
+        let (publish_tx, publish_rx) = mpsc::unbounded_channel();
+        publishers.push(publish_tx);
         set.spawn(login(
             ctx.clone(),
             n,
@@ -1525,6 +1729,7 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
             sem.clone(),
             tx.clone(),
             stop_rx.clone(),
+            publish_rx,
         ));
     }
     drop(tx);
@@ -1551,6 +1756,50 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // 4. The publish fan-out.
+    let fanout = if a.publishes > 0 {
+        pb.set_message(format!("publish fan-out: {} publications", a.publishes));
+        let first = ctx.layout.first;
+        let online = |m: u64| ctx.online[(m - first) as usize].load(Relaxed);
+        let interval = Duration::from_millis(a.publish_interval_ms);
+        let t0 = tokio::time::Instant::now();
+        for i in 0..a.publishes {
+            tokio::time::sleep_until(t0 + interval * i as u32).await;
+            let Some((m, expected)) = pick_publisher(&ctx.layout, i, online) else {
+                continue;
+            };
+            let k = {
+                let mut f = ctx.fan.lock().unwrap();
+                f.pubs.push(Publication {
+                    expected,
+                    ..Publication::default()
+                });
+                f.pubs.len() as u64 - 1
+            };
+            let _ = publishers[(m - first) as usize].send(k);
+        }
+        wait_quiet(
+            &ctx.fan_notifications,
+            None,
+            Duration::from_millis(a.quiet_ms),
+            Duration::from_secs(30),
+        )
+        .await;
+        let f = ctx
+            .fan
+            .lock()
+            .unwrap()
+            .result(nodes[0].node, a.publishes, a.publish_interval_ms);
+        if !sc.quiet {
+            pb.println(format!(
+                "pep: fan-out: {}/{} notifications of {} publications delivered; p99 {:.1} ms to each contact, {:.1} ms to the last",
+                f.delivered, f.expected, f.sent, f.latency.p99_ms, f.last_latency.p99_ms
+            ));
+        }
+        Some(f)
+    } else {
+        None
+    };
     pb.set_message("closing sessions");
     let _ = stop_tx.send(true);
     let mut tails = Vec::new();
@@ -1559,6 +1808,7 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
             tails.push(t);
         }
     }
+    drop(publishers);
     reporter.abort();
     pb.finish_and_clear();
 
@@ -1592,6 +1842,7 @@ pub async fn run(a: PepArgs) -> anyhow::Result<()> {
     p.caps_warmed_up = warmup.is_some();
     p.caps_warmup_queries = warmup.unwrap_or(0);
     p.setup = setup;
+    p.fanout = fanout;
     result.connect = connect;
     result.pep = Some(p);
     engine::output(&result, sc)
@@ -1734,6 +1985,121 @@ mod tests {
         assert!(check(&args(&["--quiet-ms", "0"])).is_err());
         assert!(check(&args(&["--sm"])).is_err());
         assert!(check(&args(&["--users", "20000"])).is_err(), "one process");
+        let a = args(&[]);
+        assert_eq!((a.publishes, a.publish_interval_ms), (0, 500), "no fan-out");
+        let a = args(&["--publishes", "3", "--publish-interval-ms", "20"]);
+        assert_eq!((a.publishes, a.publish_interval_ms), (3, 20));
+        check(&a).unwrap();
+        assert!(
+            check(&args(&["--publishes", "3", "--nodes", "0"])).is_err(),
+            "nothing to publish to"
+        );
+    }
+
+    #[test]
+    fn fan_out_items_carry_their_send_time() {
+        let id = fan_item_id(1_764_000_000_123_456, 7);
+        assert_eq!(id, "fan-1764000000123456-7");
+        assert_eq!(parse_fan_id(&id), Some((1_764_000_000_123_456, 7)));
+        for bad in [
+            "",
+            "fan-",
+            "fan-12",
+            "fan-x-1",
+            "fan-1-",
+            "fan--1",
+            "ab12cd",
+            "fan-1-2-3",
+        ] {
+            assert_eq!(parse_fan_id(bad), None, "{bad}");
+        }
+        let iq = publish_item_iq(0, &id, "<x/>", "fan-pub-7");
+        assert!(iq.contains("id='fan-pub-7'"), "{iq}");
+        assert!(
+            iq.contains("<publish node='urn:xmpp:avatar:metadata'><item id='fan-1764000000123456-7'><x/></item></publish>"),
+            "{iq}"
+        );
+        assert_eq!(
+            publish_iq(0, 5, "p"),
+            publish_item_iq(0, &item(0, 5).0, &item(0, 5).1, "p")
+        );
+        let n = parse(&format!(
+            "<message xmlns='jabber:client' from='user2@localhost' to='user1@localhost/bench'>\
+             <event xmlns='{NS_EVENT}'><items node='urn:xmpp:avatar:metadata'><item id='{id}'>\
+             <metadata xmlns='urn:xmpp:avatar:metadata'/></item></items></event></message>"
+        ));
+        assert_eq!(notified_item_id(&n), Some(id.as_str()));
+        let retract = parse(&format!(
+            "<message xmlns='jabber:client' from='user2@localhost'><event xmlns='{NS_EVENT}'>\
+             <items node='n'><retract id='{id}'/></items></event></message>"
+        ));
+        assert_eq!(notified_item_id(&retract), None);
+    }
+
+    #[test]
+    fn fan_out_publishers_rotate_over_groups_and_online_members() {
+        // Users 3..10 in groups 3..6, 6..9, 9..10.
+        let l = Layout::of(&args(&[
+            "--users",
+            "7",
+            "--first-user",
+            "3",
+            "--contacts",
+            "2",
+        ]));
+        let all = |_: u64| true;
+        let picks: Vec<_> = (0..7).map(|i| pick_publisher(&l, i, all)).collect();
+        assert_eq!(
+            picks,
+            [(3, 3), (6, 3), (9, 1), (4, 3), (7, 3), (9, 1), (5, 3)].map(Some)
+        );
+        let some = |m: u64| m != 4 && m != 9 && m != 6;
+        assert_eq!(pick_publisher(&l, 3, some), Some((5, 2)), "next online");
+        assert_eq!(pick_publisher(&l, 1, some), Some((7, 2)));
+        assert_eq!(pick_publisher(&l, 2, some), None, "nobody online");
+    }
+
+    #[test]
+    fn fan_out_receipts_are_timed_and_counted() {
+        let mut f = Fan::default();
+        for expected in [3, 2, 4] {
+            f.pubs.push(Publication {
+                expected,
+                ..Publication::default()
+            });
+        }
+        f.pubs[0].send_us = 1_000;
+        f.pubs[1].send_us = 2_000;
+        let (mut a, mut b, mut c) = (HashSet::new(), HashSet::new(), HashSet::new());
+        assert!(f.receipt(0, 1_000, 3_000, &mut a));
+        assert!(f.receipt(0, 1_000, 5_000, &mut b));
+        assert!(f.receipt(0, 1_000, 4_000, &mut c));
+        assert!(f.receipt(0, 1_000, 9_000, &mut c), "a duplicate is one");
+        assert!(f.receipt(1, 2_000, 2_500, &mut a));
+        assert!(!f.receipt(1, 1_999, 2_500, &mut b), "an earlier run's");
+        assert!(!f.receipt(2, 0, 2_500, &mut b), "not sent");
+        assert!(!f.receipt(9, 2_000, 2_500, &mut b), "no such publication");
+        f.errors = 1;
+        let r = f.result("urn:xmpp:avatar:metadata", 4, 100);
+        assert_eq!(
+            (
+                r.publications,
+                r.sent,
+                r.errors,
+                r.interval_ms,
+                r.max_receivers
+            ),
+            (4, 2, 1, 100, 3)
+        );
+        assert_eq!(
+            (r.expected, r.delivered, r.duplicates, r.complete),
+            (5, 4, 1, 1)
+        );
+        assert_eq!(r.latency.count, 4);
+        assert_eq!(r.latency.p50_ms, 2.0);
+        assert!((r.latency.max_ms - 4.0).abs() < 0.01, "{:?}", r.latency);
+        assert_eq!(r.last_latency.count, 1, "the complete publication only");
+        assert!((r.last_latency.max_ms - 4.0).abs() < 0.01);
     }
 
     #[test]

@@ -271,6 +271,45 @@ pub struct PepResult {
     /// Server memory (when its PID is known and readable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<PepMemory>,
+    /// The publish fan-out phase after the storm (`--publishes`; absent
+    /// when 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout: Option<PepFanout>,
+}
+
+/// The `pep` scenario's publish fan-out phase: one publication at a time
+/// by an online user, notified to every online session of its group.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PepFanout {
+    /// The node published to.
+    pub node: String,
+    /// Publications asked for (`--publishes`).
+    pub publications: u64,
+    /// Publish iqs sent (a publication is skipped when its group has no
+    /// online session).
+    pub sent: u64,
+    /// Publish iqs answered with an error.
+    pub errors: u64,
+    /// Pause between two publications, ms.
+    pub interval_ms: u64,
+    /// Receivers per publication at the largest: the online sessions of
+    /// the publisher's group, its own included.
+    pub max_receivers: u64,
+    /// Notifications expected: the online sessions of the publisher's
+    /// group (its own included) at each publication, summed.
+    pub expected: u64,
+    /// Of those, received (once per session and publication).
+    pub delivered: u64,
+    /// The same publication received again by a session.
+    pub duplicates: u64,
+    /// Publications every expected session got.
+    pub complete: u64,
+    /// Publish iq sent → each notification (every receiver of every
+    /// publication).
+    pub latency: LatencySummary,
+    /// Publish iq sent → the last receiver's notification, per complete
+    /// publication.
+    pub last_latency: LatencySummary,
 }
 
 /// The `pep` scenario's setup, over XMPP.
@@ -1596,6 +1635,29 @@ fn pep_table(s: &mut String, p: &PepResult) {
             m.server_pid, m.rss_before_kb, m.rss_after_kb, p.logins, m.kb_per_session
         );
     }
+    if let Some(f) = &p.fanout {
+        let _ = writeln!(
+            s,
+            "  fan-out    {}/{} publications to {} (one every {} ms, up to {} receivers each, {} errors): {}/{} notifications delivered, {} duplicates, {}/{} publications complete",
+            f.sent,
+            f.publications,
+            f.node,
+            f.interval_ms,
+            f.max_receivers,
+            f.errors,
+            f.delivered,
+            f.expected,
+            f.duplicates,
+            f.complete,
+            f.sent
+        );
+        let (l, z) = (&f.latency, &f.last_latency);
+        let _ = writeln!(
+            s,
+            "  fan-out    to each contact p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms; to the last contact p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+            l.p50_ms, l.p99_ms, l.max_ms, z.p50_ms, z.p99_ms, z.max_ms
+        );
+    }
 }
 
 fn resume_table(s: &mut String, r: &ResumeResult, login: &ConnectResult) {
@@ -2285,6 +2347,19 @@ mod tests {
                     rss_after_kb: 2_000,
                     kb_per_session: 50.0,
                 }),
+                fanout: Some(PepFanout {
+                    node: "urn:xmpp:avatar:metadata".into(),
+                    publications: 5,
+                    sent: 5,
+                    interval_ms: 500,
+                    max_receivers: 5,
+                    expected: 25,
+                    delivered: 24,
+                    complete: 4,
+                    latency: lat(&[2_000; 24]),
+                    last_latency: lat(&[3_000; 4]),
+                    ..PepFanout::default()
+                }),
                 ..PepResult::default()
             }),
             ..RunResult::default()
@@ -2296,6 +2371,7 @@ mod tests {
         assert_eq!(p["received_expected"], 198);
         assert_eq!(p["latency"]["count"], 20);
         assert_eq!(p["memory"]["kb_per_session"], 50.0);
+        assert_eq!(p["fanout"]["last_latency"]["count"], 4);
         let back: RunResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
         let t = r.table();
@@ -2310,6 +2386,8 @@ mod tests {
             "4.0 KiB received per login after binding",
             "server CPU 3.50 ms/login",
             "1000 KiB -> 2000 KiB for 20 sessions  =>  50.0 KiB/session",
+            "5/5 publications to urn:xmpp:avatar:metadata (one every 500 ms, up to 5 receivers each, 0 errors): 24/25 notifications delivered, 0 duplicates, 4/5 publications complete",
+            "to each contact p50 2.0 ms  p99 2.0 ms  max 2.0 ms; to the last contact p50 3.0 ms  p99 3.0 ms  max 3.0 ms",
         ] {
             assert!(t.contains(want), "{want:?} not in {t}");
         }
