@@ -86,6 +86,15 @@ pub trait Router: Send + Sync + 'static {
     /// (so placed again). Nothing on a single node.
     async fn to_service_on(&self, _env: &Env, _node: u8, _stanza: Stanza) {}
 
+    /// Waits until session `to`'s mailbox has room for `free` more
+    /// stanzas (at most half its capacity), at most `max_wait`: a module that sends one session a
+    /// burst of server-made stanzas (PEP's last items at login: up to
+    /// thousands) paces itself to the session's reading instead of
+    /// overflowing its mailbox, where they would be bounced. Returns at
+    /// once for a session that is gone or on another node (the cluster
+    /// bus applies its own flow control).
+    async fn wait_for_room(&self, _to: &SessionRef, _free: usize, _max_wait: std::time::Duration) {}
+
     /// Hands a connection to session `to` (XEP-0198 resumption). Gives it
     /// back if that session is gone.
     async fn attach(
@@ -240,6 +249,17 @@ impl SessionHandle {
         // Stores a permit if the session is not waiting right now.
         self.inner.notify.notify_one();
         Ok(())
+    }
+
+    /// How many stanzas the mailbox holds at most.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// How many more stanzas the mailbox takes now.
+    pub fn room(&self) -> usize {
+        let q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.capacity.saturating_sub(q.len())
     }
 
     /// Call when [`try_send`](Self::try_send) found the mailbox full:

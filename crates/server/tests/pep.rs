@@ -1049,3 +1049,36 @@ async fn last_items_at_login_follow_every_access_model_of_every_contact() {
     assert_eq!(got, want);
     server.stop().await;
 }
+
+/// XEP-0163 §4.3.4 at scale: a login whose contacts' last items outnumber
+/// its mailbox (`[c2s] mailbox_size`, 8 here; 1,024 by default against
+/// 500 contacts × 3 nodes) still gets every one of them — the delivery
+/// waits for the session to read instead of overflowing its mailbox,
+/// where items would be bounced and lost to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn last_items_beyond_the_mailbox_size_all_arrive() {
+    let server = TestServer::start_with(|cfg| cfg.c2s.mailbox_size = 8).await;
+    let names: Vec<String> = (0..30).map(|i| format!("c{i}")).collect();
+    let nodes = ["urn:x:a", "urn:x:b", "urn:x:c"];
+    for c in &names {
+        contacts(&server, "alice", c).await;
+        let mut s = server.login(c).await;
+        for node in nodes {
+            let r = publish(&mut s, node, c, &format!("<x xmlns='{node}'/>"), "").await;
+            assert_eq!(r.attr("type"), Some("result"), "{r}");
+        }
+    }
+    let mut alice = server.login("alice").await;
+    let notify: Vec<String> = nodes.iter().map(|n| format!("{n}+notify")).collect();
+    let notify: Vec<&str> = notify.iter().map(String::as_str).collect();
+    let (_, seen) = announce_seen(&mut alice, &notify, false).await;
+    let got: std::collections::HashSet<(String, String)> = seen
+        .iter()
+        .filter_map(|m| {
+            let items = m.get_child("event", EVENT)?.get_child("items", EVENT)?;
+            Some((m.attr("from")?.to_owned(), items.attr("node")?.to_owned()))
+        })
+        .collect();
+    assert_eq!(got.len(), names.len() * nodes.len(), "{got:?}");
+    server.stop().await;
+}

@@ -114,6 +114,14 @@ struct CapsState {
     delivered: Option<String>,
 }
 
+/// Free mailbox slots the last-item delivery waits for before each item
+/// (a quarter of the default `[c2s] mailbox_size`: room for the presences
+/// and messages arriving meanwhile).
+const LAST_ITEMS_ROOM: usize = 256;
+/// The longest it waits for them before sending anyway (a session that
+/// stopped reading gets the usual bounce).
+const LAST_ITEMS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The PEP module.
 pub struct Pep {
     cfg: PepConfig,
@@ -414,9 +422,18 @@ impl Pep {
                 }
             }
         };
+        // Paced to the session's reading: a login with hundreds of
+        // contacts gets thousands of items, and its contacts' presences at
+        // the same time; a full mailbox would bounce them.
+        let session = env.sessions.get(to).map(|e| e.session);
         for (owner, node, cfg, item) in last {
             if &owner != me && admits(&cfg, items.get(&owner)).is_err() {
                 continue;
+            }
+            if let Some(s) = &session {
+                env.router
+                    .wait_for_room(s, LAST_ITEMS_ROOM, LAST_ITEMS_WAIT)
+                    .await;
             }
             let mut m = Element::builder("message", ns::CLIENT)
                 .attr("type", cfg.notification_type.as_str())
