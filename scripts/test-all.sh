@@ -4,9 +4,12 @@
 # conformance suite and the storage-touching scenario tests again on
 # PostgreSQL, the third-party client interop suites (slixmpp, @xmpp/client)
 # against a real Starling, the web chat (Converse.js) in Debian's headless
-# chromium, and the load generator's smoke run. Needs Rust,
-# Python 3, Node.js, the PostgreSQL server binaries and nats-server; Python and Node
-# packages are installed on first use (tests/interop/run.sh).
+# chromium, the load generator's smoke run, and the packaging checks (the
+# container image built with podman and run in a chroot, the systemd unit,
+# compose and Helm files; packaging/check.sh). Needs Rust,
+# Python 3, Node.js, the PostgreSQL server binaries, nats-server and podman;
+# Python and Node packages are installed on first use (tests/interop/run.sh,
+# packaging/check.sh).
 #
 # PostgreSQL: a throw-away cluster from scripts/pg-test.sh (started here and
 # stopped on exit, unless it was already running), or the server of an
@@ -54,5 +57,8 @@ STARLING_BIN="$target_dir/debug/starling" tests/browser/run.sh
 step "load generator smoke run (starling-bench against a short-lived Starling)"
 cargo build -q -p starling-server -p starling-bench
 STARLING_BIN="$target_dir/debug/starling" BENCH_BIN="$target_dir/debug/starling-bench" bench/smoke.sh
+
+step "packaging: image build and checks (packaging/check.sh)"
+STARLING_BIN="$target_dir/debug/starling" packaging/check.sh
 
 step "all test suites passed"
