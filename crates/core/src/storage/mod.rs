@@ -16,12 +16,12 @@ mod timed;
 
 pub use admin::{AdminToken, AdminTokenStore, SCOPE_ADMIN, SCOPE_READ};
 pub use archive::coalesce_inbox_updates;
-pub use domains::{DomainSettings, DomainState, DomainStore, StoredDomain};
 pub use archive::{
     ArchiveId, ArchiveIds, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
     UnreadChange, WithFilter, FLAG_BODY,
 };
+pub use domains::{DomainSettings, DomainState, DomainStore, StoredDomain};
 pub use im::{
     BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
     UserDataStore,

@@ -22,9 +22,9 @@ macro_rules! for_update {
 
 mod accounts;
 mod admin;
-mod domains;
 mod archive;
 pub(crate) mod buckets;
+mod domains;
 mod im;
 mod muc;
 mod offline;
