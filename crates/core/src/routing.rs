@@ -92,8 +92,15 @@ pub trait Router: Send + Sync + 'static {
     /// thousands) paces itself to the session's reading instead of
     /// overflowing its mailbox, where they would be bounced. Returns at
     /// once for a session that is gone or on another node (the cluster
-    /// bus applies its own flow control).
-    async fn wait_for_room(&self, _to: &SessionRef, _free: usize, _max_wait: std::time::Duration) {}
+    /// bus applies its own flow control). False if the wait timed out.
+    async fn wait_for_room(
+        &self,
+        _to: &SessionRef,
+        _free: usize,
+        _max_wait: std::time::Duration,
+    ) -> bool {
+        true
+    }
 
     /// Hands a connection to session `to` (XEP-0198 resumption). Gives it
     /// back if that session is gone.

@@ -118,8 +118,10 @@ struct CapsState {
 /// (a quarter of the default `[c2s] mailbox_size`: room for the presences
 /// and messages arriving meanwhile).
 const LAST_ITEMS_ROOM: usize = 256;
-/// The longest it waits for them before sending anyway (a session that
-/// stopped reading gets the usual bounce).
+/// The longest it waits for them at one item: a session that made no room
+/// in that time stopped reading, and the rest is sent without waiting (it
+/// gets the usual bounces; the task ends instead of waiting per item). A
+/// slow reader that makes progress is waited for as long as it reads.
 const LAST_ITEMS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The PEP module.
@@ -426,12 +428,14 @@ impl Pep {
         // contacts gets thousands of items, and its contacts' presences at
         // the same time; a full mailbox would bounce them.
         let session = env.sessions.get(to).map(|e| e.session);
+        let mut reading = true;
         for (owner, node, cfg, item) in last {
             if &owner != me && admits(&cfg, items.get(&owner)).is_err() {
                 continue;
             }
-            if let Some(s) = &session {
-                env.router
+            if let (Some(s), true) = (&session, reading) {
+                reading = env
+                    .router
                     .wait_for_room(s, LAST_ITEMS_ROOM, LAST_ITEMS_WAIT)
                     .await;
             }

@@ -497,16 +497,25 @@ impl Router for LocalRouter {
         }
     }
 
-    async fn wait_for_room(&self, to: &SessionRef, free: usize, max_wait: std::time::Duration) {
+    async fn wait_for_room(
+        &self,
+        to: &SessionRef,
+        free: usize,
+        max_wait: std::time::Duration,
+    ) -> bool {
         let deadline = tokio::time::Instant::now() + max_wait;
         while let Some(h) = self.table.handle(to) {
             // At most half the mailbox, whatever `[c2s] mailbox_size` is.
             let want = free.min(h.capacity() / 2).max(1);
-            if h.room() >= want || tokio::time::Instant::now() >= deadline {
-                return;
+            if h.room() >= want {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
+        true
     }
 
     async fn notify(
