@@ -512,33 +512,29 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
     // Accounts of the domain (bulk, without credentials), then remove.
     let (ok, _, err) = cli(&cfg, &["domain", "disable", "cli.example"]);
     assert!(ok, "{err}");
-    let backend = match starling_testkit::test_pg_admin_url() {
-        Some(_) => None,
-        None => Some(starling_storage::BackendConfig::Sqlite {
-            path: dir.join("data/starling.db"),
-            pool_size: 1,
-        }),
-    };
-    if let Some(backend) = backend {
-        let s = starling_storage::open(&backend).await.unwrap();
-        let accounts: Vec<_> = (0..1500)
-            .map(|i| (BareJid::new(&format!("u{i}@cli.example")).unwrap(), vec![]))
-            .collect();
-        s.accounts.create_many(&accounts).await.unwrap();
-        s.backend.close().await;
-        let (ok, out, err) = cli(&cfg, &["domain", "remove", "cli.example"]);
-        assert!(ok, "{out}{err}");
-        assert!(
-            out.contains("cli.example: 1000 accounts deleted so far"),
-            "{out}"
-        );
-        assert!(
-            out.contains("removed cli.example: 1500 account(s)"),
-            "{out}"
-        );
-        let (_, out, _) = cli(&cfg, &["domain", "list"]);
-        assert!(!out.contains("cli.example"), "{out}");
-        assert!(!dir.join("data/tls/domains/cli.example").exists());
-    }
+    // The accounts go into the database the binary uses (SQLite in its
+    // data directory, or the test PostgreSQL database of that directory).
+    let backend = starling_server::Config::load(&cfg)
+        .unwrap()
+        .backend_config();
+    let s = starling_storage::open(&backend).await.unwrap();
+    let accounts: Vec<_> = (0..1500)
+        .map(|i| (BareJid::new(&format!("u{i}@cli.example")).unwrap(), vec![]))
+        .collect();
+    s.accounts.create_many(&accounts).await.unwrap();
+    s.backend.close().await;
+    let (ok, out, err) = cli(&cfg, &["domain", "remove", "cli.example"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("cli.example: 1000 accounts deleted so far"),
+        "{out}"
+    );
+    assert!(
+        out.contains("removed cli.example: 1500 account(s)"),
+        "{out}"
+    );
+    let (_, out, _) = cli(&cfg, &["domain", "list"]);
+    assert!(!out.contains("cli.example"), "{out}");
+    assert!(!dir.join("data/tls/domains/cli.example").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
