@@ -225,14 +225,35 @@ fn served(st: &Shared, domain: &str) -> bool {
     st.env.hosts.is_local(domain)
 }
 
+/// 404: there is no account `jid`.
+fn no_account(jid: &BareJid) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("account {jid} does not exist"),
+    )
+}
+
+/// Bans or unbans account `jid` in storage (404 if there is none).
+async fn set_disabled(st: &Shared, jid: &BareJid, disabled: bool) -> Result<(), ApiError> {
+    let found = st
+        .env
+        .storage
+        .accounts
+        .set_disabled(jid, disabled)
+        .await
+        .map_err(storage_failed)?;
+    if found {
+        Ok(())
+    } else {
+        Err(no_account(jid))
+    }
+}
+
 /// The account must exist (404 otherwise).
 async fn existing(st: &Shared, jid: &BareJid) -> Result<(), ApiError> {
     match st.env.storage.accounts.exists(jid).await {
         Ok(true) => Ok(()),
-        Ok(false) => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("account {jid} does not exist"),
-        )),
+        Ok(false) => Err(no_account(jid)),
         Err(e) => Err(storage_failed(e)),
     }
 }
@@ -398,10 +419,7 @@ pub(crate) async fn user_delete(st: &Shared, caller: &Caller, jid: &str) -> OpRe
     let jid = account(jid)?;
     let existed = st.env.delete_account(&jid).await.map_err(storage_failed)?;
     if !existed {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("account {jid} does not exist"),
-        ));
+        return Err(no_account(&jid));
     }
     audit(caller, "user.delete", jid.as_str());
     let reason = close_reason(
@@ -478,19 +496,7 @@ pub(crate) async fn user_ban(
     reason: Option<String>,
 ) -> OpResult {
     let jid = account(jid)?;
-    let found = st
-        .env
-        .storage
-        .accounts
-        .set_disabled(&jid, true)
-        .await
-        .map_err(storage_failed)?;
-    if !found {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("account {jid} does not exist"),
-        ));
-    }
+    set_disabled(st, &jid, true).await?;
     audit(caller, "user.ban", jid.as_str());
     let text = reason
         .filter(|r| !r.trim().is_empty())
@@ -518,19 +524,7 @@ async fn ban(
 /// Lifts a ban.
 pub(crate) async fn user_unban(st: &Shared, caller: &Caller, jid: &str) -> OpResult {
     let jid = account(jid)?;
-    let found = st
-        .env
-        .storage
-        .accounts
-        .set_disabled(&jid, false)
-        .await
-        .map_err(storage_failed)?;
-    if !found {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("account {jid} does not exist"),
-        ));
-    }
+    set_disabled(st, &jid, false).await?;
     audit(caller, "user.unban", jid.as_str());
     Ok(j!({ "jid": jid.as_str(), "disabled": false }))
 }
