@@ -39,6 +39,34 @@ fn decode(r: &<Db as sqlx::Database>::Row) -> StoredDomain {
     }
 }
 
+impl Store {
+    /// Runs `sql` (`$1` the domain's name, `$2` `value`, `$3` the new
+    /// change counter) after bumping the counter, in one transaction that
+    /// commits only if the domain exists.
+    async fn update_domain(
+        &self,
+        sql: &'static str,
+        name: &str,
+        value: &str,
+    ) -> StorageResult<bool> {
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        let version = bump(&mut tx).await?;
+        let n = sqlx::query(sql)
+            .bind(name)
+            .bind(value)
+            .bind(version)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        if n == 0 {
+            return Ok(false);
+        }
+        tx.commit().await.map_err(backend)?;
+        Ok(true)
+    }
+}
+
 #[async_trait]
 impl DomainStore for Store {
     async fn add_domain(&self, d: &StoredDomain) -> StorageResult<()> {
@@ -87,21 +115,12 @@ impl DomainStore for Store {
     }
 
     async fn set_domain_state(&self, name: &str, state: DomainState) -> StorageResult<bool> {
-        let mut tx = self.begin_write().await.map_err(backend)?;
-        let version = bump(&mut tx).await?;
-        let n = sqlx::query("UPDATE domains SET state = $2, version = $3 WHERE name = $1")
-            .bind(name)
-            .bind(state.as_str())
-            .bind(version)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-        if n == 0 {
-            return Ok(false);
-        }
-        tx.commit().await.map_err(backend)?;
-        Ok(true)
+        self.update_domain(
+            "UPDATE domains SET state = $2, version = $3 WHERE name = $1",
+            name,
+            state.as_str(),
+        )
+        .await
     }
 
     async fn set_domain_settings(
@@ -109,21 +128,12 @@ impl DomainStore for Store {
         name: &str,
         settings: &DomainSettings,
     ) -> StorageResult<bool> {
-        let mut tx = self.begin_write().await.map_err(backend)?;
-        let version = bump(&mut tx).await?;
-        let n = sqlx::query("UPDATE domains SET settings = $2, version = $3 WHERE name = $1")
-            .bind(name)
-            .bind(settings.to_json())
-            .bind(version)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-        if n == 0 {
-            return Ok(false);
-        }
-        tx.commit().await.map_err(backend)?;
-        Ok(true)
+        self.update_domain(
+            "UPDATE domains SET settings = $2, version = $3 WHERE name = $1",
+            name,
+            &settings.to_json(),
+        )
+        .await
     }
 
     async fn delete_domain(&self, name: &str) -> StorageResult<bool> {
