@@ -7,7 +7,7 @@
 //! (`bad-request`), and terminate (§13). Other users are never affected.
 
 use base64::Engine;
-use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamParser};
+use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, TestServer};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,37 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const BIND: &str = "http://jabber.org/protocol/httpbind";
 const XBOSH: &str = "urn:xmpp:xbosh";
 
-/// POSTs `body` to /http-bind and parses the `<body/>` answer.
-async fn post(addr: SocketAddr, body: &str) -> Element {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(
-        format!(
-            "POST /http-bind HTTP/1.1\r\nHost: {addr}\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut raw))
-        .await
-        .expect("answered in time")
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    let xml = text.split_once("\r\n\r\n").unwrap().1;
-    parse(xml)
-}
-
-fn parse(xml: &str) -> Element {
-    let mut p = StreamParser::for_elements(Limits::default());
-    let mut input = xml.as_bytes();
-    match p.push(&mut input) {
-        Ok(Some(StreamEvent::Stanza(el))) => el,
-        other => panic!("not a body: {other:?} in {xml}"),
-    }
-}
+use starling_testkit::bosh_post as post;
 
 struct Bosh {
     addr: SocketAddr,

@@ -1279,3 +1279,33 @@ pub fn error_condition(stanza: &Element) -> Option<String> {
         .find(|c| c.ns() == ns::STANZAS && c.name() != "text")
         .map(|c| c.name().to_owned())
 }
+
+/// POSTs `body` to the BOSH endpoint (`/http-bind`, XEP-0124/0206) of the
+/// HTTP listener at `addr`, one request per connection, and parses the
+/// `<body/>` it answers (panics unless it is a 200 within 30 s).
+pub async fn bosh_post(addr: SocketAddr, body: &str) -> Element {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST /http-bind HTTP/1.1\r\nHost: {addr}\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut raw))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let xml = text.split_once("\r\n\r\n").unwrap().1;
+    let mut p = StreamParser::for_elements(Limits::default());
+    let mut input = xml.as_bytes();
+    match p.push(&mut input) {
+        Ok(Some(StreamEvent::Stanza(el))) => el,
+        other => panic!("not a body: {other:?} in {xml}"),
+    }
+}
