@@ -65,19 +65,47 @@ pub struct Identity {
     pub name: Option<String>,
 }
 
-/// Features and identities per scope.
+/// Who declared a feature or identity: the bits of the modules that did
+/// ([`crate::module::module_bit`]), or always shown when something outside
+/// any module's start declared it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Declarers {
+    bits: u64,
+    always: bool,
+}
+
+impl Declarers {
+    fn add(&mut self, bit: u64) {
+        if bit == 0 {
+            self.always = true;
+        }
+        self.bits |= bit;
+    }
+
+    /// Shown unless every module that declared it is switched off.
+    fn shown(self, off: u64) -> bool {
+        self.always || self.bits & !off != 0
+    }
+}
+
+/// Features and identities per scope, each with the modules that declared
+/// it, so a domain that switches modules off shows only the others'.
 #[derive(Default, Debug)]
 pub struct DiscoRegistry {
-    server_features: Vec<String>,
-    account_features: Vec<String>,
-    server_identities: Vec<Identity>,
-    account_identities: Vec<Identity>,
+    server_features: Vec<(String, Declarers)>,
+    account_features: Vec<(String, Declarers)>,
+    server_identities: Vec<(Identity, Declarers)>,
+    account_identities: Vec<(Identity, Declarers)>,
+    /// The bit of the module being started (set by
+    /// [`crate::hooks::HookRegistry::begin_module`]).
+    pub(crate) current_bit: u64,
 }
 
 impl DiscoRegistry {
     /// Declares a feature var for `scopes` (an [`IqScope`] or [`Scopes`]).
     pub fn feature(&mut self, scopes: impl Into<Scopes>, var: &str) -> &mut Self {
         let scopes = scopes.into();
+        let bit = self.current_bit;
         for scope in [IqScope::Server, IqScope::Account] {
             if !scopes.contains(scope) {
                 continue;
@@ -86,9 +114,14 @@ impl DiscoRegistry {
                 IqScope::Server => &mut self.server_features,
                 IqScope::Account => &mut self.account_features,
             };
-            if !list.iter().any(|f| f == var) {
-                list.push(var.to_owned());
-                list.sort();
+            match list.iter_mut().find(|(f, _)| f == var) {
+                Some((_, d)) => d.add(bit),
+                None => {
+                    let mut d = Declarers::default();
+                    d.add(bit);
+                    list.push((var.to_owned(), d));
+                    list.sort_by(|a, b| a.0.cmp(&b.0));
+                }
             }
         }
         self
@@ -107,30 +140,44 @@ impl DiscoRegistry {
             kind: kind.to_owned(),
             name: name.map(str::to_owned),
         };
+        let bit = self.current_bit;
         let list = match scope {
             IqScope::Server => &mut self.server_identities,
             IqScope::Account => &mut self.account_identities,
         };
-        if !list.contains(&id) {
-            list.push(id);
+        match list.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, d)) => d.add(bit),
+            None => {
+                let mut d = Declarers::default();
+                d.add(bit);
+                list.push((id, d));
+            }
         }
         self
     }
 
-    /// Features declared for `scope`, sorted.
-    pub fn features(&self, scope: IqScope) -> &[String] {
-        match scope {
+    /// Features declared for `scope`, sorted, without those only modules
+    /// switched off in `off` declared (a domain's
+    /// [`crate::Host::modules_off`]; 0: all).
+    pub fn features(&self, scope: IqScope, off: u64) -> impl Iterator<Item = &str> {
+        let list = match scope {
             IqScope::Server => &self.server_features,
             IqScope::Account => &self.account_features,
-        }
+        };
+        list.iter()
+            .filter(move |(_, d)| d.shown(off))
+            .map(|(f, _)| f.as_str())
     }
 
-    /// Identities declared for `scope`.
-    pub fn identities(&self, scope: IqScope) -> &[Identity] {
-        match scope {
+    /// Identities declared for `scope`, as [`DiscoRegistry::features`].
+    pub fn identities(&self, scope: IqScope, off: u64) -> impl Iterator<Item = &Identity> {
+        let list = match scope {
             IqScope::Server => &self.server_identities,
             IqScope::Account => &self.account_identities,
-        }
+        };
+        list.iter()
+            .filter(move |(_, d)| d.shown(off))
+            .map(|(i, _)| i)
     }
 }
 
@@ -144,7 +191,34 @@ mod tests {
         d.feature(Scopes::BOTH, "urn:b")
             .feature(IqScope::Account, "urn:a")
             .feature(Scopes::SERVER, "urn:b");
-        assert_eq!(d.features(IqScope::Server), ["urn:b"]);
-        assert_eq!(d.features(IqScope::Account), ["urn:a", "urn:b"]);
+        assert_eq!(
+            d.features(IqScope::Server, 0).collect::<Vec<_>>(),
+            ["urn:b"]
+        );
+        assert_eq!(
+            d.features(IqScope::Account, 0).collect::<Vec<_>>(),
+            ["urn:a", "urn:b"]
+        );
+    }
+
+    #[test]
+    fn a_feature_is_hidden_only_when_every_module_that_declared_it_is_off() {
+        let mut d = DiscoRegistry {
+            current_bit: 0b01,
+            ..Default::default()
+        };
+        d.feature(IqScope::Server, "urn:shared")
+            .feature(IqScope::Server, "urn:one")
+            .identity(IqScope::Server, "c", "one", None);
+        d.current_bit = 0b10;
+        d.feature(IqScope::Server, "urn:shared");
+        d.current_bit = 0;
+        d.feature(IqScope::Server, "urn:core");
+        let shown = |off| d.features(IqScope::Server, off).collect::<Vec<_>>();
+        assert_eq!(shown(0), ["urn:core", "urn:one", "urn:shared"]);
+        assert_eq!(shown(0b01), ["urn:core", "urn:shared"]);
+        assert_eq!(shown(0b11), ["urn:core"]);
+        assert_eq!(d.identities(IqScope::Server, 0b01).count(), 0);
+        assert_eq!(d.identities(IqScope::Server, 0b10).count(), 1);
     }
 }

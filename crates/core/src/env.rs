@@ -6,7 +6,7 @@ use crate::storage::{DomainSettings, Storage};
 use crate::{HandoverGate, Metrics, Pressure, Router, SessionManager};
 use starling_proto::{BareJid, Stanza};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// The domains this deployment serves, each with its settings
@@ -27,6 +27,10 @@ pub struct Host {
     /// Sessions of this domain bound on this node (shared by the entries
     /// that replace this one when its settings change).
     sessions: Arc<AtomicU32>,
+    /// The modules switched off for this domain, as a mask of
+    /// [`crate::module::module_bit`]s (shared like `sessions`, so a
+    /// session holding it sees a settings change at once).
+    modules_off: Arc<AtomicU64>,
 }
 
 impl Host {
@@ -51,6 +55,17 @@ impl Host {
     /// Sessions of this domain bound on this node.
     pub fn sessions(&self) -> u32 {
         self.sessions.load(Ordering::Acquire)
+    }
+
+    /// The modules switched off for this domain (a mask of
+    /// [`crate::module::module_bit`]s).
+    pub fn modules_off(&self) -> u64 {
+        self.modules_off.load(Ordering::Relaxed)
+    }
+
+    /// The live mask of [`Host::modules_off`], for a session to keep.
+    pub fn modules_off_handle(&self) -> Arc<AtomicU64> {
+        self.modules_off.clone()
     }
 }
 
@@ -96,12 +111,37 @@ impl Hosts {
     /// Serves `domain` with `settings` (adds it, or replaces its settings
     /// and keeps its session count).
     pub fn set(&self, domain: &str, settings: DomainSettings) {
+        let off = crate::module::modules_mask(
+            settings
+                .disabled_modules
+                .iter()
+                .flatten()
+                .map(String::as_str),
+        );
         let mut map = self.domains.write().unwrap_or_else(|e| e.into_inner());
-        let sessions = map
+        let (sessions, modules_off) = map
             .get(domain)
-            .map(|h| h.sessions.clone())
+            .map(|h| (h.sessions.clone(), h.modules_off.clone()))
             .unwrap_or_default();
-        map.insert(domain.to_owned(), Arc::new(Host { settings, sessions }));
+        modules_off.store(off, Ordering::Relaxed);
+        map.insert(
+            domain.to_owned(),
+            Arc::new(Host {
+                settings,
+                sessions,
+                modules_off,
+            }),
+        );
+    }
+
+    /// The modules switched off for `domain` if it is served here (one
+    /// lookup: the router's "is it local" and "what is off" at once).
+    pub fn modules_off(&self, domain: &str) -> Option<u64> {
+        self.domains
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(domain)
+            .map(|h| h.modules_off())
     }
 
     /// Removes a domain.

@@ -152,6 +152,20 @@ pub struct SessionInfo {
     pub priority: Option<i8>,
     /// When the last bytes arrived from the client.
     pub last_inbound: Instant,
+    /// The modules switched off for `domain` ([`crate::Host::modules_off`],
+    /// live: a settings change applies at once); `None` until the stream
+    /// names a served domain.
+    pub modules_off: Option<Arc<std::sync::atomic::AtomicU64>>,
+}
+
+impl SessionInfo {
+    /// The modules switched off for this session's domain (a mask of
+    /// [`crate::module::module_bit`]s).
+    pub fn modules_off(&self) -> u64 {
+        self.modules_off
+            .as_ref()
+            .map_or(0, |m| m.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// What a session hook handler works with.
@@ -619,12 +633,14 @@ struct ServiceEntry {
     address: ServiceAddress,
     name: String,
     module: &'static str,
+    bit: u64,
     service: Arc<dyn Service>,
 }
 
 struct OwnIqEntry {
     name: String,
     module: &'static str,
+    bit: u64,
     handler: Arc<dyn OwnIqHandler>,
 }
 
@@ -632,6 +648,7 @@ struct IqEntry {
     scope: IqScope,
     name: String,
     module: &'static str,
+    bit: u64,
     handler: Arc<dyn IqHandler>,
 }
 
@@ -639,12 +656,15 @@ struct ElementEntry {
     stage: ElementStage,
     ns: String,
     module: &'static str,
+    bit: u64,
     handler: Arc<dyn ElementHandler>,
 }
 
 struct Registered<T: ?Sized> {
     priority: i32,
     module: &'static str,
+    /// [`crate::module::module_bit`] of `module`.
+    bit: u64,
     handler: Arc<T>,
 }
 
@@ -666,6 +686,7 @@ impl<T: ?Sized> Chain<T> {
         self.handlers.push(Registered {
             priority,
             module,
+            bit: crate::module::module_bit(module),
             handler,
         });
         // Stable sort: equal priorities keep registration order.
@@ -681,6 +702,15 @@ impl<T: ?Sized> Chain<T> {
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &Arc<T>)> {
         self.handlers.iter().map(|r| (r.module, &r.handler))
     }
+
+    /// [`Chain::iter`] without the modules switched off in `off` (a
+    /// domain's [`crate::Host::modules_off`]).
+    pub fn iter_on(&self, off: u64) -> impl Iterator<Item = (&'static str, &Arc<T>)> {
+        self.handlers
+            .iter()
+            .filter(move |r| r.bit & off == 0)
+            .map(|r| (r.module, &r.handler))
+    }
 }
 
 /// Logs a handler failure; the chain continues.
@@ -692,9 +722,14 @@ pub fn log_failure(hook: &'static str, module: &'static str, err: &HookError) {
 /// logged and skipped.
 #[macro_export]
 macro_rules! run_chain {
-    ($chain:expr, $hook:literal, |$h:ident| $call:expr) => {{
+    ($chain:expr, $hook:literal, |$h:ident| $call:expr) => {
+        $crate::run_chain!($chain, $hook, off = 0, |$h| $call)
+    };
+    // `off`: the modules switched off for the domain concerned
+    // ([`crate::Host::modules_off`]) are skipped.
+    ($chain:expr, $hook:literal, off = $off:expr, |$h:ident| $call:expr) => {{
         let mut flow = $crate::Flow::Continue;
-        for (module, $h) in $chain.iter() {
+        for (module, $h) in $chain.iter_on($off) {
             match $call.await {
                 Ok($crate::Flow::Continue) => {}
                 Ok($crate::Flow::Stop) => {
@@ -713,6 +748,9 @@ macro_rules! run_chain {
 #[derive(Default)]
 pub struct HookRegistry {
     hooks: Hooks,
+    /// The module being started ([`HookRegistry::begin_module`]): disco
+    /// declarations and stream features are tagged with it.
+    current: Option<&'static str>,
     /// Registries the embedding server defines and modules fill at start
     /// (see [`HookRegistry::provide`]).
     provided: Extensions,
@@ -741,8 +779,9 @@ pub struct Hooks {
     pub offline_message: Chain<dyn OfflineMessageHandler>,
     /// [`InboundHandler`]s.
     pub inbound: Chain<dyn InboundHandler>,
-    /// [`StreamFeatureProvider`]s.
-    pub stream_features: Vec<Arc<dyn StreamFeatureProvider>>,
+    /// [`StreamFeatureProvider`]s with their modules' bits (see
+    /// [`Hooks::stream_features_on`]).
+    stream_features: Vec<(u64, Arc<dyn StreamFeatureProvider>)>,
     /// [`ShutdownHandler`]s.
     pub shutdown: Chain<dyn ShutdownHandler>,
     /// [`StartedHandler`]s.
@@ -778,23 +817,39 @@ pub struct Hooks {
 impl Hooks {
     /// The handler of non-stanza elements in namespace `ns` at `stage`,
     /// with its module's name.
+    /// `off`: the modules switched off for the session's domain
+    /// ([`crate::Host::modules_off`]); theirs are not found.
     pub fn element_handler(
         &self,
         stage: ElementStage,
         ns: &str,
+        off: u64,
     ) -> Option<(&'static str, &Arc<dyn ElementHandler>)> {
         // Few entries: a linear scan, no key to allocate.
         self.elements
             .iter()
-            .find(|e| e.stage == stage && e.ns == ns)
+            .find(|e| e.stage == stage && e.ns == ns && e.bit & off == 0)
             .map(|e| (e.module, &e.handler))
     }
 
-    /// The namespaces with a handler at `stage`, in registration order.
-    pub fn element_namespaces(&self, stage: ElementStage) -> impl Iterator<Item = &str> {
+    /// The stream feature providers of the modules not switched off in
+    /// `off`.
+    pub fn stream_features_on(
+        &self,
+        off: u64,
+    ) -> impl Iterator<Item = &Arc<dyn StreamFeatureProvider>> {
+        self.stream_features
+            .iter()
+            .filter(move |(bit, _)| bit & off == 0)
+            .map(|(_, p)| p)
+    }
+
+    /// The namespaces with a handler at `stage`, in registration order,
+    /// without those of modules switched off in `off`.
+    pub fn element_namespaces(&self, stage: ElementStage, off: u64) -> impl Iterator<Item = &str> {
         self.elements
             .iter()
-            .filter(move |e| e.stage == stage)
+            .filter(move |e| e.stage == stage && e.bit & off == 0)
             .map(|e| e.ns.as_str())
     }
 
@@ -822,9 +877,14 @@ impl Hooks {
         }
     }
 
-    /// Tells every [`ArchivedHandler`] about an archived copy.
+    /// Tells every [`ArchivedHandler`] about an archived copy (not those
+    /// of modules switched off for the owner's domain).
     pub async fn archived(&self, env: &Env, msg: &Archived<'_>) {
-        for (_, h) in self.archived.iter() {
+        let off = env
+            .hosts
+            .modules_off(msg.owner.domain().as_str())
+            .unwrap_or(0);
+        for (_, h) in self.archived.iter_on(off) {
             h.archived(env, msg).await;
         }
     }
@@ -845,12 +905,15 @@ impl Hooks {
         self.timers.get_key_value(module).map(|(k, _)| *k)
     }
 
-    /// The service owning `domain`, if any. `is_local` says which domains
-    /// are served (a subdomain service exists under each of them).
+    /// The service owning `domain`, if any. `modules_off` says which
+    /// domains are served (a subdomain service exists under each of them)
+    /// and which modules each switches off
+    /// ([`crate::Hosts::modules_off`]): a subdomain service whose module
+    /// is off for the parent domain does not exist there.
     pub fn service_for(
         &self,
         domain: &str,
-        is_local: impl Fn(&str) -> bool,
+        modules_off: impl Fn(&str) -> Option<u64>,
     ) -> Option<&Arc<dyn Service>> {
         self.services
             .iter()
@@ -859,16 +922,20 @@ impl Hooks {
                 ServiceAddress::Subdomain(label) => domain
                     .strip_prefix(label)
                     .and_then(|r| r.strip_prefix('.'))
-                    .is_some_and(&is_local),
+                    .and_then(&modules_off)
+                    .is_some_and(|off| off & e.bit == 0),
             })
             .map(|e| &e.service)
     }
 
     /// The services under served domain `domain` with their names
-    /// (`disco#items` of the server, XEP-0030 §4).
-    pub fn services_of(&self, domain: &str) -> Vec<(String, &str)> {
+    /// (`disco#items` of the server, XEP-0030 §4), without those of
+    /// modules switched off in `off` (the domain's
+    /// [`crate::Host::modules_off`]).
+    pub fn services_of(&self, domain: &str, off: u64) -> Vec<(String, &str)> {
         self.services
             .iter()
+            .filter(|e| e.bit & off == 0)
             .filter_map(|e| {
                 let jid = match &e.address {
                     ServiceAddress::Subdomain(label) => format!("{label}.{domain}"),
@@ -884,21 +951,30 @@ impl Hooks {
             .collect()
     }
 
-    /// The own-account handler for a payload `{ns}name`.
-    pub fn own_iq_handler(&self, name: &str, ns: &str) -> Option<&Arc<dyn OwnIqHandler>> {
+    /// The own-account handler for a payload `{ns}name`, unless its
+    /// module is switched off in `off` (the account's domain's
+    /// [`crate::Host::modules_off`]).
+    pub fn own_iq_handler(&self, name: &str, ns: &str, off: u64) -> Option<&Arc<dyn OwnIqHandler>> {
         self.own_iq
             .get(ns)?
             .iter()
-            .find(|e| e.name == name)
+            .find(|e| e.name == name && e.bit & off == 0)
             .map(|e| &e.handler)
     }
 
-    /// The iq handler for a payload `{ns}name` in `scope`.
-    pub fn iq_handler(&self, scope: IqScope, name: &str, ns: &str) -> Option<&Arc<dyn IqHandler>> {
+    /// The iq handler for a payload `{ns}name` in `scope`, unless its
+    /// module is switched off in `off` (the addressed domain's).
+    pub fn iq_handler(
+        &self,
+        scope: IqScope,
+        name: &str,
+        ns: &str,
+        off: u64,
+    ) -> Option<&Arc<dyn IqHandler>> {
         self.iq
             .get(ns)?
             .iter()
-            .find(|e| e.scope == scope && e.name == name)
+            .find(|e| e.scope == scope && e.name == name && e.bit & off == 0)
             .map(|e| &e.handler)
     }
 }
@@ -1063,13 +1139,32 @@ impl HookRegistry {
             stage,
             ns: ns.to_owned(),
             module,
+            bit: crate::module::module_bit(module),
             handler: h,
         });
     }
 
-    /// Registers a [`StreamFeatureProvider`].
+    /// Registers a [`StreamFeatureProvider`] of the module being started
+    /// ([`HookRegistry::begin_module`]).
     pub fn stream_features(&mut self, h: Arc<dyn StreamFeatureProvider>) {
-        self.hooks.stream_features.push(h);
+        let bit = self.current.map_or(0, crate::module::module_bit);
+        self.hooks.stream_features.push((bit, h));
+    }
+
+    /// Says which module registers what follows (the server calls it
+    /// before each module's `start`): the disco features and stream
+    /// features declared next belong to `module`, and are hidden for the
+    /// domains that switch it off.
+    pub fn begin_module(&mut self, module: &'static str) {
+        self.current = Some(module);
+        self.hooks.disco.current_bit = crate::module::module_bit(module);
+    }
+
+    /// Ends [`HookRegistry::begin_module`]: what is declared next belongs
+    /// to no module and is shown for every domain.
+    pub fn end_module(&mut self) {
+        self.current = None;
+        self.hooks.disco.current_bit = 0;
     }
 
     /// Registers the [`TimerHandler`] for timers set with `module`'s name.
@@ -1102,6 +1197,7 @@ impl HookRegistry {
             scope,
             name: name.to_owned(),
             module,
+            bit: crate::module::module_bit(module),
             handler: h,
         });
     }
@@ -1128,6 +1224,7 @@ impl HookRegistry {
             address,
             name: name.to_owned(),
             module,
+            bit: crate::module::module_bit(module),
             service,
         });
     }
@@ -1147,6 +1244,7 @@ impl HookRegistry {
         entries.push(OwnIqEntry {
             name: name.to_owned(),
             module,
+            bit: crate::module::module_bit(module),
             handler: h,
         });
     }
@@ -1188,6 +1286,7 @@ impl HookRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::DomainSettings;
 
     struct Order(&'static str, Flow);
     #[async_trait]
@@ -1253,5 +1352,48 @@ mod tests {
         let mut reg = HookRegistry::new();
         reg.iq("m1", IqScope::Server, "ping", "urn:xmpp:ping", Arc::new(H));
         reg.iq("m2", IqScope::Server, "ping", "urn:xmpp:ping", Arc::new(H));
+    }
+
+    #[test]
+    fn switched_off_modules_are_skipped_in_chains_services_and_lookups() {
+        struct S;
+        #[async_trait]
+        impl Service for S {
+            async fn handle(&self, _: &Env, _: Stanza) {}
+        }
+        let mut reg = HookRegistry::new();
+        reg.offline_message("t_first", 10, Arc::new(Order("a", Flow::Continue)));
+        reg.offline_message("t_second", 20, Arc::new(Order("b", Flow::Continue)));
+        reg.service(
+            "t_rooms",
+            ServiceAddress::Subdomain("rooms"),
+            "",
+            Arc::new(S),
+        );
+        let hooks = reg.build();
+        let off = crate::module::modules_mask(["t_first", "t_rooms"]);
+        let names: Vec<_> = hooks.offline_message.iter_on(off).map(|(m, _)| m).collect();
+        assert_eq!(names, ["t_second"]);
+        assert_eq!(hooks.offline_message.iter_on(0).count(), 2);
+        // The subdomain service exists under a served domain unless its
+        // module is off there.
+        let hosts = crate::Hosts::new(["a.example".to_owned()]);
+        hosts.set(
+            "b.example",
+            DomainSettings {
+                disabled_modules: Some(vec!["t_rooms".into()]),
+                ..Default::default()
+            },
+        );
+        let find = |d| hooks.service_for(d, |p| hosts.modules_off(p)).is_some();
+        assert!(find("rooms.a.example"));
+        assert!(!find("rooms.b.example"));
+        assert!(!find("rooms.c.example"));
+        assert_eq!(hooks.services_of("b.example", off).len(), 0);
+        // A session's handle sees a settings change at once.
+        let live = hosts.get("b.example").unwrap().modules_off_handle();
+        hosts.set("b.example", DomainSettings::default());
+        assert_eq!(live.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert!(find("rooms.b.example"));
     }
 }

@@ -118,3 +118,36 @@ impl Default for EnabledConfig {
         EnabledConfig { enabled: true }
     }
 }
+
+/// Bits naming modules in a per-domain switch-off mask
+/// ([`crate::Host::modules_off`], `DomainSettings::disabled_modules`).
+///
+/// A module's bit is assigned the first time its name is seen (at
+/// registration, or when a domain's settings name it) and never changes
+/// while the process runs; masks are only compared within one process.
+/// 64 names at most get a bit: a name seen after that gets none (0) and
+/// cannot be switched off per domain, which [`module_bit`]'s callers turn
+/// into a refused setting ([`module_bit_checked`]).
+pub fn module_bit(name: &str) -> u64 {
+    module_bit_checked(name).unwrap_or(0)
+}
+
+/// [`module_bit`], or `None` when all 64 bits are taken.
+pub fn module_bit_checked(name: &str) -> Option<u64> {
+    static NAMES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let i = match names.iter().position(|n| n == name) {
+        Some(i) => i,
+        None if names.len() < 64 => {
+            names.push(name.to_owned());
+            names.len() - 1
+        }
+        None => return None,
+    };
+    Some(1u64 << i)
+}
+
+/// The switch-off mask of these module names.
+pub fn modules_mask<'a>(names: impl IntoIterator<Item = &'a str>) -> u64 {
+    names.into_iter().fold(0, |m, n| m | module_bit(n))
+}

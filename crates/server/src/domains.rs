@@ -120,7 +120,8 @@ pub fn validate_name(raw: &str) -> Result<String, DomainError> {
 
 /// Applies `key=value` to settings (`starling domain set`, the admin
 /// API): `registration=on|off`, `archive_retention_days=N`,
-/// `max_sessions=N`, `certificate=PATH`, `private_key=PATH`; the value
+/// `max_sessions=N`, `certificate=PATH`, `private_key=PATH`,
+/// `disabled_modules=NAME,NAME` (`none`: every running module); the value
 /// `default` removes the override.
 pub fn apply_setting(s: &mut DomainSettings, assignment: &str) -> Result<(), DomainError> {
     let bad = |m: String| Err(DomainError::BadSetting(m));
@@ -165,11 +166,60 @@ pub fn apply_setting(s: &mut DomainSettings, assignment: &str) -> Result<(), Dom
         "max_sessions" => s.max_sessions = number(key)?,
         "certificate" => s.certificate = path(key)?,
         "private_key" => s.private_key = path(key)?,
+        "disabled_modules" => {
+            s.disabled_modules = match value {
+                "default" => None,
+                "none" | "" => Some(Vec::new()),
+                list => {
+                    let mut names = Vec::new();
+                    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                        check_switchable(name)?;
+                        if !names.iter().any(|n| n == name) {
+                            names.push(name.to_owned());
+                        }
+                    }
+                    names.sort();
+                    Some(names)
+                }
+            }
+        }
         _ => {
             return bad(format!(
-                "unknown setting {key:?}; known: registration, archive_retention_days, max_sessions, certificate, private_key"
+                "unknown setting {key:?}; known: registration, archive_retention_days, max_sessions, certificate, private_key, disabled_modules"
             ))
         }
+    }
+    Ok(())
+}
+
+/// Modules every domain runs: the core of RFC 6120/6121 (`presence`,
+/// `roster`, `disco`), `register` (switched per domain with the
+/// `registration` setting) and `component` (components are configured
+/// per domain already).
+const NOT_SWITCHABLE: &[&str] = &["presence", "roster", "disco", "register", "component"];
+
+/// Whether `name` may be in `disabled_modules`.
+fn check_switchable(name: &str) -> Result<(), DomainError> {
+    if NOT_SWITCHABLE.contains(&name) {
+        return Err(DomainError::BadSetting(format!(
+            "disabled_modules: {name} cannot be switched off per domain (every domain runs presence, roster, disco; use registration=off for register)"
+        )));
+    }
+    if !crate::modules::MODULES.iter().any(|m| m.name() == name) {
+        let known: Vec<&str> = crate::modules::MODULES
+            .iter()
+            .map(|m| m.name())
+            .filter(|n| !NOT_SWITCHABLE.contains(n))
+            .collect();
+        return Err(DomainError::BadSetting(format!(
+            "disabled_modules: no module is called {name:?}; known: {}",
+            known.join(", ")
+        )));
+    }
+    if starling_core::module::module_bit_checked(name).is_none() {
+        return Err(DomainError::BadSetting(format!(
+            "disabled_modules: {name} cannot be switched off (more than 64 module names)"
+        )));
     }
     Ok(())
 }
@@ -180,6 +230,21 @@ fn check_settings(s: &DomainSettings) -> Result<(), DomainError> {
         return Err(DomainError::BadSetting(
             "certificate and private_key go together: set both, or neither".into(),
         ));
+    }
+    // A module that stays on must keep what it needs (the inbox lists
+    // what the archive stores).
+    let off = s.disabled_modules.as_deref().unwrap_or_default();
+    for m in crate::modules::MODULES {
+        if off.iter().any(|n| n == m.name()) {
+            continue;
+        }
+        if let Some(need) = m.needs().iter().find(|n| off.iter().any(|o| o == *n)) {
+            return Err(DomainError::BadSetting(format!(
+                "disabled_modules: {} needs {need}; switch {} off too, or keep {need}",
+                m.name(),
+                m.name()
+            )));
+        }
     }
     Ok(())
 }
@@ -548,7 +613,7 @@ impl Domains {
         tokio::spawn(async move {
             let services: Vec<String> = env
                 .hooks
-                .services_of(&name)
+                .services_of(&name, 0)
                 .into_iter()
                 .map(|(jid, _)| jid)
                 .collect();

@@ -263,7 +263,7 @@ pub async fn start_with(
     // service's subdomain): the router would pick one silently.
     for d in &domains {
         let mut seen = std::collections::HashSet::new();
-        for (jid, _) in hooks.services_of(d) {
+        for (jid, _) in hooks.services_of(d, 0) {
             if !seen.insert(jid.clone()) {
                 anyhow::bail!(
                     "two services claim {jid}: change a module's subdomain, or the domain of the [modules.component] entry"

@@ -538,3 +538,148 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
     assert!(!dir.join("data/tls/domains/cli.example").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The server's disco#items answer for `to`, as text.
+async fn disco_items(c: &mut Client, to: &str) -> String {
+    c.iq(
+        &format!("<iq to='{to}' type='get' id='items'><query xmlns='http://jabber.org/protocol/disco#items'/></iq>"),
+        "items",
+    )
+    .await
+    .to_string()
+}
+
+/// The error condition of an iq reply (None for a result).
+fn condition(reply: &starling_testkit::starling_xml::Element) -> Option<String> {
+    starling_testkit::error_condition(reply)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn domain_disabled_modules_are_off_for_that_domain_only_and_back_at_once() {
+    // docs/domains.md "Modules per domain". MAM, inbox and MUC run for the
+    // server (defaults); the added domain switches them off.
+    const MAM: &str = "urn:xmpp:mam:2";
+    const INBOX: &str = "urn:xmpp:inbox:1";
+    let server = TestServer::start().await;
+    let domains = server.server.domains.clone();
+    let mut off = DomainSettings::default();
+    apply_setting(&mut off, "disabled_modules=muc, mam,inbox").unwrap();
+    assert_eq!(
+        off.disabled_modules.as_deref(),
+        Some(&["inbox".to_owned(), "mam".to_owned(), "muc".to_owned()][..])
+    );
+    domains.add(DYN, true, off).await.unwrap();
+    create(&server, &format!("alice@{DYN}")).await;
+    create(&server, "carol@localhost").await;
+    let mut alice = login_to(&server, "alice", DYN).await;
+    let mut carol = login_to(&server, "carol", "localhost").await;
+
+    // Advertised for one domain, not for the other (XEP-0030 §3.1, §4.3).
+    let on_dyn = alice.disco_features(DYN).await;
+    assert!(!on_dyn.iter().any(|f| f == MAM || f == INBOX), "{on_dyn:?}");
+    assert!(on_dyn.iter().any(|f| f == ns::DISCO_INFO), "{on_dyn:?}");
+    let own = alice.disco_features(&format!("alice@{DYN}")).await;
+    assert!(!own.iter().any(|f| f == MAM), "{own:?}");
+    let on_local = carol.disco_features("localhost").await;
+    assert!(on_local.iter().any(|f| f == MAM), "{on_local:?}");
+    let dyn_items = disco_items(&mut alice, DYN).await;
+    assert!(
+        !dyn_items.contains(&format!("conference.{DYN}")),
+        "{dyn_items}"
+    );
+    let local_items = disco_items(&mut carol, "localhost").await;
+    assert!(
+        local_items.contains("conference.localhost"),
+        "{local_items}"
+    );
+
+    // Requests to a switched-off module: service-unavailable (RFC 6120
+    // §8.3.3.19), for the account and for the server.
+    let q = format!("<iq type='set' id='mq'><query xmlns='{MAM}'/></iq>");
+    let r = alice.iq(&q, "mq").await;
+    assert_eq!(condition(&r).as_deref(), Some("service-unavailable"), "{r}");
+    let r = alice
+        .iq(
+            &format!("<iq type='get' id='ib'><inbox xmlns='{INBOX}'/></iq>"),
+            "ib",
+        )
+        .await;
+    assert_eq!(condition(&r).as_deref(), Some("service-unavailable"), "{r}");
+    // The domain's group-chat service does not exist: asked as any
+    // unknown domain is (no server-to-server: remote-server-not-found).
+    let r = alice
+        .iq(
+            &format!("<iq to='conference.{DYN}' type='get' id='ci'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+            "ci",
+        )
+        .await;
+    assert_eq!(
+        condition(&r).as_deref(),
+        Some("remote-server-not-found"),
+        "{r}"
+    );
+    let f = carol.disco_features("conference.localhost").await;
+    assert!(
+        f.iter().any(|f| f == "http://jabber.org/protocol/muc"),
+        "{f:?}"
+    );
+
+    // A message across: archived for carol (MAM on at localhost), not
+    // for alice.
+    alice
+        .send("<message to='carol@localhost' type='chat' id='m1'><body>across</body></message>")
+        .await;
+    let m = carol.recv_message().await;
+    assert_eq!(m.get_child("body", ns::CLIENT).unwrap().text(), "across");
+    assert_eq!(carol.archived_bodies().await, ["across"]);
+    let env = &server.server.env;
+    env.hooks.durable(env).await;
+    let alice_bare = BareJid::new(&format!("alice@{DYN}")).unwrap();
+    let kept = env
+        .storage
+        .archive
+        .query(&alice_bare, &Default::default())
+        .await
+        .unwrap();
+    assert!(kept.messages.is_empty(), "alice's archive: {kept:?}");
+
+    // Switched back on: the open session sees it at once.
+    let mut on = DomainSettings::default();
+    apply_setting(&mut on, "disabled_modules=none").unwrap();
+    domains.set_settings(DYN, on).await.unwrap();
+    let on_dyn = alice.disco_features(DYN).await;
+    assert!(on_dyn.iter().any(|f| f == MAM), "{on_dyn:?}");
+    alice
+        .send("<message to='carol@localhost' type='chat' id='m2'><body>kept</body></message>")
+        .await;
+    carol.recv_message().await;
+    assert_eq!(alice.archived_bodies().await, ["kept"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn domain_disabled_modules_refuse_core_unknown_and_needed_modules() {
+    let server = TestServer::start().await;
+    let mut s = DomainSettings::default();
+    for (bad, says) in [
+        ("disabled_modules=roster", "cannot be switched off"),
+        ("disabled_modules=presence,mam", "cannot be switched off"),
+        ("disabled_modules=nope", "no module is called"),
+    ] {
+        match apply_setting(&mut s, bad) {
+            Err(DomainError::BadSetting(m)) => assert!(m.contains(says), "{bad}: {m}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // The inbox lists what the archive stores: switching mam off alone is
+    // refused, with both named.
+    apply_setting(&mut s, "disabled_modules=mam").unwrap();
+    match server.server.domains.add(DYN, true, s).await {
+        Err(DomainError::BadSetting(m)) => {
+            assert!(m.contains("inbox needs mam"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!server.server.env.hosts.is_local(DYN));
+    server.stop().await;
+}

@@ -768,6 +768,7 @@ pub async fn domains(s: &Storage) {
         max_sessions: Some(2),
         certificate: Some("/etc/certs/a.pem".into()),
         private_key: Some("/etc/certs/a.key".into()),
+        disabled_modules: Some(vec!["mam".into(), "muc".into()]),
     };
     assert!(d.set_domain_settings("a.example", &settings).await.unwrap());
     assert_eq!(

@@ -65,6 +65,12 @@ pub struct DomainSettings {
     /// The private key of `certificate` (PEM).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub private_key: Option<PathBuf>,
+    /// Modules switched off for this domain (their names, as in
+    /// `[modules.<name>]`): they run for the other domains, and for this
+    /// one they answer nothing, advertise nothing and store nothing
+    /// (docs/domains.md "Modules per domain").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled_modules: Option<Vec<String>>,
 }
 
 /// The stored format version of [`DomainSettings`].

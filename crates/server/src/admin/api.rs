@@ -989,10 +989,23 @@ pub(crate) fn apply_settings_json(
             Value::Bool(false) => "off".to_owned(),
             Value::Number(n) => n.to_string(),
             Value::String(t) => t.clone(),
+            // A list of names (disabled_modules): [] is "none".
+            Value::Array(items) => {
+                let names: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
+                match names {
+                    Some(n) if n.is_empty() => "none".to_owned(),
+                    Some(n) => n.join(","),
+                    None => {
+                        return Err(bad(format!(
+                            "setting {key:?}: a list of strings is expected"
+                        )))
+                    }
+                }
+            }
             _ => {
                 return Err(bad(format!(
-                    "setting {key:?}: a string, number, boolean or null is expected"
-                )))
+                "setting {key:?}: a string, number, boolean, list of strings or null is expected"
+            )))
             }
         };
         crate::domains::apply_setting(s, &format!("{key}={text}")).map_err(domain_error)?;

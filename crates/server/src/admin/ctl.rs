@@ -179,7 +179,8 @@ pub enum DomainsCommand {
         disabled: bool,
         /// Settings, key=value: registration=on|off,
         /// archive_retention_days=N, max_sessions=N, certificate=PATH,
-        /// private_key=PATH (paths on the server's machine).
+        /// private_key=PATH (paths on the server's machine),
+        /// disabled_modules=mam,inbox,muc (none: all running modules).
         #[arg(value_name = "KEY=VALUE")]
         settings: Vec<String>,
     },

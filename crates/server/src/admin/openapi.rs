@@ -273,7 +273,8 @@ fn domain_paths() -> Value {
             "archive_retention_days": { "type": "integer", "minimum": 0, "description": "0: forever." },
             "max_sessions": { "type": "integer", "minimum": 0, "description": "Sessions bound at once on one node." },
             "certificate": { "type": "string", "description": "PEM chain on the server's machine (with private_key)." },
-            "private_key": { "type": "string" }
+            "private_key": { "type": "string" },
+            "disabled_modules": { "type": "array", "items": { "type": "string" }, "description": "Modules switched off for this domain (names as in [modules.<name>]; not presence, roster, disco, register, component); [] for none." }
         }
     });
     let domain = object(json!({

@@ -265,7 +265,12 @@ impl Session {
             ));
         }
         let mut extra = Vec::new();
-        for p in &self.shared.env.hooks.stream_features {
+        for p in self
+            .shared
+            .env
+            .hooks
+            .stream_features_on(self.info.modules_off())
+        {
             p.stream_features(
                 &self.shared.env,
                 &self.info,
@@ -281,7 +286,7 @@ impl Session {
             .shared
             .env
             .hooks
-            .element_namespaces(ElementStage::Bind2)
+            .element_namespaces(ElementStage::Bind2, self.info.modules_off())
         {
             bind_inline.append_child(
                 Element::builder("feature", ns::BIND2)

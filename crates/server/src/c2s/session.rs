@@ -233,6 +233,7 @@ impl Session {
                 jid: None,
                 priority: None,
                 last_inbound: now,
+                modules_off: None,
             },
             shared,
             ext: Extensions::new(),
@@ -525,6 +526,8 @@ impl Session {
                     && (self.info.domain.is_empty() || self.info.domain == *d) =>
             {
                 self.info.domain = d.to_string();
+                self.info.modules_off =
+                    self.shared.env.hosts.get(d).map(|h| h.modules_off_handle());
                 true
             }
             _ => false,
@@ -622,7 +625,12 @@ impl Session {
     }
 
     fn module_features(&self, stage: FeatureStage, out: &mut Vec<Element>) {
-        for p in &self.shared.env.hooks.stream_features {
+        for p in self
+            .shared
+            .env
+            .hooks
+            .stream_features_on(self.info.modules_off())
+        {
             p.stream_features(&self.shared.env, &self.info, stage, out);
         }
     }
@@ -711,8 +719,12 @@ impl Session {
             let flow = {
                 let mut cx =
                     SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-                run_chain!(self.shared.env.hooks.pre_auth, "pre_auth", |h| h
-                    .pre_auth(&mut cx, &mut stanza))
+                run_chain!(
+                    self.shared.env.hooks.pre_auth,
+                    "pre_auth",
+                    off = self.info.modules_off(),
+                    |h| h.pre_auth(&mut cx, &mut stanza)
+                )
             };
             self.apply(actions).await?;
             if flow == Flow::Stop {
@@ -759,7 +771,7 @@ impl Session {
             .shared
             .env
             .hooks
-            .element_handler(stage, el.ns())
+            .element_handler(stage, el.ns(), self.info.modules_off())
             .map(|(m, h)| (m, h.clone()))?;
         let mut actions = Vec::new();
         let result = {
@@ -893,6 +905,7 @@ impl Session {
             run_chain!(
                 self.shared.env.hooks.session_opened,
                 "session_opened",
+                off = self.info.modules_off(),
                 |h| h.session_opened(&mut cx)
             );
         }
@@ -958,7 +971,12 @@ impl Session {
         let mut actions = Vec::new();
         {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-            run_chain!(self.shared.env.hooks.bound, "bound", |h| h.bound(&mut cx));
+            run_chain!(
+                self.shared.env.hooks.bound,
+                "bound",
+                off = self.info.modules_off(),
+                |h| h.bound(&mut cx)
+            );
         }
         let (sends, rest) = take_sends(actions);
         sends.into_iter().for_each(|el| {
@@ -1019,8 +1037,12 @@ impl Session {
         let mut actions = Vec::new();
         let flow = {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-            run_chain!(self.shared.env.hooks.user_send, "user_send", |h| h
-                .user_send(&mut cx, &mut stanza))
+            run_chain!(
+                self.shared.env.hooks.user_send,
+                "user_send",
+                off = self.info.modules_off(),
+                |h| h.user_send(&mut cx, &mut stanza)
+            )
         };
         self.apply(actions).await?;
         if flow == Flow::Continue {
@@ -1048,7 +1070,7 @@ impl Session {
         self.shared
             .env
             .hooks
-            .own_iq_handler(p.name(), p.ns())
+            .own_iq_handler(p.name(), p.ns(), self.info.modules_off())
             .cloned()
     }
 
@@ -1077,8 +1099,12 @@ impl Session {
                 let flow = {
                     let mut cx =
                         SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-                    run_chain!(self.shared.env.hooks.user_receive, "user_receive", |h| h
-                        .user_receive(&mut cx, &mut stanza))
+                    run_chain!(
+                        self.shared.env.hooks.user_receive,
+                        "user_receive",
+                        off = self.info.modules_off(),
+                        |h| h.user_receive(&mut cx, &mut stanza)
+                    )
                 };
                 self.apply(actions).await?;
                 if flow == Flow::Continue {
@@ -1180,8 +1206,12 @@ impl Session {
         let mut actions = Vec::new();
         {
             let mut cx = SessionCtx::new(&self.shared.env, &self.info, &mut self.ext, &mut actions);
-            run_chain!(self.shared.env.hooks.attached, "attached", |h| h
-                .attached(&mut cx, request, failed));
+            run_chain!(
+                self.shared.env.hooks.attached,
+                "attached",
+                off = self.info.modules_off(),
+                |h| h.attached(&mut cx, request, failed)
+            );
         }
         actions
     }
@@ -1379,6 +1409,7 @@ impl Session {
                 run_chain!(
                     self.shared.env.hooks.session_closed,
                     "session_closed",
+                    off = self.info.modules_off(),
                     |h| h.session_closed(&mut cx)
                 );
             }

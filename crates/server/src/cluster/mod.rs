@@ -1163,7 +1163,7 @@ impl Cluster {
             // A stanza another node placed on this one's service (a room).
             let service = stanza.to().and_then(|t| {
                 env.hooks
-                    .service_for(t.domain().as_str(), |d| env.hosts.is_local(d))
+                    .service_for(t.domain().as_str(), |d| env.hosts.modules_off(d))
                     .cloned()
             });
             if let Some(s) = service {

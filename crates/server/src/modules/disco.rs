@@ -30,8 +30,8 @@ use starling_core::module::{Module, ModuleCtx};
 use starling_core::{async_trait, Env};
 use starling_proto::{ns, Stanza, StanzaErrorCondition};
 use starling_xml::Element;
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// The `node` of the server's entity capabilities (XEP-0115 §4).
 pub const CAPS_NODE: &str = "https://starling.chat/caps";
@@ -74,7 +74,9 @@ pub struct Disco {
     server_forms: Vec<Element>,
     /// The server's caps `ver`, computed once every module has declared
     /// its features (on first use).
-    ver: OnceLock<String>,
+    /// One per set of modules switched off (a domain's
+    /// `disabled_modules`), most deployments have one.
+    ver: Mutex<HashMap<u64, Arc<str>>>,
 }
 
 impl Disco {
@@ -91,7 +93,7 @@ impl Disco {
         }
         let m = Arc::new(Disco {
             server_forms,
-            ver: OnceLock::new(),
+            ver: Mutex::default(),
         });
         reg.stream_features(m.clone());
         for scope in [IqScope::Server, IqScope::Account] {
@@ -127,11 +129,18 @@ impl IqHandler for Disco {
             }
         }
         let node = query.attr("node");
+        // What the addressed domain switches off is neither listed nor
+        // counted in its caps.
+        let off = iq
+            .to()
+            .or(iq.from())
+            .and_then(|t| env.hosts.modules_off(t.domain().as_str()))
+            .unwrap_or(0);
         // The only node: the server's capabilities (XEP-0115 §6.2).
         let caps_node = node.is_some_and(|n| {
             scope == IqScope::Server
                 && query.ns() == ns::DISCO_INFO
-                && n == format!("{CAPS_NODE}#{}", self.ver(env))
+                && n == format!("{CAPS_NODE}#{}", self.ver(env, off))
         });
         if node.is_some() && !caps_node {
             return IqResponse::Error(StanzaErrorCondition::ItemNotFound.into());
@@ -141,7 +150,7 @@ impl IqHandler for Disco {
             out.set_attr("node", n);
         }
         if query.ns() == ns::DISCO_INFO {
-            for id in env.hooks.disco.identities(scope) {
+            for id in env.hooks.disco.identities(scope, off) {
                 let mut e = Element::builder("identity", ns::DISCO_INFO)
                     .attr("category", id.category.clone())
                     .attr("type", id.kind.clone())
@@ -151,10 +160,10 @@ impl IqHandler for Disco {
                 }
                 out.append_child(e);
             }
-            for f in env.hooks.disco.features(scope) {
+            for f in env.hooks.disco.features(scope, off) {
                 out.append_child(
                     Element::builder("feature", ns::DISCO_INFO)
-                        .attr("var", f.clone())
+                        .attr("var", f)
                         .build(),
                 );
             }
@@ -167,7 +176,7 @@ impl IqHandler for Disco {
         // disco#items of the server: its local services (XEP-0030 §4.3).
         if query.ns() == ns::DISCO_ITEMS && scope == IqScope::Server {
             if let Some(domain) = iq.to().map(|t| t.domain().as_str().to_owned()) {
-                for (jid, name) in env.hooks.services_of(&domain) {
+                for (jid, name) in env.hooks.services_of(&domain, off) {
                     let mut item = Element::builder("item", ns::DISCO_ITEMS)
                         .attr("jid", jid)
                         .build();
@@ -183,17 +192,25 @@ impl IqHandler for Disco {
 }
 
 impl Disco {
-    /// The server's caps `ver`: the sha-1 of its `disco#info` verification
-    /// string (XEP-0115 §5.1).
-    fn ver(&self, env: &Env) -> &str {
-        self.ver.get_or_init(|| {
+    /// The server's caps `ver` for a domain that switches off the modules
+    /// in `off`: the sha-1 of its `disco#info` verification string
+    /// (XEP-0115 §5.1).
+    fn ver(&self, env: &Env, off: u64) -> Arc<str> {
+        let mut cache = self.ver.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(off)
+            .or_insert_with(|| self.compute_ver(env, off).into())
+            .clone()
+    }
+
+    fn compute_ver(&self, env: &Env, off: u64) -> String {
+        {
             use base64::Engine;
             use sha1::Digest;
             let mut ids: Vec<String> = env
                 .hooks
                 .disco
-                .identities(IqScope::Server)
-                .iter()
+                .identities(IqScope::Server, off)
                 .map(|i| {
                     format!(
                         "{}/{}//{}",
@@ -204,8 +221,7 @@ impl Disco {
                 })
                 .collect();
             ids.sort();
-            let mut features: Vec<&String> =
-                env.hooks.disco.features(IqScope::Server).iter().collect();
+            let mut features: Vec<&str> = env.hooks.disco.features(IqScope::Server, off).collect();
             features.sort();
             features.dedup();
             let mut s = String::new();
@@ -237,7 +253,7 @@ impl Disco {
                 }
             }
             base64::engine::general_purpose::STANDARD.encode(sha1::Sha1::digest(s.as_bytes()))
-        })
+        }
     }
 }
 
@@ -246,7 +262,7 @@ impl StreamFeatureProvider for Disco {
     fn stream_features(
         &self,
         env: &Env,
-        _info: &SessionInfo,
+        info: &SessionInfo,
         stage: FeatureStage,
         out: &mut Vec<Element>,
     ) {
@@ -255,7 +271,7 @@ impl StreamFeatureProvider for Disco {
                 Element::builder("c", NS_CAPS)
                     .attr("hash", "sha-1")
                     .attr("node", CAPS_NODE)
-                    .attr("ver", self.ver(env))
+                    .attr("ver", &*self.ver(env, info.modules_off()))
                     .build(),
             );
         }

@@ -386,9 +386,11 @@ pub async fn build_hooks(
     };
     for (m, c) in cfg.modules.iter() {
         if m.enabled(c) {
+            reg.begin_module(m.name());
             m.start(c, &ctx, &mut reg).await;
         }
     }
+    reg.end_module();
     extra(&mut reg);
     let http = reg
         .take_provided::<HttpRoutes>()

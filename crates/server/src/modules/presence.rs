@@ -203,7 +203,12 @@ impl Presence {
                 let flow = if env.hooks.inbound.is_empty() {
                     Flow::Continue
                 } else {
-                    run_chain!(env.hooks.inbound, "inbound", |h| h.inbound(env, &mut s))
+                    run_chain!(
+                        env.hooks.inbound,
+                        "inbound",
+                        off = cx.info.modules_off(),
+                        |h| h.inbound(env, &mut s)
+                    )
                 };
                 if flow == Flow::Continue {
                     cx.send(s.into_element());

@@ -599,7 +599,7 @@ impl Roster {
         let reachable = env.hosts.is_local(domain)
             || env
                 .hooks
-                .service_for(domain, |d| env.hosts.is_local(d))
+                .service_for(domain, |d| env.hosts.modules_off(d))
                 .is_some();
         if !reachable {
             // No s2s: the contact's server cannot be reached (§3.1.2).

@@ -152,7 +152,17 @@ impl LocalRouter {
                 .bounce(env, &stanza, error(StanzaErrorCondition::BadRequest))
                 .await;
         };
-        let Some(handler) = env.hooks.iq_handler(scope, payload.name(), payload.ns()) else {
+        // A module switched off for the addressed domain answers nothing
+        // (no `to`: the sender's own account, RFC 6120 §10.3.3).
+        let off = stanza
+            .to()
+            .or(stanza.from())
+            .and_then(|t| env.hosts.modules_off(t.domain().as_str()))
+            .unwrap_or(0);
+        let Some(handler) = env
+            .hooks
+            .iq_handler(scope, payload.name(), payload.ns(), off)
+        else {
             return self
                 .bounce(
                     env,
@@ -294,8 +304,13 @@ impl LocalRouter {
             }
         }
         let mut companions = OfflineCompanions::default();
-        let flow = run_chain!(env.hooks.offline_message, "offline_message", |h| h
-            .offline_message(env, &stanza, &mut companions));
+        let off = env.hosts.modules_off(bare.domain().as_str()).unwrap_or(0);
+        let flow = run_chain!(
+            env.hooks.offline_message,
+            "offline_message",
+            off = off,
+            |h| h.offline_message(env, &stanza, &mut companions)
+        );
         if flow == Flow::Continue {
             // §8.5.2.1.1: no offline storage → service-unavailable.
             self.bounce(
@@ -316,7 +331,7 @@ impl LocalRouter {
     fn sent_by_local_service(env: &Env, stanza: &Stanza) -> bool {
         stanza.from().is_some_and(|f| {
             env.hooks
-                .service_for(f.domain().as_str(), |d| env.hosts.is_local(d))
+                .service_for(f.domain().as_str(), |d| env.hosts.modules_off(d))
                 .is_some()
         })
     }
@@ -347,11 +362,11 @@ impl LocalRouter {
             None => return false, // server-generated stanza with no addresses: nowhere to go
         };
         let to_account = stanza.to().is_none();
-        if !env.hosts.is_local(to.domain().as_str()) {
+        let Some(off) = env.hosts.modules_off(to.domain().as_str()) else {
             // A local service (group chat, pubsub, …) owns the domain.
             if let Some(service) = env
                 .hooks
-                .service_for(to.domain().as_str(), |d| env.hosts.is_local(d))
+                .service_for(to.domain().as_str(), |d| env.hosts.modules_off(d))
             {
                 service.handle(env, stanza).await;
                 return false;
@@ -362,7 +377,7 @@ impl LocalRouter {
                 self.bounce(env, &stanza, error(cond)).await;
             }
             return false;
-        }
+        };
         if to.node().is_none() {
             match stanza.kind() {
                 StanzaKind::Iq => self.iq_local(env, IqScope::Server, stanza).await,
@@ -382,7 +397,7 @@ impl LocalRouter {
         }
         // Account-wide rules (block lists, subscriptions) before delivery.
         if !env.hooks.inbound.is_empty() {
-            let flow = run_chain!(env.hooks.inbound, "inbound", |h| h
+            let flow = run_chain!(env.hooks.inbound, "inbound", off = off, |h| h
                 .inbound(env, &mut stanza));
             if flow == Flow::Stop {
                 return false;
@@ -590,7 +605,7 @@ impl Router for LocalRouter {
         // No cluster, or nothing to mark it with: handled here.
         let service = stanza.to().and_then(|t| {
             env.hooks
-                .service_for(t.domain().as_str(), |d| env.hosts.is_local(d))
+                .service_for(t.domain().as_str(), |d| env.hosts.modules_off(d))
                 .cloned()
         });
         if let Some(s) = service {

@@ -274,6 +274,8 @@ pub(super) struct Host<K: Kind> {
     full_log: starling_core::throttle::LogThrottle,
     /// Rooms loaded on this node (`starling_<module>_rooms_live`).
     rooms_live: prometheus_client::metrics::gauge::Gauge,
+    /// The module's bit in a domain's switch-off mask.
+    module_bit: u64,
 }
 
 /// The service's hooks: a [`Service`] at the subdomain, and what keeps
@@ -331,6 +333,7 @@ impl<K: Kind> Host<K> {
             next_gen: AtomicU64::new(1),
             full_log: Default::default(),
             rooms_live: Default::default(),
+            module_bit: starling_core::module::module_bit(K::MODULE),
         });
         let live = host.rooms_live.clone();
         ctx.metrics.with_registry(|r| {
@@ -369,7 +372,8 @@ impl<K: Kind> Host<K> {
         domain
             .strip_prefix(self.settings.subdomain.as_str())
             .and_then(|r| r.strip_prefix('.'))
-            .is_some_and(|d| env.hosts.is_local(d))
+            .and_then(|d| env.hosts.modules_off(d))
+            .is_some_and(|off| off & self.module_bit == 0)
     }
 
     /// The live rooms' listings, by JID.
