@@ -246,8 +246,15 @@ pub async fn start_with(
     // handler of its own (admin/mod.rs, SessionProbe).
     let probe = Arc::new(crate::admin::SessionProbe::default());
     let admin_probe = probe.clone();
-    let with_admin = move |reg: &mut starling_core::hooks::HookRegistry| {
+    // The group-chat module, when enabled, provides what the admin API's
+    // rooms endpoints use (admin/rooms.rs); it is taken after the modules
+    // started.
+    let mut admin_rooms = None;
+    let with_admin = |reg: &mut starling_core::hooks::HookRegistry| {
         reg.timer(crate::admin::PROBE_MODULE, admin_probe);
+        admin_rooms = reg
+            .take_provided::<crate::admin::rooms::Provided>()
+            .map(|p| p.0);
         extra(reg);
     };
     let (hooks, http_routes) = crate::modules::build_hooks(
@@ -345,6 +352,7 @@ pub async fn start_with(
             configured: domains.clone(),
             domains: domain_service.clone(),
             web: crate::admin::web::WebState::default(),
+            rooms: admin_rooms,
         });
         let app = crate::admin::routes(state, cfg.admin.max_body_bytes);
         for listener in admin_bound {

@@ -4,66 +4,13 @@
 
 use serde_json::{json, Value};
 use starling_proto::sasl::Mechanism;
-use starling_testkit::{free_port, write_binary_config_with_admin, Client, TestServer};
+use starling_testkit::{
+    free_port, http_request as http, write_binary_config_with_admin, Client, TestServer,
+};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// One HTTP/1.1 request (`Connection: close`): status, content type, body.
-async fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> (u16, String, String) {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let body = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    if !body.is_empty() {
-        req.push_str("Content-Type: application/json\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    tcp.write_all(req.as_bytes()).await.unwrap();
-    tcp.write_all(body.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    let _ = tcp.read_to_end(&mut raw).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    let status: u16 = head[9..12].parse().unwrap();
-    let mut content_type = String::new();
-    let mut chunked = false;
-    for l in head.lines().skip(1) {
-        let (k, v) = l.split_once(':').unwrap();
-        if k.eq_ignore_ascii_case("content-type") {
-            content_type = v.trim().to_owned();
-        }
-        if k.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = v.trim().eq_ignore_ascii_case("chunked");
-        }
-    }
-    let body = if chunked {
-        let mut out = String::new();
-        let mut r = rest;
-        loop {
-            let (size, after) = r.split_once("\r\n").unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            if size == 0 {
-                break;
-            }
-            out.push_str(&after[..size]);
-            r = &after[size + 2..];
-        }
-        out
-    } else {
-        rest.to_owned()
-    };
-    (status, content_type, body)
-}
 
 /// A started server and an admin token for it.
 async fn server() -> (TestServer, String) {
@@ -1685,6 +1632,646 @@ fn ctl_domains_against_a_running_server() {
         assert_eq!((code, out.as_str()), (0, "localhost  enabled  config\n"));
         let (code, _, _) = ctl(&["users", "show", "a@ctl.example"]);
         assert_eq!(code, 1, "the account went with its domain");
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+// ---- Rooms through the API (docs/admin.md "Rooms", XEP-0045)
+
+const MUC: &str = "http://jabber.org/protocol/muc";
+const MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+const LOBBY: &str = "lobby@conference.localhost";
+
+/// The status codes of a MUC presence.
+fn muc_statuses(el: &starling_testkit::starling_xml::Element) -> Vec<String> {
+    el.get_child("x", MUC_USER)
+        .map(|x| {
+            x.children()
+                .filter(|c| c.name() == "status")
+                .filter_map(|c| c.attr("code").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Enters `room` as `nick` and reads up to the subject (the end of
+/// entering, XEP-0045 §7.2.15); returns what arrived.
+async fn enter(c: &mut Client, room: &str, nick: &str) -> String {
+    c.send(&format!(
+        "<presence to='{room}/{nick}'><x xmlns='{MUC}'/></presence>"
+    ))
+    .await;
+    let mut got = String::new();
+    loop {
+        let el = c.recv().await;
+        assert_ne!(el.attr("type"), Some("error"), "entering failed: {el}");
+        got.push_str(&el.to_string());
+        if el.name() == "message"
+            && el
+                .get_child("subject", starling_proto::ns::CLIENT)
+                .is_some()
+        {
+            return got;
+        }
+    }
+}
+
+/// A room made through the API is served at once (unlocked, owned by an
+/// account that never entered); clients in it see what the API changes
+/// as the room's own stanzas: an affiliation's presence, a ban (301), a
+/// message from the room (archived, in the history), the destruction.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_rooms_create_join_affiliate_message_and_destroy() {
+    let (ts, token) = server().await;
+    ts.create_user("alice", "pw-alice").await;
+    let new_room = json!({ "jid": LOBBY, "owner": "alice@localhost", "name": "The Lobby" });
+    let (status, v) = api(&ts, &token, "POST", "/api/v1/rooms", Some(new_room.clone())).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(
+        (
+            &v["jid"],
+            &v["name"],
+            &v["persistent"],
+            &v["locked"],
+            &v["loaded"]
+        ),
+        (
+            &json!(LOBBY),
+            &json!("The Lobby"),
+            &json!(true),
+            &json!(false),
+            &json!(true)
+        ),
+        "{v}"
+    );
+    assert_eq!(
+        v["affiliations"]["owner"][0]["jid"], "alice@localhost",
+        "{v}"
+    );
+    assert_eq!(v["occupants"], json!([]), "nobody entered: {v}");
+    let (status, v) = api(&ts, &token, "POST", "/api/v1/rooms", Some(new_room)).await;
+    assert_eq!(status, 409, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("exists"), "{v}");
+    // Stored before the API answered.
+    let stored = starling_proto::BareJid::new(LOBBY).unwrap();
+    assert!(ts
+        .server
+        .env
+        .storage
+        .muc
+        .room(&stored)
+        .await
+        .unwrap()
+        .is_some());
+
+    // Bob enters: not locked (item-not-found), not created by him (201).
+    let mut bob = ts.login("bob").await;
+    let got = enter(&mut bob, LOBBY, "bob").await;
+    assert!(
+        got.contains("code='110'") && !got.contains("code='201'"),
+        "{got}"
+    );
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/rooms", None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["rooms"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(
+        (&v["rooms"][0]["jid"], &v["rooms"][0]["occupants"]),
+        (&json!(LOBBY), &json!(1)),
+        "{v}"
+    );
+    let (status, v) = api(&ts, &token, "GET", &format!("/api/v1/rooms/{LOBBY}"), None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["occupants"],
+        json!([{ "nick": "bob", "role": "participant", "affiliation": "none",
+                 "jid": bob.jid, "sessions": [bob.jid] }]),
+        "{v}"
+    );
+
+    // Membership: Bob sees his own presence change (§9.3).
+    let (status, v) = api(
+        &ts,
+        &token,
+        "PUT",
+        &format!("/api/v1/rooms/{LOBBY}/affiliations/bob@localhost"),
+        Some(json!({ "affiliation": "member" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let p = bob.recv_until(|e| e.name() == "presence").await;
+    let item = p
+        .get_child("x", MUC_USER)
+        .and_then(|x| x.get_child("item", MUC_USER))
+        .unwrap_or_else(|| panic!("{p}"));
+    assert_eq!(item.attr("affiliation"), Some("member"), "{p}");
+    assert_eq!(p.attr("from"), Some(format!("{LOBBY}/bob").as_str()));
+
+    // A message from the room itself.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        &format!("/api/v1/rooms/{LOBBY}/messages"),
+        Some(json!({ "body": "Welcome, all" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let m = bob.recv_message().await;
+    assert_eq!(
+        (m.attr("from"), m.attr("type"), m.attr("id")),
+        (Some(LOBBY), Some("groupchat"), Some(id.as_str())),
+        "{m}"
+    );
+    assert!(m.to_string().contains("Welcome, all"), "{m}");
+    assert!(m.get_child("stanza-id", "urn:xmpp:sid:0").is_some(), "{m}");
+    // Archived (the room logs by default) and in the history.
+    bob.send(&format!(
+        "<iq to='{LOBBY}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
+    ))
+    .await;
+    let mut pages = String::new();
+    loop {
+        let el = bob.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("mq") {
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            break;
+        }
+        pages.push_str(&el.to_string());
+    }
+    assert!(pages.contains("Welcome, all"), "{pages}");
+    let mut carol = ts.login("carol").await;
+    let got = enter(&mut carol, LOBBY, "carol").await;
+    assert!(got.contains("Welcome, all"), "the history has it: {got}");
+    let _ = bob.recv_until(|e| e.name() == "presence").await; // carol came
+
+    // A client cannot pass for the server: its session stamps its own
+    // `from`, so a forged request is an occupant's, refused.
+    let e = carol
+        .iq(
+            &format!(
+                "<iq from='localhost' to='{LOBBY}' type='set' id='forged'><query xmlns='{MUC}#admin'><item affiliation='owner' jid='carol@localhost'/></query></iq>"
+            ),
+            "forged",
+        )
+        .await;
+    assert_eq!(
+        starling_testkit::error_condition(&e).as_deref(),
+        Some("not-allowed"),
+        "{e}"
+    );
+    let e = carol
+        .iq(
+            "<iq from='localhost' to='new@conference.localhost' type='set' id='forged2'><create xmlns='urn:x-starling:muc-admin:0' owner='carol@localhost'/></iq>",
+            "forged2",
+        )
+        .await;
+    assert_eq!(
+        starling_testkit::error_condition(&e).as_deref(),
+        Some("item-not-found"),
+        "{e}"
+    );
+
+    // The last owner stays (§10.4); bad values are refused.
+    let aff = |user: &str| format!("/api/v1/rooms/{LOBBY}/affiliations/{user}");
+    let (status, v) = api(
+        &ts,
+        &token,
+        "PUT",
+        &aff("alice@localhost"),
+        Some(json!({ "affiliation": "none" })),
+    )
+    .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("owner"), "{v}");
+    let (status, _) = api(
+        &ts,
+        &token,
+        "PUT",
+        &aff("carol@localhost"),
+        Some(json!({ "affiliation": "king" })),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = api(
+        &ts,
+        &token,
+        "PUT",
+        &aff("a@b@c"),
+        Some(json!({ "affiliation": "member" })),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    // A ban: Carol is removed with 301 and the reason, Bob sees it.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "PUT",
+        &aff("carol@localhost"),
+        Some(json!({ "affiliation": "outcast", "reason": "spam" })),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let p = carol
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
+        .await;
+    assert!(muc_statuses(&p).contains(&"301".to_owned()), "{p}");
+    assert!(muc_statuses(&p).contains(&"110".to_owned()), "{p}");
+    assert!(p.to_string().contains("spam"), "{p}");
+    let p = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
+        .await;
+    assert_eq!(p.attr("from"), Some(format!("{LOBBY}/carol").as_str()));
+    assert!(muc_statuses(&p).contains(&"301".to_owned()), "{p}");
+    let (_, v) = api(&ts, &token, "GET", &format!("/api/v1/rooms/{LOBBY}"), None).await;
+    assert_eq!(
+        v["affiliations"]["outcast"][0]["jid"], "carol@localhost",
+        "{v}"
+    );
+    assert_eq!(v["affiliations"]["outcast"][0]["reason"], "spam", "{v}");
+    assert_eq!(
+        v["affiliations"]["member"][0]["jid"], "bob@localhost",
+        "{v}"
+    );
+    assert_eq!(v["occupants"].as_array().map(Vec::len), Some(1), "{v}");
+
+    // Destroy (§10.9): Bob gets the unavailable presence with <destroy/>.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "DELETE",
+        &format!("/api/v1/rooms/{LOBBY}?reason=closing+time"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let p = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
+        .await;
+    let destroy = p
+        .get_child("x", MUC_USER)
+        .and_then(|x| x.get_child("destroy", MUC_USER))
+        .unwrap_or_else(|| panic!("no destroy: {p}"));
+    assert_eq!(
+        destroy
+            .get_child("reason", MUC_USER)
+            .map(|r| r.text())
+            .as_deref(),
+        Some("closing time"),
+        "{p}"
+    );
+    assert!(ts
+        .server
+        .env
+        .storage
+        .muc
+        .room(&stored)
+        .await
+        .unwrap()
+        .is_none());
+    for (method, path, body) in [
+        ("GET", format!("/api/v1/rooms/{LOBBY}"), None),
+        ("DELETE", format!("/api/v1/rooms/{LOBBY}"), None),
+        (
+            "POST",
+            format!("/api/v1/rooms/{LOBBY}/messages"),
+            Some(json!({ "body": "x" })),
+        ),
+        (
+            "PUT",
+            aff("bob@localhost"),
+            Some(json!({ "affiliation": "member" })),
+        ),
+    ] {
+        let (status, v) = api(&ts, &token, method, &path, body).await;
+        assert_eq!(status, 404, "{method} {path}: {v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("does not exist"),
+            "{v}"
+        );
+    }
+    let (_, v) = api(&ts, &token, "GET", "/api/v1/rooms", None).await;
+    assert_eq!(v["rooms"], json!([]), "{v}");
+    ts.stop().await;
+}
+
+/// Paging, temporary rooms, input checks, read-only tokens, and a server
+/// without group chat.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_rooms_list_in_pages_and_refuse_bad_input() {
+    let (ts, token) = server().await;
+    ts.create_user("alice", "pw-alice").await;
+    for name in ["a1", "a2", "a3"] {
+        let (status, v) = api(
+            &ts,
+            &token,
+            "POST",
+            "/api/v1/rooms",
+            Some(
+                json!({ "jid": format!("{name}@conference.localhost"), "owner": "alice@localhost",
+                         "public": false, "members_only": true }),
+            ),
+        )
+        .await;
+        assert_eq!(status, 201, "{v}");
+        assert_eq!(
+            (&v["public"], &v["members_only"]),
+            (&json!(false), &json!(true))
+        );
+    }
+    let (status, v) = api(&ts, &token, "GET", "/api/v1/rooms?limit=2", None).await;
+    assert_eq!(status, 200, "{v}");
+    let jids: Vec<&str> = v["rooms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["jid"].as_str().unwrap())
+        .collect();
+    assert_eq!(jids, ["a1@conference.localhost", "a2@conference.localhost"]);
+    assert_eq!(v["next"], "a2@conference.localhost");
+    let (_, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/rooms?service=conference.localhost&limit=2&after=a2@conference.localhost",
+        None,
+    )
+    .await;
+    assert_eq!(v["rooms"][0]["jid"], "a3@conference.localhost", "{v}");
+    assert_eq!(v["next"], Value::Null, "{v}");
+    // The web page lists them too (read only), names escaped.
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/rooms",
+        Some(
+            json!({ "jid": "b1@conference.localhost", "owner": "alice@localhost",
+                     "name": "<b>bold</b>" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (cookie, _) = web_login(ts.admin_addr(), &token).await;
+    let (status, _, page) = web(ts.admin_addr(), "GET", "/admin/rooms", &cookie, None, None).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("data-jid=\"a1@conference.localhost\"")
+            && page.contains("&lt;b&gt;bold&lt;/b&gt;")
+            && !page.contains("<b>bold"),
+        "{page}"
+    );
+
+    // A temporary room waits for its first occupant, ends with its last.
+    let (status, v) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/rooms",
+        Some(json!({ "jid": "tmp@conference.localhost", "owner": "alice@localhost", "persistent": false })),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["persistent"], false, "{v}");
+    let mut bob = ts.login("bob").await;
+    enter(&mut bob, "tmp@conference.localhost", "bob").await;
+    bob.send("<presence to='tmp@conference.localhost/bob' type='unavailable'/>")
+        .await;
+    bob.recv_until(|e| e.name() == "presence").await;
+    let (status, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/rooms/tmp@conference.localhost",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{v}");
+
+    // Input checks: 400 before anything happens.
+    for body in [
+        json!({ "jid": "not a jid", "owner": "alice@localhost" }),
+        json!({ "jid": "room@localhost", "owner": "alice@localhost" }),
+        json!({ "jid": "room@conference.elsewhere.example", "owner": "alice@localhost" }),
+        json!({ "jid": "conference.localhost", "owner": "alice@localhost" }),
+        json!({ "jid": "r@conference.localhost", "owner": "nobody@localhost" }),
+        json!({ "jid": "r@conference.localhost", "owner": "localhost" }),
+        json!({ "jid": "r@conference.localhost", "owner": "alice@localhost", "colour": "red" }),
+        json!({ "jid": "r@conference.localhost", "owner": "alice@localhost", "name": "x".repeat(201) }),
+    ] {
+        let (status, v) = api(&ts, &token, "POST", "/api/v1/rooms", Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {v}");
+    }
+    for path in [
+        "/api/v1/rooms?service=localhost",
+        "/api/v1/rooms?after=nonsense",
+        "/api/v1/rooms?limit=0",
+        "/api/v1/rooms/room@localhost",
+    ] {
+        let (status, v) = api(&ts, &token, "GET", path, None).await;
+        assert_eq!(status, 400, "{path}: {v}");
+    }
+    let (status, _) = api(
+        &ts,
+        &token,
+        "POST",
+        "/api/v1/rooms/a1@conference.localhost/messages",
+        Some(json!({ "body": "" })),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    // A read token reads, and changes nothing.
+    let store = ts.server.env.storage.admin_tokens.clone();
+    let reader = starling_server::admin::tokens::create(store.as_ref(), "reader", "read")
+        .await
+        .unwrap();
+    let (status, _) = api(
+        &ts,
+        &reader,
+        "GET",
+        "/api/v1/rooms/a1@conference.localhost",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    for (method, path, body) in [
+        (
+            "POST",
+            "/api/v1/rooms",
+            Some(json!({ "jid": "r@conference.localhost", "owner": "alice@localhost" })),
+        ),
+        ("DELETE", "/api/v1/rooms/a1@conference.localhost", None),
+        (
+            "PUT",
+            "/api/v1/rooms/a1@conference.localhost/affiliations/bob@localhost",
+            Some(json!({ "affiliation": "member" })),
+        ),
+        (
+            "POST",
+            "/api/v1/rooms/a1@conference.localhost/messages",
+            Some(json!({ "body": "x" })),
+        ),
+    ] {
+        let (status, v) = api(&ts, &reader, method, path, body).await;
+        assert_eq!(status, 403, "{method} {path}: {v}");
+    }
+    let (_, v) = api(
+        &ts,
+        &token,
+        "GET",
+        "/api/v1/rooms/a1@conference.localhost",
+        None,
+    )
+    .await;
+    assert_eq!(v["affiliations"]["member"], json!([]), "{v}");
+    ts.stop().await;
+
+    // Without the group-chat module every rooms endpoint says so.
+    let ts = TestServer::start_with(|c| {
+        c.modules.get_mut::<starling_server::modules::Muc>().enabled = false;
+    })
+    .await;
+    let token = starling_server::admin::tokens::create(
+        ts.server.env.storage.admin_tokens.as_ref(),
+        "tests",
+        "admin",
+    )
+    .await
+    .unwrap();
+    for (method, path) in [
+        ("GET", "/api/v1/rooms"),
+        ("GET", "/api/v1/rooms/lobby@conference.localhost"),
+        ("DELETE", "/api/v1/rooms/lobby@conference.localhost"),
+    ] {
+        let (status, v) = api(&ts, &token, method, path, None).await;
+        assert_eq!(status, 404, "{method} {path}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("[modules.muc] enabled = false"),
+            "{v}"
+        );
+    }
+    ts.stop().await;
+}
+
+/// `starling ctl rooms …` against the running binary.
+#[test]
+fn ctl_rooms_against_a_running_server() {
+    let dir =
+        std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (p1, p2, admin) = (free_port(), free_port(), free_port());
+    let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
+    let (code, token, err) = run(bin()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["admin", "token", "create", "--name", "ci"]));
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim().to_owned();
+    let url = format!("http://127.0.0.1:{admin}");
+    let ctl = |args: &[&str]| {
+        let mut c = bin();
+        c.args(["ctl", "--url", &url])
+            .args(args)
+            .env("STARLING_ADMIN_TOKEN", &token);
+        run(&mut c)
+    };
+    let mut server = bin()
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ready = false;
+    for _ in 0..600 {
+        if ctl(&["status"]).0 == 0 {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = std::panic::catch_unwind(|| {
+        assert!(ready, "server did not become ready");
+        let (code, _, err) = ctl(&["users", "add", "alice@localhost", "--password", "pw"]);
+        assert_eq!(code, 0, "{err}");
+        let (code, out, err) = ctl(&[
+            "rooms",
+            "create",
+            LOBBY,
+            "--owner",
+            "alice@localhost",
+            "--name",
+            "Lobby",
+            "--hidden",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            out.trim(),
+            "created lobby@conference.localhost  persistent  hidden  open  0 occupant(s)  node 0  name \"Lobby\""
+        );
+        let (code, _, err) = ctl(&["rooms", "create", LOBBY, "--owner", "alice@localhost"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("409") && err.contains("exists"), "{err}");
+        let (code, _, err) = ctl(&[
+            "rooms",
+            "create",
+            "x@localhost",
+            "--owner",
+            "alice@localhost",
+        ]);
+        assert_eq!(code, 1);
+        assert!(err.contains("400"), "{err}");
+        let (code, out, _) = ctl(&["rooms", "list"]);
+        assert_eq!(code, 0);
+        assert!(
+            out.starts_with("lobby@conference.localhost  persistent  hidden"),
+            "{out}"
+        );
+        let (code, out, _) = ctl(&["--json", "rooms", "list", "conference.localhost"]);
+        assert_eq!(code, 0);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["rooms"][0]["jid"], LOBBY, "{v}");
+        let (code, out, err) = ctl(&["rooms", "affiliation", LOBBY, "bob@localhost", "member"]);
+        assert_eq!(
+            (code, out.trim()),
+            (
+                0,
+                "bob@localhost is now member in lobby@conference.localhost"
+            ),
+            "{err}"
+        );
+        let (code, out, _) = ctl(&["rooms", "show", LOBBY]);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("owners: alice@localhost") && out.contains("members: bob@localhost"),
+            "{out}"
+        );
+        let (code, out, err) = ctl(&["rooms", "message", LOBBY, "hello"]);
+        assert!(
+            code == 0 && out.starts_with("sent to lobby@conference.localhost"),
+            "{out}{err}"
+        );
+        let (code, _, _) = ctl(&["rooms", "affiliation", LOBBY, "bob@localhost"]);
+        assert_eq!(code, 2, "usage");
+        let (code, out, err) = ctl(&["rooms", "destroy", LOBBY, "--reason", "done"]);
+        assert_eq!(
+            (code, out.trim()),
+            (0, "destroyed lobby@conference.localhost"),
+            "{err}"
+        );
+        let (code, _, err) = ctl(&["rooms", "show", LOBBY]);
+        assert_eq!(code, 1);
+        assert!(err.contains("404"), "{err}");
     });
     let _ = server.kill();
     let _ = server.wait();

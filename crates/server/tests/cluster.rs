@@ -1258,6 +1258,132 @@ async fn a_joining_node_takes_over_the_rooms_it_wins() {
     env.stop().await;
 }
 
+/// One admin API call (`tests/admin.rs` has the single-node cases).
+async fn admin_api(
+    node: &TestServer,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let body = body.map(|b| b.to_string());
+    let (status, _, text) = starling_testkit::http_request(
+        node.admin_addr(),
+        method,
+        path,
+        Some(token),
+        body.as_deref(),
+    )
+    .await;
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+    )
+}
+
+/// Issue 14, rooms in the admin API on a cluster: the admin API of node 1
+/// hands its changes for a room that runs on node 2 to node 2 (202 with
+/// the node), where the room applies them as the server's own requests;
+/// node 1 shows the room from storage.
+#[tokio::test]
+async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let n1 = env.node(1).await;
+    let n2 = env.node(2).await;
+    for n in [&n1, &n2] {
+        wait_for(n, "the other node", |s| s.len() == 2).await;
+    }
+    let token = starling_server::admin::tokens::create(
+        n1.server.env.storage.admin_tokens.as_ref(),
+        "ops",
+        "admin",
+    )
+    .await
+    .unwrap();
+    n1.create_user("alice", "pw-alice").await;
+    let room = room_owned_by(2, &[1, 2], "adm");
+    let path = format!("/api/v1/rooms/{room}");
+    let (status, v) = admin_api(
+        &n1,
+        &token,
+        "POST",
+        "/api/v1/rooms",
+        Some(serde_json::json!({ "jid": room, "owner": "alice@localhost" })),
+    )
+    .await;
+    assert_eq!((status, &v["node"]), (202, &serde_json::json!(2)), "{v}");
+    // Created on node 2 (stored: node 1 reads it from the database,
+    // once its affiliations are written too).
+    let mut shown = serde_json::Value::Null;
+    for _ in 0..200 {
+        let (status, v) = admin_api(&n1, &token, "GET", &path, None).await;
+        if status == 200 && v["affiliations"]["owner"][0].is_object() {
+            shown = v;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        (&shown["node"], &shown["loaded"]),
+        (&serde_json::json!(2), &serde_json::json!(false)),
+        "{shown}"
+    );
+    assert_eq!(shown["affiliations"]["owner"][0]["jid"], "alice@localhost");
+    let (status, v) = admin_api(&n2, &token, "GET", &path, None).await;
+    assert_eq!(
+        (status, &v["loaded"]),
+        (200, &serde_json::json!(true)),
+        "{v}"
+    );
+    // Bob, on node 1, is in the room (on node 2).
+    let mut bob = n1.login("bob").await;
+    enter(&mut bob, &room, "bob").await;
+    let (status, v) = admin_api(
+        &n1,
+        &token,
+        "POST",
+        &format!("{path}/messages"),
+        Some(serde_json::json!({ "body": "from the operators" })),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    let m = bob.recv_until(|e| e.name() == "message").await;
+    assert_eq!(
+        (m.attr("from"), body(&m).as_str()),
+        (Some(room.as_str()), "from the operators")
+    );
+    let (status, v) = admin_api(
+        &n1,
+        &token,
+        "PUT",
+        &format!("{path}/affiliations/bob@localhost"),
+        Some(serde_json::json!({ "affiliation": "outcast" })),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    let p = bob
+        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
+        .await;
+    assert!(p.to_string().contains("code='301'"), "{p}");
+    let (status, v) = admin_api(&n1, &token, "DELETE", &path, None).await;
+    assert_eq!(status, 202, "{v}");
+    let mut gone = false;
+    for _ in 0..200 {
+        if admin_api(&n1, &token, "GET", &path, None).await.0 == 404 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(gone, "destroyed on node 2");
+    drop(bob);
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
+
 /// Issue 14 (docs/domains.md): a domain added on one node is served by
 /// every node within seconds (each node polls the domains' change
 /// counter in the shared database), a user of it logs in on the other

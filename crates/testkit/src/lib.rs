@@ -1309,3 +1309,60 @@ pub async fn bosh_post(addr: SocketAddr, body: &str) -> Element {
         other => panic!("not a body: {other:?} in {xml}"),
     }
 }
+
+/// One HTTP/1.1 request (`Connection: close`) to `addr` with an optional
+/// bearer token and JSON body, as the admin API's tests send them:
+/// status, content type, body (de-chunked).
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String, String) {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    tcp.write_all(body.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tcp.read_to_end(&mut raw).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status: u16 = head[9..12].parse().unwrap();
+    let mut content_type = String::new();
+    let mut chunked = false;
+    for l in head.lines().skip(1) {
+        let (k, v) = l.split_once(':').unwrap();
+        if k.eq_ignore_ascii_case("content-type") {
+            content_type = v.trim().to_owned();
+        }
+        if k.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = v.trim().eq_ignore_ascii_case("chunked");
+        }
+    }
+    let body = if chunked {
+        let mut out = String::new();
+        let mut r = rest;
+        loop {
+            let (size, after) = r.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.push_str(&after[..size]);
+            r = &after[size + 2..];
+        }
+        out
+    } else {
+        rest.to_owned()
+    };
+    (status, content_type, body)
+}

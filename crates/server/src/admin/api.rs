@@ -13,7 +13,7 @@
 //! same operations, so a change made there is checked, performed and
 //! logged exactly as through the API.
 
-use super::{error, json, Caller, SessionFacts, Shared, PROBE_MODULE};
+use super::{error, json, rooms, Caller, SessionFacts, Shared, PROBE_MODULE};
 use crate::accounts::{self, AccountError};
 use crate::domains::{DomainError, DomainInfo, DomainSource};
 use axum::body::Bytes;
@@ -75,6 +75,20 @@ pub(crate) fn table() -> Vec<(&'static str, &'static str, MethodRouter<Shared>)>
             "/api/v1/domains/{name}/settings",
             patch(patch_domain_settings),
         ),
+        ("get", "/api/v1/rooms", get(rooms::list_rooms)),
+        ("post", "/api/v1/rooms", post(rooms::create_room)),
+        ("get", "/api/v1/rooms/{jid}", get(rooms::get_room)),
+        ("delete", "/api/v1/rooms/{jid}", delete(rooms::destroy_room)),
+        (
+            "put",
+            "/api/v1/rooms/{jid}/affiliations/{user}",
+            put(rooms::set_affiliation),
+        ),
+        (
+            "post",
+            "/api/v1/rooms/{jid}/messages",
+            post(rooms::send_room_message),
+        ),
     ]
 }
 
@@ -118,7 +132,7 @@ pub(crate) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, message)
 }
 
-fn storage_failed(e: impl std::fmt::Display) -> ApiError {
+pub(crate) fn storage_failed(e: impl std::fmt::Display) -> ApiError {
     tracing::error!(error = %e, "admin API: storage failed");
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -133,7 +147,7 @@ fn audit(caller: &Caller, action: &str, target: &str) {
 
 /// A JSON request body: 400 when it is not the expected object, 413 when
 /// it is larger than `[admin] max_body_bytes`.
-struct Body<T>(T);
+pub(crate) struct Body<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
     type Rejection = ApiError;
@@ -214,7 +228,7 @@ pub(crate) fn limit(q: &HashMap<String, String>, default: u32, max: u32) -> Resu
 }
 
 /// An account's JID (`user@domain`, no resource).
-fn account(s: &str) -> Result<BareJid, ApiError> {
+pub(crate) fn account(s: &str) -> Result<BareJid, ApiError> {
     BareJid::new(s)
         .ok()
         .filter(|j| j.node().is_some())

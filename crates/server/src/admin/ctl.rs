@@ -65,6 +65,9 @@ pub enum CtlCommand {
     /// Domains: the configuration file's and those added at run time.
     #[command(subcommand)]
     Domains(DomainsCommand),
+    /// Group-chat rooms (XEP-0045).
+    #[command(subcommand)]
+    Rooms(RoomsCommand),
     /// Send a message from the server (its domain) to a JID.
     Send {
         /// The recipient: an account (all its resources, or offline
@@ -212,6 +215,258 @@ pub enum DomainsCommand {
         #[arg(required = true, value_name = "KEY=VALUE")]
         settings: Vec<String>,
     },
+}
+
+/// `starling ctl rooms …`.
+#[derive(Subcommand, Debug)]
+pub enum RoomsCommand {
+    /// List rooms (all pages, or one with --limit): those loaded on this
+    /// node and the stored (persistent) ones.
+    List {
+        /// Only this service (conference.DOMAIN); default: every served
+        /// domain's.
+        service: Option<String>,
+        /// Only this many, starting after --after.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Start after this room JID.
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Show a room: configuration, affiliations, occupants.
+    Show {
+        /// room@service
+        jid: String,
+    },
+    /// Create a room owned by an account, unlocked, without anyone
+    /// entering.
+    Create {
+        /// room@service
+        jid: String,
+        /// Its owner: an account of this server.
+        #[arg(long, value_name = "JID")]
+        owner: String,
+        /// Its name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Temporary: ends with its last occupant (it waits
+        /// idle_unload_secs for the first).
+        #[arg(long)]
+        temporary: bool,
+        /// Listed in the service's room list (else the service default).
+        #[arg(long, conflicts_with = "hidden")]
+        public: bool,
+        /// Not listed in the service's room list.
+        #[arg(long)]
+        hidden: bool,
+        /// Only members may enter.
+        #[arg(long)]
+        members_only: bool,
+    },
+    /// Destroy a room: its occupants are told (with the reason), its
+    /// stored data and archive are deleted.
+    Destroy {
+        /// room@service
+        jid: String,
+        /// Given to the occupants.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Set an affiliation: owner, admin, member, outcast (banned) or none.
+    Affiliation {
+        /// room@service
+        jid: String,
+        /// user@domain (or a domain).
+        user: String,
+        /// owner, admin, member, outcast or none.
+        affiliation: String,
+        /// Shown to the occupant.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Send a message from the room itself to its occupants.
+    Message {
+        /// room@service
+        jid: String,
+        /// The message text.
+        text: String,
+    },
+}
+
+/// One room of a list as a line: JID, flags, occupants, node, name.
+fn room_line(r: &Value) -> String {
+    let flag = |k: &str, yes: &'static str, no: &'static str| {
+        if r[k] == json!(true) {
+            yes
+        } else {
+            no
+        }
+    };
+    let mut l = format!(
+        "{}  {}  {}  {}{}  {} occupant(s)  node {}",
+        r["jid"].as_str().unwrap_or("?"),
+        flag("persistent", "persistent", "temporary"),
+        flag("public", "public", "hidden"),
+        flag("members_only", "members-only", "open"),
+        flag("locked", ", locked", ""),
+        // A list's count, or a room's occupant list.
+        r["occupants"]
+            .as_array()
+            .map_or_else(|| r["occupants"].clone(), |o| json!(o.len())),
+        r["node"],
+    );
+    match r["name"].as_str() {
+        Some(n) if !n.is_empty() => l.push_str(&format!("  name {n:?}")),
+        _ => {}
+    }
+    l
+}
+
+/// A room's details as lines.
+fn room_text(r: &Value) -> String {
+    let mut out = room_line(r);
+    if r["loaded"] != json!(true) {
+        out.push_str("  (not loaded on this node)");
+    }
+    for (k, label) in [("subject", "subject"), ("description", "description")] {
+        if let Some(v) = r[k].as_str().filter(|v| !v.is_empty()) {
+            out.push_str(&format!("\n{label}: {v}"));
+        }
+    }
+    for aff in ["owner", "admin", "member", "outcast"] {
+        let list: Vec<&str> = r["affiliations"][aff]
+            .as_array()
+            .map(|l| l.iter().filter_map(|e| e["jid"].as_str()).collect())
+            .unwrap_or_default();
+        if !list.is_empty() {
+            out.push_str(&format!("\n{aff}s: {}", list.join(", ")));
+        }
+    }
+    for o in r["occupants"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "\noccupant {}  {}  {}  {}",
+            o["nick"].as_str().unwrap_or("?"),
+            o["role"].as_str().unwrap_or("?"),
+            o["affiliation"].as_str().unwrap_or("?"),
+            o["jid"].as_str().unwrap_or("?"),
+        ));
+    }
+    out
+}
+
+/// What a change answered: its text, or that another node got it.
+fn room_change_text(v: &Value, done: impl FnOnce() -> String) -> String {
+    match v["node"].as_u64().filter(|_| v["status"].is_string()) {
+        Some(node) => {
+            format!("handed to cluster node {node}, which runs the room (its log has the outcome)")
+        }
+        None => done(),
+    }
+}
+
+async fn rooms(a: &CtlArgs, client: &Client, cmd: &RoomsCommand) -> Result<(), Failure> {
+    let path = |jid: &str, rest: &str| format!("/api/v1/rooms/{}{rest}", enc(jid));
+    match cmd {
+        RoomsCommand::List {
+            service,
+            limit,
+            after,
+        } => {
+            let mut after = after.clone().unwrap_or_default();
+            let mut all = Vec::new();
+            loop {
+                let page = limit.unwrap_or(1000).clamp(1, 1000);
+                let mut p = format!("/api/v1/rooms?limit={page}&after={}", enc(&after));
+                if let Some(s) = service {
+                    p.push_str(&format!("&service={}", enc(s)));
+                }
+                let v = client.call("GET", &p, None).await?;
+                for r in v["rooms"].as_array().into_iter().flatten() {
+                    if a.json {
+                        all.push(r.clone());
+                    } else {
+                        line(&room_line(r));
+                    }
+                }
+                match v["next"].as_str() {
+                    Some(n) if limit.is_none() => after = n.to_owned(),
+                    _ => break,
+                }
+            }
+            if a.json {
+                line(&json!({ "rooms": all }).to_string());
+            }
+        }
+        RoomsCommand::Show { jid } => {
+            let v = client.call("GET", &path(jid, ""), None).await?;
+            print(a, &v, || room_text(&v));
+        }
+        RoomsCommand::Create {
+            jid,
+            owner,
+            name,
+            temporary,
+            public,
+            hidden,
+            members_only,
+        } => {
+            let mut body = json!({ "jid": jid, "owner": owner, "persistent": !temporary });
+            if let Some(n) = name {
+                body["name"] = json!(n);
+            }
+            if *public || *hidden {
+                body["public"] = json!(*public);
+            }
+            if *members_only {
+                body["members_only"] = json!(true);
+            }
+            let v = client.call("POST", "/api/v1/rooms", Some(body)).await?;
+            print(a, &v, || {
+                room_change_text(&v, || format!("created {}", room_line(&v)))
+            });
+        }
+        RoomsCommand::Destroy { jid, reason } => {
+            let mut p = path(jid, "");
+            if let Some(r) = reason {
+                p.push_str(&format!("?reason={}", enc(r)));
+            }
+            let v = client.call("DELETE", &p, None).await?;
+            print(a, &v, || {
+                room_change_text(&v, || format!("destroyed {jid}"))
+            });
+        }
+        RoomsCommand::Affiliation {
+            jid,
+            user,
+            affiliation,
+            reason,
+        } => {
+            let mut body = json!({ "affiliation": affiliation });
+            if let Some(r) = reason {
+                body["reason"] = json!(r);
+            }
+            let p = path(jid, &format!("/affiliations/{}", enc(user)));
+            let v = client.call("PUT", &p, Some(body)).await?;
+            print(a, &v, || {
+                room_change_text(&v, || format!("{user} is now {affiliation} in {jid}"))
+            });
+        }
+        RoomsCommand::Message { jid, text } => {
+            let v = client
+                .call(
+                    "POST",
+                    &path(jid, "/messages"),
+                    Some(json!({ "body": text })),
+                )
+                .await?;
+            print(a, &v, || {
+                room_change_text(&v, || {
+                    format!("sent to {jid} (id {})", v["id"].as_str().unwrap_or(""))
+                })
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `key=value` arguments as a JSON object of strings.
@@ -504,6 +759,7 @@ async fn execute(a: &CtlArgs) -> Result<(), Failure> {
         }
         CtlCommand::Users(cmd) => users(a, &client, cmd).await,
         CtlCommand::Domains(cmd) => domains(a, &client, cmd).await,
+        CtlCommand::Rooms(cmd) => rooms(a, &client, cmd).await,
     }
 }
 

@@ -1,10 +1,11 @@
 //! The admin surface (docs/admin.md): a plain HTTP listener of its own
 //! (`[admin] listen`, `127.0.0.1:5290` by default) serving
 //!
-//! - `/api/v1/…`, the admin API (JSON; [`api`]), behind bearer tokens
-//!   ([`tokens`]; made offline by `starling admin token create`). Every
-//!   change is logged at INFO as `admin action` with `token=`, `action=`
-//!   and `target=`;
+//! - `/api/v1/…`, the admin API (JSON; [`api`]; group-chat rooms in
+//!   [`rooms`], through what the MUC module provides), behind bearer
+//!   tokens ([`tokens`]; made offline by `starling admin token create`).
+//!   Every change is logged at INFO as `admin action` with `token=`,
+//!   `action=` and `target=`;
 //! - `/api/openapi.json`, the OpenAPI 3.0 document of the API
 //!   ([`openapi`], written by hand; a test checks it names every route);
 //! - `/metrics`, the Prometheus text exposition of `Metrics::encode`;
@@ -38,6 +39,7 @@
 pub(crate) mod api;
 pub mod ctl;
 pub(crate) mod openapi;
+pub(crate) mod rooms;
 pub mod tokens;
 pub(crate) mod web;
 
@@ -185,6 +187,9 @@ pub(crate) struct AdminState {
     pub domains: Arc<crate::domains::Domains>,
     /// The web admin page's sessions and login limits ([`web`]).
     pub web: web::WebState,
+    /// Group-chat rooms ([`rooms`]), from the MUC module; `None` when it
+    /// is disabled.
+    pub rooms: Option<Arc<dyn rooms::RoomAdmin>>,
 }
 
 /// The admin listeners' shared state.

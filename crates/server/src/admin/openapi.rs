@@ -255,10 +255,135 @@ pub(crate) fn document() -> Value {
             }
         }
     });
-    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), domain_paths()) {
-        paths.extend(more);
+    for more in [domain_paths(), room_paths()] {
+        if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), more) {
+            paths.extend(more);
+        }
     }
     doc
+}
+
+/// The rooms endpoints (XEP-0045 rooms of the group-chat service).
+fn room_paths() -> Value {
+    let object = |props: Value| json!({ "type": "object", "properties": props });
+    let summary = object(json!({
+        "jid": { "type": "string" }, "name": { "type": "string" },
+        "persistent": { "type": "boolean" }, "public": { "type": "boolean" },
+        "members_only": { "type": "boolean" },
+        "locked": { "type": "boolean", "description": "Not enterable until its owner configures it (XEP-0045 §10.1)." },
+        "occupants": { "type": "integer", "description": "0 for a room not loaded on this node." },
+        "loaded": { "type": "boolean", "description": "Loaded on this node." },
+        "node": { "type": "integer", "description": "The cluster node that runs it." }
+    }));
+    let entry = object(json!({
+        "jid": { "type": "string" }, "nick": { "type": "string", "nullable": true },
+        "reason": { "type": "string", "nullable": true }
+    }));
+    let list = json!({ "type": "array", "items": entry });
+    let details = object(json!({
+        "jid": { "type": "string" }, "loaded": { "type": "boolean" }, "node": { "type": "integer" },
+        "name": { "type": "string" }, "description": { "type": "string" }, "subject": { "type": "string" },
+        "persistent": { "type": "boolean" }, "public": { "type": "boolean" },
+        "members_only": { "type": "boolean" }, "moderated": { "type": "boolean" },
+        "password_protected": { "type": "boolean" }, "logging": { "type": "boolean" },
+        "locked": { "type": "boolean" }, "max_users": { "type": "integer" },
+        "whois": { "type": "string", "enum": ["moderators", "anyone"] },
+        "created_at": { "type": "string", "format": "date-time", "nullable": true },
+        "affiliations": object(json!({ "owner": list.clone(), "admin": list.clone(), "member": list.clone(), "outcast": list })),
+        "occupants": { "type": "array", "description": "Only when the room is loaded on this node.", "items": object(json!({
+            "nick": { "type": "string" },
+            "role": { "type": "string", "enum": ["moderator", "participant", "visitor"] },
+            "affiliation": { "type": "string", "enum": ["owner", "admin", "member", "none"] },
+            "jid": { "type": "string", "description": "The real JID (the session that joined last)." },
+            "sessions": { "type": "array", "items": { "type": "string" } }
+        })) }
+    }));
+    let room_param = json!({
+        "name": "jid", "in": "path", "required": true,
+        "description": "The room, name@service.",
+        "schema": { "type": "string", "example": "lobby@conference.example.org" }
+    });
+    let forwarded = ok("The room runs on another cluster node, which got the request (its outcome is in that node's log).",
+        object(json!({ "room": { "type": "string" }, "node": { "type": "integer" }, "status": { "type": "string" } })));
+    let no_room = err("No such room, or group chat is disabled ([modules.muc] enabled = false).");
+    json!({
+        "/api/v1/rooms": {
+            "get": op("Rooms of the group-chat service, by service then name, a page at a time: those loaded on this node and the stored (persistent) ones.",
+                vec![
+                    query("service", "Only this service (conference.<domain>); default: the service of every served domain.", json!({ "type": "string" })),
+                    query("after", "Start after this room JID (the previous page's `next`).", json!({ "type": "string" })),
+                    limit(100, 1000),
+                ], None,
+                json!({
+                    "200": ok("One page.", object(json!({
+                        "service": { "type": "string", "nullable": true },
+                        "rooms": { "type": "array", "items": summary },
+                        "next": { "type": "string", "nullable": true, "description": "The `after` of the next page; null on the last page." }
+                    }))),
+                    "404": no_room.clone()
+                })),
+            "post": op("Create a room owned by an account, unlocked, without anyone entering (like ejabberd's create_room); the service's new-room defaults apply to what is not given.", vec![],
+                Some(json!({ "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["jid", "owner"],
+                    "properties": {
+                        "jid": { "type": "string", "example": "lobby@conference.example.org" },
+                        "owner": { "type": "string", "description": "An existing account of this server." },
+                        "name": { "type": "string" },
+                        "persistent": { "type": "boolean", "default": true, "description": "A temporary room waits idle_unload_secs for its first occupant and ends with its last." },
+                        "public": { "type": "boolean" }, "members_only": { "type": "boolean" }
+                    }
+                } } } })),
+                json!({
+                    "201": ok("Created.", details.clone()),
+                    "202": forwarded.clone(),
+                    "404": no_room.clone(),
+                    "409": err("The room exists.")
+                }))
+        },
+        "/api/v1/rooms/{jid}": {
+            "get": op("A room: configuration, affiliations, and occupants when it is loaded on this node.", vec![room_param.clone()], None,
+                json!({ "200": ok("The room.", details), "404": no_room.clone() })),
+            "delete": op("Destroy a room as its owner would (XEP-0045 §10.9): occupants get unavailable presence with <destroy/> and the reason; its stored data and archive are deleted.",
+                vec![room_param.clone(), query("reason", "Given to the occupants.", json!({ "type": "string" }))], None,
+                json!({
+                    "200": ok("Destroyed.", object(json!({ "room": { "type": "string" }, "destroyed": { "type": "boolean" } }))),
+                    "202": forwarded.clone(),
+                    "404": no_room.clone()
+                }))
+        },
+        "/api/v1/rooms/{jid}/affiliations/{user}": {
+            "put": op("Set an affiliation as an owner's muc#admin request does (XEP-0045 §9–§10): occupants see the presence change; an outcast is removed (301), a non-member of a members-only room too (321).",
+                vec![room_param.clone(), json!({
+                    "name": "user", "in": "path", "required": true,
+                    "description": "A bare JID (user@domain), or a domain.",
+                    "schema": { "type": "string", "example": "bob@example.org" }
+                })],
+                Some(json!({ "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["affiliation"],
+                    "properties": {
+                        "affiliation": { "type": "string", "enum": ["owner", "admin", "member", "outcast", "none"] },
+                        "reason": { "type": "string" }
+                    }
+                } } } })),
+                json!({
+                    "200": ok("Set.", object(json!({ "room": { "type": "string" }, "jid": { "type": "string" }, "affiliation": { "type": "string" } }))),
+                    "202": forwarded.clone(),
+                    "404": no_room.clone(),
+                    "409": err("The room would keep no owner.")
+                }))
+        },
+        "/api/v1/rooms/{jid}/messages": {
+            "post": op("Send a groupchat message from the room itself to its occupants (archived when the room logs).", vec![room_param],
+                Some(json!({ "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["body"], "properties": { "body": { "type": "string" } }
+                } } } })),
+                json!({
+                    "200": ok("Sent.", object(json!({ "room": { "type": "string" }, "id": { "type": "string" } }))),
+                    "202": forwarded,
+                    "404": no_room
+                }))
+        }
+    })
 }
 
 /// The domain endpoints (a document of their own: one `json!` for

@@ -19,7 +19,7 @@
 //!   queues, cluster nodes, uptime; refreshes itself every 5 s), users
 //!   (pages of a domain's accounts; create, delete, password, ban,
 //!   unban), domains (list, add, disable, enable, remove), sessions
-//!   (list, kick), logout.
+//!   (list, kick), rooms (list only), logout.
 //! - Every action calls the API's operation (`api::user_create`,
 //!   `api::domain_remove`, …): the same checks, the same effects, the same
 //!   `admin action` log line with the token's name. Actions answer with a
@@ -231,6 +231,7 @@ pub(crate) fn routes() -> Router<Shared> {
         .route("/admin/users", get(users_page))
         .route("/admin/domains", get(domains_page))
         .route("/admin/sessions", get(sessions_page))
+        .route("/admin/rooms", get(rooms_page))
         .route("/admin/{section}/{action}", post(action))
 }
 
@@ -283,6 +284,7 @@ fn page(title: &str, nav: Option<(&str, &str, &str)>, flash: Option<&Flash>, bod
             ("/admin/users", "Users"),
             ("/admin/domains", "Domains"),
             ("/admin/sessions", "Sessions"),
+            ("/admin/rooms", "Rooms"),
         ] {
             let _ = write!(
                 h,
@@ -1028,6 +1030,85 @@ async fn sessions_page(
         page(
             "Sessions",
             Some(("Sessions", &me.caller.0, &me.csrf)),
+            flash.as_ref(),
+            &b,
+        ),
+    )
+}
+
+/// Group-chat rooms, read only (changes: the API or `starling ctl rooms`).
+async fn rooms_page(
+    State(st): State<Shared>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let me = match logged(&st, &headers, true).await {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let q = query_of(&raw);
+    let mut flash = me.flash;
+    let page_of =
+        super::rooms::rooms_page(&st, None, q.get("after").map(String::as_str), PAGE as usize)
+            .await;
+    let (rooms, next) = match page_of {
+        Ok(v) => (
+            v["rooms"].as_array().cloned().unwrap_or_default(),
+            v["next"].as_str().map(str::to_owned),
+        ),
+        Err(e) => {
+            flash = Some(Flash {
+                ok: false,
+                text: e.message,
+            });
+            (Vec::new(), None)
+        }
+    };
+    let mut b = String::from(
+        "<p>Rooms loaded on this node and stored ones. Changes: the API \
+(<code>/api/v1/rooms</code>) or <code>starling ctl rooms</code>.</p>",
+    );
+    if rooms.is_empty() {
+        b.push_str("<p id=\"no-rooms\">No rooms.</p>");
+    } else {
+        b.push_str("<table id=\"rooms\"><tr><th>room</th><th>name</th><th>kind</th><th>occupants</th><th>node</th></tr>");
+        for r in &rooms {
+            let jid = num(&r["jid"]);
+            let flag = |k: &str, yes: &'static str, no: &'static str| {
+                if r[k] == Value::Bool(true) {
+                    yes
+                } else {
+                    no
+                }
+            };
+            let _ = write!(
+                b,
+                "<tr data-jid=\"{}\"><td>{}</td><td>{}</td><td>{}, {}, {}{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&jid),
+                esc(&jid),
+                esc(&num(&r["name"])),
+                flag("persistent", "persistent", "temporary"),
+                flag("public", "public", "hidden"),
+                flag("members_only", "members-only", "open"),
+                flag("locked", ", locked", ""),
+                esc(&num(&r["occupants"])),
+                esc(&num(&r["node"])),
+            );
+        }
+        b.push_str("</table>");
+    }
+    if let Some(n) = next {
+        let _ = write!(
+            b,
+            "<p><a id=\"next\" href=\"/admin/rooms?after={}\">Next page</a></p>",
+            esc(&super::ctl::enc(&n))
+        );
+    }
+    html(
+        StatusCode::OK,
+        page(
+            "Rooms",
+            Some(("Rooms", &me.caller.0, &me.csrf)),
             flash.as_ref(),
             &b,
         ),

@@ -23,6 +23,11 @@
 //! - An XEP-0198 acknowledgement of a session that sent messages to rooms
 //!   waits until those rooms handled what was queued before it and the
 //!   archive queue committed ([`DurabilityHandler::durable_for`]).
+//! - The admin API reaches a room through its task too: a request of the
+//!   server itself ([`Host::is_server_request`]: from the served domain's bare
+//!   JID, which no client can send) carries a oneshot channel on which
+//!   the room answers ([`Host::request`], [`Kind::process_admin`]), and
+//!   [`Host::inspect`] runs a read of a live room's state in its task.
 
 use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
@@ -65,6 +70,23 @@ pub(super) trait Kind: Sized + Send + Sync + 'static {
         room: &mut Option<Self::Room>,
         st: Stanza,
     );
+    /// The server's administrator's request to room `jid` ([`Host::request`],
+    /// a stanza [`Host::is_server_request`] accepts): applied as
+    /// [`Kind::process`] would, except that the answer to the requester
+    /// is returned instead of routed (`None`: done, nothing to answer).
+    /// Rooms that take no such request refuse it.
+    async fn process_admin(
+        _host: &Arc<Host<Self>>,
+        _env: &Env,
+        _jid: &BareJid,
+        _room: &mut Option<Self::Room>,
+        st: Stanza,
+    ) -> Option<Stanza> {
+        st.error_reply(error(
+            StanzaErrorCondition::ServiceUnavailable,
+            "this service takes no administrator requests",
+        ))
+    }
     /// A stanza to the service's own JID; the reply, if any.
     async fn service_stanza(host: &Arc<Host<Self>>, env: &Env, st: &Stanza) -> Option<Stanza>;
     /// The room stops running here (shutdown, hand-off to another node):
@@ -149,10 +171,17 @@ pub(super) struct Listing {
     pub locked: bool,
     /// Recipients of a message to the room (occupants or members).
     pub occupants: usize,
+    /// Kept when empty (stored).
+    pub persistent: bool,
+    /// Only members may enter.
+    pub members_only: bool,
+    /// The task holds a room (false while it loads, and once the room
+    /// was destroyed while the task ends).
+    pub loaded: bool,
 }
 
-struct RoomHandle {
-    tx: mpsc::Sender<RoomMsg>,
+struct RoomHandle<K: Kind> {
+    tx: mpsc::Sender<RoomMsg<K>>,
     generation: u64,
     listing: Arc<Mutex<Listing>>,
     seq: Arc<RoomSeq>,
@@ -227,8 +256,30 @@ impl<K> Default for SentToRooms<K> {
 
 const MAX_TRACKED_ROOMS: usize = 256;
 
-enum RoomMsg {
+/// How long the admin API waits for a room's answer.
+pub(super) const ADMIN_WAIT: Duration = Duration::from_secs(10);
+
+/// Why an administrator's request got no answer from its room.
+#[derive(Debug)]
+pub(super) enum AdminFailure {
+    /// The room's task ended or moved to another cluster node before
+    /// answering (the request was not applied).
+    Gone,
+    /// No answer within [`ADMIN_WAIT`] (it may still be applied).
+    Timeout,
+}
+
+/// A read of a room's state, run in its task (`None`: it holds no room).
+type Look<K> = Box<dyn FnOnce(Option<&<K as Kind>::Room>) + Send>;
+
+enum RoomMsg<K: Kind> {
     Stanza(Stanza),
+    /// The server's administrator's request ([`Host::request`]): applied
+    /// by [`Kind::process_admin`], whose answer goes back on the channel
+    /// instead of being routed (not counted in [`RoomSeq`]).
+    Admin(Stanza, oneshot::Sender<Option<Stanza>>),
+    /// A look at the room's state ([`Host::inspect`]), run in its task.
+    Inspect(Look<K>),
     Shutdown(oneshot::Sender<()>),
     /// Another cluster node owns the room now.
     Handoff,
@@ -262,7 +313,7 @@ pub(super) struct Host<K: Kind> {
     /// Queueing and unloading.
     pub settings: Settings,
     env: OnceLock<Weak<Env>>,
-    rooms: Mutex<HashMap<BareJid, RoomHandle>>,
+    rooms: Mutex<HashMap<BareJid, RoomHandle<K>>>,
     /// Archive ids (one generator per node).
     pub ids: Arc<ArchiveIds>,
     /// The rooms' archive rows, written behind.
@@ -395,26 +446,7 @@ impl<K: Kind> Host<K> {
     /// Returns the error reply when the room's queue is full.
     pub fn dispatch(self: &Arc<Self>, room: BareJid, stanza: Stanza) -> Option<Stanza> {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        let handle = rooms.entry(room.clone()).or_insert_with(|| {
-            let (tx, rx) = mpsc::channel(self.settings.room_queue);
-            let generation = self.next_gen.fetch_add(1, Ordering::Relaxed);
-            let listing = Arc::new(Mutex::new(Listing::default()));
-            let seq = Arc::new(RoomSeq::default());
-            tokio::spawn(run_room(
-                self.clone(),
-                room.clone(),
-                rx,
-                generation,
-                listing.clone(),
-                seq.clone(),
-            ));
-            RoomHandle {
-                seq,
-                tx,
-                generation,
-                listing,
-            }
-        });
+        let handle = self.handle(&mut rooms, &room);
         // A message is refused when the copies already waiting would take
         // too long to send: the queue's bound in stanzas alone would let a
         // 1,000-occupant room hold a million copies (seconds of work).
@@ -468,6 +500,117 @@ impl<K: Kind> Host<K> {
         }
     }
 
+    /// The room's handle, its task started if it has none.
+    fn handle<'a>(
+        self: &Arc<Self>,
+        rooms: &'a mut HashMap<BareJid, RoomHandle<K>>,
+        room: &BareJid,
+    ) -> &'a mut RoomHandle<K> {
+        rooms.entry(room.clone()).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(self.settings.room_queue);
+            let generation = self.next_gen.fetch_add(1, Ordering::Relaxed);
+            let listing = Arc::new(Mutex::new(Listing::default()));
+            let seq = Arc::new(RoomSeq::default());
+            tokio::spawn(run_room(
+                self.clone(),
+                room.clone(),
+                rx,
+                generation,
+                listing.clone(),
+                seq.clone(),
+            ));
+            RoomHandle {
+                seq,
+                tx,
+                generation,
+                listing,
+            }
+        })
+    }
+
+    /// Whether `st` is a request of the server itself, acting as this
+    /// service's administrator (the admin API): from the bare JID of the
+    /// served domain the room's service is under (`example.org` for
+    /// `room@conference.example.org`). No client can send that: sessions
+    /// stamp their own full JID as `from`, and a component's stanzas must
+    /// be from its own domain, which may not be a served one.
+    pub fn is_server_request(&self, env: &Env, st: &Stanza) -> bool {
+        let (Some(from), Some(to)) = (st.from(), st.to()) else {
+            return false;
+        };
+        from.node().is_none()
+            && from.resource().is_none()
+            && to.node().is_some()
+            && env.hosts.is_local(from.domain().as_str())
+            && to
+                .domain()
+                .as_str()
+                .strip_prefix(self.settings.subdomain.as_str())
+                .and_then(|r| r.strip_prefix('.'))
+                == Some(from.domain().as_str())
+    }
+
+    /// Hands the server's administrator's request (a stanza
+    /// [`Host::is_server_request`] accepts) to its room on this node, starting
+    /// the room's task if needed, and waits for the room's answer
+    /// ([`Kind::process_admin`]; `None`: done, nothing to answer). It
+    /// waits for room in a full queue rather than being refused, at most
+    /// [`ADMIN_WAIT`] in all.
+    pub async fn request(
+        self: &Arc<Self>,
+        room: &BareJid,
+        stanza: Stanza,
+    ) -> Result<Option<Stanza>, AdminFailure> {
+        let (tx, rx) = oneshot::channel();
+        let exchange = async {
+            let mut msg = RoomMsg::Admin(stanza, tx);
+            // A task that was ending when its queue was taken refuses the
+            // request unapplied: the second try starts a new one.
+            for _ in 0..2 {
+                let queue = {
+                    let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+                    self.handle(&mut rooms, room).tx.clone()
+                };
+                match queue.send(msg).await {
+                    Ok(()) => return rx.await.map_err(|_| AdminFailure::Gone),
+                    Err(mpsc::error::SendError(m)) => msg = m,
+                }
+            }
+            Err(AdminFailure::Gone)
+        };
+        tokio::time::timeout(ADMIN_WAIT, exchange)
+            .await
+            .map_err(|_| AdminFailure::Timeout)?
+    }
+
+    /// Runs `f` on the state of room `room` in the room's task, if the
+    /// room is live on this node (`None` otherwise: nothing is loaded for
+    /// it). `f` gets `None` when the task holds no room (it is ending).
+    pub async fn inspect<R: Send + 'static>(
+        &self,
+        room: &BareJid,
+        f: impl FnOnce(Option<&K::Room>) -> R + Send + 'static,
+    ) -> Option<R> {
+        let queue = self
+            .rooms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(room)
+            .map(|h| h.tx.clone())?;
+        let (tx, rx) = oneshot::channel();
+        let look: Look<K> = Box::new(move |r| {
+            let _ = tx.send(f(r));
+        });
+        let exchange = async {
+            queue.send(RoomMsg::Inspect(look)).await.ok()?;
+            rx.await.ok()
+        };
+        tokio::time::timeout(ADMIN_WAIT, exchange)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Removes the room's entry (its task is ending).
     fn forget(&self, room: &BareJid, generation: u64) {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
@@ -478,7 +621,7 @@ impl<K: Kind> Host<K> {
 
     /// Removes the room's entry if its queue is empty (no stanza can be
     /// queued while the map is locked). Returns whether the task may end.
-    fn unregister(&self, room: &BareJid, generation: u64, rx: &mpsc::Receiver<RoomMsg>) -> bool {
+    fn unregister(&self, room: &BareJid, generation: u64, rx: &mpsc::Receiver<RoomMsg<K>>) -> bool {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
         if !rx.is_empty() {
             return false;
@@ -680,7 +823,7 @@ async fn handoff_task<K: Kind>(host: Weak<Host<K>>) {
         tick.tick().await;
         let Some(host) = host.upgrade() else { return };
         let Some(env) = host.env() else { return };
-        let moved: Vec<mpsc::Sender<RoomMsg>> = host
+        let moved: Vec<mpsc::Sender<RoomMsg<K>>> = host
             .rooms
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -697,7 +840,7 @@ async fn handoff_task<K: Kind>(host: Weak<Host<K>>) {
 #[async_trait]
 impl<K: Kind> ShutdownHandler for RoomService<K> {
     async fn shutdown(&self, _env: &Env) {
-        let senders: Vec<mpsc::Sender<RoomMsg>> = self
+        let senders: Vec<mpsc::Sender<RoomMsg<K>>> = self
             .0
             .rooms
             .lock()
@@ -757,7 +900,7 @@ impl<K: Kind> Service for RoomService<K> {
 async fn run_room<K: Kind>(
     host: Arc<Host<K>>,
     jid: BareJid,
-    mut rx: mpsc::Receiver<RoomMsg>,
+    mut rx: mpsc::Receiver<RoomMsg<K>>,
     generation: u64,
     listing: Arc<Mutex<Listing>>,
     seq: Arc<RoomSeq>,
@@ -786,10 +929,22 @@ async fn run_room<K: Kind>(
                             env.route(r).await;
                         }
                     }
+                    Ok(RoomMsg::Admin(s, answer)) => {
+                        let _ = answer.send(
+                            s.error_reply(
+                                error(
+                                    StanzaErrorCondition::InternalServerError,
+                                    "the room could not be loaded",
+                                )
+                                .with_type(ErrorType::Wait),
+                            ),
+                        );
+                    }
                     Ok(RoomMsg::Shutdown(ack)) => {
                         let _ = ack.send(());
                     }
-                    Ok(RoomMsg::Handoff) => {}
+                    // Unanswered: the admin API says so.
+                    Ok(RoomMsg::Handoff | RoomMsg::Inspect(_)) => {}
                     Err(_) => {
                         if host.unregister(&jid, generation, &rx) {
                             break;
@@ -844,7 +999,8 @@ async fn run_room<K: Kind>(
                     }
                 }
                 // No stanza can be queued once the entry is gone; those
-                // already queued go to the new owner.
+                // already queued go to the new owner (an administrator's
+                // request is dropped unapplied: the admin API says so).
                 host.forget(&jid, generation);
                 while let Ok(m) = rx.try_recv() {
                     if let RoomMsg::Stanza(s) | RoomMsg::Late(s) = m {
@@ -861,6 +1017,13 @@ async fn run_room<K: Kind>(
                 *listing.lock().unwrap_or_else(|e| e.into_inner()) =
                     room.as_ref().map(K::listing).unwrap_or_default();
             }
+            RoomMsg::Admin(st, answer) => {
+                let reply = K::process_admin(&host, &env, &jid, &mut room, st).await;
+                let _ = answer.send(reply);
+                *listing.lock().unwrap_or_else(|e| e.into_inner()) =
+                    room.as_ref().map(K::listing).unwrap_or_default();
+            }
+            RoomMsg::Inspect(look) => look(room.as_ref()),
         }
     }
 }

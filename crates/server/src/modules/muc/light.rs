@@ -351,6 +351,9 @@ impl Kind for LightKind {
             public: false,
             locked: false,
             occupants: r.members.len(),
+            persistent: true,
+            members_only: true,
+            loaded: true,
         }
     }
 }

@@ -49,6 +49,7 @@
 //! Storage: muc, archive.
 //! Config: `[modules.muc]` ([`MucConfig`]).
 
+mod admin;
 mod config;
 mod host;
 pub mod light;
@@ -228,7 +229,12 @@ impl Module for Muc {
             idle_unload_secs: cfg.idle_unload_secs,
             retention_days: cfg.retention_days,
         };
-        Host::<MucKind>::start(cfg.clone(), settings, &cfg.name, "muc_archive", ctx, reg);
+        let host =
+            Host::<MucKind>::start(cfg.clone(), settings, &cfg.name, "muc_archive", ctx, reg);
+        // The admin API's rooms endpoints (admin/rooms.rs) go through it.
+        reg.provide(crate::admin::rooms::Provided(Arc::new(
+            admin::MucAdmin::new(host, ctx.node_id),
+        )));
     }
 }
 
@@ -330,6 +336,16 @@ impl Kind for MucKind {
         process(host, env, jid, room, st).await
     }
 
+    async fn process_admin(
+        host: &Arc<Inner>,
+        env: &Env,
+        jid: &BareJid,
+        room: &mut Option<Room>,
+        st: Stanza,
+    ) -> Option<Stanza> {
+        process_admin(host, env, jid, room, st).await
+    }
+
     async fn service_stanza(host: &Arc<Inner>, env: &Env, st: &Stanza) -> Option<Stanza> {
         host.service_stanza(env, st).await
     }
@@ -350,6 +366,9 @@ impl Kind for MucKind {
             public: r.config.public,
             locked: r.locked,
             occupants: r.occupant_count(),
+            persistent: r.config.persistent,
+            members_only: r.config.members_only,
+            loaded: true,
         }
     }
 }
@@ -646,7 +665,8 @@ impl Inner {
     }
 }
 
-/// One stanza for room `jid` (which may not exist yet).
+/// One stanza for room `jid` (which may not exist yet), routed from a
+/// user, the room itself or another cluster node.
 async fn process(
     inner: &Arc<Inner>,
     env: &Env,
@@ -654,22 +674,119 @@ async fn process(
     room: &mut Option<Room>,
     st: Stanza,
 ) {
+    // The administrator's request forwarded by another cluster node (the
+    // admin API there answered 202): its outcome goes to the log, since
+    // the router would drop an answer to the server's domain.
+    let admin = inner
+        .is_server_request(env, &st)
+        .then(|| st.from().cloned());
+    for s in apply(inner, env, jid, room, st).await {
+        match &admin {
+            Some(from) if s.to() == from.as_ref() => {
+                let outcome = admin::outcome(&s);
+                tracing::info!(module = NAME, room = %jid, outcome, "administrator request from another cluster node handled");
+            }
+            _ => env.route(s).await,
+        }
+    }
+}
+
+/// The server's administrator's request ([`Host::request`]): applied
+/// like any stanza, its answer returned instead of routed.
+async fn process_admin(
+    inner: &Arc<Inner>,
+    env: &Env,
+    jid: &BareJid,
+    room: &mut Option<Room>,
+    st: Stanza,
+) -> Option<Stanza> {
+    if !inner.is_server_request(env, &st) {
+        return st.error_reply(error(
+            StanzaErrorCondition::Forbidden,
+            "not a request of the server",
+        ));
+    }
+    let requester = st.from().cloned();
+    let mut answer = None;
+    for s in apply(inner, env, jid, room, st).await {
+        if answer.is_none() && s.to() == requester.as_ref() {
+            answer = Some(s);
+        } else {
+            env.route(s).await;
+        }
+    }
+    answer
+}
+
+/// Applies one stanza to room `jid` (which may not exist yet): stores
+/// what must outlive it; returns what to route, in order.
+async fn apply(
+    inner: &Arc<Inner>,
+    env: &Env,
+    jid: &BareJid,
+    room: &mut Option<Room>,
+    st: Stanza,
+) -> Vec<Stanza> {
     let cx = Ctx {
         svc: &inner.cfg,
         ids: &inner.ids,
     };
     let mut out = Out::default();
-    // The server's own request: a deleted account leaves (no answer).
+    // The server's own requests: a deleted account leaves (no answer);
+    // the service administrator (the admin API) acts as an owner.
     let gone = host::account_removed(env, &st);
+    let by_server = gone.is_none() && inner.is_server_request(env, &st);
     match room {
         Some(r) if gone.is_some() => {
             r.account_removed(gone.as_ref().expect("matched"), &mut out);
         }
-        None if gone.is_some() => return,
+        None if gone.is_some() => return Vec::new(),
+        Some(r) if by_server => r.handle_server(&cx, st, &mut out),
+        None if by_server => match admin::create_request(&st) {
+            None => {
+                return st
+                    .error_reply(error(
+                        StanzaErrorCondition::ItemNotFound,
+                        "this room does not exist",
+                    ))
+                    .into_iter()
+                    .collect();
+            }
+            Some(Err(why)) => {
+                return st
+                    .error_reply(error(StanzaErrorCondition::BadRequest, &why))
+                    .into_iter()
+                    .collect();
+            }
+            Some(Ok(req)) => {
+                if req.persistent && !inner.cfg.allow_persistent {
+                    return st
+                        .error_reply(error(
+                            StanzaErrorCondition::NotAllowed,
+                            "this service keeps no rooms ([modules.muc] allow_persistent = false)",
+                        ))
+                        .into_iter()
+                        .collect();
+                }
+                let mut c = RoomConfig::new_room(&inner.cfg, starling_proto::random_id(24));
+                c.persistent = req.persistent;
+                c.name = req.name;
+                c.public = req.public.unwrap_or(c.public);
+                c.members_only = req.members_only.unwrap_or(c.members_only);
+                let mut r = Room::new(jid.clone(), c, String::new(), room::now_millis());
+                r.make_owner(&req.owner, &mut out);
+                // Nobody entered: a temporary room waits for its first
+                // occupant (at most idle_unload_secs).
+                r.waiting_for_first = !req.persistent;
+                out.stanzas.push(st.iq_result(None));
+                tracing::info!(module = NAME, room = %jid, owner = %req.owner, "room created by the administrator");
+                *room = Some(r);
+            }
+        },
         Some(r) => {
             // XEP-0313 queries of the room's archive run beside the room.
             let Some(st) = mam::intercept(inner, env, r, st).await else {
-                return;
+                return Vec::new();
             };
             r.handle(&cx, st, &mut out);
             if let Some(m) = out.moderation.take() {
@@ -713,44 +830,45 @@ async fn process(
                 && st.type_attr().is_none()
                 && st.to().is_some_and(|t| t.resource().is_some());
             let Some(from) = st.from().cloned() else {
-                return;
+                return Vec::new();
             };
             if !creating {
                 if st.is_iq_request() || (st.kind() == StanzaKind::Message && !st.is_error()) {
-                    if let Some(r) = st.error_reply(error(
-                        StanzaErrorCondition::ItemNotFound,
-                        "this room does not exist",
-                    )) {
-                        env.route(r).await;
-                    }
+                    return st
+                        .error_reply(error(
+                            StanzaErrorCondition::ItemNotFound,
+                            "this room does not exist",
+                        ))
+                        .into_iter()
+                        .collect();
                 }
-                return;
+                return Vec::new();
             }
             let creator = from.to_bare();
             if !inner.may_create(env, &creator) {
-                if let Some(r) = st.error_reply(error(
-                    StanzaErrorCondition::NotAllowed,
-                    "you may not create rooms on this service",
-                )) {
-                    env.route(r).await;
-                }
-                return;
+                return st
+                    .error_reply(error(
+                        StanzaErrorCondition::NotAllowed,
+                        "you may not create rooms on this service",
+                    ))
+                    .into_iter()
+                    .collect();
             }
             if inner.cfg.max_rooms_per_user > 0 && inner.cfg.default_persistent {
                 match inner.owned_rooms(&creator).await {
                     Ok(n) if n >= inner.cfg.max_rooms_per_user as usize => {
-                        if let Some(r) = st.error_reply(error(
-                            StanzaErrorCondition::NotAllowed,
-                            "you own as many rooms as this service allows",
-                        )) {
-                            env.route(r).await;
-                        }
-                        return;
+                        return st
+                            .error_reply(error(
+                                StanzaErrorCondition::NotAllowed,
+                                "you own as many rooms as this service allows",
+                            ))
+                            .into_iter()
+                            .collect();
                     }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::error!(module = NAME, error = %e, "counting owned rooms failed");
-                        return;
+                        return Vec::new();
                     }
                 }
             }
@@ -788,7 +906,9 @@ async fn process(
             host::to_inboxes(env, &r.jid, &r.members(), std::mem::take(&mut out.inbox)).await;
         }
         // A temporary (or never configured) room ends with its last occupant.
-        if out.destroyed || (r.is_empty() && (!r.config.persistent || r.locked)) {
+        if out.destroyed
+            || (r.is_empty() && (!r.config.persistent || r.locked) && !r.waiting_for_first)
+        {
             if r.stored {
                 if let Err(e) = inner.storage.muc.delete_room(&r.jid).await {
                     tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room failed");
@@ -803,9 +923,7 @@ async fn process(
             *room = None;
         }
     }
-    for s in out.stanzas {
-        env.route(s).await;
-    }
+    out.stanzas
 }
 
 #[cfg(test)]

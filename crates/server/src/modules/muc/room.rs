@@ -209,6 +209,10 @@ pub struct Room {
     /// Set while the presence that creates the room is handled (§10.1.1:
     /// status 201).
     pub creating: bool,
+    /// Made by the administrator and nobody entered yet: a temporary room
+    /// is not ended for being empty until its first occupant came (its
+    /// task still ends after `idle_unload_secs` without anyone).
+    pub waiting_for_first: bool,
 }
 
 fn err(c: StanzaErrorCondition, text: &str) -> StanzaError {
@@ -297,6 +301,7 @@ impl Room {
             pending_iq: HashMap::new(),
             next_iq: 0,
             creating: false,
+            waiting_for_first: false,
         }
     }
 
@@ -539,6 +544,123 @@ impl Room {
         }
     }
 
+    /// A request of the server itself acting as the service's
+    /// administrator (the admin API; the host checked `from`): owner
+    /// rights without being an occupant. Affiliation changes (`muc#admin`
+    /// items, §9–§10, with their presence effects), destruction (§10.9)
+    /// and a groupchat message the room sends as its own
+    /// ([`Room::announce`]); a creation request for a room that exists is
+    /// `conflict`.
+    pub fn handle_server(&mut self, cx: &Ctx<'_>, st: Stanza, out: &mut Out) {
+        match st.kind() {
+            StanzaKind::Iq if st.type_attr() == Some("set") => {
+                let answer = match st.payload() {
+                    Some(q) if q.is("query", NS_MUC_ADMIN) => {
+                        self.admin_items((Role::None, Affiliation::Owner, None), None, q, out)
+                    }
+                    Some(q) if q.is("query", NS_MUC_OWNER) => {
+                        match q.get_child("destroy", NS_MUC_OWNER) {
+                            Some(d) => {
+                                self.destroy(d, out);
+                                Ok(None)
+                            }
+                            None => Err(err(
+                                StanzaErrorCondition::BadRequest,
+                                "only destroy is taken from the server",
+                            )),
+                        }
+                    }
+                    Some(q) if q.is("create", super::admin::NS_ADMIN) => Err(err(
+                        StanzaErrorCondition::Conflict,
+                        "this room exists already",
+                    )),
+                    _ => Err(err(
+                        StanzaErrorCondition::BadRequest,
+                        "not a request the room takes from the server",
+                    )),
+                };
+                match answer {
+                    Ok(p) => out.stanzas.push(st.iq_result(p)),
+                    Err(e) => reply_error(&st, e, out),
+                }
+            }
+            StanzaKind::Message if st.stanza_type() == "groupchat" => self.announce(cx, &st, out),
+            // Answers and presence are nobody's request: no error for them.
+            _ if st.is_iq_request() || (st.kind() == StanzaKind::Message && !st.is_error()) => {
+                reply_error(
+                    &st,
+                    err(
+                        StanzaErrorCondition::BadRequest,
+                        "not a request the room takes from the server",
+                    ),
+                    out,
+                )
+            }
+            _ => {}
+        }
+    }
+
+    /// A groupchat message from the room's own JID (an announcement, like
+    /// the room's status messages): its body goes to every occupant with
+    /// a stanza id, and into the archive, the members' inboxes and the
+    /// history when the room logs (`muc#roomconfig_enablelogging`).
+    fn announce(&mut self, cx: &Ctx<'_>, st: &Stanza, out: &mut Out) {
+        let Some(body) = st
+            .element()
+            .get_child("body", ns::CLIENT)
+            .filter(|b| !b.text().is_empty())
+        else {
+            return reply_error(
+                st,
+                err(StanzaErrorCondition::BadRequest, "a body is required"),
+                out,
+            );
+        };
+        let from: Jid = self.jid.clone().into();
+        let id = cx.ids.next();
+        let msg_id = st
+            .id()
+            .map(str::to_owned)
+            .unwrap_or_else(|| starling_proto::random_id(10));
+        let m = Element::builder("message", ns::CLIENT)
+            .attr("type", "groupchat")
+            .attr("id", msg_id)
+            .attr("from", self.jid.as_str())
+            .append(body.clone())
+            .append(
+                Element::builder("stanza-id", ns::SID)
+                    .attr("id", id.encode())
+                    .attr("by", self.jid.as_str())
+                    .build(),
+            )
+            .build();
+        if self.config.logging {
+            if let Some(kind) = inbox_kind(&m) {
+                out.inbox.push((id, self.jid.clone(), kind, m.clone()));
+            }
+            out.archive.push(ArchiveRecord {
+                owner: self.jid.clone(),
+                id,
+                with_bare: self.jid.to_string(),
+                remote: self.jid.to_string(),
+                outgoing: false,
+                origin_id: None,
+                flags: FLAG_BODY,
+                stanza: m.to_string(),
+            });
+        }
+        let chars = m.size_hint();
+        self.history.push_back(HistoryItem {
+            id,
+            el: m.clone(),
+            chars,
+        });
+        while self.history.len() > cx.svc.max_history as usize {
+            self.history.pop_front();
+        }
+        self.to_everyone(&m, &from, out);
+    }
+
     // ---------------------------------------------------------------
     // Presence: entering, changing, leaving (§7.2, §7.6, §7.7, §7.14)
     // ---------------------------------------------------------------
@@ -682,6 +804,7 @@ impl Room {
         let role = self.default_role(aff);
         let mut presence = st.element().clone();
         presence.remove_children("x", NS_MUC);
+        self.waiting_for_first = false;
         self.by_jid.insert(from.clone(), nick.to_owned());
         match self.occupants.get_mut(nick) {
             Some(o) => o.sessions.push((from.clone(), presence)),
@@ -1635,7 +1758,19 @@ impl Room {
         q: &Element,
         out: &mut Out,
     ) -> Result<Option<Element>, StanzaError> {
-        let (role, aff, actor_nick) = self.standing(from);
+        let standing = self.standing(from);
+        self.admin_items(standing, Some(&from.to_bare()), q, out)
+    }
+
+    /// The items of a `muc#admin` set by an actor of this standing (role,
+    /// affiliation, nick) with this real JID (none: the server).
+    fn admin_items(
+        &mut self,
+        (role, aff, actor_nick): (Role, Affiliation, Option<String>),
+        actor: Option<&BareJid>,
+        q: &Element,
+        out: &mut Out,
+    ) -> Result<Option<Element>, StanzaError> {
         enum Change {
             Role(String, Role, Option<String>),
             Aff(BareJid, Affiliation, Option<String>),
@@ -1708,7 +1843,7 @@ impl Room {
                 if (r < target.role
                     && target_aff >= Affiliation::Admin
                     && target_aff >= aff
-                    && target.bare != from.to_bare())
+                    && Some(&target.bare) != actor)
                     || (target_aff > aff && r < target.role)
                 {
                     return Err(err(
