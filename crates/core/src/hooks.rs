@@ -152,6 +152,8 @@ pub struct SessionInfo {
     pub priority: Option<i8>,
     /// When the last bytes arrived from the client.
     pub last_inbound: Instant,
+    /// The connection the session is on now (or `Detached`).
+    pub transport: crate::SessionTransport,
     /// The modules switched off for `domain` ([`crate::Host::modules_off`],
     /// live: a settings change applies at once); `None` until the stream
     /// names a served domain.

@@ -437,8 +437,24 @@ async fn admin_sessions_are_listed_and_kicked() {
     assert_eq!(s["ip"], "127.0.0.1");
     assert_eq!(s["tls"], true);
     assert_eq!(s["state"], "established");
+    assert_eq!(s["transport"], "tls");
     assert_eq!(s["available"], true);
     assert!(s["since"].as_str().is_some_and(|t| t.ends_with('Z')), "{s}");
+    // One node's: this one's (`local`, or its id), another's (none here).
+    for (q, n) in [("local", 1), ("0", 1), ("7", 0), ("all", 1)] {
+        let (status, v) = api(
+            &ts,
+            &token,
+            "GET",
+            &format!("/api/v1/sessions?node={q}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["sessions"].as_array().unwrap().len(), n, "node={q}: {v}");
+    }
+    let (status, _) = api(&ts, &token, "GET", "/api/v1/sessions?node=x", None).await;
+    assert_eq!(status, 400);
     let (_, v) = api(
         &ts,
         &token,

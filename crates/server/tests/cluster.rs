@@ -1340,6 +1340,28 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     // Bob, on node 1, is in the room (on node 2).
     let mut bob = n1.login("bob").await;
     enter(&mut bob, &room, "bob").await;
+    // Sessions of every node, from either node's registry; connection
+    // details only from the node that runs the session.
+    let mut listed = serde_json::Value::Null;
+    for _ in 0..200 {
+        let (_, v) = admin_api(&n2, &token, "GET", "/api/v1/sessions", None).await;
+        if v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
+            listed = v;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let s = &listed["sessions"][0];
+    assert_eq!(
+        (&s["jid"], &s["node"]),
+        (&serde_json::json!(bob.jid), &serde_json::json!(1)),
+        "{listed}"
+    );
+    assert!(s.get("ip").is_none() && s.get("transport").is_none(), "{s}");
+    let (_, v) = admin_api(&n2, &token, "GET", "/api/v1/sessions?node=local", None).await;
+    assert_eq!(v["sessions"], serde_json::json!([]), "{v}");
+    let (_, v) = admin_api(&n1, &token, "GET", "/api/v1/sessions?node=1", None).await;
+    assert_eq!(v["sessions"][0]["transport"], "tls", "{v}");
     let (status, v) = admin_api(
         &n1,
         &token,

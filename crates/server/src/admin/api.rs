@@ -638,6 +638,7 @@ const PROBE_WAIT: Duration = Duration::from_millis(500);
 pub(crate) async fn sessions_page(
     st: &Shared,
     user: Option<&str>,
+    node: Option<u8>,
     after: &str,
     limit: usize,
 ) -> OpResult {
@@ -651,14 +652,16 @@ pub(crate) async fn sessions_page(
                 .map(|e| (e, None))
                 .collect()
         }
+        // Every node's (this node's registry of the cluster is kept by
+        // the bus's events), or one node's.
         None => st
             .table
-            .local_sessions()
+            .sessions(node == Some(st.node))
             .into_iter()
             .map(|s| (s.entry, Some(s.bound_at)))
             .collect(),
     };
-    entries.retain(|(e, _)| e.jid().as_str() > after);
+    entries.retain(|(e, _)| e.jid().as_str() > after && node.is_none_or(|n| e.session.node == n));
     entries.sort_by(|a, b| a.0.jid().as_str().cmp(b.0.jid().as_str()));
     let more = entries.len() > limit;
     entries.truncate(limit);
@@ -707,6 +710,7 @@ pub(crate) async fn sessions_page(
                 v["port"] = j!(f.peer.port());
                 v["tls"] = j!(f.secure);
                 v["state"] = j!(f.state);
+                v["transport"] = j!(f.transport);
                 if let Some(s) = f.resumable_for_secs {
                     v["resumable_for_secs"] = j!(s);
                 }
@@ -725,7 +729,15 @@ async fn list_sessions(State(st): State<Shared>, RawQuery(raw): RawQuery) -> Api
     let q = query(&raw)?;
     let limit = limit(&q, 100, 1000)? as usize;
     let after = q.get("after").map(String::as_str).unwrap_or_default();
-    let v = sessions_page(&st, q.get("user").map(String::as_str), after, limit).await?;
+    let node = match q.get("node").map(String::as_str) {
+        None | Some("all") => None,
+        Some("local") => Some(st.node),
+        Some(n) => Some(
+            n.parse::<u8>()
+                .map_err(|_| bad(format!("node={n:?}: a node id (0-255), local or all")))?,
+        ),
+    };
+    let v = sessions_page(&st, q.get("user").map(String::as_str), node, after, limit).await?;
     Ok(json(StatusCode::OK, &v))
 }
 

@@ -151,11 +151,15 @@ pub enum UsersCommand {
 /// `starling ctl sessions …`.
 #[derive(Subcommand, Debug)]
 pub enum SessionsCommand {
-    /// List this node's sessions (or one account's, with --user).
+    /// List the sessions of every cluster node (or one account's, with
+    /// --user; one node's, with --node).
     List {
         /// Only this account's sessions.
         #[arg(long)]
         user: Option<String>,
+        /// Only this node's sessions: a node id, or `local`.
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Close a session (user@domain/resource) or all of an account's.
     Kick {
@@ -702,13 +706,16 @@ async fn execute(a: &CtlArgs) -> Result<(), Failure> {
             });
             Ok(())
         }
-        CtlCommand::Sessions(SessionsCommand::List { user }) => {
+        CtlCommand::Sessions(SessionsCommand::List { user, node }) => {
             let mut after = String::new();
             let mut all = Vec::new();
             loop {
                 let mut path = format!("/api/v1/sessions?limit=1000&after={}", enc(&after));
                 if let Some(u) = user {
                     path.push_str(&format!("&user={}", enc(u)));
+                }
+                if let Some(n) = node {
+                    path.push_str(&format!("&node={}", enc(n)));
                 }
                 let v = client.call("GET", &path, None).await?;
                 all.extend(v["sessions"].as_array().cloned().unwrap_or_default());
@@ -731,6 +738,9 @@ async fn execute(a: &CtlArgs) -> Result<(), Failure> {
                 }
                 if let Some(st) = s["state"].as_str() {
                     l.push_str(&format!("  {st}"));
+                }
+                if let Some(t) = s["transport"].as_str() {
+                    l.push_str(&format!("  {t}"));
                 }
                 if let Some(since) = s["since"].as_str() {
                     l.push_str(&format!("  since {since}"));

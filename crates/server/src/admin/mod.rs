@@ -108,6 +108,8 @@ pub(crate) struct SessionFacts {
     pub state: &'static str,
     /// Seconds a detached (XEP-0198) session waits to be resumed.
     pub resumable_for_secs: Option<u64>,
+    /// `tcp`, `tls`, `websocket`, `bosh` or `detached`.
+    pub transport: &'static str,
 }
 
 /// Collects [`SessionFacts`] from session tasks: a request registers a
@@ -162,6 +164,7 @@ impl TimerHandler for SessionProbe {
                 secure: info.secure,
                 state,
                 resumable_for_secs,
+                transport: info.transport.as_str(),
             });
         }
         Ok(Flow::Continue)

@@ -76,7 +76,8 @@ pub(crate) fn document() -> Value {
         "since": { "type": "string", "format": "date-time" },
         "ip": { "type": "string" }, "port": { "type": "integer" }, "tls": { "type": "boolean" },
         "state": { "type": "string", "enum": ["pre-auth", "authenticated", "established", "detached", "closing"] },
-        "resumable_for_secs": { "type": "integer" }
+        "resumable_for_secs": { "type": "integer" },
+        "transport": { "type": "string", "enum": ["tcp", "tls", "websocket", "bosh", "detached"], "description": "This node's sessions only, like ip, port, tls and state." }
     }));
     let not_found = err("No such account.");
     let text = |d: &str| json!({ "description": d, "content": { "text/plain": { "schema": { "type": "string" } } } });
@@ -192,9 +193,10 @@ pub(crate) fn document() -> Value {
                     json!({ "200": ok("Purged.", object(json!({ "jid": { "type": "string" }, "deleted": { "type": "integer" } }))) }))
             },
             "/api/v1/sessions": {
-                "get": op("Bound sessions by full JID: this node's, or one account's on every node.",
+                "get": op("Bound sessions by full JID, on every node of the cluster (from this node's registry); connection details for this node's.",
                     vec![
                         query("user", "Only this account's sessions (user@domain).", json!({ "type": "string" })),
+                        query("node", "Only this node's (a node id, `local`), or `all` (default).", json!({ "type": "string" })),
                         query("after", "Start after this full JID (the previous page's `next`).", json!({ "type": "string" })),
                         limit(100, 1000),
                     ], None,

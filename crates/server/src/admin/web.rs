@@ -970,7 +970,7 @@ async fn sessions_page(
     let q = query_of(&raw);
     let after = q.get("after").cloned().unwrap_or_default();
     let mut flash = me.flash;
-    let (sessions, next) = match api::sessions_page(&st, None, &after, PAGE as usize).await {
+    let (sessions, next) = match api::sessions_page(&st, None, None, &after, PAGE as usize).await {
         Ok(v) => (
             v["sessions"].as_array().cloned().unwrap_or_default(),
             v["next"].as_str().map(str::to_owned),

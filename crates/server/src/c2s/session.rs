@@ -220,6 +220,7 @@ impl Session {
         let (handle, mailbox) = mailbox(id, shared.mailbox_size);
         let now = Instant::now();
         let secure = conn.is_secure();
+        let transport = conn.metrics_transport();
         Box::new(Session {
             conn,
             info: SessionInfo {
@@ -233,6 +234,7 @@ impl Session {
                 jid: None,
                 priority: None,
                 last_inbound: now,
+                transport,
                 modules_off: None,
             },
             shared,
@@ -396,6 +398,7 @@ impl Session {
         metrics
             .sessions_on(starling_core::SessionTransport::Detached)
             .inc();
+        self.info.transport = starling_core::SessionTransport::Detached;
         if let Exit::Error(e) = exit {
             // Best effort: tell the (probably dead) connection why.
             let e = e.clone();
@@ -894,6 +897,7 @@ impl Session {
         metrics.sessions.inc();
         metrics.sessions_on(self.conn.metrics_transport()).inc();
         metrics.sessions_of_domain(full.domain().as_str()).inc();
+        self.info.transport = self.conn.metrics_transport();
         tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
     }
 
@@ -1144,6 +1148,7 @@ impl Session {
         let metrics = &self.shared.env.metrics;
         metrics.sessions_on(old.metrics_transport()).dec();
         metrics.sessions_on(self.conn.metrics_transport()).inc();
+        self.info.transport = self.conn.metrics_transport();
         if old.is_live() {
             let mut old = old;
             let e = StreamError::with_text(

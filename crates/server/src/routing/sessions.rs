@@ -261,10 +261,21 @@ impl SessionTable {
 
     /// This node's own sessions.
     pub fn local_sessions(&self) -> Vec<LocalSession> {
+        self.sessions(true)
+    }
+
+    /// Every session this node knows of: its own, and with `local_only`
+    /// false those of the other cluster nodes (the registry kept by the
+    /// bus's events).
+    pub fn sessions(&self, local_only: bool) -> Vec<LocalSession> {
         let mut out = Vec::with_capacity(self.count());
         for shard in self.shards.iter() {
             let shard = shard.read().unwrap_or_else(|e| e.into_inner());
-            for s in shard.values().flatten().filter(|s| s.handle.is_some()) {
+            for s in shard
+                .values()
+                .flatten()
+                .filter(|s| !local_only || s.handle.is_some())
+            {
                 out.push(LocalSession {
                     entry: s.entry.clone(),
                     bound_at: s.bound_at,
