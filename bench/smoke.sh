@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end smoke test of starling-bench against a short-lived Starling on
 # loopback: a handful of users, a few seconds of one-to-one chat over TCP,
-# WebSocket and BOSH, with and without stream management, a resumption
+# WebSocket and BOSH, with and without stream management, users spread
+# over three domains added at run time (--domains), a resumption
 # run, a few seconds of multi-user chat (XEP-0045: rooms created, locked,
 # configured, entered, messages to every occupant), the same with MUC Light
 # (rooms created with their members, messages to every member's bare JID),
@@ -81,6 +82,17 @@ TOML
     --users "$ACCOUNTS" --password 'pw{n}' --domain localhost >"$work/provision.log" 2>&1 \
     || { cat "$work/provision.log" >&2; echo "smoke: account import failed" >&2; exit 1; }
 
+# Three domains added at run time (docs/domains.md) and USERS accounts
+# spread over them (user n on d<((n-1) mod 3)+1>.smoke), for the --domains run.
+for d in d1.smoke d2.smoke d3.smoke; do
+    "$STARLING_BIN" --config "$work/starling.toml" domain add "$d" >>"$work/provision.log" 2>&1 \
+        || { cat "$work/provision.log" >&2; echo "smoke: domain add $d failed" >&2; exit 1; }
+done
+"$BENCH_BIN" provision --method starling-import --force --starling-bin "$STARLING_BIN" \
+    --starling-config "$work/starling.toml" --iterations 4096 \
+    --users "$USERS" --password 'pw{n}' --domains 3 --domain-pattern 'd{n}.smoke' >>"$work/provision.log" 2>&1 \
+    || { cat "$work/provision.log" >&2; echo "smoke: account import over 3 domains failed" >&2; exit 1; }
+
 "$STARLING_BIN" --config "$work/starling.toml" >"$work/server.log" 2>&1 &
 pid=$!
 . "$root/scripts/ready.sh"
@@ -98,6 +110,24 @@ wait_ready "$work/server.log" "$pid" 60 || { echo "smoke: the server did not sta
 "$BENCH_BIN" connect --port "$port" --users "$USERS" --password 'pw{n}' \
     --tls plain --mechanism SCRAM-SHA-1 --require-ratio 1 --quiet >"$work/bench.log" 2>&1 \
     || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: connect run failed" >&2; exit 1; }
+
+# --domains: the same number of users spread over the three stored domains
+# (stream 'to', SNI and JIDs per user; each message to its recipient's domain).
+"$BENCH_BIN" o2o --port "$port" --users "$USERS" --password 'pw{n}' \
+    --domains 3 --domain-pattern 'd{n}.smoke' --tls starttls --mechanism SCRAM-SHA-256 \
+    --rates 20 --step-secs 2 --drain-secs 1 --stop-after-fails 0 \
+    --require-ratio 0.99 --json --quiet >"$work/domains.json" 2>"$work/bench.log" \
+    || { cat "$work/bench.log" "$work/server.log" >&2; echo "smoke: o2o over 3 domains failed" >&2; exit 1; }
+python3 - "$work/domains.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["target"]["domain"] == "d{n}.smoke x 3", r["target"]
+assert r["connect"]["established"] == r["users"], r["connect"]
+s = r["o2o"]["steps"][0]
+assert s["sent"] > 0 and s["delivered"] >= 0.99 * s["sent"], s
+print(f"smoke: OK: --domains 3: {r['connect']['established']} sessions over 3 domains, "
+      f"{s['delivered']}/{s['sent']} messages delivered")
+PY
 
 # RFC 7395 WebSocket on the HTTP listener: the o2o scenario again.
 "$BENCH_BIN" o2o --port "$hport" --transport websocket --tls plain --users "$USERS" \

@@ -93,6 +93,39 @@ pub enum Command {
     Provision(ProvisionArgs),
 }
 
+impl Command {
+    /// Refuses `--domains` where it does not apply (see
+    /// [`ConnArgs::check_domains`]).
+    pub fn check_domains(&self) -> anyhow::Result<()> {
+        match self {
+            Command::Connect(a) | Command::Idle(a) | Command::O2o(a) => {
+                a.conn.check_domains("", true)
+            }
+            Command::Muc(a) => a.scenario.conn.check_domains("muc", false),
+            Command::MucLight(a) => a.scenario.conn.check_domains("muc-light", false),
+            Command::Archive(a) => a.scenario.conn.check_domains("archive", false),
+            Command::Resume(a) => a.scenario.conn.check_domains("resume", false),
+            Command::Pep(a) => a.scenario.conn.check_domains("pep", false),
+            Command::Upload(a) => a.scenario.conn.check_domains("upload", false),
+            Command::Provision(p) => {
+                let method = p
+                    .method
+                    .to_possible_value()
+                    .map_or_else(String::new, |v| v.get_name().to_owned());
+                p.conn.check_domains(
+                    &format!("provision --method {method}"),
+                    matches!(
+                        p.method,
+                        ProvisionMethod::Ibr
+                            | ProvisionMethod::StarlingImport
+                            | ProvisionMethod::StarlingFile
+                    ),
+                )
+            }
+        }
+    }
+}
+
 /// Rooms of the group chat scenarios (`muc`, `muc-light`).
 #[derive(Args, Debug, Clone)]
 pub struct RoomArgs {
@@ -369,6 +402,19 @@ pub struct ConnArgs {
     /// XMPP domain.
     #[arg(long, default_value = "localhost")]
     pub domain: String,
+    /// Spread the users over this many domains instead of `--domain`
+    /// (0: every user on `--domain`). User n's domain is
+    /// `--domain-pattern` for the number ((n - 1) mod N) + 1, so
+    /// consecutive users go to consecutive domains and every domain gets
+    /// users/N of them; its stream `to`, TLS SNI and JID use that domain.
+    /// For `connect`, `idle`, `o2o` and `provision` (`ibr`,
+    /// `starling-import`, `starling-file`).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub domains: u64,
+    /// With `--domains`: the domain name pattern, n in braces replaced by
+    /// the domain's number (1 to N).
+    #[arg(long, default_value = "d{n}.example")]
+    pub domain_pattern: String,
     /// Transport security.
     #[arg(long, value_enum, default_value_t = TlsMode::Starttls)]
     pub tls: TlsMode,
@@ -653,6 +699,12 @@ pub struct ProvisionArgs {
     /// `starling-import`: the server's config file.
     #[arg(long)]
     pub starling_config: Option<PathBuf>,
+    /// `starling-import`: pass `--force` to `starling user import`, which
+    /// otherwise refuses accounts on domains that are not `[server]
+    /// domains` (such as domains added with `starling domain add`, for
+    /// `--domains`).
+    #[arg(long)]
+    pub force: bool,
     /// `starling-import`, `prosody-files`: PBKDF2 iterations.
     #[arg(long, default_value_t = 4096)]
     pub iterations: u32,
@@ -696,6 +748,47 @@ impl ConnArgs {
         self.password.replace("{n}", &n.to_string())
     }
 
+    /// The domain of user number `n`: `--domain`, or with `--domains N`
+    /// the pattern's domain number ((n - 1) mod N) + 1.
+    pub fn domain_of(&self, n: u64) -> std::borrow::Cow<'_, str> {
+        if self.domains == 0 {
+            return std::borrow::Cow::Borrowed(&self.domain);
+        }
+        let k = n.saturating_sub(1) % self.domains + 1;
+        std::borrow::Cow::Owned(self.domain_pattern.replace("{n}", &k.to_string()))
+    }
+
+    /// The domain(s) as reports show them: `--domain`, or the pattern
+    /// with the number of domains.
+    pub fn domain_label(&self) -> String {
+        if self.domains == 0 {
+            self.domain.clone()
+        } else {
+            format!("{} x {}", self.domain_pattern, self.domains)
+        }
+    }
+
+    /// Refuses `--domains` where it cannot apply: a pattern without the
+    /// number (every user on one name), or a scenario (`what`) that
+    /// addresses users on `--domain` only (`supported` false).
+    pub fn check_domains(&self, what: &str, supported: bool) -> anyhow::Result<()> {
+        if self.domains == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            supported,
+            "--domains is for connect, idle, o2o and provision (ibr, starling-import, \
+             starling-file); {what} puts every user on --domain"
+        );
+        anyhow::ensure!(
+            self.domains == 1 || self.domain_pattern.contains("{n}"),
+            "--domain-pattern {:?} has no {{n}}: all {} domains would be one",
+            self.domain_pattern,
+            self.domains
+        );
+        Ok(())
+    }
+
     /// The source addresses to use for `total` connections.
     pub fn source_list(&self, total: u64) -> Vec<IpAddr> {
         if !self.sources.is_empty() {
@@ -714,6 +807,7 @@ impl ConnArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn patterns_and_sources() {
@@ -737,6 +831,90 @@ mod tests {
         assert_eq!(a.conn.mechanism, Mech::ScramSha1);
         assert_eq!(a.conn.source_list(60_000).len(), 3);
         assert!(a.conn.source_list(1000).is_empty());
+    }
+
+    #[test]
+    fn users_spread_over_domains() {
+        let Command::Connect(a) = Cli::parse_from([
+            "starling-bench",
+            "connect",
+            "--domains",
+            "3",
+            "--domain-pattern",
+            "d{n}.example",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        let d: Vec<String> = (1..=7).map(|n| a.conn.domain_of(n).into_owned()).collect();
+        assert_eq!(
+            d,
+            [
+                "d1.example",
+                "d2.example",
+                "d3.example",
+                "d1.example",
+                "d2.example",
+                "d3.example",
+                "d1.example"
+            ]
+        );
+        assert_eq!(a.conn.domain_label(), "d{n}.example x 3");
+        let t = crate::engine::target_of(&a).unwrap();
+        assert_eq!(t.domain, "localhost");
+        assert_eq!(
+            crate::engine::target_for(&t, &a.conn, 5).domain,
+            "d2.example"
+        );
+        assert!(
+            Cli::parse_from(["starling-bench", "connect", "--domains", "3"])
+                .command
+                .check_domains()
+                .is_ok()
+        );
+        // Without --domains: --domain for everyone, the same target.
+        let Command::O2o(o) =
+            Cli::parse_from(["starling-bench", "o2o", "--domain", "x.org"]).command
+        else {
+            panic!()
+        };
+        assert_eq!(o.conn.domain_of(9), "x.org");
+        assert_eq!(o.conn.domain_label(), "x.org");
+        let t = crate::engine::target_of(&o).unwrap();
+        assert!(Arc::ptr_eq(&t, &crate::engine::target_for(&t, &o.conn, 9)));
+        // Refused: a pattern without the number, scenarios and provision
+        // methods that put every user on --domain.
+        for bad in [
+            &[
+                "connect",
+                "--domains",
+                "2",
+                "--domain-pattern",
+                "one.example",
+            ][..],
+            &["pep", "--domains", "2"],
+            &["muc", "--domains", "2"],
+            &["provision", "--method", "prosody-files", "--domains", "2"],
+        ] {
+            let args = [&["starling-bench"][..], bad].concat();
+            assert!(
+                Cli::parse_from(args).command.check_domains().is_err(),
+                "{bad:?}"
+            );
+        }
+        for ok in [
+            &["provision", "--method", "starling-import", "--domains", "2"][..],
+            &["provision", "--method", "ibr", "--domains", "2"],
+            &["idle", "--domains", "1", "--domain-pattern", "one.example"],
+            &["pep"],
+        ] {
+            let args = [&["starling-bench"][..], ok].concat();
+            assert!(
+                Cli::parse_from(args).command.check_domains().is_ok(),
+                "{ok:?}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! a random user, a groupchat message to a room) at each step's rate and
 //! attributes every delivered copy to the step its message was sent in.
 
-use crate::cli::ScenarioArgs;
+use crate::cli::{ConnArgs, ScenarioArgs};
 use crate::client::{self, Event, Inbound, Target, Transport, NS_SM, READ_CHUNK};
 use crate::hist::Latency;
 use crate::rate::{parse_rates, RateSchedule, SplitMix};
@@ -243,7 +243,7 @@ pub fn target_info(args: &ScenarioArgs) -> TargetInfo {
     TargetInfo {
         label: args.label.clone(),
         address: format!("{}:{}", args.conn.host, args.conn.port),
-        domain: args.conn.domain.clone(),
+        domain: args.conn.domain_label(),
         tls: format!("{:?}", args.conn.tls).to_lowercase(),
         mechanism: match args.conn.mechanism {
             client::Mech::Plain => "PLAIN",
@@ -696,7 +696,7 @@ pub(crate) async fn storm(
     let conn = args.conn.clone();
     let target = target.clone();
     storm_with(args, lo, hi, shared, on_up, move |n| {
-        let target = target.clone();
+        let target = target_for(&target, &conn, n);
         let user = conn.user(n);
         let password = conn.password_of(n);
         let resource = resource.clone();
@@ -713,6 +713,18 @@ pub(crate) async fn storm(
         }
     })
     .await
+}
+
+/// The target of user `n`: `target` itself, or with `--domains` a copy
+/// whose domain (stream `to`, TLS SNI) is the user's.
+pub(crate) fn target_for(target: &Arc<Target>, conn: &ConnArgs, n: u64) -> Arc<Target> {
+    if conn.domains == 0 {
+        return target.clone();
+    }
+    Arc::new(Target {
+        domain: conn.domain_of(n).into_owned(),
+        ..Target::clone(target)
+    })
 }
 
 /// [`storm`] with any setup: `setup(n)` establishes user `n`'s session
@@ -1157,7 +1169,6 @@ async fn o2o_ramp(
     let total_users = args.conn.users;
     let first = args.conn.first_user;
     let pad = "x".repeat(args.body_bytes);
-    let domain = &args.conn.domain;
     let resource = if args.to_bare {
         String::new()
     } else {
@@ -1175,8 +1186,9 @@ async fn o2o_ramp(
         Some(Outgoing {
             outbox: &s.outbox,
             stanza: format!(
-                "<message to='{}@{domain}{resource}' type='chat' id='m{seq}'><body>{ts} {pad}</body></message>",
+                "<message to='{}@{}{resource}' type='chat' id='m{seq}'><body>{ts} {pad}</body></message>",
                 args.conn.user(to),
+                args.conn.domain_of(to),
             ),
             copies: 1,
         })

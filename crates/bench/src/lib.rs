@@ -63,6 +63,7 @@ use clap::Parser as _;
 /// Entry point of the binary.
 pub fn main_entry() -> anyhow::Result<()> {
     let cli = cli::Cli::parse();
+    cli.command.check_domains()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -36,6 +36,9 @@ pub async fn run(p: ProvisionArgs) -> anyhow::Result<()> {
             cmd.args(["user", "import"])
                 .arg(&out)
                 .args(["--iterations", &p.iterations.to_string()]);
+            if p.force {
+                cmd.arg("--force");
+            }
             eprintln!("running {cmd:?}");
             let st = cmd
                 .status()
@@ -94,8 +97,9 @@ fn users(c: &ConnArgs) -> impl Iterator<Item = (String, String)> + '_ {
 /// `user@domain:password` lines, the format of `starling user import`.
 pub fn starling_import_text(c: &ConnArgs) -> String {
     let mut s = String::new();
-    for (u, pw) in users(c) {
-        let _ = writeln!(s, "{u}@{}:{pw}", c.domain);
+    for n in c.first_user..c.first_user + c.users {
+        let (u, pw) = (c.user(n), c.password_of(n));
+        let _ = writeln!(s, "{u}@{}:{pw}", c.domain_of(n));
     }
     s
 }
@@ -132,7 +136,8 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         while set.len() < c.concurrency.max(1) && next < end {
             let n = next;
             next += 1;
-            let (t, user, pw) = (target.clone(), c.user(n), c.password_of(n));
+            let t = crate::engine::target_for(&target, c, n);
+            let (user, pw) = (c.user(n), c.password_of(n));
             set.spawn(async move { client::register(&t, t.source_for(n), &user, &pw).await });
         }
         let Some(r) = set.join_next().await else {
@@ -381,6 +386,26 @@ mod tests {
         assert_eq!(
             starling_import_text(&c),
             "user1@example.org:pw1\nuser2@example.org:pw2\nuser3@example.org:pw3\n"
+        );
+    }
+
+    #[test]
+    fn starling_file_spread_over_domains() {
+        let c = conn(&[
+            "--users",
+            "3",
+            "--first-user",
+            "2",
+            "--password",
+            "pw{n}",
+            "--domains",
+            "2",
+            "--domain-pattern",
+            "d{n}.example",
+        ]);
+        assert_eq!(
+            starling_import_text(&c),
+            "user2@d2.example:pw2\nuser3@d1.example:pw3\nuser4@d2.example:pw4\n"
         );
     }
 
