@@ -1280,6 +1280,8 @@ async fn import(
     let domain = domain.unwrap_or_else(|| cfg.server.domains[0].clone());
     let mut entries = Vec::new();
     let mut unserved_warned = false;
+    let mut stored_domains: std::collections::HashMap<String, bool> =
+        std::collections::HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() || line.starts_with('#') {
@@ -1317,7 +1319,19 @@ async fn import(
         // Without --force the first such line stops the import; with it,
         // one warning is enough.
         let quiet = force && unserved_warned;
-        if !quiet && !serves(cfg, jid.domain().as_str()) {
+        // A domain added with `starling domain add` is served too (as for
+        // `user add`); asked once per domain.
+        let stored = match stored_domains.get(jid.domain().as_str()) {
+            Some(s) => *s,
+            None => {
+                let s =
+                    starling_server::domains::stored_and_enabled(storage, jid.domain().as_str())
+                        .await;
+                stored_domains.insert(jid.domain().as_str().to_owned(), s);
+                s
+            }
+        };
+        if !quiet && !stored && !serves(cfg, jid.domain().as_str()) {
             check_served(cfg, jid.domain().as_str(), force)
                 .with_context(|| format!("{}:{}", file.display(), n + 1))?;
             unserved_warned = true;

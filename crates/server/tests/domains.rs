@@ -492,6 +492,22 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
     let (_, out, _) = cli(&cfg, &["domain", "list", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[1]["settings"]["max_sessions"], 5);
+    // A stored domain is served: `user import` takes its accounts without
+    // --force, as `user add` does; an unserved one still stops the import.
+    let list = dir.join("users.txt");
+    std::fs::write(
+        &list,
+        "ann@cli.example:pw-ann-1\nbob@cli.example:pw-bob-1\n",
+    )
+    .unwrap();
+    let (ok, out, err) = cli(&cfg, &["user", "import", list.to_str().unwrap()]);
+    assert!(ok && out.contains("created 2 account(s)"), "{out}{err}");
+    std::fs::write(&list, "cid@elsewhere.example:pw-cid-1\n").unwrap();
+    let (ok, _, err) = cli(&cfg, &["user", "import", list.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("elsewhere.example is not served"),
+        "{err}"
+    );
     for (args, why) in [
         (vec!["domain", "remove", "localhost"], "configuration file"),
         (vec!["domain", "add", "../x"], "not a valid domain name"),
@@ -509,7 +525,8 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
         assert!(!ok, "{args:?}: {out}");
         assert!(err.contains(why), "{args:?}: {err}");
     }
-    // Accounts of the domain (bulk, without credentials), then remove.
+    // Accounts of the domain (bulk, without credentials; with ann and bob
+    // imported above, 1,502), then remove.
     let (ok, _, err) = cli(&cfg, &["domain", "disable", "cli.example"]);
     assert!(ok, "{err}");
     // The accounts go into the database the binary uses (SQLite in its
@@ -530,7 +547,7 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
         "{out}"
     );
     assert!(
-        out.contains("removed cli.example: 1500 account(s)"),
+        out.contains("removed cli.example: 1502 account(s)"),
         "{out}"
     );
     let (_, out, _) = cli(&cfg, &["domain", "list"]);
