@@ -243,6 +243,10 @@ pub(crate) async fn accept_loop(
     }
 }
 
+/// The most an HTTP connection buffers of what it reads (hyper's
+/// `max_buf_size`; its minimum is 8 KiB).
+const HTTP_READ_BUFFER: usize = 64 * 1024;
+
 /// Serves one accepted connection with `app` (HTTP/1.1, upgrades
 /// allowed) until the client closes it. Every HTTP listener (these and the
 /// admin listener, `crate::admin`) serves its connections here.
@@ -251,6 +255,11 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     hyper::server::conn::http1::Builder::new()
+        // hyper's read buffer grows to ~400 KiB by default while a request
+        // body arrives faster than it is consumed: with 100 uploads in
+        // flight that was most of +80 MiB (docs/benchmarks.md
+        // 2026-11-26). Headers fit easily; bodies are streamed anyway.
+        .max_buf_size(HTTP_READ_BUFFER)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
         .with_upgrades()
         .await
