@@ -639,47 +639,104 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
     )
 }
 
+/// A data directory whose configuration puts the admin listener on a
+/// free port, with an admin token "ci" created offline, for `starling
+/// ctl` tests against the binary.
+struct CtlBench {
+    dir: std::path::PathBuf,
+    cfg: std::path::PathBuf,
+    url: String,
+    token: String,
+}
+
+impl CtlBench {
+    fn new() -> CtlBench {
+        let dir =
+            std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (p1, p2, admin) = (free_port(), free_port(), free_port());
+        let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
+        let (code, token, err) = run(bin()
+            .arg("--config")
+            .arg(&cfg)
+            .args(["admin", "token", "create", "--name", "ci"]));
+        assert_eq!(code, 0, "{err}");
+        CtlBench {
+            dir,
+            cfg,
+            url: format!("http://127.0.0.1:{admin}"),
+            token: token.trim().to_owned(),
+        }
+    }
+
+    /// `starling ctl ARGS` with the token: (exit code, stdout, stderr).
+    fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        let mut c = bin();
+        c.args(["ctl", "--url", &self.url])
+            .args(args)
+            .env("STARLING_ADMIN_TOKEN", &self.token);
+        run(&mut c)
+    }
+
+    /// Starts the binary, waits until `ctl status` answers, runs `f`, then
+    /// stops the server and removes the directory (`f`'s panic goes on).
+    fn with_server(&self, f: impl FnOnce(&CtlBench) + std::panic::UnwindSafe) {
+        let mut server = bin()
+            .arg("--config")
+            .arg(&self.cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut ready = false;
+        for _ in 0..600 {
+            if self.ctl(&["status"]).0 == 0 {
+                ready = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let result = std::panic::catch_unwind(|| {
+            assert!(ready, "server did not become ready");
+            f(self)
+        });
+        let _ = server.kill();
+        let _ = server.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
 /// `starling admin token create|list|revoke` offline, then `starling ctl`
 /// against the running binary: every exit code scripts rely on.
 #[test]
 fn cli_token_and_ctl_against_a_running_server() {
-    let dir =
-        std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (p1, p2, admin) = (free_port(), free_port(), free_port());
-    let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
-    let (code, token, err) = run(bin()
-        .arg("--config")
-        .arg(&cfg)
-        .args(["admin", "token", "create", "--name", "ci"]));
-    assert_eq!(code, 0, "{err}");
-    let token = token.trim().to_owned();
+    let b = CtlBench::new();
+    let (cfg, token) = (&b.cfg, &b.token);
     assert!(token.starts_with("sta_"), "{token}");
     let (code, _, err) = run(bin()
         .arg("--config")
-        .arg(&cfg)
+        .arg(cfg)
         .args(["admin", "token", "create", "--name", "ci"]));
     assert_ne!(code, 0);
     assert!(err.contains("exists already"), "{err}");
     let (code, out, _) = run(bin()
         .arg("--config")
-        .arg(&cfg)
+        .arg(cfg)
         .args(["admin", "token", "list"]));
     assert_eq!(code, 0);
     assert!(
         out.starts_with("ci  scope admin  created ") && out.contains("last used never"),
         "{out}"
     );
-    assert!(!out.contains(&token), "the token is never shown again");
+    assert!(
+        !out.contains(token.as_str()),
+        "the token is never shown again"
+    );
 
-    let url = format!("http://127.0.0.1:{admin}");
-    let ctl = |args: &[&str]| {
-        let mut c = bin();
-        c.args(["ctl", "--url", &url])
-            .args(args)
-            .env("STARLING_ADMIN_TOKEN", &token);
-        run(&mut c)
-    };
+    let ctl = |args: &[&str]| b.ctl(args);
     // Nothing listens yet.
     let (code, _, err) = ctl(&["status"]);
     assert_eq!(code, 3, "{err}");
@@ -688,23 +745,8 @@ fn cli_token_and_ctl_against_a_running_server() {
         "{err}"
     );
 
-    let mut server = bin()
-        .arg("--config")
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut ready = false;
-    for _ in 0..600 {
-        if ctl(&["status"]).0 == 0 {
-            ready = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let result = std::panic::catch_unwind(|| {
-        assert!(ready, "server did not become ready");
+    b.with_server(|b| {
+        let ctl = |args: &[&str]| b.ctl(args);
         let (code, out, err) = ctl(&["users", "add", "alice@localhost", "--password", "pw"]);
         assert_eq!((code, out.trim()), (0, "created alice@localhost"), "{err}");
         let (code, out, _) = ctl(&["users", "add", "bob@localhost"]);
@@ -766,35 +808,29 @@ fn cli_token_and_ctl_against_a_running_server() {
         let (code, _, err) = run(bin().args(["ctl", "--url", "https://127.0.0.1:1", "stats"]));
         assert_eq!(code, 2, "{err}");
         let (code, _, err) = run(bin()
-            .args(["ctl", "--url", &url, "stats"])
+            .args(["ctl", "--url", &b.url, "stats"])
             .env_remove("STARLING_ADMIN_TOKEN"));
         assert_eq!(code, 2, "{err}");
         let (code, _, err) =
-            run(bin().args(["ctl", "--url", &url, "--token", "sta_wrong", "stats"]));
+            run(bin().args(["ctl", "--url", &b.url, "--token", "sta_wrong", "stats"]));
         assert_eq!(code, 1);
         assert!(err.contains("401"), "{err}");
         // A revoked token is refused by the running server.
         let (code, _, _) = run(bin()
             .arg("--config")
-            .arg(&cfg)
+            .arg(cfg)
             .args(["admin", "token", "revoke", "ci"]));
         assert_eq!(code, 0);
         let (code, _, err) = ctl(&["stats"]);
         assert_eq!(code, 1, "{err}");
         // The offline commands say which mode they use.
-        let (code, _, err) = run(bin().arg("--config").arg(&cfg).args(["user", "list"]));
+        let (code, _, err) = run(bin().arg("--config").arg(cfg).args(["user", "list"]));
         assert_eq!(code, 0);
         assert!(
             err.contains("offline on the database") && err.contains("starling ctl"),
             "{err}"
         );
     });
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }
 
 // ---- Domains through the API (docs/admin.md, docs/domains.md)
@@ -1121,35 +1157,7 @@ async fn web(
     tcp.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     let _ = tcp.read_to_end(&mut raw).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    let status: u16 = head[9..12].parse().unwrap();
-    let headers: Vec<(String, String)> = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    let body = if chunked {
-        let mut out = String::new();
-        let mut r = rest;
-        loop {
-            let (size, after) = r.split_once("\r\n").unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            if size == 0 {
-                break;
-            }
-            out.push_str(&after[..size]);
-            r = &after[size + 2..];
-        }
-        out
-    } else {
-        rest.to_owned()
-    };
-    (status, headers, body)
+    starling_testkit::parse_http_response(&raw)
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -1544,42 +1552,8 @@ async fn admin_web_login_refuses_wrong_tokens_and_limits_attempts() {
 /// `starling ctl domains …` against the running binary.
 #[test]
 fn ctl_domains_against_a_running_server() {
-    let dir =
-        std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (p1, p2, admin) = (free_port(), free_port(), free_port());
-    let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
-    let (code, token, err) = run(bin()
-        .arg("--config")
-        .arg(&cfg)
-        .args(["admin", "token", "create", "--name", "ci"]));
-    assert_eq!(code, 0, "{err}");
-    let token = token.trim().to_owned();
-    let url = format!("http://127.0.0.1:{admin}");
-    let ctl = |args: &[&str]| {
-        let mut c = bin();
-        c.args(["ctl", "--url", &url])
-            .args(args)
-            .env("STARLING_ADMIN_TOKEN", &token);
-        run(&mut c)
-    };
-    let mut server = bin()
-        .arg("--config")
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut ready = false;
-    for _ in 0..600 {
-        if ctl(&["status"]).0 == 0 {
-            ready = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let result = std::panic::catch_unwind(|| {
-        assert!(ready, "server did not become ready");
+    CtlBench::new().with_server(|b| {
+        let ctl = |args: &[&str]| b.ctl(args);
         let (code, out, err) = ctl(&["domains", "add", "ctl.example", "max_sessions=3"]);
         assert_eq!(code, 0, "{err}");
         assert_eq!(
@@ -1649,12 +1623,6 @@ fn ctl_domains_against_a_running_server() {
         let (code, _, _) = ctl(&["users", "show", "a@ctl.example"]);
         assert_eq!(code, 1, "the account went with its domain");
     });
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }
 
 // ---- Rooms through the API (docs/admin.md "Rooms", XEP-0045)
@@ -2182,42 +2150,8 @@ async fn admin_rooms_list_in_pages_and_refuse_bad_input() {
 /// `starling ctl rooms …` against the running binary.
 #[test]
 fn ctl_rooms_against_a_running_server() {
-    let dir =
-        std::env::temp_dir().join(format!("starling-admin-{}", starling_proto::random_id(10)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (p1, p2, admin) = (free_port(), free_port(), free_port());
-    let cfg = write_binary_config_with_admin(&dir, p1, p2, admin);
-    let (code, token, err) = run(bin()
-        .arg("--config")
-        .arg(&cfg)
-        .args(["admin", "token", "create", "--name", "ci"]));
-    assert_eq!(code, 0, "{err}");
-    let token = token.trim().to_owned();
-    let url = format!("http://127.0.0.1:{admin}");
-    let ctl = |args: &[&str]| {
-        let mut c = bin();
-        c.args(["ctl", "--url", &url])
-            .args(args)
-            .env("STARLING_ADMIN_TOKEN", &token);
-        run(&mut c)
-    };
-    let mut server = bin()
-        .arg("--config")
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut ready = false;
-    for _ in 0..600 {
-        if ctl(&["status"]).0 == 0 {
-            ready = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let result = std::panic::catch_unwind(|| {
-        assert!(ready, "server did not become ready");
+    CtlBench::new().with_server(|b| {
+        let ctl = |args: &[&str]| b.ctl(args);
         let (code, _, err) = ctl(&["users", "add", "alice@localhost", "--password", "pw"]);
         assert_eq!(code, 0, "{err}");
         let (code, out, err) = ctl(&[
@@ -2289,10 +2223,4 @@ fn ctl_rooms_against_a_running_server() {
         assert_eq!(code, 1);
         assert!(err.contains("404"), "{err}");
     });
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }

@@ -1334,20 +1334,30 @@ pub async fn http_request(
     tcp.write_all(body.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     let _ = tcp.read_to_end(&mut raw).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (status, headers, body) = parse_http_response(&raw);
+    let content_type = headers
+        .into_iter()
+        .find(|(k, _)| k == "content-type")
+        .map(|(_, v)| v)
+        .unwrap_or_default();
+    (status, content_type, body)
+}
+
+/// A whole HTTP/1.1 response as read until the server closed: status,
+/// headers (names lower-cased, values trimmed), body (de-chunked).
+pub fn parse_http_response(raw: &[u8]) -> (u16, Vec<(String, String)>, String) {
+    let text = String::from_utf8_lossy(raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP response");
     let status: u16 = head[9..12].parse().unwrap();
-    let mut content_type = String::new();
-    let mut chunked = false;
-    for l in head.lines().skip(1) {
-        let (k, v) = l.split_once(':').unwrap();
-        if k.eq_ignore_ascii_case("content-type") {
-            content_type = v.trim().to_owned();
-        }
-        if k.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = v.trim().eq_ignore_ascii_case("chunked");
-        }
-    }
+    let headers: Vec<(String, String)> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
     let body = if chunked {
         let mut out = String::new();
         let mut r = rest;
@@ -1364,5 +1374,5 @@ pub async fn http_request(
     } else {
         rest.to_owned()
     };
-    (status, content_type, body)
+    (status, headers, body)
 }

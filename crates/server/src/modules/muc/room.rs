@@ -649,16 +649,21 @@ impl Room {
                 stanza: m.to_string(),
             });
         }
-        let chars = m.size_hint();
+        self.remember(cx, id, &m);
+        self.to_everyone(&m, &from, out);
+    }
+
+    /// Keeps `m` (archive id `id`) in the history sent on entering, at
+    /// most `max_history` messages.
+    fn remember(&mut self, cx: &Ctx<'_>, id: ArchiveId, m: &Element) {
         self.history.push_back(HistoryItem {
             id,
             el: m.clone(),
-            chars,
+            chars: m.size_hint(),
         });
         while self.history.len() > cx.svc.max_history as usize {
             self.history.pop_front();
         }
-        self.to_everyone(&m, &from, out);
     }
 
     // ---------------------------------------------------------------
@@ -1240,15 +1245,7 @@ impl Room {
                     stanza: m.to_string(),
                 });
             }
-            let chars = m.size_hint();
-            self.history.push_back(HistoryItem {
-                id,
-                el: m.clone(),
-                chars,
-            });
-            while self.history.len() > cx.svc.max_history as usize {
-                self.history.pop_front();
-            }
+            self.remember(cx, id, &m);
         }
         self.to_everyone(&m, &from_jid, out);
     }
