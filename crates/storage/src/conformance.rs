@@ -980,6 +980,7 @@ pub fn bucket_test_options() -> crate::OpenOptions {
         archive_bucket_rows: 3,
         archive_bucket_margin_micros: 1,
         archive_bucket_follow_clock: false,
+        ..Default::default()
     }
 }
 

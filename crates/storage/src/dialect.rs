@@ -37,7 +37,9 @@
 //! performance are each engine's own.
 
 use sqlx::{Database, Transaction};
-use starling_core::storage::{ArchiveRecord, InboxUpdate, OfflineStoreError, StorageResult};
+use starling_core::storage::{
+    ArchiveRecord, InboxRow, InboxUpdate, OfflineStoreError, StorageResult,
+};
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
 
@@ -125,4 +127,21 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// [`InboxStore::apply`](starling_core::storage::InboxStore::apply): a
     /// batch of the write-behind queue as a few upserts.
     async fn upsert_inbox(&self, updates: &[InboxUpdate]) -> StorageResult<()>;
+
+    /// `owner`'s conversations (`remote`: that one only) as a reader must
+    /// see them: the stored rows, with any committed updates that are not
+    /// in the table yet applied (SQLite's inbox log,
+    /// `sqlite/inbox_log.rs`; PostgreSQL writes the table directly).
+    async fn inbox_rows(
+        &self,
+        owner: &BareJid,
+        remote: Option<&str>,
+    ) -> StorageResult<Vec<(String, InboxRow)>>;
+
+    /// [`InboxStore::remove`](starling_core::storage::InboxStore::remove)
+    /// (`remote`) and
+    /// [`InboxStore::remove_user`](starling_core::storage::InboxStore::remove_user)
+    /// (`None`): the conversations' rows and pending changes; how many rows
+    /// there were.
+    async fn delete_inbox(&self, owner: &BareJid, remote: Option<&str>) -> StorageResult<u64>;
 }

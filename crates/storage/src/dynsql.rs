@@ -5,7 +5,7 @@
 
 use crate::split;
 use sqlx::{Database, Encode, QueryBuilder, Type};
-use starling_core::storage::{ArchiveId, ArchiveQuery, InboxQuery, WithFilter};
+use starling_core::storage::{ArchiveId, ArchiveQuery, WithFilter};
 use starling_proto::BareJid;
 
 /// ` WHERE` conditions of an archive query (everything but limit and
@@ -155,42 +155,5 @@ where
     };
     let mut b = QueryBuilder::new("SELECT id FROM archive");
     archive_filters(&mut b, owner, &q, None);
-    b
-}
-
-/// One page of an inbox: `remote, last_id, stanza (joined from the
-/// owner's archive), unread` (as `BIGINT`: SQLite's `INTEGER` and
-/// PostgreSQL's `INTEGER` then decode alike). A page towards newer conversations (`after`
-/// only) comes oldest first; callers present every page newest first.
-pub(crate) fn inbox_page<DB>(owner: &BareJid, q: &InboxQuery) -> QueryBuilder<DB>
-where
-    DB: Database,
-    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-{
-    let (domain, user) = split(owner);
-    let mut b = QueryBuilder::new(
-        "SELECT i.remote, i.last_id, a.stanza, CAST(i.unread AS BIGINT) FROM inbox i
-         LEFT JOIN archive a ON a.id = i.last_id AND CASE WHEN i.shared THEN a.username || '@' || a.domain = i.remote ELSE a.domain = i.domain AND a.username = i.username END
-         WHERE i.domain = ",
-    );
-    b.push_bind(domain)
-        .push(" AND i.username = ")
-        .push_bind(user);
-    if let Some(before) = q.before {
-        b.push(" AND i.last_id < ").push_bind(before.0);
-    }
-    if let Some(after) = q.after {
-        b.push(" AND i.last_id > ").push_bind(after.0);
-    }
-    if q.unread_only {
-        b.push(" AND i.unread > 0");
-    }
-    b.push(if q.after.is_some() && q.before.is_none() {
-        " ORDER BY i.last_id ASC LIMIT "
-    } else {
-        " ORDER BY i.last_id DESC LIMIT "
-    });
-    b.push_bind(i64::from(q.limit));
     b
 }

@@ -151,6 +151,16 @@ pub enum OpenError {
         /// Highest version this build knows.
         supported: i64,
     },
+    /// Work left by a crash could not be finished at start-up.
+    #[error("cannot recover the {what} of {target}: {message}; check the disk and the file's permissions, then start again")]
+    Recovery {
+        /// The database.
+        target: String,
+        /// What was being recovered.
+        what: &'static str,
+        /// The error.
+        message: String,
+    },
 }
 
 /// Tuning that deployments leave alone; tests change it to see several
@@ -166,7 +176,25 @@ pub struct OpenOptions {
     /// A new bucket also starts after the current time; default true
     /// (tests whose archive ids are small numbers turn it off).
     pub archive_bucket_follow_clock: bool,
+    /// SQLite: pending inbox conversations that start a merge of the inbox
+    /// log into the table (`sqlite/inbox_log.rs`); default
+    /// [`INBOX_MERGE_ROWS`].
+    pub inbox_merge_rows: usize,
+    /// SQLite: seconds the oldest pending inbox change waits at most
+    /// before a merge; default [`INBOX_MERGE_SECS`].
+    pub inbox_merge_secs: u64,
+    /// SQLite: merge after every batch (tests of the merged table).
+    pub inbox_merge_inline: bool,
 }
+
+/// Default [`OpenOptions::inbox_merge_rows`]: ~30 MB of pending changes at
+/// most, and a merge per ~17 s at 12,000 inbox updates a second, which
+/// writes each page of a 4-million-conversation table about once
+/// (`docs/benchmarks.md`, 2026-11-27).
+pub const INBOX_MERGE_ROWS: usize = 200_000;
+
+/// Default [`OpenOptions::inbox_merge_secs`].
+pub const INBOX_MERGE_SECS: u64 = 30;
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -174,6 +202,9 @@ impl Default for OpenOptions {
             archive_bucket_rows: buckets::DEFAULT_ROWS,
             archive_bucket_margin_micros: buckets::START_MARGIN_MICROS,
             archive_bucket_follow_clock: true,
+            inbox_merge_rows: INBOX_MERGE_ROWS,
+            inbox_merge_secs: INBOX_MERGE_SECS,
+            inbox_merge_inline: false,
         }
     }
 }

@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 13] = [
+const STEPS: [&str; 14] = [
     "accounts",
     "im-core",
     "offline",
@@ -21,6 +21,7 @@ const STEPS: [&str; 13] = [
     "pubsub",
     "admin",
     "domains",
+    "inbox-log",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

@@ -367,6 +367,61 @@ pub fn coalesce_inbox_updates(updates: &[InboxUpdate]) -> Vec<InboxUpdate> {
     out
 }
 
+/// A stored inbox row, as [`apply_inbox_update`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InboxRow {
+    /// Archive id of the last message.
+    pub last_id: ArchiveId,
+    /// Unread messages.
+    pub unread: u32,
+    /// The conversation's messages are in the remote's archive.
+    pub shared: bool,
+}
+
+/// What applying `u` to a conversation's row (`None`: no row yet) leaves,
+/// with exactly the rules of the backends' upserts: a new last message
+/// never moves `last_id` backwards; an `Add` counts only with a message
+/// newer than the row's, a `Set` only with one at least as new, so a
+/// replayed or late update is harmless; a change without a message
+/// creates no row. Backends that keep recent updates outside the table
+/// (SQLite's inbox log, `docs/memory.md`) answer reads by applying them
+/// to the stored rows with this function.
+pub fn apply_inbox_update(row: Option<InboxRow>, u: &InboxUpdate) -> Option<InboxRow> {
+    let value = |c: UnreadChange| match c {
+        UnreadChange::Keep => 0,
+        UnreadChange::Add(n) | UnreadChange::Set(n) => n,
+    };
+    match (row, u.last) {
+        (None, None) => None,
+        (None, Some(last)) => Some(InboxRow {
+            last_id: last,
+            unread: value(u.unread),
+            shared: u.shared,
+        }),
+        (Some(r), None) => Some(InboxRow {
+            unread: match u.unread {
+                UnreadChange::Keep => r.unread,
+                UnreadChange::Add(n) => r.unread.saturating_add(n),
+                UnreadChange::Set(n) => n,
+            },
+            ..r
+        }),
+        (Some(r), Some(last)) => Some(InboxRow {
+            last_id: r.last_id.max(last),
+            shared: if last >= r.last_id {
+                u.shared
+            } else {
+                r.shared
+            },
+            unread: match u.unread {
+                UnreadChange::Set(n) if last >= r.last_id => n,
+                UnreadChange::Add(n) if last > r.last_id => r.unread.saturating_add(n),
+                _ => r.unread,
+            },
+        }),
+    }
+}
+
 /// One conversation of an inbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InboxEntry {
@@ -487,6 +542,57 @@ mod tests {
                 u("b@x", "a@x", Some(3), Set(0)),
             ]
         );
+    }
+
+    /// The overlay rules are the upserts' (`crates/storage`'s dialects);
+    /// the storage conformance suite checks both agree on every engine.
+    #[test]
+    fn inbox_updates_apply_like_the_upserts() {
+        use UnreadChange::*;
+        let row = |last: i64, unread: u32| {
+            Some(InboxRow {
+                last_id: ArchiveId(last),
+                unread,
+                shared: false,
+            })
+        };
+        let up = |last: Option<i64>, c| u("a@x", "b@x", last, c);
+        // A change without a message creates nothing.
+        assert_eq!(apply_inbox_update(None, &up(None, Set(0))), None);
+        assert_eq!(apply_inbox_update(None, &up(Some(5), Add(2))), row(5, 2));
+        assert_eq!(apply_inbox_update(None, &up(Some(5), Keep)), row(5, 0));
+        // Newer message: counts; same message again (a replay): does not.
+        assert_eq!(
+            apply_inbox_update(row(5, 2), &up(Some(6), Add(1))),
+            row(6, 3)
+        );
+        assert_eq!(
+            apply_inbox_update(row(5, 2), &up(Some(5), Add(1))),
+            row(5, 2)
+        );
+        assert_eq!(
+            apply_inbox_update(row(5, 2), &up(Some(4), Add(1))),
+            row(5, 2)
+        );
+        // Set needs a message at least as new.
+        assert_eq!(
+            apply_inbox_update(row(5, 2), &up(Some(5), Set(7))),
+            row(5, 7)
+        );
+        assert_eq!(
+            apply_inbox_update(row(5, 2), &up(Some(4), Set(7))),
+            row(5, 2)
+        );
+        // Count-only changes apply to an existing row.
+        assert_eq!(apply_inbox_update(row(5, 2), &up(None, Set(0))), row(5, 0));
+        assert_eq!(apply_inbox_update(row(5, 2), &up(None, Add(1))), row(5, 3));
+        // A merged update applied twice leaves what one application left.
+        let merged =
+            &coalesce_inbox_updates(&[up(Some(6), Add(1)), up(None, Set(0)), up(Some(7), Add(1))])
+                [0];
+        let once = apply_inbox_update(row(5, 2), merged);
+        assert_eq!(once, row(7, 1));
+        assert_eq!(apply_inbox_update(once, merged), once);
     }
 
     #[test]

@@ -15,7 +15,7 @@ mod pubsub;
 mod timed;
 
 pub use admin::{AdminToken, AdminTokenStore, SCOPE_ADMIN, SCOPE_READ};
-pub use archive::coalesce_inbox_updates;
+pub use archive::{apply_inbox_update, coalesce_inbox_updates, InboxRow};
 pub use archive::{
     ArchiveId, ArchiveIds, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
     ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,

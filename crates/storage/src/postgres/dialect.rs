@@ -13,8 +13,8 @@ use crate::dialect::Dialect;
 use crate::{backend, hash_name, now_secs, split};
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row, Transaction};
 use starling_core::storage::{
-    coalesce_inbox_updates, ArchiveRecord, InboxUpdate, OfflineStoreError, StorageResult,
-    UnreadChange,
+    coalesce_inbox_updates, ArchiveId, ArchiveRecord, InboxRow, InboxUpdate, OfflineStoreError,
+    StorageResult, UnreadChange,
 };
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
@@ -315,6 +315,53 @@ impl Dialect for PostgresStorage {
             .map_err(backend)?;
         }
         tx.commit().await.map_err(backend)
+    }
+
+    async fn inbox_rows(
+        &self,
+        owner: &BareJid,
+        remote: Option<&str>,
+    ) -> StorageResult<Vec<(String, InboxRow)>> {
+        let (domain, user) = split(owner);
+        let rows = sqlx::query(
+            "SELECT remote, last_id, unread, shared FROM inbox
+             WHERE domain = $1 AND username = $2 AND ($3::TEXT IS NULL OR remote = $3)",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(remote)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<String, _>(0),
+                    InboxRow {
+                        last_id: ArchiveId(r.get(1)),
+                        unread: r.get::<i32, _>(2).max(0) as u32,
+                        shared: r.get(3),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    async fn delete_inbox(&self, owner: &BareJid, remote: Option<&str>) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        let n = sqlx::query(
+            "DELETE FROM inbox WHERE domain = $1 AND username = $2
+             AND ($3::TEXT IS NULL OR remote = $3)",
+        )
+        .bind(domain)
+        .bind(user)
+        .bind(remote)
+        .execute(&self.writer)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        Ok(n)
     }
 }
 

@@ -48,6 +48,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0011_pubsub.sql"),
     include_str!("0012_admin.sql"),
     include_str!("0013_domains.sql"),
+    include_str!("0014_inbox_log.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:

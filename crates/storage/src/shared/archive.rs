@@ -9,10 +9,11 @@ use async_trait::async_trait;
 use sqlx::{Database, Row};
 use starling_core::storage::{
     ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
-    ArchivedMessage, InboxEntry, InboxQuery, InboxStore, InboxTotals, InboxUpdate, PrefsDefault,
-    StorageResult, FLAG_BODY,
+    ArchivedMessage, InboxEntry, InboxQuery, InboxRow, InboxStore, InboxTotals, InboxUpdate,
+    PrefsDefault, StorageResult, FLAG_BODY,
 };
 use starling_proto::BareJid;
+use std::collections::HashMap;
 
 /// Buckets per `COUNT` statement (bound parameters stay far below
 /// either engine's limit).
@@ -311,14 +312,51 @@ impl ArchiveStore for Store {
     }
 }
 
-/// A row of `remote, last_id, stanza, unread` (`unread` cast to `BIGINT`,
-/// which decodes alike on both engines).
-fn entry(r: &<Db as Database>::Row) -> InboxEntry {
-    InboxEntry {
-        remote: r.get(0),
-        last_id: ArchiveId(r.get(1)),
-        last_stanza: r.get(2),
-        unread: r.get::<i64, _>(3).clamp(0, i64::from(u32::MAX)) as u32,
+impl Store {
+    /// Entries with their last message, newest first: one archive lookup
+    /// by id for the page. A conversation's last message is in the owner's
+    /// archive, or for a `shared` one (a group) in the remote's; a row of
+    /// anyone else's archive is never shown.
+    async fn inbox_entries(
+        &self,
+        owner: &BareJid,
+        mut rows: Vec<(String, InboxRow)>,
+    ) -> StorageResult<Vec<InboxEntry>> {
+        rows.sort_by_key(|(_, r)| std::cmp::Reverse(r.last_id));
+        let mut stanzas: HashMap<i64, (String, String, String)> = HashMap::new();
+        for chunk in rows.chunks(COUNT_GROUP) {
+            let mut b = sqlx::QueryBuilder::<Db>::new(
+                "SELECT id, domain, username, stanza FROM archive WHERE id IN (",
+            );
+            let mut sep = b.separated(", ");
+            for (_, r) in chunk {
+                sep.push_bind(r.last_id.0);
+            }
+            b.push(")");
+            for r in b.build().fetch_all(&self.pool).await.map_err(backend)? {
+                stanzas.insert(r.get(0), (r.get(1), r.get(2), r.get(3)));
+            }
+        }
+        let (domain, user) = split(owner);
+        Ok(rows
+            .into_iter()
+            .map(|(remote, r)| {
+                let last_stanza = stanzas.get(&r.last_id.0).and_then(|(d, u, stanza)| {
+                    let mine = if r.shared {
+                        remote.split_once('@') == Some((u.as_str(), d.as_str()))
+                    } else {
+                        d == domain && u == user
+                    };
+                    mine.then(|| stanza.clone())
+                });
+                InboxEntry {
+                    remote,
+                    last_id: r.last_id,
+                    last_stanza,
+                    unread: r.unread,
+                }
+            })
+            .collect())
     }
 }
 
@@ -332,69 +370,48 @@ impl InboxStore for Store {
     }
 
     async fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>> {
-        let rows = dynsql::inbox_page::<Db>(owner, q)
-            .build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(backend)?;
-        let mut out: Vec<InboxEntry> = rows.iter().map(entry).collect();
-        out.sort_by_key(|e| std::cmp::Reverse(e.last_id));
-        Ok(out)
+        // An owner has thousands of conversations at most: they are read
+        // through the primary key (clustered by owner) and paged here.
+        let mut rows: Vec<(String, InboxRow)> = self
+            .inbox_rows(owner, None)
+            .await?
+            .into_iter()
+            .filter(|(_, r)| {
+                q.before.is_none_or(|b| r.last_id < b)
+                    && q.after.is_none_or(|a| r.last_id > a)
+                    && (!q.unread_only || r.unread > 0)
+            })
+            .collect();
+        // A page towards newer conversations (`after` only) is the one
+        // just after the cursor; any other, the newest before it.
+        if q.after.is_some() && q.before.is_none() {
+            rows.sort_by_key(|(_, r)| r.last_id);
+        } else {
+            rows.sort_by_key(|(_, r)| std::cmp::Reverse(r.last_id));
+        }
+        rows.truncate(q.limit as usize);
+        self.inbox_entries(owner, rows).await
     }
 
     async fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>> {
-        let (domain, user) = split(owner);
-        let row = sqlx::query(
-            "SELECT i.remote, i.last_id, a.stanza, CAST(i.unread AS BIGINT) FROM inbox i
-             LEFT JOIN archive a ON a.id = i.last_id AND CASE WHEN i.shared THEN a.username || '@' || a.domain = i.remote ELSE a.domain = i.domain AND a.username = i.username END
-             WHERE i.domain = $1 AND i.username = $2 AND i.remote = $3",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(remote)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(row.as_ref().map(entry))
+        let rows = self.inbox_rows(owner, Some(remote)).await?;
+        Ok(self.inbox_entries(owner, rows).await?.pop())
     }
 
     async fn totals(&self, owner: &BareJid) -> StorageResult<InboxTotals> {
-        let (domain, user) = split(owner);
-        let r = sqlx::query(
-            "SELECT COUNT(*), COUNT(*) FILTER (WHERE unread > 0), COALESCE(SUM(unread), 0)
-             FROM inbox WHERE domain = $1 AND username = $2",
-        )
-        .bind(domain)
-        .bind(user)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(backend)?;
+        let rows = self.inbox_rows(owner, None).await?;
         Ok(InboxTotals {
-            conversations: r.get::<i64, _>(0) as u64,
-            unread_conversations: r.get::<i64, _>(1) as u64,
-            unread_messages: r.get::<i64, _>(2) as u64,
+            conversations: rows.len() as u64,
+            unread_conversations: rows.iter().filter(|(_, r)| r.unread > 0).count() as u64,
+            unread_messages: rows.iter().map(|(_, r)| u64::from(r.unread)).sum(),
         })
     }
 
     async fn remove(&self, owner: &BareJid, remote: &str) -> StorageResult<bool> {
-        let (domain, user) = split(owner);
-        let n =
-            sqlx::query("DELETE FROM inbox WHERE domain = $1 AND username = $2 AND remote = $3")
-                .bind(domain)
-                .bind(user)
-                .bind(remote)
-                .execute(&self.writer)
-                .await
-                .map_err(backend)?
-                .rows_affected();
-        Ok(n > 0)
+        Ok(self.delete_inbox(owner, Some(remote)).await? > 0)
     }
 
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
-        self.exec_for_owner(
-            "DELETE FROM inbox WHERE domain = $1 AND username = $2",
-            owner,
-        )
-        .await
+        self.delete_inbox(owner, None).await.map(|_| ())
     }
 }

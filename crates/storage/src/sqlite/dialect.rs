@@ -6,14 +6,14 @@
 //! Every statement text is fixed or assembled from fixed fragments; all
 //! values are bound.
 
-use super::SqliteStorage;
+use super::{inbox_log, SqliteStorage};
 use crate::buckets::BucketWriter;
 use crate::dialect::Dialect;
 use crate::{backend, hash_name, now_secs, split};
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection, Transaction};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, Transaction};
 use starling_core::storage::{
-    coalesce_inbox_updates, ArchiveRecord, InboxUpdate, OfflineStoreError, StorageResult,
-    UnreadChange,
+    apply_inbox_update, ArchiveId, ArchiveRecord, InboxRow, InboxUpdate, OfflineStoreError,
+    StorageResult, UnreadChange,
 };
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
@@ -199,83 +199,374 @@ impl Dialect for SqliteStorage {
     }
 
     async fn upsert_inbox(&self, updates: &[InboxUpdate]) -> StorageResult<()> {
-        // One row per conversation, so the groups below can run in any
-        // order: new last messages that add to the count, new last
-        // messages that set it, and count-only changes.
-        let merged = coalesce_inbox_updates(updates);
-        let (with_last, count_only): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) =
-            merged.iter().partition(|u| u.last.is_some());
-        let (setting, adding): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) = with_last
-            .into_iter()
-            .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
+        // Appended to the log (a few pages at the end of a small table)
+        // and committed: durable from here. The table itself is written by
+        // the merges (`inbox_log.rs`).
+        let append = self.inbox.append.lock().await;
         let mut tx = self.begin_write().await.map_err(backend)?;
-        // A change that comes with an older message than the row's newest
-        // does not touch the count: in a cluster, two nodes' queues may
-        // write a message's count and the owner's later reset (a reply)
-        // in either order, and archive ids are time-ordered across nodes
-        // (docs/cluster.md). On one node the queue keeps the order, so
-        // this only makes a replayed batch harmless.
-        for (group, unread_sql) in [
-            (
-                &adding,
-                "CASE WHEN excluded.last_id > last_id THEN unread + excluded.unread ELSE unread END",
-            ),
-            (
-                &setting,
-                "CASE WHEN excluded.last_id >= last_id THEN excluded.unread ELSE unread END",
-            ),
+        let mut seq = 0;
+        for chunk in updates.chunks(ROWS_PER_INSERT) {
+            let mut b = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO inbox_log (domain, username, remote, last_id, unread_op, unread, shared) ",
+            );
+            b.push_values(chunk, |mut row, u| {
+                let (domain, user) = split(&u.owner);
+                let (op, n) = unread_op(u.unread);
+                row.push_bind(domain)
+                    .push_bind(user)
+                    .push_bind(u.remote.as_str())
+                    .push_bind(u.last.map(|id| id.0))
+                    .push_bind(op)
+                    .push_bind(n)
+                    .push_bind(u.shared);
+            });
+            seq = b
+                .build()
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?
+                .last_insert_rowid();
+        }
+        tx.commit().await.map_err(backend)?;
+        self.inbox.fold(updates, seq);
+        drop(append);
+        if self.inbox_options.merge_inline {
+            self.merge_inbox().await?;
+        }
+        Ok(())
+    }
+
+    async fn inbox_rows(
+        &self,
+        owner: &BareJid,
+        remote: Option<&str>,
+    ) -> StorageResult<Vec<(String, InboxRow)>> {
+        let (domain, user) = split(owner);
+        loop {
+            // The pending updates first, then the rows and the merge
+            // generation in one read transaction: if a merge chunk
+            // committed in between, some of the updates may be in the rows
+            // already; read again (`inbox_log.rs`).
+            let (pending, gen) = self.inbox.of_owner(domain, user);
+            let mut tx = self.pool.begin().await.map_err(backend)?;
+            let rows = sqlx::query(
+                "SELECT remote, last_id, unread, shared FROM inbox
+                 WHERE domain = ? AND username = ? AND (? IS NULL OR remote = ?)",
+            )
+            .bind(domain)
+            .bind(user)
+            .bind(remote)
+            .bind(remote)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let db_gen: i64 = sqlx::query_scalar("SELECT gen FROM inbox_merge WHERE id = 1")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(backend)?;
+            tx.commit().await.map_err(backend)?;
+            if db_gen != gen && self.inbox.moved_by_us(gen, db_gen) {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                continue;
+            }
+            let mut out: std::collections::HashMap<String, InboxRow> = rows
+                .iter()
+                .map(|r| {
+                    (
+                        r.get::<String, _>(0),
+                        inbox_row(r.get(1), r.get(2), r.get(3)),
+                    )
+                })
+                .collect();
+            for (r, ops) in pending {
+                if remote.is_some_and(|x| x != r) {
+                    continue;
+                }
+                let key = (domain.to_owned(), user.to_owned(), r);
+                let mut row = out.get(&key.2).copied();
+                for op in &ops {
+                    if let Some(u) = inbox_log::update(&key, op) {
+                        row = apply_inbox_update(row, &u);
+                    }
+                }
+                match row {
+                    Some(row) => out.insert(key.2, row),
+                    None => out.remove(&key.2),
+                };
+            }
+            return Ok(out.into_iter().collect());
+        }
+    }
+
+    async fn delete_inbox(&self, owner: &BareJid, remote: Option<&str>) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        // No merge may write these conversations back after the delete:
+        // a set a failed merge left is finished first.
+        let merge = self.inbox.merge.lock().await;
+        if self.inbox.has_frozen() {
+            self.merge_inbox_locked().await?;
+        }
+        let _append = self.inbox.append.lock().await;
+        let existed = self.inbox_rows(owner, remote).await?.len() as u64;
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        for sql in [
+            // The log has no index by owner: a scan of at most one merge's
+            // worth of rows (removals are rare).
+            "DELETE FROM inbox_log WHERE domain = ? AND username = ? AND (? IS NULL OR remote = ?)",
+            "DELETE FROM inbox WHERE domain = ? AND username = ? AND (? IS NULL OR remote = ?)",
         ] {
-            for chunk in group.chunks(ROWS_PER_INSERT) {
-                let mut b = QueryBuilder::<Sqlite>::new(
-                    "INSERT INTO inbox (domain, username, remote, last_id, unread, shared) ",
-                );
-                b.push_values(chunk, |mut row, u| {
-                    let (domain, user) = split(&u.owner);
-                    let id = u.last.expect("partitioned on last");
-                    let n = match u.unread {
-                        UnreadChange::Keep => 0,
-                        UnreadChange::Add(n) | UnreadChange::Set(n) => i64::from(n),
-                    };
-                    row.push_bind(domain)
-                        .push_bind(user)
-                        .push_bind(u.remote.as_str())
-                        .push_bind(id.0)
-                        .push_bind(n)
-                        .push_bind(u.shared);
-                });
-                b.push(
+            sqlx::query(sql)
+                .bind(domain)
+                .bind(user)
+                .bind(remote)
+                .bind(remote)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)?;
+        self.inbox.forget(domain, user, remote);
+        drop(merge);
+        Ok(existed)
+    }
+}
+
+fn inbox_row(last_id: i64, unread: i64, shared: bool) -> InboxRow {
+    InboxRow {
+        last_id: ArchiveId(last_id),
+        unread: unread.clamp(0, i64::from(u32::MAX)) as u32,
+        shared,
+    }
+}
+
+/// How an unread change is stored in `inbox_log`: (0 keep | 1 add | 2 set, n).
+fn unread_op(c: UnreadChange) -> (i64, i64) {
+    match c {
+        UnreadChange::Keep => (0, 0),
+        UnreadChange::Add(n) => (1, i64::from(n)),
+        UnreadChange::Set(n) => (2, i64::from(n)),
+    }
+}
+
+/// The inverse of [`unread_op`].
+fn unread_change(op: i64, n: i64) -> UnreadChange {
+    let n = n.clamp(0, i64::from(u32::MAX)) as u32;
+    match op {
+        1 => UnreadChange::Add(n),
+        2 => UnreadChange::Set(n),
+        _ => UnreadChange::Keep,
+    }
+}
+
+impl SqliteStorage {
+    /// Merges the pending inbox updates into the table (`inbox_log.rs`).
+    pub(crate) async fn merge_inbox(&self) -> StorageResult<()> {
+        let _merge = self.inbox.merge.lock().await;
+        self.merge_inbox_locked().await
+    }
+
+    /// [`SqliteStorage::merge_inbox`] with `merge` held: in key order,
+    /// [`inbox_log::MERGE_CHUNK`] conversations per transaction, each
+    /// recording how far it got; then the log rows go.
+    pub(crate) async fn merge_inbox_locked(&self) -> StorageResult<()> {
+        let frozen = {
+            let _append = self.inbox.append.lock().await;
+            self.inbox.freeze()
+        };
+        let Some(frozen) = frozen else {
+            return Ok(());
+        };
+        let todo: Vec<(&inbox_log::Key, &Vec<inbox_log::Op>)> = frozen
+            .set
+            .iter()
+            .filter(|(k, _)| frozen.merged_upto.as_ref().is_none_or(|m| *k > m))
+            .collect();
+        for chunk in todo.chunks(inbox_log::MERGE_CHUNK) {
+            let upto = chunk[chunk.len() - 1].0.clone();
+            let mut tx = self.begin_write().await.map_err(backend)?;
+            for round in inbox_log::rounds(chunk) {
+                apply_inbox_rows(&mut tx, &round).await?;
+            }
+            let gen: i64 = sqlx::query_scalar(
+                "UPDATE inbox_merge SET gen = gen + 1, seq_upto = ?,
+                 key_domain = ?, key_username = ?, key_remote = ? WHERE id = 1
+                 RETURNING gen",
+            )
+            .bind(frozen.seq)
+            .bind(&upto.0)
+            .bind(&upto.1)
+            .bind(&upto.2)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+            tx.commit().await.map_err(backend)?;
+            self.inbox.chunk_committed(upto, gen);
+        }
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        sqlx::query("DELETE FROM inbox_log WHERE seq <= ?")
+            .bind(frozen.seq)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        sqlx::query(
+            "UPDATE inbox_merge SET key_domain = NULL, key_username = NULL, key_remote = NULL
+             WHERE id = 1",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        self.inbox.thaw();
+        Ok(())
+    }
+
+    /// Recovery at open: deletes the log rows an interrupted merge had
+    /// written to the table, loads the rest (a crash's leftovers) and
+    /// merges them like any other pending updates.
+    pub(crate) async fn recover_inbox_log(&self) -> StorageResult<()> {
+        let mut tx = self.begin_write().await.map_err(backend)?;
+        let state = sqlx::query(
+            "SELECT gen, seq_upto, key_domain, key_username, key_remote FROM inbox_merge WHERE id = 1",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(backend)?;
+        self.inbox.set_gen(state.get(0));
+        let seq_upto: i64 = state.get(1);
+        if let (Some(d), Some(u), Some(r)) = (
+            state.get::<Option<String>, _>(2),
+            state.get::<Option<String>, _>(3),
+            state.get::<Option<String>, _>(4),
+        ) {
+            sqlx::query(
+                "DELETE FROM inbox_log WHERE seq <= ? AND (domain, username, remote) <= (?, ?, ?)",
+            )
+            .bind(seq_upto)
+            .bind(d)
+            .bind(u)
+            .bind(r)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+            sqlx::query(
+                "UPDATE inbox_merge SET key_domain = NULL, key_username = NULL, key_remote = NULL
+                 WHERE id = 1",
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        }
+        let rows = sqlx::query(
+            "SELECT seq, domain, username, remote, last_id, unread_op, unread, shared
+             FROM inbox_log ORDER BY seq",
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        let Some(last) = rows.last() else {
+            return Ok(());
+        };
+        let seq: i64 = last.get(0);
+        let updates: Vec<InboxUpdate> = rows
+            .iter()
+            .filter_map(|r| {
+                let owner =
+                    BareJid::new(&format!("{}@{}", r.get::<&str, _>(2), r.get::<&str, _>(1)))
+                        .ok()?;
+                Some(InboxUpdate {
+                    owner,
+                    remote: r.get(3),
+                    last: r.get::<Option<i64>, _>(4).map(ArchiveId),
+                    unread: unread_change(r.get(5), r.get(6)),
+                    shared: r.get(7),
+                })
+            })
+            .collect();
+        self.inbox.fold(&updates, seq);
+        self.merge_inbox().await?;
+        tracing::info!(
+            log_rows = rows.len(),
+            "inbox: merged the updates a crash left in the log"
+        );
+        Ok(())
+    }
+}
+
+/// Applies inbox updates, one per conversation, to the table in the
+/// caller's transaction, with the rules of [`apply_inbox_update`].
+async fn apply_inbox_rows(tx: &mut SqliteConnection, merged: &[InboxUpdate]) -> StorageResult<()> {
+    let (with_last, count_only): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) =
+        merged.iter().partition(|u| u.last.is_some());
+    let (setting, adding): (Vec<&InboxUpdate>, Vec<&InboxUpdate>) = with_last
+        .into_iter()
+        .partition(|u| matches!(u.unread, UnreadChange::Set(_)));
+    // A change that comes with an older message than the row's newest
+    // does not touch the count: in a cluster, two nodes' queues may
+    // write a message's count and the owner's later reset (a reply)
+    // in either order, and archive ids are time-ordered across nodes
+    // (docs/cluster.md). On one node the queue keeps the order, so
+    // this only makes a replayed batch harmless.
+    for (group, unread_sql) in [
+        (
+            &adding,
+            "CASE WHEN excluded.last_id > last_id THEN unread + excluded.unread ELSE unread END",
+        ),
+        (
+            &setting,
+            "CASE WHEN excluded.last_id >= last_id THEN excluded.unread ELSE unread END",
+        ),
+    ] {
+        for chunk in group.chunks(ROWS_PER_INSERT) {
+            let mut b = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO inbox (domain, username, remote, last_id, unread, shared) ",
+            );
+            b.push_values(chunk, |mut row, u| {
+                let (domain, user) = split(&u.owner);
+                let id = u.last.expect("partitioned on last");
+                let n = match u.unread {
+                    UnreadChange::Keep => 0,
+                    UnreadChange::Add(n) | UnreadChange::Set(n) => i64::from(n),
+                };
+                row.push_bind(domain)
+                    .push_bind(user)
+                    .push_bind(u.remote.as_str())
+                    .push_bind(id.0)
+                    .push_bind(n)
+                    .push_bind(u.shared);
+            });
+            b.push(
                     " ON CONFLICT (domain, username, remote) DO UPDATE SET
                        last_id = MAX(last_id, excluded.last_id),
                        shared = CASE WHEN excluded.last_id >= last_id THEN excluded.shared ELSE shared END,
                        unread = ",
                 );
-                b.push(unread_sql);
-                b.build().execute(&mut *tx).await.map_err(backend)?;
-            }
+            b.push(unread_sql);
+            b.build().execute(&mut *tx).await.map_err(backend)?;
         }
-        for u in count_only {
-            let (domain, user) = split(&u.owner);
-            let (set, value) = match u.unread {
-                UnreadChange::Keep => continue,
-                UnreadChange::Add(n) => (0i64, i64::from(n)),
-                UnreadChange::Set(n) => (1, i64::from(n)),
-            };
-            sqlx::query(
-                "UPDATE inbox SET unread = CASE WHEN ? = 1 THEN ? ELSE unread + ? END
-                 WHERE domain = ? AND username = ? AND remote = ?",
-            )
-            .bind(set)
-            .bind(value)
-            .bind(value)
-            .bind(domain)
-            .bind(user)
-            .bind(u.remote.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        }
-        tx.commit().await.map_err(backend)
     }
+    for u in count_only {
+        let (domain, user) = split(&u.owner);
+        let (set, value) = match u.unread {
+            UnreadChange::Keep => continue,
+            UnreadChange::Add(n) => (0i64, i64::from(n)),
+            UnreadChange::Set(n) => (1, i64::from(n)),
+        };
+        sqlx::query(
+            "UPDATE inbox SET unread = CASE WHEN ? = 1 THEN ? ELSE unread + ? END
+                 WHERE domain = ? AND username = ? AND remote = ?",
+        )
+        .bind(set)
+        .bind(value)
+        .bind(value)
+        .bind(domain)
+        .bind(user)
+        .bind(u.remote.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    }
+    Ok(())
 }
 
 /// Inserts archive rows (idempotent by id) in the caller's transaction;

@@ -4,6 +4,7 @@
 //! writer at a time; readers proceed in parallel under WAL).
 
 mod dialect;
+mod inbox_log;
 /// The stores written once for both engines; see [`crate::dialect`].
 #[path = "../shared/mod.rs"]
 #[allow(
@@ -39,6 +40,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0011_pubsub.sql"),
     include_str!("0012_admin.sql"),
     include_str!("0013_domains.sql"),
+    include_str!("0014_inbox_log.sql"),
 ];
 
 /// The SQLite backend.
@@ -62,8 +64,21 @@ pub struct SqliteStorage {
     target: String,
     /// When to open the next archive bucket ([`crate::buckets`]).
     pub(crate) buckets: std::sync::Arc<crate::buckets::BucketWriter>,
-    /// The background checkpointer (see [`SqliteStorage::open`]).
-    checkpointer: std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The background checkpointer (see [`SqliteStorage::open`]) and the
+    /// inbox log's merger.
+    checkpointer: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// Inbox changes committed to the log, not yet merged into the table.
+    pub(crate) inbox: std::sync::Arc<inbox_log::Memtable>,
+    /// When the inbox log is merged.
+    pub(crate) inbox_options: InboxLogOptions,
+}
+
+/// When the inbox log is merged ([`crate::OpenOptions`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InboxLogOptions {
+    pub merge_rows: usize,
+    pub merge_secs: u64,
+    pub merge_inline: bool,
 }
 
 impl SqliteStorage {
@@ -132,9 +147,28 @@ impl SqliteStorage {
             writer,
             buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
             target,
-            checkpointer: std::sync::Arc::new(std::sync::Mutex::new(Some(checkpointer))),
+            checkpointer: std::sync::Arc::new(std::sync::Mutex::new(vec![checkpointer])),
+            inbox: Default::default(),
+            inbox_options: InboxLogOptions {
+                merge_rows: options.inbox_merge_rows.max(1),
+                merge_secs: options.inbox_merge_secs,
+                merge_inline: options.inbox_merge_inline,
+            },
         };
         db.migrate().await?;
+        // What a crash left in the inbox log goes into the table first.
+        db.recover_inbox_log()
+            .await
+            .map_err(|e| OpenError::Recovery {
+                target: db.target.clone(),
+                what: "inbox log",
+                message: e.to_string(),
+            })?;
+        let merger = tokio::spawn(inbox_merge_task(db.clone()));
+        db.checkpointer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(merger);
         Ok(db)
     }
 
@@ -225,16 +259,56 @@ async fn checkpoint_task(pool: SqlitePool) {
     }
 }
 
+/// Merges the inbox log into the table when enough conversations are
+/// pending or the oldest change has waited long enough (`inbox_log.rs`).
+async fn inbox_merge_task(db: SqliteStorage) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if db.writer.is_closed() {
+            return;
+        }
+        let (pending, age) = db.inbox.load();
+        let due = pending >= db.inbox_options.merge_rows
+            || age.is_some_and(|a| a.as_secs() >= db.inbox_options.merge_secs);
+        if !due {
+            continue;
+        }
+        let started = std::time::Instant::now();
+        match db.merge_inbox().await {
+            Ok(()) => tracing::debug!(
+                conversations = pending,
+                millis = started.elapsed().as_millis() as u64,
+                "inbox log merged"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                conversations = pending,
+                "merging the inbox log failed; retrying at the next tick (reads still see every change)"
+            ),
+        }
+    }
+}
+
 #[async_trait]
 impl StorageBackend for SqliteStorage {
     async fn close(&self) {
-        let task = self
-            .checkpointer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(t) = task {
-            t.abort();
+        // Wait for a merge under way, stop the background tasks, and merge
+        // what is left: a cleanly closed database has an empty inbox log.
+        {
+            let _merge = self.inbox.merge.lock().await;
+            for t in self
+                .checkpointer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain(..)
+            {
+                t.abort();
+            }
+        }
+        if let Err(e) = self.merge_inbox().await {
+            tracing::warn!(error = %e, "merging the inbox log at close failed; the next start merges it");
         }
         // A last full checkpoint leaves a small WAL behind.
         self.writer.close().await;
