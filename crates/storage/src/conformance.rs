@@ -968,9 +968,91 @@ pub async fn archive_buckets(s: &Storage) {
             .unwrap(),
         5
     );
+    // The whole archive (no `with`: the by-owner index, bucket first),
+    // both directions, three at a time.
+    let everything: Vec<i64> = {
+        let mut v: Vec<i64> = (1..=20).collect();
+        v.insert(2, 3); // the late row (node 2) after carol's t=3 (node 1)
+        v
+    };
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let p = a
+            .query(
+                &alice,
+                &ArchiveQuery {
+                    after,
+                    limit: 3,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        seen.extend(ids(&p));
+        after = p.messages.last().map(|m| m.id);
+        if p.complete {
+            break;
+        }
+        assert!(seen.len() < 40, "paging forward never completes: {seen:?}");
+    }
+    assert_eq!(seen, everything, "the whole archive forward");
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let p = a
+            .query(
+                &alice,
+                &ArchiveQuery {
+                    before,
+                    limit: 3,
+                    from_end: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut page = ids(&p);
+        page.extend(seen);
+        seen = page;
+        before = p.messages.first().map(|m| m.id);
+        if p.complete {
+            break;
+        }
+        assert!(seen.len() < 40, "paging backward never completes: {seen:?}");
+    }
+    assert_eq!(seen, everything, "the whole archive backward");
+    assert_eq!(
+        a.count(
+            &alice,
+            &ArchiveQuery {
+                after: Some(ArchiveId::from_parts(17, 1)),
+                ..Default::default()
+            }
+        )
+        .await
+        .unwrap(),
+        3
+    );
+    let (first, last) = a.bounds(&alice).await.unwrap().unwrap();
+    assert_eq!((first.micros(), last.micros()), (1, 20));
+    assert_eq!(a.bounds(&jid("nobody@example.org")).await.unwrap(), None);
+    // Purging before t=10 leaves t=10..20 in every bucket they are in.
+    let purged = a
+        .purge_user(&alice, Some(ArchiveId::from_parts(10, 0)))
+        .await
+        .unwrap();
+    assert_eq!(purged, 10, "t=1..9 and the late t=3");
+    let (first, _) = a.bounds(&alice).await.unwrap().unwrap();
+    assert_eq!(first.micros(), 10);
     // Removing the account leaves nothing in any bucket.
     a.remove_user(&alice).await.unwrap();
     assert_eq!(a.count(&alice, &count(None)).await.unwrap(), 0);
+    assert_eq!(
+        a.count(&alice, &ArchiveQuery::default()).await.unwrap(),
+        0,
+        "nothing of the owner's"
+    );
 }
 
 /// The [`crate::OpenOptions`] under which [`archive_buckets`] sees several

@@ -72,6 +72,11 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
     /// sort; PostgreSQL's planner decides from its statistics.
     const ARCHIVE_BY_WITH: &'static str;
 
+    /// The archive table, read through its by-owner index
+    /// (`archive_by_owner`, bucket first since schema step 15) for a query
+    /// of an owner's whole archive and its buckets.
+    const ARCHIVE_BY_OWNER: &'static str;
+
     /// `items` as a [`Self::List`] value; `sep` is SQLite's separator.
     fn encode_list(items: &[String], sep: char) -> Self::List;
 

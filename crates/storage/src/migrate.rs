@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 14] = [
+const STEPS: [&str; 15] = [
     "accounts",
     "im-core",
     "offline",
@@ -22,6 +22,7 @@ const STEPS: [&str; 14] = [
     "admin",
     "domains",
     "inbox-log",
+    "archive-owner-buckets",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

@@ -145,7 +145,8 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (11, "pubsub"),
                 (12, "admin"),
                 (13, "domains"),
-                (14, "inbox-log")
+                (14, "inbox-log"),
+                (15, "archive-owner-buckets")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -173,7 +174,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 14, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 15, "each migration once");
     })
     .await;
 }

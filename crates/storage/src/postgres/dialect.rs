@@ -25,6 +25,7 @@ impl Dialect for PostgresStorage {
     type List = Vec<String>;
     const ROW_LOCKS: bool = true;
     const ARCHIVE_BY_WITH: &'static str = "archive";
+    const ARCHIVE_BY_OWNER: &'static str = "archive";
 
     fn encode_list(items: &[String], _sep: char) -> Vec<String> {
         items.to_vec()

@@ -49,6 +49,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0012_admin.sql"),
     include_str!("0013_domains.sql"),
     include_str!("0014_inbox_log.sql"),
+    include_str!("0015_archive_owner_buckets.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:

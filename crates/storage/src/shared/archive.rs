@@ -22,6 +22,80 @@ const COUNT_GROUP: usize = 500;
 /// SQLite's separator of the JIDs in `always` and `never`.
 const JID_SEP: char = '\n';
 
+/// The index a query reads: the by-conversation one with a `with`
+/// filter, the by-owner one without (both lead with the bucket).
+fn index_for(q: &ArchiveQuery) -> &'static str {
+    if q.with.is_some() {
+        Store::ARCHIVE_BY_WITH
+    } else {
+        Store::ARCHIVE_BY_OWNER
+    }
+}
+
+impl Store {
+    /// The owner's first (`ASC`) or last (`DESC`) id, visiting `buckets`
+    /// in the given order, a group at a time.
+    async fn owner_edge(
+        &self,
+        owner: &BareJid,
+        buckets: &[i64],
+        order: &'static str,
+    ) -> StorageResult<Option<i64>> {
+        let (domain, user) = split(owner);
+        for group in buckets::groups(buckets) {
+            let mut b = sqlx::QueryBuilder::<Db>::new("SELECT id FROM ");
+            b.push(Store::ARCHIVE_BY_OWNER).push(" WHERE bucket IN (");
+            let mut sep = b.separated(", ");
+            for n in group {
+                sep.push_bind(*n);
+            }
+            b.push(") AND domain = ").push_bind(domain);
+            b.push(" AND username = ").push_bind(user);
+            b.push(" ORDER BY id ").push(order).push(" LIMIT 1");
+            let row = b
+                .build()
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+            if let Some(row) = row {
+                return Ok(Some(row.get(0)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes the owner's rows in `buckets` (older than `before` if
+    /// given), through the by-owner index.
+    async fn delete_owner_rows(
+        &self,
+        owner: &BareJid,
+        buckets: &[i64],
+        before: Option<ArchiveId>,
+    ) -> StorageResult<u64> {
+        let (domain, user) = split(owner);
+        let mut n = 0;
+        for group in buckets.chunks(COUNT_GROUP) {
+            let mut b = sqlx::QueryBuilder::<Db>::new("DELETE FROM archive WHERE bucket IN (");
+            let mut sep = b.separated(", ");
+            for x in group {
+                sep.push_bind(*x);
+            }
+            b.push(") AND domain = ").push_bind(domain);
+            b.push(" AND username = ").push_bind(user);
+            if let Some(before) = before {
+                b.push(" AND id < ").push_bind(before.0);
+            }
+            n += b
+                .build()
+                .execute(&self.writer)
+                .await
+                .map_err(backend)?
+                .rows_affected();
+        }
+        Ok(n)
+    }
+}
+
 /// A row of `id, with_bare, outgoing, flags, stanza`.
 fn message(r: &<Db as Database>::Row) -> ArchivedMessage {
     ArchivedMessage {
@@ -44,10 +118,11 @@ impl ArchiveStore for Store {
 
     async fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage> {
         let want = q.limit as usize + 1;
-        let rows = if q.with.is_some() && q.ids.is_empty() {
-            // One conversation: its buckets in paging order, a group at a
-            // time, until the page (and the one row that says whether it
-            // is complete) is full (`crate::buckets`).
+        let rows = if q.ids.is_empty() {
+            // One conversation, or the owner's whole archive: its buckets
+            // in paging order, a group at a time, until the page (and the
+            // one row that says whether it is complete) is full
+            // (`crate::buckets`).
             let mut buckets = self.conversation_buckets(q.after, q.before).await?;
             if q.from_end {
                 buckets.reverse();
@@ -59,7 +134,7 @@ impl ArchiveStore for Store {
                     ..q.clone()
                 };
                 rows.extend(
-                    dynsql::archive_page::<Db>(owner, &rest, Store::ARCHIVE_BY_WITH, Some(group))
+                    dynsql::archive_page::<Db>(owner, &rest, index_for(q), Some(group))
                         .build()
                         .fetch_all(&self.pool)
                         .await
@@ -71,6 +146,7 @@ impl ArchiveStore for Store {
             }
             rows
         } else {
+            // Ids: primary-key lookups.
             dynsql::archive_page::<Db>(owner, q, "archive", None)
                 .build()
                 .fetch_all(&self.pool)
@@ -87,7 +163,7 @@ impl ArchiveStore for Store {
     }
 
     async fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64> {
-        if q.with.is_none() || !q.ids.is_empty() {
+        if !q.ids.is_empty() {
             let n: i64 = dynsql::archive_count::<Db>(owner, q, "archive", None)
                 .build()
                 .fetch_one(&self.pool)
@@ -99,7 +175,7 @@ impl ArchiveStore for Store {
         let buckets = self.conversation_buckets(q.after, q.before).await?;
         let mut total = 0;
         for group in buckets.chunks(COUNT_GROUP) {
-            let n: i64 = dynsql::archive_count::<Db>(owner, q, Store::ARCHIVE_BY_WITH, Some(group))
+            let n: i64 = dynsql::archive_count::<Db>(owner, q, index_for(q), Some(group))
                 .build()
                 .fetch_one(&self.pool)
                 .await
@@ -133,27 +209,15 @@ impl ArchiveStore for Store {
     }
 
     async fn bounds(&self, owner: &BareJid) -> StorageResult<Option<(ArchiveId, ArchiveId)>> {
-        let (domain, user) = split(owner);
-        // Two index probes rather than MIN/MAX over a filtered set.
-        let first = sqlx::query(
-            "SELECT id FROM archive WHERE domain = $1 AND username = $2 ORDER BY id ASC LIMIT 1",
-        )
-        .bind(domain)
-        .bind(user)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(backend)?;
-        let Some(first) = first else { return Ok(None) };
-        let last: i64 = sqlx::query(
-            "SELECT id FROM archive WHERE domain = $1 AND username = $2 ORDER BY id DESC LIMIT 1",
-        )
-        .bind(domain)
-        .bind(user)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(backend)?
-        .get(0);
-        Ok(Some((ArchiveId(first.get(0)), ArchiveId(last))))
+        // The oldest bucket that has a row of the owner's, then the newest:
+        // an index probe per bucket at most, usually one.
+        let mut all = self.conversation_buckets(None, None).await?;
+        let Some(first) = self.owner_edge(owner, &all, "ASC").await? else {
+            return Ok(None);
+        };
+        all.reverse();
+        let last = self.owner_edge(owner, &all, "DESC").await?.unwrap_or(first);
+        Ok(Some((ArchiveId(first), ArchiveId(last))))
     }
 
     async fn find_by_origin(
@@ -250,16 +314,8 @@ impl ArchiveStore for Store {
     }
 
     async fn purge_user(&self, owner: &BareJid, before: Option<ArchiveId>) -> StorageResult<u64> {
-        let (domain, user) = split(owner);
-        let n = sqlx::query("DELETE FROM archive WHERE domain = $1 AND username = $2 AND id < $3")
-            .bind(domain)
-            .bind(user)
-            .bind(before.map_or(i64::MAX, |b| b.0))
-            .execute(&self.writer)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-        Ok(n)
+        let buckets = self.conversation_buckets(None, before).await?;
+        self.delete_owner_rows(owner, &buckets, before).await
     }
 
     async fn prefs(&self, owner: &BareJid) -> StorageResult<Option<ArchivePrefs>> {
@@ -299,11 +355,8 @@ impl ArchiveStore for Store {
     }
 
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
-        self.exec_for_owner(
-            "DELETE FROM archive WHERE domain = $1 AND username = $2",
-            owner,
-        )
-        .await?;
+        let buckets = self.conversation_buckets(None, None).await?;
+        self.delete_owner_rows(owner, &buckets, None).await?;
         self.exec_for_owner(
             "DELETE FROM archive_prefs WHERE domain = $1 AND username = $2",
             owner,

@@ -26,6 +26,7 @@ impl Dialect for SqliteStorage {
     type List = String;
     const ROW_LOCKS: bool = false;
     const ARCHIVE_BY_WITH: &'static str = "archive INDEXED BY archive_by_with";
+    const ARCHIVE_BY_OWNER: &'static str = "archive INDEXED BY archive_by_owner";
 
     fn encode_list(items: &[String], sep: char) -> String {
         items.join(&sep.to_string())
