@@ -383,6 +383,38 @@ async fn a_file_larger_than_any_buffer_is_streamed_to_disk() {
     server.stop().await;
 }
 
+/// A body trickling in as many small TCP segments (many small frames per
+/// write to disk, more than a batch takes) is stored whole and in order.
+#[tokio::test]
+async fn a_body_sent_in_small_pieces_arrives_whole() {
+    const SIZE: usize = 200_000;
+    let server = server_with(|_| {}).await;
+    let mut alice = server.login("alice").await;
+    let path = slot_path(&mut alice, "pieces.bin", SIZE, None).await;
+    let data = pattern(SIZE);
+    let mut tcp = TcpStream::connect(server.http_addr(false)).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    tcp.write_all(
+        format!("PUT {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {SIZE}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    for (i, piece) in data.chunks(97).enumerate() {
+        tcp.write_all(piece).await.unwrap();
+        if i % 64 == 63 {
+            // Let the server read what arrived: separate segments, separate
+            // frames.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let up = read_reply(&mut tcp).await;
+    assert_eq!(up.status, 201, "{up:?}");
+    let down = get(server.http_addr(false), &path).await;
+    assert_eq!(down.status, 200);
+    assert!(down.body == data, "the same {SIZE} bytes back");
+    server.stop().await;
+}
+
 /// §6: over max-file-size is not-acceptable with `<file-too-large>` and the
 /// limit; the request stays in the error (as §6's example).
 #[tokio::test]

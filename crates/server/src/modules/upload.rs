@@ -48,6 +48,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use starling_core::forms::FormBuilder;
@@ -60,7 +61,9 @@ use starling_proto::{
 use starling_xml::Element;
 use std::collections::HashMap;
 use std::io;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -80,8 +83,27 @@ const SLOT_ID_ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
 const META_VERSION: u32 = 1;
 /// How often the running server removes expired files and unused slots.
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
-/// Buffer between the network and the file, per upload or download.
+/// Read buffer of a download (tokio's file keeps another of this size
+/// for its blocking reads).
 const IO_CHUNK: usize = 256 * 1024;
+/// Bytes of an upload's body collected before they are written to its
+/// file, at most: the most an upload in flight holds besides hyper's read
+/// buffer (and one frame more). One trip to the blocking pool per batch:
+/// 64 KiB buffers, four times the trips, halved the upload speed of a
+/// 100 MiB file (docs/benchmarks.md 2026-11-26).
+const UPLOAD_BATCH_MAX: usize = 256 * 1024;
+/// The smallest batch, however many uploads are in flight: hyper's read
+/// buffer of each connection is as large, and smaller batches would spend
+/// the CPU on trips to the blocking pool.
+const UPLOAD_BATCH_MIN: usize = 64 * 1024;
+/// What the batches of all uploads in flight may hold together, as long as
+/// each gets at least [`UPLOAD_BATCH_MIN`]: up to 32 uploads at once get
+/// full batches, 100 get 82 KiB each.
+const UPLOAD_BATCHES_BUDGET: usize = 8 * 1024 * 1024;
+/// Frames per batch at most, whatever their size: a client sending tiny
+/// TCP segments must not make the batch a long list (and a vectored
+/// write takes 1,024 slices at most on Linux).
+const UPLOAD_BATCH_FRAMES: usize = 64;
 /// The longest file name accepted, in bytes (most file systems' limit).
 const MAX_FILENAME_BYTES: usize = 255;
 const SECS_PER_DAY: u64 = 86_400;
@@ -1331,16 +1353,59 @@ impl Drop for PartFile {
     }
 }
 
+/// Uploads receiving their body now, in this process: the batch of each
+/// is [`UPLOAD_BATCHES_BUDGET`] shared among them ([`batch_limit`]).
+static RECEIVING: AtomicUsize = AtomicUsize::new(0);
+
+/// One upload counted in [`RECEIVING`] while it lives.
+struct Receiving;
+
+impl Receiving {
+    fn start() -> Receiving {
+        RECEIVING.fetch_add(1, Ordering::Relaxed);
+        Receiving
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        RECEIVING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The batch of each of `receiving` uploads in flight, in bytes.
+fn batch_limit(receiving: usize) -> usize {
+    (UPLOAD_BATCHES_BUDGET / receiving.max(1)).clamp(UPLOAD_BATCH_MIN, UPLOAD_BATCH_MAX)
+}
+
 /// Streams the request body into `file`: exactly `size` bytes, each read
-/// within the slot timeout, then flushed to disk.
+/// within the slot timeout, then synced to disk.
+///
+/// Memory per upload in flight is what was received and not yet written:
+/// the body's own frames (hyper's read buffers, handed over without a
+/// copy) are collected into a batch of [`batch_limit`] bytes (256 KiB
+/// alone, less when many uploads arrive at once) or
+/// [`UPLOAD_BATCH_FRAMES`] frames and written with one vectored write on
+/// the blocking pool. The body is not read while that write runs: what the
+/// client sends meanwhile waits in hyper's buffer (64 KiB at most,
+/// `transport::http`) and the kernel's socket buffer, and TCP slows the
+/// client down to the disk's pace. Receiving the next batch while one is
+/// written was tried and was no faster for one 100 MiB file, for twice the
+/// memory. A `BufWriter` in front of `tokio::fs::File` held ~0.5 MiB per
+/// upload however many were in flight: its own 256 KiB and the copy
+/// tokio's file makes for each blocking write (docs/benchmarks.md
+/// 2026-11-27).
 async fn receive(
     inner: &Inner,
     file: tokio::fs::File,
     body: Body,
     size: u64,
 ) -> Result<(), (StatusCode, String)> {
-    let mut out = tokio::io::BufWriter::with_capacity(IO_CHUNK, file);
+    let _receiving = Receiving::start();
+    // Nothing is in flight on a file just opened: this returns at once.
+    let mut file = file.into_std().await;
     let mut stream = body.into_data_stream();
+    let mut batch: Vec<Bytes> = Vec::with_capacity(UPLOAD_BATCH_FRAMES);
     let mut got = 0u64;
     let failed = |e: io::Error| {
         tracing::error!(module = NAME, error = %e, "writing an upload failed");
@@ -1350,34 +1415,86 @@ async fn receive(
         )
     };
     loop {
-        let chunk = match tokio::time::timeout(inner.slot_timeout, stream.next()).await {
-            Err(_) => return Err((StatusCode::REQUEST_TIMEOUT, "the upload stalled".to_owned())),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
+        let limit = batch_limit(RECEIVING.load(Ordering::Relaxed));
+        let mut batch_bytes = 0;
+        let mut ended = false;
+        while batch_bytes < limit && batch.len() < UPLOAD_BATCH_FRAMES {
+            let chunk = match tokio::time::timeout(inner.slot_timeout, stream.next()).await {
+                Err(_) => {
+                    return Err((StatusCode::REQUEST_TIMEOUT, "the upload stalled".to_owned()))
+                }
+                Ok(None) => {
+                    ended = true;
+                    break;
+                }
+                Ok(Some(Err(e))) => {
+                    return Err((
+                        StatusCode::BAD_REQUEST,
+                        format!("the upload broke off: {e}"),
+                    ))
+                }
+                Ok(Some(Ok(c))) => c,
+            };
+            got += chunk.len() as u64;
+            if got > size {
                 return Err((
-                    StatusCode::BAD_REQUEST,
-                    format!("the upload broke off: {e}"),
-                ))
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("this slot is for {size} bytes"),
+                ));
             }
-            Ok(Some(Ok(c))) => c,
-        };
-        got += chunk.len() as u64;
-        if got > size {
+            // An empty frame would make a vectored write of nothing look
+            // like a full disk (`WriteZero`).
+            if !chunk.is_empty() {
+                batch_bytes += chunk.len();
+                batch.push(chunk);
+            }
+        }
+        if ended && got != size {
             return Err((
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("this slot is for {size} bytes"),
+                StatusCode::BAD_REQUEST,
+                format!("{got} bytes received; this slot is for {size}"),
             ));
         }
-        out.write_all(&chunk).await.map_err(failed)?;
+        // The last batch and the sync share one trip to the blocking pool:
+        // an acknowledged upload must survive a crash (§7's 201 promises
+        // the file).
+        let written = tokio::task::spawn_blocking(move || {
+            let r = write_batch(&mut file, &batch, ended);
+            // The frames are released here; the vector is kept for the
+            // next batch.
+            batch.clear();
+            (file, batch, r)
+        })
+        .await;
+        // A panic in the write, or the runtime shutting down.
+        let (f, b, r) = written.map_err(|e| failed(io::Error::other(e)))?;
+        r.map_err(failed)?;
+        if ended {
+            return Ok(());
+        }
+        (file, batch) = (f, b);
     }
-    if got != size {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            format!("{got} bytes received; this slot is for {size}"),
-        ));
+}
+
+/// Writes `frames` to `file` in order (as few `writev` calls as the
+/// kernel allows), then, if `sync`, flushes the file to disk. Blocking:
+/// runs on the blocking pool.
+fn write_batch(file: &mut std::fs::File, frames: &[Bytes], sync: bool) -> io::Result<()> {
+    let mut slices: Vec<io::IoSlice<'_>> = frames.iter().map(|f| io::IoSlice::new(f)).collect();
+    let mut rest = &mut slices[..];
+    // `Write::write_all_vectored` is not stable yet: the same loop.
+    while !rest.is_empty() {
+        match file.write_vectored(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    out.flush().await.map_err(failed)?;
-    out.into_inner().sync_all().await.map_err(failed)
+    if sync {
+        file.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Whether browsers may show this type in place: images (not SVG, which
@@ -1551,5 +1668,44 @@ mod tests {
         for bad in ["..", "%2e%2e", &a[1..], &format!("{}l", &a[1..])] {
             assert!(!valid_slot_id(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn batch_limit_shares_the_budget_between_a_floor_and_a_ceiling() {
+        // One upload, or a few, get the full batch (few trips to the
+        // blocking pool); many share the budget, down to the floor.
+        assert_eq!(batch_limit(0), UPLOAD_BATCH_MAX);
+        assert_eq!(batch_limit(1), UPLOAD_BATCH_MAX);
+        assert_eq!(batch_limit(32), UPLOAD_BATCH_MAX);
+        assert_eq!(batch_limit(64), 128 * 1024);
+        assert_eq!(batch_limit(100), UPLOAD_BATCHES_BUDGET / 100);
+        assert_eq!(batch_limit(128), UPLOAD_BATCH_MIN);
+        assert_eq!(batch_limit(100_000), UPLOAD_BATCH_MIN);
+    }
+
+    #[test]
+    fn write_batch_writes_every_frame_in_order() {
+        let path = std::env::temp_dir().join(format!(
+            "starling-upload-batch-{}",
+            starling_proto::random_id(10)
+        ));
+        let mut file = std::fs::File::create(&path).unwrap();
+        // More slices than one `writev` takes (1,024 on Linux), of
+        // uneven sizes: the loop must pick up where each write stopped.
+        let frames: Vec<Bytes> = (0..1500u32)
+            .map(|i| Bytes::from(vec![(i % 251) as u8; (i % 7 + 1) as usize]))
+            .collect();
+        write_batch(&mut file, &frames, false).unwrap();
+        write_batch(&mut file, &frames[..3], true).unwrap();
+        write_batch(&mut file, &[], true).unwrap();
+        drop(file);
+        let expected: Vec<u8> = frames
+            .iter()
+            .chain(&frames[..3])
+            .flat_map(|f| f.iter().copied())
+            .collect();
+        let on_disk = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(on_disk == expected, "{} bytes on disk", on_disk.len());
     }
 }
