@@ -59,6 +59,20 @@ use starling_proto::BareJid;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// An account's key columns: `(domain, username)`.
+/// An inbox row from its stored columns (`unread` as either engine's
+/// integer, clamped).
+pub(crate) fn inbox_row(
+    last_id: i64,
+    unread: i64,
+    shared: bool,
+) -> starling_core::storage::InboxRow {
+    starling_core::storage::InboxRow {
+        last_id: starling_core::storage::ArchiveId(last_id),
+        unread: unread.clamp(0, i64::from(u32::MAX)) as u32,
+        shared,
+    }
+}
+
 pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
     (
         jid.domain().as_str(),

@@ -13,8 +13,8 @@ use crate::dialect::Dialect;
 use crate::{backend, hash_name, now_secs, split};
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row, Transaction};
 use starling_core::storage::{
-    coalesce_inbox_updates, ArchiveId, ArchiveRecord, InboxRow, InboxUpdate, OfflineStoreError,
-    StorageResult, UnreadChange,
+    coalesce_inbox_updates, ArchiveRecord, InboxRow, InboxUpdate, OfflineStoreError, StorageResult,
+    UnreadChange,
 };
 use starling_proto::sasl::ScramCredentials;
 use starling_proto::BareJid;
@@ -337,13 +337,10 @@ impl Dialect for PostgresStorage {
         Ok(rows
             .iter()
             .map(|r| {
+                let unread: i32 = r.get(2);
                 (
                     r.get::<String, _>(0),
-                    InboxRow {
-                        last_id: ArchiveId(r.get(1)),
-                        unread: r.get::<i32, _>(2).max(0) as u32,
-                        shared: r.get(3),
-                    },
+                    crate::inbox_row(r.get(1), i64::from(unread), r.get(3)),
                 )
             })
             .collect())

@@ -275,7 +275,7 @@ impl Dialect for SqliteStorage {
                 .map(|r| {
                     (
                         r.get::<String, _>(0),
-                        inbox_row(r.get(1), r.get(2), r.get(3)),
+                        crate::inbox_row(r.get(1), r.get(2), r.get(3)),
                     )
                 })
                 .collect();
@@ -329,14 +329,6 @@ impl Dialect for SqliteStorage {
         self.inbox.forget(domain, user, remote);
         drop(merge);
         Ok(existed)
-    }
-}
-
-fn inbox_row(last_id: i64, unread: i64, shared: bool) -> InboxRow {
-    InboxRow {
-        last_id: ArchiveId(last_id),
-        unread: unread.clamp(0, i64::from(u32::MAX)) as u32,
-        shared,
     }
 }
 
@@ -404,18 +396,7 @@ impl SqliteStorage {
             self.inbox.chunk_committed(upto, gen);
         }
         let mut tx = self.begin_write().await.map_err(backend)?;
-        sqlx::query("DELETE FROM inbox_log WHERE seq <= ?")
-            .bind(frozen.seq)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        sqlx::query(
-            "UPDATE inbox_merge SET key_domain = NULL, key_username = NULL, key_remote = NULL
-             WHERE id = 1",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
+        retire_merged_log(&mut tx, frozen.seq, None).await?;
         tx.commit().await.map_err(backend)?;
         self.inbox.thaw();
         Ok(())
@@ -439,23 +420,7 @@ impl SqliteStorage {
             state.get::<Option<String>, _>(3),
             state.get::<Option<String>, _>(4),
         ) {
-            sqlx::query(
-                "DELETE FROM inbox_log WHERE seq <= ? AND (domain, username, remote) <= (?, ?, ?)",
-            )
-            .bind(seq_upto)
-            .bind(d)
-            .bind(u)
-            .bind(r)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-            sqlx::query(
-                "UPDATE inbox_merge SET key_domain = NULL, key_username = NULL, key_remote = NULL
-                 WHERE id = 1",
-            )
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
+            retire_merged_log(&mut tx, seq_upto, Some(&(d, u, r))).await?;
         }
         let rows = sqlx::query(
             "SELECT seq, domain, username, remote, last_id, unread_op, unread, shared
@@ -492,6 +457,36 @@ impl SqliteStorage {
         );
         Ok(())
     }
+}
+
+/// Deletes the log rows a merge has written to the table — up to `seq`,
+/// and of an interrupted merge only those of the conversations up to
+/// `upto` — and clears the merge's progress, in the caller's transaction.
+async fn retire_merged_log(
+    tx: &mut SqliteConnection,
+    seq: i64,
+    upto: Option<&inbox_log::Key>,
+) -> StorageResult<()> {
+    let mut b = QueryBuilder::<Sqlite>::new("DELETE FROM inbox_log WHERE seq <= ");
+    b.push_bind(seq);
+    if let Some((d, u, r)) = upto {
+        b.push(" AND (domain, username, remote) <= (")
+            .push_bind(d)
+            .push(", ")
+            .push_bind(u)
+            .push(", ")
+            .push_bind(r)
+            .push(")");
+    }
+    b.build().execute(&mut *tx).await.map_err(backend)?;
+    sqlx::query(
+        "UPDATE inbox_merge SET key_domain = NULL, key_username = NULL, key_remote = NULL
+         WHERE id = 1",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(backend)?;
+    Ok(())
 }
 
 /// Applies inbox updates, one per conversation, to the table in the
