@@ -231,7 +231,12 @@ impl Dialect for SqliteStorage {
         tx.commit().await.map_err(backend)?;
         self.inbox.fold(updates, seq);
         drop(append);
-        if self.inbox_options.merge_inline {
+        // The background task merges from `merge_rows` on; if updates come
+        // faster than it merges, this writer waits for a merge of its own
+        // at 1.5 × that: the inbox queue then fills and the sessions stop
+        // reading (write-behind back-pressure) rather than memory growing.
+        let cap = self.inbox_options.merge_rows.saturating_mul(3) / 2;
+        if self.inbox_options.merge_inline || self.inbox.load().0 >= cap {
             self.merge_inbox().await?;
         }
         Ok(())
@@ -283,16 +288,16 @@ impl Dialect for SqliteStorage {
                 if remote.is_some_and(|x| x != r) {
                     continue;
                 }
-                let key = (domain.to_owned(), user.to_owned(), r);
-                let mut row = out.get(&key.2).copied();
+                let key = inbox_log::Key::new(domain, user, &r);
+                let mut row = out.get(&r).copied();
                 for op in &ops {
                     if let Some(u) = inbox_log::update(&key, op) {
                         row = apply_inbox_update(row, &u);
                     }
                 }
                 match row {
-                    Some(row) => out.insert(key.2, row),
-                    None => out.remove(&key.2),
+                    Some(row) => out.insert(r, row),
+                    None => out.remove(&r),
                 };
             }
             return Ok(out.into_iter().collect());
@@ -386,9 +391,9 @@ impl SqliteStorage {
                  RETURNING gen",
             )
             .bind(frozen.seq)
-            .bind(&upto.0)
-            .bind(&upto.1)
-            .bind(&upto.2)
+            .bind(upto.parts().0)
+            .bind(upto.parts().1)
+            .bind(upto.parts().2)
             .fetch_one(&mut *tx)
             .await
             .map_err(backend)?;
@@ -420,7 +425,7 @@ impl SqliteStorage {
             state.get::<Option<String>, _>(3),
             state.get::<Option<String>, _>(4),
         ) {
-            retire_merged_log(&mut tx, seq_upto, Some(&(d, u, r))).await?;
+            retire_merged_log(&mut tx, seq_upto, Some(&inbox_log::Key::new(&d, &u, &r))).await?;
         }
         let rows = sqlx::query(
             "SELECT seq, domain, username, remote, last_id, unread_op, unread, shared
@@ -469,7 +474,7 @@ async fn retire_merged_log(
 ) -> StorageResult<()> {
     let mut b = QueryBuilder::<Sqlite>::new("DELETE FROM inbox_log WHERE seq <= ");
     b.push_bind(seq);
-    if let Some((d, u, r)) = upto {
+    if let Some((d, u, r)) = upto.map(inbox_log::Key::parts) {
         b.push(" AND (domain, username, remote) <= (")
             .push_bind(d)
             .push(", ")

@@ -50,9 +50,12 @@
 //!   everything. A merge that fails keeps its frozen set, and the next one
 //!   resumes it where it stopped.
 //!
-//! Memory: at most `inbox_merge_rows` pending updates (~150 bytes each;
-//! 200,000 by default, ~30 MB) plus the frozen set while it is merged
-//! (`docs/memory.md`).
+//! Memory: a merge starts at `inbox_merge_rows` pending updates; when
+//! updates come faster than merges write them, the writer itself waits
+//! for a merge at 1.5 times that (the inbox queue fills, and write-behind
+//! back-pressure slows the senders). So at most 1.5 × `inbox_merge_rows`
+//! updates are active and as many frozen: ~100 bytes each, ~60 MB with
+//! the default 200,000 (`docs/memory.md`).
 //!
 //! [`apply_inbox_update`]: starling_core::storage::apply_inbox_update
 
@@ -65,9 +68,26 @@ use std::time::Instant;
 /// Conversations per merge transaction.
 pub(crate) const MERGE_CHUNK: usize = 5_000;
 
-/// A conversation: owner's domain, owner's username, remote bare JID
-/// (ordered as SQLite orders the table's primary key: bytewise).
-pub(crate) type Key = (String, String, String);
+/// A conversation: owner's domain, owner's username and remote bare JID
+/// in one allocation, NUL-separated (no JID holds a NUL), so that keys
+/// order as SQLite orders the table's primary key (bytewise, component
+/// by component: NUL sorts first).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Key(Box<str>);
+
+impl Key {
+    pub(crate) fn new(domain: &str, user: &str, remote: &str) -> Key {
+        Key(format!("{domain}\0{user}\0{remote}").into_boxed_str())
+    }
+
+    /// (domain, username, remote).
+    pub(crate) fn parts(&self) -> (&str, &str, &str) {
+        let mut it = self.0.splitn(3, '\0');
+        let d = it.next().unwrap_or("");
+        let u = it.next().unwrap_or("");
+        (d, u, it.next().unwrap_or(""))
+    }
+}
 
 /// One pending update of a conversation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,10 +99,11 @@ pub(crate) struct Op {
 
 /// The update `op` of conversation `key`.
 pub(crate) fn update(key: &Key, op: &Op) -> Option<InboxUpdate> {
-    let owner = BareJid::new(&format!("{}@{}", key.1, key.0)).ok()?;
+    let (domain, user, remote) = key.parts();
+    let owner = BareJid::new(&format!("{user}@{domain}")).ok()?;
     Some(InboxUpdate {
         owner,
-        remote: key.2.clone(),
+        remote: remote.to_owned(),
         last: op.last.map(ArchiveId),
         unread: op.unread,
         shared: op.shared,
@@ -127,7 +148,7 @@ struct State {
 
 fn key(u: &InboxUpdate) -> Key {
     let (domain, user) = crate::split(&u.owner);
-    (domain.to_owned(), user.to_owned(), u.remote.clone())
+    Key::new(domain, user, &u.remote)
 }
 
 impl Memtable {
@@ -145,11 +166,17 @@ impl Memtable {
     pub(crate) fn fold(&self, updates: &[InboxUpdate], seq: i64) {
         let mut s = self.lock();
         for u in updates {
-            s.active.entry(key(u)).or_default().push(Op {
+            let op = Op {
                 last: u.last.map(|id| id.0),
                 unread: u.unread,
                 shared: u.shared,
-            });
+            };
+            // Most conversations get one update between merges: no spare
+            // capacity for them.
+            s.active
+                .entry(key(u))
+                .and_modify(|ops| ops.push(op))
+                .or_insert_with(|| vec![op]);
         }
         s.active_ops += updates.len();
         s.active_seq = s.active_seq.max(seq);
@@ -218,17 +245,18 @@ impl Memtable {
     /// generation they go with.
     pub(crate) fn of_owner(&self, domain: &str, user: &str) -> (Vec<(String, Vec<Op>)>, i64) {
         let s = self.lock();
-        let lo = (domain.to_owned(), user.to_owned(), String::new());
+        let lo = Key::new(domain, user, "");
         let mut out: BTreeMap<String, Vec<Op>> = BTreeMap::new();
         let mut collect = |set: &Set, after: Option<&Key>| {
             for (k, ops) in set.range(lo.clone()..) {
-                if k.0 != domain || k.1 != user {
+                let (d, u, r) = k.parts();
+                if d != domain || u != user {
                     break;
                 }
                 if after.is_some_and(|a| k <= a) {
                     continue;
                 }
-                out.entry(k.2.clone()).or_default().extend(ops);
+                out.entry(r.to_owned()).or_default().extend(ops);
             }
         };
         if let Some(f) = &s.frozen {
@@ -243,7 +271,8 @@ impl Memtable {
     pub(crate) fn forget(&self, domain: &str, user: &str, remote: Option<&str>) {
         let mut s = self.lock();
         let mut dropped = 0;
-        s.active.retain(|(d, u, r), ops| {
+        s.active.retain(|k, ops| {
+            let (d, u, r) = k.parts();
             let gone = d == domain && u == user && remote.is_none_or(|x| x == r);
             if gone {
                 dropped += ops.len();
@@ -316,7 +345,7 @@ mod tests {
         );
         // Once the chunk holding a@x/b@x is in the table, reads take only
         // the updates that came after the freeze.
-        m.chunk_committed(("x".into(), "a".into(), "b@x".into()), 1);
+        m.chunk_committed(Key::new("x", "a", "b@x"), 1);
         let (got, gen) = m.of_owner("x", "a");
         assert_eq!(gen, 1);
         assert_eq!(got[0].1.len(), 1);
@@ -335,11 +364,21 @@ mod tests {
         assert_eq!(m.load().0, 0);
     }
 
+    /// Keys order like SQLite's (domain, username, remote) primary key.
+    #[test]
+    fn keys_order_component_by_component() {
+        let k = Key::new;
+        assert!(k("x", "a", "z@x") < k("x", "ab", "a@x"));
+        assert!(k("x", "ab", "a@x") < k("xy", "a", "a@x"));
+        assert!(k("x", "a", "b@x") < k("x", "a", "b@x/r"));
+        assert_eq!(k("x", "a", "b@x").parts(), ("x", "a", "b@x"));
+    }
+
     #[test]
     fn rounds_apply_each_conversations_updates_in_order() {
         use UnreadChange::*;
-        let a: Key = ("x".into(), "a".into(), "b@x".into());
-        let b: Key = ("x".into(), "a".into(), "c@x".into());
+        let a = Key::new("x", "a", "b@x");
+        let b = Key::new("x", "a", "c@x");
         let op = |last, unread| Op {
             last: Some(last),
             unread,
