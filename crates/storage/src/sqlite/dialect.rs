@@ -233,9 +233,9 @@ impl Dialect for SqliteStorage {
         drop(append);
         // The background task merges from `merge_rows` on; if updates come
         // faster than it merges, this writer waits for a merge of its own
-        // at 1.5 × that: the inbox queue then fills and the sessions stop
+        // at twice that: the inbox queue then fills and the sessions stop
         // reading (write-behind back-pressure) rather than memory growing.
-        let cap = self.inbox_options.merge_rows.saturating_mul(3) / 2;
+        let cap = self.inbox_options.merge_rows.saturating_mul(2);
         if self.inbox_options.merge_inline || self.inbox.load().0 >= cap {
             self.merge_inbox().await?;
         }
