@@ -288,12 +288,21 @@ impl Dialect for SqliteStorage {
                 if remote.is_some_and(|x| x != r) {
                     continue;
                 }
-                let key = inbox_log::Key::new(domain, user, &r);
+                // One update value per conversation, its change replaced
+                // per pending op (no JID is parsed again per op).
+                let mut u = InboxUpdate {
+                    owner: owner.clone(),
+                    remote: r.clone(),
+                    last: None,
+                    unread: UnreadChange::Keep,
+                    shared: false,
+                };
                 let mut row = out.get(&r).copied();
                 for op in &ops {
-                    if let Some(u) = inbox_log::update(&key, op) {
-                        row = apply_inbox_update(row, &u);
-                    }
+                    u.last = op.last.map(ArchiveId);
+                    u.unread = op.unread;
+                    u.shared = op.shared;
+                    row = apply_inbox_update(row, &u);
                 }
                 match row {
                     Some(row) => out.insert(r, row),

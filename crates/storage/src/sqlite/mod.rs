@@ -67,7 +67,7 @@ pub struct SqliteStorage {
     pub(crate) buckets: std::sync::Arc<crate::buckets::BucketWriter>,
     /// The background checkpointer (see [`SqliteStorage::open`]) and the
     /// inbox log's merger.
-    checkpointer: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     /// Inbox changes committed to the log, not yet merged into the table.
     pub(crate) inbox: std::sync::Arc<inbox_log::Memtable>,
     /// When the inbox log is merged.
@@ -148,7 +148,7 @@ impl SqliteStorage {
             writer,
             buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
             target,
-            checkpointer: std::sync::Arc::new(std::sync::Mutex::new(vec![checkpointer])),
+            tasks: std::sync::Arc::new(std::sync::Mutex::new(vec![checkpointer])),
             inbox: Default::default(),
             inbox_options: InboxLogOptions {
                 merge_rows: options.inbox_merge_rows.max(1),
@@ -166,7 +166,7 @@ impl SqliteStorage {
                 message: e.to_string(),
             })?;
         let merger = tokio::spawn(inbox_merge_task(db.clone()));
-        db.checkpointer
+        db.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(merger);
@@ -300,7 +300,7 @@ impl StorageBackend for SqliteStorage {
         {
             let _merge = self.inbox.merge.lock().await;
             for t in self
-                .checkpointer
+                .tasks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .drain(..)
