@@ -64,10 +64,12 @@ pub enum Action {
     CancelTimer(TimerKey),
     /// Close the stream with this error.
     Close(StreamError),
-    /// Write this element to the client again, without telling the
+    /// Write this stanza to the client again, without telling the
     /// [`TrafficObserver`]s (a stream-management retransmission: the
-    /// element was counted when it was first written).
-    Resend(Element),
+    /// stanza was counted when it was first written). The bytes are the
+    /// stanza's wire form in the `jabber:client` default namespace, as
+    /// [`Outgoing::write_wire`] gives it.
+    Resend(Vec<u8>),
     /// Hand this stanza back to the router: its session ends before its
     /// client received it (see `Router::reroute`).
     Reroute(Stanza),
@@ -352,22 +354,49 @@ pub trait ElementHandler: Send + Sync + 'static {
     async fn element(&self, cx: &mut SessionCtx<'_>, el: &Element) -> HookResult;
 }
 
+/// One element a session wrote for its client, as a [`TrafficObserver`]
+/// sees it.
+pub struct Outgoing<'a> {
+    el: &'a Element,
+    wire: Option<&'a [u8]>,
+}
+
+impl<'a> Outgoing<'a> {
+    /// `wire`: the bytes the connection wrote for `el` in the
+    /// `jabber:client` default namespace (no `xmlns` on the root), when it
+    /// has them (an XML stream); else they are serialised on demand.
+    pub fn new(el: &'a Element, wire: Option<&'a [u8]>) -> Self {
+        Outgoing { el, wire }
+    }
+
+    /// The element.
+    pub fn element(&self) -> &'a Element {
+        self.el
+    }
+
+    /// Appends the element's wire form in the `jabber:client` default
+    /// namespace to `out`: a copy of the connection's bytes, or a fresh
+    /// serialisation (WebSocket, BOSH, a detached session).
+    pub fn write_wire(&self, out: &mut Vec<u8>) {
+        match self.wire {
+            Some(w) => out.extend_from_slice(w),
+            None => self.el.write_to(out, starling_proto::ns::CLIENT),
+        }
+    }
+}
+
 /// Sees a session's stanza traffic, synchronously and cheaply (XEP-0198
 /// counts it). Runs only after a resource is bound.
 pub trait TrafficObserver: Send + Sync + 'static {
     /// One stanza arrived from the client.
     fn stanza_in(&self, info: &SessionInfo, state: &mut Extensions);
     /// One element was written to the client — or, while the session is
-    /// detached, would have been. The session is done with it: an observer
-    /// that keeps it takes it (`el.take()`, no copy); observers after that
-    /// one see `None`. Returns true if the session must end (with
-    /// `<policy-violation/>`): the observer's bound was exceeded.
-    fn element_out(
-        &self,
-        info: &SessionInfo,
-        state: &mut Extensions,
-        el: &mut Option<Element>,
-    ) -> bool;
+    /// detached, would have been. An observer that keeps it keeps its wire
+    /// form ([`Outgoing::write_wire`]: the bytes the connection just
+    /// wrote, copied, not a tree to free later). Returns true if the
+    /// session must end (with `<policy-violation/>`): the observer's bound
+    /// was exceeded.
+    fn element_out(&self, info: &SessionInfo, state: &mut Extensions, out: &Outgoing<'_>) -> bool;
     /// The session is about to flush what it wrote in this turn; `out`
     /// takes elements to write first (an ack request). Returns when the
     /// observer wants to be asked again even if nothing else happens (a

@@ -258,6 +258,55 @@ async fn a_websocket_session_resumes_over_tcp() {
     server.stop().await;
 }
 
+#[tokio::test]
+async fn a_tcp_session_resumes_over_websocket() {
+    // XEP-0198 §5 the other way: the stanzas queued for a TCP stream (kept
+    // as that stream's bytes, without `xmlns`) are re-sent as standalone
+    // RFC 7395 messages, each naming `jabber:client`.
+    let server = TestServer::start().await;
+    let mut bob = server.login("bob").await;
+    let mut tcp = server.login("alice").await;
+    tcp.send(&format!("<enable xmlns='{SM}' resume='true'/>"))
+        .await;
+    let enabled = tcp.recv_until(|e| e.is("enabled", SM)).await;
+    let id = enabled.attr("id").expect("resumption id").to_owned();
+    let full = tcp.jid.clone();
+    bob.send(&format!(
+        "<message to='{full}' type='chat' id='m1'><body>one &amp; &lt;only&gt;</body></message>"
+    ))
+    .await;
+    assert_eq!(body(&tcp.recv_message().await), "one & <only>");
+    drop(tcp); // no </stream:stream>, no ack
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bob.send(&format!(
+        "<message to='{full}' type='chat' id='m2'><body>two</body></message>"
+    ))
+    .await;
+
+    let mut web = Client::connect_websocket(server.http_addr(false), false).await;
+    web.auth(Mechanism::ScramSha256, "alice", "pw-alice")
+        .await
+        .unwrap();
+    web.send(&format!("<resume xmlns='{SM}' previd='{id}' h='0'/>"))
+        .await;
+    let resumed = web.recv().await;
+    assert!(resumed.is("resumed", SM), "{resumed}");
+    let mut bodies = Vec::new();
+    while let Some(Event::Element(el)) = web.next_event_within(Duration::from_millis(500)).await {
+        if el.name() == "message" {
+            assert_eq!(el.ns(), "jabber:client", "{el}");
+            assert_eq!(el.attr("to"), Some(full.as_str()));
+            bodies.push(body(&el));
+        }
+    }
+    assert_eq!(
+        bodies,
+        ["one & <only>", "two"],
+        "unacked and queued, each once"
+    );
+    server.stop().await;
+}
+
 /// RFC 5802 §6 / RFC 9266 over `wss:`: a WebSocket stream is one TLS
 /// connection, so SCRAM -PLUS with that connection's bindings works as on
 /// TCP (XEP-0440 lists the types); binding data of another connection is

@@ -23,7 +23,7 @@ use crate::c2s::sasl::SaslState;
 use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, XmlStream};
 use crate::transport::tcp::Transport;
 use crate::transport::websocket::WsConn;
-use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, OwnIqHandler};
+use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, Outgoing, OwnIqHandler};
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, HandoverGate, Mailbox,
     SessionCtx, SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
@@ -1113,8 +1113,9 @@ impl Session {
                 self.apply(actions).await?;
                 if flow == Flow::Continue {
                     self.shared.env.metrics.stanza_out(stanza.kind());
+                    let mark = self.conn.wire_mark();
                     self.conn.send_stanza(&stanza);
-                    self.observe_out(stanza.into_element());
+                    self.observe_out(stanza.element(), mark);
                 }
                 Ok(())
             }
@@ -1239,7 +1240,7 @@ impl Session {
                 }
                 Action::CancelTimer(key) => self.timers.retain(|(_, k)| *k != key),
                 Action::Close(e) => return Err(Exit::Error(e)),
-                Action::Resend(el) => self.conn.send(&el),
+                Action::Resend(wire) => self.conn.send_wire(&wire),
                 Action::Reroute(stanza) => {
                     let env = &self.shared.env;
                     env.router.reroute(env, stanza).await
@@ -1263,19 +1264,20 @@ impl Session {
                 self.shared.env.metrics.stanza_out(kind);
             }
         }
+        let mark = self.conn.wire_mark();
         self.conn.send(&el);
-        self.observe_out(el);
+        self.observe_out(&el, mark);
     }
 
     /// Tells the traffic observers about an element written for the
-    /// client (one of them may keep it).
-    fn observe_out(&mut self, el: Element) {
-        if !self.info.state.is_bound() {
+    /// client since `mark` (one of them may keep its wire form).
+    fn observe_out(&mut self, el: &Element, mark: Option<usize>) {
+        if !self.info.state.is_bound() || self.shared.env.hooks.traffic.is_empty() {
             return;
         }
-        let mut slot = Some(el);
+        let out = Outgoing::new(el, self.conn.wire_since(mark));
         for t in &self.shared.env.hooks.traffic {
-            self.overflow |= t.element_out(&self.info, &mut self.ext, &mut slot);
+            self.overflow |= t.element_out(&self.info, &mut self.ext, &out);
         }
     }
 

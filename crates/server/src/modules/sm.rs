@@ -55,7 +55,7 @@
 use serde::Deserialize;
 use starling_core::hooks::{
     AttachHandler, ConnectionLostHandler, ElementHandler, ElementStage, FeatureStage, HookRegistry,
-    SessionClosedHandler, StreamFeatureProvider, TrafficObserver,
+    Outgoing, SessionClosedHandler, StreamFeatureProvider, TrafficObserver,
 };
 use starling_core::module::{Module, ModuleCtx};
 use starling_core::{
@@ -105,18 +105,100 @@ impl Default for SmConfig {
             resume_timeout_secs: 300,
             max_resume_secs: 3600,
             max_queue: 1000,
-            request_ack_every: 5,
+            request_ack_every: 32,
             request_ack_delay_ms: 2000,
         }
     }
 }
 
-/// A stanza the client has not acknowledged yet.
-struct Sent {
-    /// When it was handed to the connection (for ack requests).
-    sent_at: Instant,
-    el: Element,
-    at: SystemTime,
+/// The stanzas the client has not acknowledged yet, oldest first, kept as
+/// the bytes the connection wrote (the `jabber:client` wire form): one
+/// buffer per session, appended to and consumed from the front, so a
+/// stanza costs a copy of its bytes and no allocation or tree to free when
+/// it is acknowledged (measured: freeing acknowledged trees long after
+/// they were written was the largest single cost of stream management).
+#[derive(Default)]
+struct Unacked {
+    /// The stanzas' bytes from `head` on.
+    buf: Vec<u8>,
+    head: usize,
+    /// Each stanza's length and when it was handed to the connection (for
+    /// ack requests, and the delay stamp if it is re-routed).
+    items: VecDeque<(u32, Instant)>,
+    /// The first item's time, kept here too: the ack-request check runs
+    /// at every flush and should not touch the queue's (cold) memory.
+    oldest: Option<Instant>,
+}
+
+/// What an empty queue keeps of its buffer (an idle session holds no
+/// more).
+const KEEP_EMPTY: usize = 4096;
+
+impl Unacked {
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn oldest(&self) -> Option<Instant> {
+        self.oldest
+    }
+
+    fn push(&mut self, out: &Outgoing<'_>, at: Instant) {
+        if self.head > 0 && self.head >= self.buf.len() / 2 {
+            self.buf.drain(..self.head);
+            self.head = 0;
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(KEEP_EMPTY / 2);
+        }
+        self.oldest.get_or_insert(at);
+        let start = self.buf.len();
+        out.write_wire(&mut self.buf);
+        let len = u32::try_from(self.buf.len() - start).unwrap_or(u32::MAX);
+        self.items.push_back((len, at));
+    }
+
+    /// Forgets the `n` oldest.
+    fn drop_front(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        for (len, _) in self.items.drain(..n) {
+            self.head += len as usize;
+        }
+        self.oldest = self.items.front().map(|&(_, at)| at);
+        if self.items.is_empty() {
+            self.head = 0;
+            if self.buf.capacity() > KEEP_EMPTY {
+                self.buf = Vec::new();
+            } else {
+                self.buf.clear();
+            }
+            if self.items.capacity() > 64 {
+                self.items = VecDeque::new();
+            }
+        }
+    }
+
+    /// Each stanza's bytes and when it was sent, oldest first.
+    fn iter(&self) -> impl Iterator<Item = (&[u8], Instant)> {
+        let mut at = self.head;
+        self.items.iter().map(move |&(len, sent)| {
+            let bytes = &self.buf[at..at + len as usize];
+            at += len as usize;
+            (bytes, sent)
+        })
+    }
+}
+
+/// Parses a queued stanza back into a tree (re-routing, rare).
+fn parse_wire(wire: &[u8]) -> Option<Element> {
+    let mut parser = starling_xml::StreamParser::for_elements(starling_xml::Limits::default());
+    let mut input = wire;
+    match parser.push(&mut input) {
+        Ok(Some(starling_xml::StreamEvent::Stanza(el))) => Some(el),
+        _ => None,
+    }
 }
 
 /// Per-session state, once `<enable/>` succeeded.
@@ -128,7 +210,7 @@ struct SmState {
     /// The client's last 'h'.
     acked: u32,
     /// Sent and not acknowledged, oldest first.
-    unacked: VecDeque<Sent>,
+    unacked: Unacked,
     /// Our `<r/>` awaits its `<a/>`.
     requested: bool,
     /// The resumption id, if the session is resumable.
@@ -215,7 +297,7 @@ fn apply_ack(st: &mut SmState, h: u32) -> Result<(), StreamError> {
         )
         .with_app(app));
     }
-    st.unacked.drain(..newly);
+    st.unacked.drop_front(newly);
     st.acked = h;
     Ok(())
 }
@@ -257,7 +339,7 @@ impl StreamManagement {
             h_in: 0,
             sent: 0,
             acked: 0,
-            unacked: VecDeque::new(),
+            unacked: Unacked::default(),
             requested: false,
             resume_id,
             keep: Duration::from_secs(keep),
@@ -350,27 +432,15 @@ impl TrafficObserver for StreamManagement {
         }
     }
 
-    fn element_out(
-        &self,
-        _info: &SessionInfo,
-        state: &mut Extensions,
-        el: &mut Option<Element>,
-    ) -> bool {
+    fn element_out(&self, _info: &SessionInfo, state: &mut Extensions, out: &Outgoing<'_>) -> bool {
         let Some(st) = state.get_mut::<SmState>() else {
             return false;
         };
-        if !el.as_ref().is_some_and(is_stanza) {
+        if !is_stanza(out.element()) {
             return false;
         }
-        let Some(el) = el.take() else {
-            return false;
-        };
         st.sent = st.sent.wrapping_add(1);
-        st.unacked.push_back(Sent {
-            el,
-            at: SystemTime::now(),
-            sent_at: Instant::now(),
-        });
+        st.unacked.push(out, Instant::now());
         if st.unacked.len() > self.cfg.max_queue && !st.overflow {
             st.overflow = true;
             return true;
@@ -392,7 +462,7 @@ impl TrafficObserver for StreamManagement {
         if st.requested {
             return None;
         }
-        let oldest = st.unacked.front()?.sent_at;
+        let oldest = st.unacked.oldest()?;
         let delay = Duration::from_millis(self.cfg.request_ack_delay_ms);
         let due = oldest + delay;
         if st.unacked.len() >= self.cfg.request_ack_every.max(1) || Instant::now() >= due {
@@ -445,10 +515,10 @@ impl AttachHandler for StreamManagement {
             .attr("h", st.h_in.to_string())
             .attr("previd", previd)
             .build();
-        let again: Vec<Element> = st.unacked.iter().map(|s| s.el.clone()).collect();
+        let again: Vec<Vec<u8>> = st.unacked.iter().map(|(w, _)| w.to_vec()).collect();
         cx.send(resumed);
-        for el in again {
-            cx.push(Action::Resend(el));
+        for wire in again {
+            cx.push(Action::Resend(wire));
         }
         Ok(Flow::Continue)
     }
@@ -467,11 +537,16 @@ impl SessionClosedHandler for StreamManagement {
             }
         }
         let domain = cx.info.domain.clone();
+        let unacked: Vec<(Element, Instant)> = st
+            .unacked
+            .iter()
+            .filter_map(|(wire, at)| Some((parse_wire(wire)?, at)))
+            .collect();
         // Another available resource at least as preferred as this one
         // already has what was addressed to the bare JID (module doc).
         // (Looked up only when such a message is waiting.)
         let covered = self.archive
-            && st.unacked.iter().any(|s| to_bare_jid(&s.el))
+            && unacked.iter().any(|(el, _)| to_bare_jid(el))
             && cx.info.priority.is_some_and(|mine| {
                 let owner = cx.jid().to_bare();
                 cx.env.sessions.resources(&owner).iter().any(|e| {
@@ -479,11 +554,11 @@ impl SessionClosedHandler for StreamManagement {
                 })
             });
         let mut rerouted = 0usize;
-        for sent in st.unacked {
-            if covered && to_bare_jid(&sent.el) {
+        for (el, at) in unacked {
+            if covered && to_bare_jid(&el) {
                 continue;
             }
-            if let Some(stanza) = unacked_to_reroute(sent, &domain) {
+            if let Some(stanza) = unacked_to_reroute(el, at, &domain) {
                 rerouted += 1;
                 cx.push(Action::Reroute(stanza));
             }
@@ -506,8 +581,10 @@ fn to_bare_jid(el: &Element) -> bool {
 }
 
 /// What becomes of one unacknowledged stanza when its session ends (§4).
-fn unacked_to_reroute(sent: Sent, domain: &str) -> Option<Stanza> {
-    let Sent { mut el, at, .. } = sent;
+fn unacked_to_reroute(mut el: Element, sent_at: Instant, domain: &str) -> Option<Stanza> {
+    let at = SystemTime::now()
+        .checked_sub(sent_at.elapsed())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     match el.name() {
         "message" => {
             let copy = el.has_child("received", ns::CARBONS)
@@ -567,17 +644,17 @@ mod tests {
     use super::*;
 
     fn state(sent: u32, acked: u32, unacked: usize) -> SmState {
+        let mut queue = Unacked::default();
+        for i in 0..unacked {
+            let mut el = Element::new("message", ns::CLIENT);
+            el.set_attr("id", i.to_string());
+            queue.push(&Outgoing::new(&el, None), Instant::now());
+        }
         SmState {
             h_in: 0,
             sent,
             acked,
-            unacked: (0..unacked)
-                .map(|_| Sent {
-                    el: Element::new("message", ns::CLIENT),
-                    at: SystemTime::now(),
-                    sent_at: Instant::now(),
-                })
-                .collect(),
+            unacked: queue,
             requested: false,
             resume_id: None,
             keep: Duration::ZERO,
@@ -593,7 +670,7 @@ mod tests {
         assert_eq!(st.unacked.len(), 1);
         assert_eq!(st.acked, 0);
         assert!(apply_ack(&mut st, 1).is_ok());
-        assert!(st.unacked.is_empty());
+        assert!(st.unacked.len() == 0);
     }
 
     #[test]
@@ -614,23 +691,96 @@ mod tests {
 
     #[test]
     fn carbons_presence_and_errors_are_not_rerouted() {
-        let sent = |el: Element| Sent {
-            el,
-            at: SystemTime::now(),
-            sent_at: Instant::now(),
+        // Through the queue's wire form, as a session's end sees them.
+        let sent = |el: Element| {
+            let mut q = Unacked::default();
+            q.push(&Outgoing::new(&el, None), Instant::now());
+            let (wire, at) = q.iter().next().unwrap();
+            (parse_wire(wire).expect("parses back"), at)
         };
         let mut carbon = Element::new("message", ns::CLIENT);
         carbon.append_child(Element::new("received", ns::CARBONS));
-        assert!(unacked_to_reroute(sent(carbon), "x").is_none());
-        assert!(unacked_to_reroute(sent(Element::new("presence", ns::CLIENT)), "x").is_none());
+        assert!({
+            let (e, at) = sent(carbon);
+            unacked_to_reroute(e, at, "x")
+        }
+        .is_none());
+        assert!({
+            let (e, at) = sent(Element::new("presence", ns::CLIENT));
+            unacked_to_reroute(e, at, "x")
+        }
+        .is_none());
         let mut msg = Element::new("message", ns::CLIENT);
         msg.set_attr("to", "a@x/r");
         msg.set_attr("from", "b@x/r");
-        let s = unacked_to_reroute(sent(msg), "x").expect("rerouted");
+        let s = {
+            let (e, at) = sent(msg);
+            unacked_to_reroute(e, at, "x")
+        }
+        .expect("rerouted");
         assert!(s.element().has_child("delay", ns::DELAY));
         let mut result = Element::new("iq", ns::CLIENT);
         result.set_attr("type", "result");
         result.set_attr("id", "1");
-        assert!(unacked_to_reroute(sent(result), "x").is_none());
+        assert!({
+            let (e, at) = sent(result);
+            unacked_to_reroute(e, at, "x")
+        }
+        .is_none());
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use super::*;
+
+    fn msg(i: usize) -> Element {
+        Element::builder("message", ns::CLIENT)
+            .attr("id", i.to_string())
+            .append(
+                Element::builder("body", ns::CLIENT)
+                    .text("x".repeat(i))
+                    .build(),
+            )
+            .build()
+    }
+
+    #[test]
+    fn queue_keeps_order_across_acks_and_compaction() {
+        let mut q = Unacked::default();
+        let mut next = 0usize;
+        let mut first = 0usize;
+        for round in 0..50 {
+            for _ in 0..(round % 7 + 1) {
+                q.push(&Outgoing::new(&msg(next), None), Instant::now());
+                next += 1;
+            }
+            let n = (round % 5).min(q.len());
+            q.drop_front(n);
+            first += n;
+            let ids: Vec<String> = q
+                .iter()
+                .map(|(w, _)| parse_wire(w).unwrap().attr("id").unwrap().to_owned())
+                .collect();
+            let want: Vec<String> = (first..next).map(|i| i.to_string()).collect();
+            assert_eq!(ids, want, "round {round}");
+        }
+        q.drop_front(q.len());
+        assert_eq!(q.len(), 0);
+        assert!(
+            q.buf.capacity() <= KEEP_EMPTY,
+            "an empty queue holds at most {KEEP_EMPTY} bytes"
+        );
+    }
+
+    #[test]
+    fn wire_from_the_connection_is_kept_as_written() {
+        let el = msg(3);
+        let mut wire = Vec::new();
+        el.write_to(&mut wire, ns::CLIENT);
+        let mut q = Unacked::default();
+        q.push(&Outgoing::new(&el, Some(&wire)), Instant::now());
+        assert_eq!(q.iter().next().unwrap().0, &wire[..]);
+        assert_eq!(parse_wire(&wire).unwrap(), el);
     }
 }

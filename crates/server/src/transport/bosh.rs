@@ -229,6 +229,11 @@ impl BoshConn {
         el.write_to(&mut self.session.lock().outbound, "");
     }
 
+    /// Queues one serialised standalone element.
+    pub(crate) fn send_bytes(&mut self, bytes: &[u8]) {
+        self.session.lock().outbound.extend_from_slice(bytes);
+    }
+
     pub(crate) fn send_prepared(&mut self, wire: &Prepared, to: Option<&str>) {
         wire.write_to(&mut self.session.lock().outbound, "", to);
     }

@@ -328,6 +328,39 @@ impl Connection {
         }
     }
 
+    /// Where the next element's bytes will start in the output buffer, for
+    /// [`Connection::wire_since`] (XML streams only).
+    pub(crate) fn wire_mark(&self) -> Option<usize> {
+        match self {
+            Connection::Stream(s) => Some(s.wbuf.len()),
+            _ => None,
+        }
+    }
+
+    /// The bytes queued since `mark`: the wire form of the element just
+    /// sent, in the `jabber:client` default namespace (the stream's). `None`
+    /// for transports that frame elements differently.
+    pub(crate) fn wire_since(&self, mark: Option<usize>) -> Option<&[u8]> {
+        match (self, mark) {
+            (Connection::Stream(s), Some(m)) => s.wbuf.get(m..),
+            _ => None,
+        }
+    }
+
+    /// Queues a stanza already serialised in the `jabber:client` default
+    /// namespace (a stream-management retransmission). WebSocket and BOSH
+    /// carry standalone elements, which name their namespace.
+    pub(crate) fn send_wire(&mut self, wire: &[u8]) {
+        match self {
+            Connection::None => {}
+            Connection::Stream(s) => s.wbuf.extend_from_slice(wire),
+            Connection::WebSocket(w) => {
+                w.send_text(super::websocket::into_string(with_client_ns(wire)))
+            }
+            Connection::Bosh(b) => b.send_bytes(&with_client_ns(wire)),
+        }
+    }
+
     /// Queues one stanza for the client: its shared serialisation with
     /// this copy's `to` spliced in when it has one (a room's copies), else
     /// the element.
@@ -622,5 +655,55 @@ impl XmlStream {
             self.transport.shutdown().await
         })
         .await;
+    }
+}
+
+/// `wire` (an element serialised in the `jabber:client` default namespace,
+/// whose root therefore has no `xmlns`) with `xmlns='jabber:client'` on its
+/// root, as a standalone element (RFC 7395 messages, BOSH bodies) needs.
+fn with_client_ns(wire: &[u8]) -> Vec<u8> {
+    let name_end = wire
+        .iter()
+        .skip(1)
+        .position(|b| matches!(b, b' ' | b'/' | b'>' | b'\t' | b'\r' | b'\n'))
+        .map_or(wire.len(), |p| p + 1);
+    let mut out = Vec::with_capacity(wire.len() + 22);
+    out.extend_from_slice(&wire[..name_end]);
+    out.extend_from_slice(b" xmlns='jabber:client'");
+    out.extend_from_slice(&wire[name_end..]);
+    out
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::with_client_ns;
+    use starling_xml::Element;
+
+    #[test]
+    fn standalone_wire_names_the_client_namespace() {
+        let mut el = Element::new("message", starling_proto::ns::CLIENT);
+        el.set_attr("to", "a@b/c");
+        el.append_child(
+            Element::builder("body", starling_proto::ns::CLIENT)
+                .text("hi")
+                .build(),
+        );
+        let mut wire = Vec::new();
+        el.write_to(&mut wire, starling_proto::ns::CLIENT);
+        let standalone = String::from_utf8(with_client_ns(&wire)).unwrap();
+        assert_eq!(standalone, el.to_string_in(""));
+        let parsed: Element = standalone.parse().unwrap();
+        assert_eq!(parsed.ns(), starling_proto::ns::CLIENT);
+        assert_eq!(
+            parsed
+                .get_child("body", starling_proto::ns::CLIENT)
+                .unwrap()
+                .text(),
+            "hi"
+        );
+        assert_eq!(
+            String::from_utf8(with_client_ns(b"<iq/>")).unwrap(),
+            "<iq xmlns='jabber:client'/>"
+        );
     }
 }

@@ -171,6 +171,11 @@ impl WsConn {
         self.out.push(el.to_string_in(""));
     }
 
+    /// Queues one serialised standalone element (one message).
+    pub(crate) fn send_text(&mut self, text: String) {
+        self.out.push(text);
+    }
+
     pub(crate) fn send_prepared(&mut self, wire: &Prepared, to: Option<&str>) {
         let mut buf = Vec::with_capacity(wire.len() + 64);
         wire.write_to(&mut buf, "", to);
@@ -261,7 +266,7 @@ fn framing(el: Element) -> Inbound {
     Inbound::Element(el)
 }
 
-fn into_string(buf: Vec<u8>) -> String {
+pub(crate) fn into_string(buf: Vec<u8>) -> String {
     // Only UTF-8 input and ASCII markup are written.
     String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
