@@ -131,8 +131,8 @@ struct Unacked {
 }
 
 /// What an empty queue keeps of its buffer (an idle session holds no
-/// more).
-const KEEP_EMPTY: usize = 4096;
+/// more; a busy one regrows it between acks, a few copies per ack).
+const KEEP_EMPTY: usize = 1024;
 
 impl Unacked {
     fn len(&self) -> usize {
@@ -147,9 +147,6 @@ impl Unacked {
         if self.head > 0 && self.head >= self.buf.len() / 2 {
             self.buf.drain(..self.head);
             self.head = 0;
-        }
-        if self.buf.capacity() == 0 {
-            self.buf.reserve(KEEP_EMPTY / 2);
         }
         self.oldest.get_or_insert(at);
         let start = self.buf.len();
@@ -178,6 +175,14 @@ impl Unacked {
                 self.items = VecDeque::new();
             }
         }
+    }
+
+    /// Gives back the buffer's unused room (a detached session's queue).
+    fn shrink(&mut self) {
+        self.buf.drain(..self.head);
+        self.head = 0;
+        self.buf.shrink_to_fit();
+        self.items.shrink_to_fit();
     }
 
     /// Each stanza's bytes and when it was sent, oldest first.
@@ -480,6 +485,8 @@ impl ConnectionLostHandler for StreamManagement {
         st.resume_id.as_ref()?;
         // The ack request on the dead connection is void.
         st.requested = false;
+        // Detached, the queue only waits: no room for growth.
+        st.unacked.shrink();
         Some(st.keep)
     }
 }
@@ -765,6 +772,16 @@ mod queue_tests {
             let want: Vec<String> = (first..next).map(|i| i.to_string()).collect();
             assert_eq!(ids, want, "round {round}");
         }
+        q.shrink();
+        assert_eq!(q.buf.capacity(), q.buf.len(), "shrunk to what it holds");
+        let after: Vec<String> = q
+            .iter()
+            .map(|(w, _)| parse_wire(w).unwrap().attr("id").unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            after,
+            (first..next).map(|i| i.to_string()).collect::<Vec<_>>()
+        );
         q.drop_front(q.len());
         assert_eq!(q.len(), 0);
         assert!(
