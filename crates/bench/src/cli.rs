@@ -260,6 +260,13 @@ pub struct ResumeArgs {
     /// instead of SCRAM.
     #[arg(long, requires = "sasl2")]
     pub fast: bool,
+    /// Logins do what a client does at every fresh session, not only
+    /// authenticate, bind, `<enable/>` and send presence: they also fetch
+    /// the roster, enable carbons, fetch the block list and the server's
+    /// disco#info (one batch, all answered) before the presence.
+    /// Resumptions restore all of that without asking.
+    #[arg(long)]
+    pub full_login: bool,
 }
 
 /// Options of the `pep` scenario.

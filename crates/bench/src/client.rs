@@ -183,6 +183,10 @@ pub struct Target {
     /// Log in over SASL2 asking for a FAST token (XEP-0484) and resume
     /// with it (HT-SHA-256-NONE) instead of SCRAM.
     pub fast: bool,
+    /// After binding (and `<enable/>`), fetch what a client re-fetches at
+    /// every fresh session before its initial presence (`resume
+    /// --full-login`): see [`sync_after_bind`].
+    pub full_login: bool,
 }
 
 /// Where one connection comes from and goes to.
@@ -1153,6 +1157,9 @@ pub async fn establish(
     if target.sm {
         enable_sm(&mut conn, t).await?;
     }
+    if target.full_login {
+        sync_after_bind(&mut conn, t).await?;
+    }
     if presence {
         step(t, Cause::Closed, async {
             Ok(conn.send(b"<presence/>").await?)
@@ -1167,6 +1174,39 @@ pub async fn establish(
 
 /// XEP-0198's namespace.
 pub const NS_SM: &str = "urn:xmpp:sm:3";
+
+/// What Conversations, Dino and Gajim ask for at every fresh session (one
+/// that was not resumed) before the initial presence: the roster (RFC 6121
+/// §2.2), message carbons (XEP-0280), the block list (XEP-0191) and the
+/// server's features (XEP-0030). A resumption restores all of it, which is
+/// what `resume --full-login` compares. Sent in one batch (real clients
+/// pipeline them too); every answer must be a result.
+async fn sync_after_bind(conn: &mut Conn, t: Duration) -> Result<(), SetupError> {
+    const REQUESTS: &str = "<iq type='get' id='fl1'><query xmlns='jabber:iq:roster'/></iq>\
+        <iq type='set' id='fl2'><enable xmlns='urn:xmpp:carbons:2'/></iq>\
+        <iq type='get' id='fl3'><blocklist xmlns='urn:xmpp:blocking'/></iq>\
+        <iq type='get' id='fl4'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>";
+    step(t, Cause::Closed, async {
+        Ok(conn.send(REQUESTS.as_bytes()).await?)
+    })
+    .await?;
+    let mut pending = 4;
+    while pending > 0 {
+        let reply =
+            expect_element(conn, t, "roster, carbons, block list and disco results").await?;
+        let Some(id) = reply.attr("id").filter(|i| i.starts_with("fl")) else {
+            continue;
+        };
+        if reply.name() != "iq" || reply.attr("type") != Some("result") {
+            return fail(
+                Cause::Bind,
+                format!("full login: request {id} refused: {reply}"),
+            );
+        }
+        pending -= 1;
+    }
+    Ok(())
+}
 
 /// Enables stream management with resumption (XEP-0198 §3, §5) and keeps
 /// the resumption id.

@@ -235,6 +235,7 @@ pub(crate) fn target_of(args: &ScenarioArgs) -> anyhow::Result<Arc<Target>> {
         sm: args.conn.sm,
         sasl2: false,
         fast: false,
+        full_login: false,
     }))
 }
 

@@ -124,6 +124,7 @@ async fn ibr(c: &ConnArgs) -> anyhow::Result<()> {
         sm: false,
         sasl2: false,
         fast: false,
+        full_login: false,
     });
     let mut set = JoinSet::new();
     let mut next = c.first_user;

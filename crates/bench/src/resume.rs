@@ -3,7 +3,10 @@
 //!
 //! 1. **Login storm**: every user logs in (TLS, SASL, bind), enables
 //!    stream management with resumption and sends initial presence; rate
-//!    and server CPU as in `connect`. Server RSS before and after.
+//!    and server CPU as in `connect`. Server RSS before and after. With
+//!    `--full-login`, each login also fetches the roster, enables carbons,
+//!    fetches the block list and the server's disco#info before its
+//!    presence, as clients do at every session they could not resume.
 //! 2. **Unacked messages** (`--unacked K`, default 0): user `n` sends K
 //!    chat messages to user `n + 1` (the last to the first) and every
 //!    session waits until it received its K, answering none of the
@@ -60,6 +63,7 @@ pub async fn run(a: ResumeArgs) -> anyhow::Result<()> {
         let mut t = (*engine::target_of(&sc)?).clone();
         t.sasl2 = a.sasl2;
         t.fast = a.fast;
+        t.full_login = a.full_login;
         Arc::new(t)
     };
     let pid = match sc.server_pid {
@@ -83,12 +87,15 @@ pub async fn run(a: ResumeArgs) -> anyhow::Result<()> {
     let c0 = cpu();
     let mut live: Vec<Live> = Vec::with_capacity(users as usize);
     let mut login = engine::storm(&sc, &target, lo, hi, true, &shared, |n, conn| {
-        // Initial presence was the first stanza after <enable/>.
+        // Initial presence was the first stanza after <enable/>, or the
+        // fifth after the four requests of a full login (whose four
+        // results the client received).
+        let full = u32::from(target.full_login);
         live.push(Live {
             n,
             conn,
-            h: 0,
-            sent: 1,
+            h: 4 * full,
+            sent: 1 + 4 * full,
         })
     })
     .await;
@@ -99,6 +106,26 @@ pub async fn run(a: ResumeArgs) -> anyhow::Result<()> {
     pb.set_message(format!("settling {} s", sc.settle_secs));
     settle().await;
     let rss_attached = procmem::rss_kb(pid)?;
+
+    // What arrived since the login (contacts' presence, when users have
+    // rosters) is read and counted, as a client acknowledges what it
+    // received: the resumptions then have nothing to re-send but the
+    // unacked messages below.
+    if !live.is_empty() {
+        pb.set_message("reading what arrived since the login");
+        let mut set = JoinSet::new();
+        for mut l in live.drain(..) {
+            set.spawn(async move {
+                read_pending(&mut l).await;
+                l
+            });
+        }
+        while let Some(j) = set.join_next().await {
+            if let Ok(l) = j {
+                live.push(l);
+            }
+        }
+    }
 
     // 2. Unacknowledged messages.
     let k = a.unacked;
@@ -250,6 +277,23 @@ pub async fn run(a: ResumeArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Reads what the server sent until nothing arrives for 300 ms, counting
+/// the stanzas into `h` (and answering pings).
+async fn read_pending(l: &mut Live) {
+    while let Ok(Ok(Event::Element(el))) =
+        tokio::time::timeout(Duration::from_millis(300), l.conn.next_event()).await
+    {
+        if is_stanza(&el) {
+            l.h = l.h.wrapping_add(1);
+            if let Some(reply) = engine::iq_reply(&el) {
+                if l.conn.send(reply.as_bytes()).await.is_ok() {
+                    l.sent = l.sent.wrapping_add(1);
+                }
+            }
+        }
+    }
 }
 
 /// Sends `k` messages to `to` and reads until `k` benchmark messages
