@@ -196,13 +196,25 @@ impl Unacked {
     }
 }
 
-/// Parses a queued stanza back into a tree (re-routing, rare).
+/// Parses a queued stanza back into a tree (re-routing, rare). The bytes
+/// are our own serialisation of a tree, so no input limit applies: a
+/// stanza larger or deeper than the defaults (the c2s limits are
+/// configurable) must come back whole.
 fn parse_wire(wire: &[u8]) -> Option<Element> {
-    let mut parser = starling_xml::StreamParser::for_elements(starling_xml::Limits::default());
+    let limits = starling_xml::Limits {
+        max_stanza_bytes: wire.len() + 1,
+        max_depth: usize::MAX,
+        max_attributes: usize::MAX,
+        ..starling_xml::Limits::default()
+    };
+    let mut parser = starling_xml::StreamParser::for_elements(limits);
     let mut input = wire;
     match parser.push(&mut input) {
         Ok(Some(starling_xml::StreamEvent::Stanza(el))) => Some(el),
-        _ => None,
+        other => {
+            tracing::error!(bytes = wire.len(), result = ?other.map(|_| ()), "an unacknowledged stanza could not be read back for re-routing");
+            None
+        }
     }
 }
 
@@ -788,6 +800,31 @@ mod queue_tests {
             q.buf.capacity() <= KEEP_EMPTY,
             "an empty queue holds at most {KEEP_EMPTY} bytes"
         );
+    }
+
+    #[test]
+    fn big_and_deep_stanzas_come_back_whole() {
+        // Larger and deeper than the parser's default input limits.
+        let mut deep = Element::new("x", "urn:example:deep");
+        for _ in 0..100 {
+            let mut parent = Element::new("x", "urn:example:deep");
+            parent.append_child(deep);
+            deep = parent;
+        }
+        let el = Element::builder("message", ns::CLIENT)
+            .attr("to", "a@b/c")
+            .append(
+                Element::builder("body", ns::CLIENT)
+                    .text("y".repeat(300 * 1024))
+                    .build(),
+            )
+            .append(deep)
+            .build();
+        let mut q = Unacked::default();
+        q.push(&Outgoing::new(&el, None), Instant::now());
+        let (wire, _) = q.iter().next().unwrap();
+        assert!(wire.len() > 256 * 1024);
+        assert_eq!(parse_wire(wire).expect("read back"), el);
     }
 
     #[test]
