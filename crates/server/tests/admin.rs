@@ -645,6 +645,8 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
 struct CtlBench {
     dir: std::path::PathBuf,
     cfg: std::path::PathBuf,
+    /// STARTTLS, direct TLS and admin ports.
+    ports: [u16; 3],
     url: String,
     token: String,
 }
@@ -664,6 +666,7 @@ impl CtlBench {
         CtlBench {
             dir,
             cfg,
+            ports: [p1, p2, admin],
             url: format!("http://127.0.0.1:{admin}"),
             token: token.trim().to_owned(),
         }
@@ -680,25 +683,55 @@ impl CtlBench {
 
     /// Starts the binary, waits until `ctl status` answers, runs `f`, then
     /// stops the server and removes the directory (`f`'s panic goes on).
-    fn with_server(&self, f: impl FnOnce(&CtlBench) + std::panic::UnwindSafe) {
-        let mut server = bin()
-            .arg("--config")
-            .arg(&self.cfg)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut ready = false;
-        for _ in 0..600 {
-            if self.ctl(&["status"]).0 == 0 {
-                ready = true;
-                break;
+    /// The ports were free when the configuration was written, but a test
+    /// running in parallel may take one before the binary binds it: a
+    /// server that exits saying so is started again on fresh ports.
+    fn with_server(mut self, f: impl FnOnce(&CtlBench) + std::panic::UnwindSafe) {
+        let log = self.dir.join("server.log");
+        let mut attempt = 0;
+        let (mut server, ready) = loop {
+            attempt += 1;
+            let mut server = bin()
+                .arg("--config")
+                .arg(&self.cfg)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let mut ready = false;
+            let mut exited = false;
+            for _ in 0..600 {
+                if self.ctl(&["status"]).0 == 0 {
+                    ready = true;
+                    break;
+                }
+                if matches!(server.try_wait(), Ok(Some(_))) {
+                    exited = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            if exited && said.contains("Address already in use") && attempt < 5 {
+                // Same file (and database), new ports.
+                let mut text = std::fs::read_to_string(&self.cfg).unwrap();
+                let fresh = [free_port(), free_port(), free_port()];
+                for (old, new) in self.ports.iter().zip(fresh) {
+                    text =
+                        text.replace(&format!("127.0.0.1:{old}\""), &format!("127.0.0.1:{new}\""));
+                }
+                std::fs::write(&self.cfg, text).unwrap();
+                self.ports = fresh;
+                self.url = format!("http://127.0.0.1:{}", fresh[2]);
+                continue;
+            }
+            break (server, ready);
+        };
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        let this = &self;
         let result = std::panic::catch_unwind(|| {
-            assert!(ready, "server did not become ready");
-            f(self)
+            assert!(ready, "server did not become ready; it said:\n{said}");
+            f(this)
         });
         let _ = server.kill();
         let _ = server.wait();
@@ -714,7 +747,7 @@ impl CtlBench {
 #[test]
 fn cli_token_and_ctl_against_a_running_server() {
     let b = CtlBench::new();
-    let (cfg, token) = (&b.cfg, &b.token);
+    let (cfg, token) = (&b.cfg.clone(), &b.token.clone());
     assert!(token.starts_with("sta_"), "{token}");
     let (code, _, err) = run(bin()
         .arg("--config")
