@@ -33,6 +33,7 @@ use crate::procmem;
 use crate::rate::RateSchedule;
 use crate::report::ResumeResult;
 use anyhow::Context as _;
+use starling_xml::Element;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -285,13 +286,20 @@ async fn read_pending(l: &mut Live) {
     while let Ok(Ok(Event::Element(el))) =
         tokio::time::timeout(Duration::from_millis(300), l.conn.next_event()).await
     {
-        if is_stanza(&el) {
-            l.h = l.h.wrapping_add(1);
-            if let Some(reply) = engine::iq_reply(&el) {
-                if l.conn.send(reply.as_bytes()).await.is_ok() {
-                    l.sent = l.sent.wrapping_add(1);
-                }
-            }
+        receive(l, &el).await;
+    }
+}
+
+/// One element from the server: a stanza counts into `h`; an iq request
+/// (a ping) is answered, and the answer counts into `sent`.
+async fn receive(l: &mut Live, el: &Element) {
+    if !is_stanza(el) {
+        return;
+    }
+    l.h = l.h.wrapping_add(1);
+    if let Some(reply) = engine::iq_reply(el) {
+        if l.conn.send(reply.as_bytes()).await.is_ok() {
+            l.sent = l.sent.wrapping_add(1);
         }
     }
 }
@@ -320,15 +328,9 @@ async fn fill(l: &mut Live, to: &str, k: u64, pad: &str, t: Duration) -> u64 {
         if el.is("r", NS_SM) {
             continue;
         }
-        if is_stanza(&el) {
-            l.h = l.h.wrapping_add(1);
-        }
+        receive(l, &el).await;
         if el.name() == "message" && el.attr("type") != Some("error") {
             got += 1;
-        } else if let Some(reply) = engine::iq_reply(&el) {
-            if l.conn.send(reply.as_bytes()).await.is_ok() {
-                l.sent = l.sent.wrapping_add(1);
-            }
         }
     }
     got

@@ -139,6 +139,10 @@ impl Unacked {
         self.items.len()
     }
 
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
     fn oldest(&self) -> Option<Instant> {
         self.oldest
     }
@@ -164,7 +168,7 @@ impl Unacked {
             self.head += len as usize;
         }
         self.oldest = self.items.front().map(|&(_, at)| at);
-        if self.items.is_empty() {
+        if self.is_empty() {
             self.head = 0;
             if self.buf.capacity() > KEEP_EMPTY {
                 self.buf = Vec::new();
@@ -689,7 +693,7 @@ mod tests {
         assert_eq!(st.unacked.len(), 1);
         assert_eq!(st.acked, 0);
         assert!(apply_ack(&mut st, 1).is_ok());
-        assert!(st.unacked.len() == 0);
+        assert!(st.unacked.is_empty());
     }
 
     #[test]

@@ -354,9 +354,7 @@ impl Connection {
         match self {
             Connection::None => {}
             Connection::Stream(s) => s.wbuf.extend_from_slice(wire),
-            Connection::WebSocket(w) => {
-                w.send_text(super::websocket::into_string(with_client_ns(wire)))
-            }
+            Connection::WebSocket(w) => w.send_bytes(with_client_ns(wire)),
             Connection::Bosh(b) => b.send_bytes(&with_client_ns(wire)),
         }
     }
@@ -664,9 +662,8 @@ impl XmlStream {
 fn with_client_ns(wire: &[u8]) -> Vec<u8> {
     let name_end = wire
         .iter()
-        .skip(1)
         .position(|b| matches!(b, b' ' | b'/' | b'>' | b'\t' | b'\r' | b'\n'))
-        .map_or(wire.len(), |p| p + 1);
+        .unwrap_or(wire.len());
     let mut out = Vec::with_capacity(wire.len() + 22);
     out.extend_from_slice(&wire[..name_end]);
     out.extend_from_slice(b" xmlns='jabber:client'");

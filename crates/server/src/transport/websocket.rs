@@ -172,8 +172,8 @@ impl WsConn {
     }
 
     /// Queues one serialised standalone element (one message).
-    pub(crate) fn send_text(&mut self, text: String) {
-        self.out.push(text);
+    pub(crate) fn send_bytes(&mut self, bytes: Vec<u8>) {
+        self.out.push(into_string(bytes));
     }
 
     pub(crate) fn send_prepared(&mut self, wire: &Prepared, to: Option<&str>) {
@@ -266,7 +266,7 @@ fn framing(el: Element) -> Inbound {
     Inbound::Element(el)
 }
 
-pub(crate) fn into_string(buf: Vec<u8>) -> String {
+fn into_string(buf: Vec<u8>) -> String {
     // Only UTF-8 input and ASCII markup are written.
     String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }

@@ -383,12 +383,12 @@ impl SqliteStorage {
         let Some(frozen) = frozen else {
             return Ok(());
         };
-        let todo: Vec<(&inbox_log::Key, &Vec<inbox_log::Op>)> = frozen
+        let to_merge: Vec<(&inbox_log::Key, &Vec<inbox_log::Op>)> = frozen
             .set
             .iter()
             .filter(|(k, _)| frozen.merged_upto.as_ref().is_none_or(|m| *k > m))
             .collect();
-        for chunk in todo.chunks(inbox_log::MERGE_CHUNK) {
+        for chunk in to_merge.chunks(inbox_log::MERGE_CHUNK) {
             let upto = chunk[chunk.len() - 1].0.clone();
             let mut tx = self.begin_write().await.map_err(backend)?;
             for round in inbox_log::rounds(chunk) {
