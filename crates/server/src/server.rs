@@ -10,6 +10,7 @@ use crate::routing::sessions::SessionTable;
 use crate::tls::TlsContext;
 use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
 use anyhow::Context;
+use starling_core::storage::AuthCache;
 use starling_core::{Env, Hosts, Metrics, Pressure};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -236,7 +237,19 @@ pub async fn start_with(
     tracing::info!(certificate = %tls.source, "TLS ready");
     let metrics = Metrics::new();
     // Every storage call timed (starling_storage_latency_seconds).
-    let storage = storage.timed(&metrics);
+    let mut storage = storage.timed(&metrics);
+    // Credentials and disabled state cached in front of the (timed)
+    // account store; kept coherent by the backend's change log, read
+    // before the listeners accept and then every 2 s.
+    let auth_cache = Arc::new(AuthCache::new(
+        storage.accounts.clone(),
+        cfg.auth.cache_accounts,
+    ));
+    auth_cache
+        .sync()
+        .await
+        .context("reading the accounts change log")?;
+    storage.accounts = auth_cache.clone();
     let pressure = Arc::new(Pressure::new());
     let mut http_listeners = Vec::new();
     for (listener, tls) in &http_bound {
@@ -378,6 +391,8 @@ pub async fn start_with(
     let mut listeners = Vec::new();
     // Changes to the domains table by other nodes and the CLI.
     listeners.push(domain_service.spawn_poll(shutdown_rx.clone()));
+    // Account changes by other nodes and the CLI, for the auth cache.
+    listeners.push(spawn_auth_cache_poll(auth_cache, shutdown_rx.clone()));
     for (listener, tls) in bound {
         let local = listener.local_addr()?;
         tracing::info!(address = %local, tls = ?tls, "listening for clients");
@@ -480,4 +495,29 @@ async fn accept_loop(
             drop(done);
         });
     }
+}
+
+/// Polls the accounts change log every [`crate::domains::POLL_INTERVAL`]
+/// for the auth cache (see [`AuthCache`]); a failed read is retried at the
+/// next tick (until then the cache may hold a change made elsewhere).
+fn spawn_auth_cache_poll(
+    cache: Arc<AuthCache>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::domains::POLL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            match cache.sync().await {
+                Ok(Some(0)) => {}
+                Ok(Some(n)) => tracing::debug!(accounts = n, "auth cache: accounts changed elsewhere forgotten"),
+                Ok(None) => tracing::info!("auth cache: the accounts change log moved too far since the last read; cache emptied"),
+                Err(e) => tracing::warn!(error = %e, "reading the accounts change log failed; retrying"),
+            }
+        }
+    })
 }

@@ -254,6 +254,55 @@ async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
 }
 
+/// The auth cache (`[auth] cache_accounts`) keeps a logged-in account's
+/// credentials in memory; a password changed or an account deleted by the
+/// offline CLI while the server runs reaches it through the accounts
+/// change log within one poll (2 s): the old password stops working, the
+/// new one works, a deleted account cannot log in.
+#[tokio::test(flavor = "multi_thread")]
+async fn password_changed_by_the_cli_reaches_the_running_servers_auth_cache() {
+    let dir = temp_dir();
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = write_binary_config(&dir, p1, p2);
+    add_user(&cfg, "alice", "secret");
+    add_user(&cfg, "bob", "secret");
+    let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
+    let mut waited = 0;
+    while !answers_a_stream(p1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+        assert!(waited < 1200, "server did not start within 60 s");
+    }
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{p1}").parse().unwrap();
+    let login = |user: &'static str, password: &'static str| async move {
+        let mut c = Client::connect(addr).await;
+        c.negotiate_tls().await;
+        c.auth(Mechanism::ScramSha256, user, password).await.is_ok()
+    };
+    // Logged in: both accounts' credentials are now cached.
+    assert!(login("alice", "secret").await);
+    assert!(login("bob", "secret").await);
+    assert!(login("alice", "secret").await);
+
+    let (ok, _, err) = run_cli(&cfg, &["user", "passwd", "alice@localhost"], "changed\n");
+    assert!(ok, "{err}");
+    let (ok, _, err) = run_cli(&cfg, &["user", "del", "bob@localhost"], "");
+    assert!(ok, "{err}");
+    let start = std::time::Instant::now();
+    while login("alice", "secret").await || login("bob", "secret").await {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the old password still works 15 s after the change"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(login("alice", "changed").await);
+    assert!(!login("alice", "secret").await);
+    assert!(!login("bob", "secret").await);
+    let (status, err) = server.stop();
+    assert!(status.success(), "{err}");
+}
+
 /// Starts the binary with `cfg`, waits until `port` accepts on 127.0.0.1,
 /// stops it with SIGTERM and returns its exit status and standard error
 /// (a pipe, not a terminal).

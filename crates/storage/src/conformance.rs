@@ -6,9 +6,9 @@
 //! [`run_all`]: a new concern adds its function there.
 
 use starling_core::storage::{
-    ArchiveId, ArchivePrefs, ArchiveQuery, ArchiveRecord, InboxQuery, InboxTotals, InboxUpdate,
-    OfflineStoreError, PrefsDefault, RosterChange, RosterItem, Storage, StorageError, Subscription,
-    UnreadChange, WithFilter, FLAG_BODY,
+    AccountStore, ArchiveId, ArchivePrefs, ArchiveQuery, ArchiveRecord, AuthCache, InboxQuery,
+    InboxTotals, InboxUpdate, OfflineStoreError, PrefsDefault, RosterChange, RosterItem, Storage,
+    StorageError, Subscription, UnreadChange, WithFilter, ACCOUNT_CHANGES_KEPT, FLAG_BODY,
 };
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
@@ -98,6 +98,184 @@ pub async fn accounts(s: &Storage) {
         .unwrap()
         .is_none());
     assert!(a.exists(&alice2).await.unwrap());
+}
+
+/// The accounts change log behind the servers' auth caches: a password
+/// change, a ban or unban and a deletion are each listed once, in order;
+/// creation, reads and FAST tokens are not; a reader further behind than
+/// the log keeps is told to forget everything.
+pub async fn account_changes(s: &Storage) {
+    let a = s.accounts.as_ref();
+    let v0 = a.account_changes(0).await.unwrap();
+    assert_eq!(v0.accounts, Some(vec![]), "a new database has no changes");
+    let alice = jid("alice@example.org");
+    let evil = jid("x);drop_table_accounts;--@example.org");
+    a.create(&alice, &creds("one")).await.unwrap();
+    a.create(&evil, &creds("one")).await.unwrap();
+    let v1 = a.account_changes(v0.version).await.unwrap();
+    assert_eq!(v1.accounts, Some(vec![]), "creating is not a change");
+    assert!(a.set_credentials(&alice, &creds("two")).await.unwrap());
+    assert!(a.set_disabled(&evil, true).await.unwrap());
+    assert!(!a
+        .set_disabled(&jid("nobody@example.org"), true)
+        .await
+        .unwrap());
+    assert!(a.delete(&alice).await.unwrap());
+    assert!(!a.delete(&alice).await.unwrap());
+    let v2 = a.account_changes(v1.version).await.unwrap();
+    assert_eq!(v2.version, v1.version + 3);
+    assert_eq!(
+        v2.accounts,
+        Some(vec![alice.clone(), evil.clone(), alice.clone()])
+    );
+    assert_eq!(
+        a.account_changes(v2.version - 1).await.unwrap().accounts,
+        Some(vec![alice.clone()])
+    );
+    assert_eq!(
+        a.account_changes(v2.version).await.unwrap().accounts,
+        Some(vec![])
+    );
+    // Ahead of the database (a restored backup) or too far behind.
+    assert_eq!(
+        a.account_changes(v2.version + 5).await.unwrap().accounts,
+        None
+    );
+    assert_eq!(
+        a.account_changes(v2.version - ACCOUNT_CHANGES_KEPT - 1)
+            .await
+            .unwrap()
+            .accounts,
+        None
+    );
+    // The log keeps the last ACCOUNT_CHANGES_KEPT changes.
+    for i in 0..ACCOUNT_CHANGES_KEPT + 2 {
+        assert!(a.set_disabled(&evil, i % 2 == 0).await.unwrap());
+    }
+    let v3 = a.account_changes(v2.version).await.unwrap();
+    assert_eq!(v3.version, v2.version + ACCOUNT_CHANGES_KEPT + 2);
+    assert_eq!(
+        v3.accounts, None,
+        "changes older than the log keeps are gone"
+    );
+    let kept = a
+        .account_changes(v3.version - ACCOUNT_CHANGES_KEPT)
+        .await
+        .unwrap()
+        .accounts
+        .expect("the last ACCOUNT_CHANGES_KEPT are kept");
+    assert_eq!(kept.len() as i64, ACCOUNT_CHANGES_KEPT);
+}
+
+/// Two servers' auth caches ([`AuthCache`]) over one backend, as two nodes
+/// of a cluster or a server and the offline CLI: a change through one is
+/// seen by the other at its next [`AuthCache::sync`], not before; a change
+/// through a cache is seen by that cache at once; an unknown account is
+/// not remembered.
+pub async fn auth_cache(s: &Storage) {
+    let a = s.accounts.clone();
+    let node1 = AuthCache::new(a.clone(), 1000);
+    let node2 = AuthCache::new(a.clone(), 1000);
+    assert_eq!(
+        node1.sync().await.unwrap(),
+        None,
+        "the first sync starts empty"
+    );
+    assert_eq!(node2.sync().await.unwrap(), None);
+    let alice = jid("alice@example.org");
+    let bob = jid("bob@example.org");
+    let pw = |c: Option<ScramCredentials>, p: &str| c.expect("credentials").verify_password(p);
+    // Not an account yet: not remembered, so creating it elsewhere works at once.
+    assert!(node2
+        .credentials(&bob, ScramHash::Sha256)
+        .await
+        .unwrap()
+        .is_none());
+    a.create(&alice, &creds("one")).await.unwrap();
+    a.create(&bob, &creds("one")).await.unwrap();
+    assert!(pw(
+        node2.credentials(&bob, ScramHash::Sha256).await.unwrap(),
+        "one"
+    ));
+    assert!(pw(
+        node2.credentials(&alice, ScramHash::Sha256).await.unwrap(),
+        "one"
+    ));
+    assert!(!node2.is_disabled(&alice).await.unwrap());
+    assert!(!node2.is_disabled(&bob).await.unwrap());
+    assert_eq!(node2.len(), 2);
+    // Another hash function is read, and then kept instead.
+    assert!(pw(
+        node2.credentials(&alice, ScramHash::Sha1).await.unwrap(),
+        "one"
+    ));
+
+    // Changed through node 1: node 1 sees it at once, node 2 after its sync.
+    node1.set_credentials(&alice, &creds("two")).await.unwrap();
+    node1.set_disabled(&bob, true).await.unwrap();
+    assert!(pw(
+        node1.credentials(&alice, ScramHash::Sha1).await.unwrap(),
+        "two"
+    ));
+    assert!(node1.is_disabled(&bob).await.unwrap());
+    assert!(
+        pw(
+            node2.credentials(&alice, ScramHash::Sha1).await.unwrap(),
+            "one"
+        ),
+        "cached"
+    );
+    assert!(!node2.is_disabled(&bob).await.unwrap(), "cached");
+    assert_eq!(node2.sync().await.unwrap(), Some(2));
+    assert!(pw(
+        node2.credentials(&alice, ScramHash::Sha1).await.unwrap(),
+        "two"
+    ));
+    assert!(node2.is_disabled(&bob).await.unwrap());
+    assert_eq!(node2.sync().await.unwrap(), Some(0));
+
+    // Changed behind both caches (the offline CLI writes the backend).
+    a.set_credentials(&alice, &creds("three")).await.unwrap();
+    assert!(a.delete(&bob).await.unwrap());
+    assert_eq!(node2.sync().await.unwrap(), Some(2));
+    assert!(pw(
+        node2.credentials(&alice, ScramHash::Sha1).await.unwrap(),
+        "three"
+    ));
+    assert!(node2
+        .credentials(&bob, ScramHash::Sha1)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(!node2.is_disabled(&bob).await.unwrap());
+    // node 1 syncs: alice's and bob's changes since its last sync (its own included).
+    assert_eq!(node1.sync().await.unwrap(), Some(4));
+    assert!(pw(
+        node1.credentials(&alice, ScramHash::Sha1).await.unwrap(),
+        "three"
+    ));
+
+    // A cache of capacity 0 reads through.
+    let off = AuthCache::new(a.clone(), 0);
+    assert!(pw(
+        off.credentials(&alice, ScramHash::Sha512).await.unwrap(),
+        "three"
+    ));
+    assert_eq!(off.len(), 0);
+    // Bounded: never more than its capacity (rounded up to its shards).
+    let small = AuthCache::new(a.clone(), 16);
+    let many: Vec<(BareJid, Vec<ScramCredentials>)> = (0..64)
+        .map(|i| (jid(&format!("u{i}@example.org")), creds("p")))
+        .collect();
+    a.create_many(&many).await.unwrap();
+    for (j, _) in &many {
+        assert!(small
+            .credentials(j, ScramHash::Sha256)
+            .await
+            .unwrap()
+            .is_some());
+    }
+    assert!(small.len() <= 16, "{} cached", small.len());
 }
 
 /// Rosters: items, versions (XEP-0237), tombstones, pending requests.
@@ -802,6 +980,8 @@ where
     Fut: std::future::Future<Output = Storage>,
 {
     accounts(&make().await).await;
+    account_changes(&make().await).await;
+    auth_cache(&make().await).await;
     fast_tokens(&make().await).await;
     admin(&make().await).await;
     domains(&make().await).await;

@@ -7,7 +7,7 @@
 /// The names of the schema steps; step `i` is version `i + 1`. A new
 /// store appends its step here and its script to both backends'
 /// [`Scripts`].
-const STEPS: [&str; 15] = [
+const STEPS: [&str; 16] = [
     "accounts",
     "im-core",
     "offline",
@@ -23,6 +23,7 @@ const STEPS: [&str; 15] = [
     "domains",
     "inbox-log",
     "archive-owner-buckets",
+    "account-changes",
 ];
 
 /// A backend's SQL for each of [`STEPS`], in order (may hold several

@@ -146,7 +146,8 @@ async fn postgres_reopen_keeps_data_and_applying_twice_is_a_no_op() {
                 (12, "admin"),
                 (13, "domains"),
                 (14, "inbox-log"),
-                (15, "archive-owner-buckets")
+                (15, "archive-owner-buckets"),
+                (16, "account-changes")
             ]
         );
         let jid = starling_proto::BareJid::new("dora@example.org").unwrap();
@@ -174,7 +175,7 @@ async fn postgres_concurrent_first_open_by_several_pools_succeeds() {
             let s = o.await.unwrap().expect("concurrent open succeeds");
             s.backend.close().await;
         }
-        assert_eq!(schema_rows(&url).await.len(), 15, "each migration once");
+        assert_eq!(schema_rows(&url).await.len(), 16, "each migration once");
     })
     .await;
 }

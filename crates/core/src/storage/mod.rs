@@ -7,12 +7,14 @@
 
 mod admin;
 mod archive;
+mod auth_cache;
 mod domains;
 mod im;
 mod muc;
 mod offline;
 mod pubsub;
 mod timed;
+pub use auth_cache::AuthCache;
 
 pub use admin::{AdminToken, AdminTokenStore, SCOPE_ADMIN, SCOPE_READ};
 pub use archive::{apply_inbox_update, coalesce_inbox_updates, InboxRow};
@@ -112,7 +114,26 @@ pub trait AccountStore: Send + Sync + 'static {
         agent: &str,
         slot: Option<FastSlot>,
     ) -> StorageResult<()>;
+    /// The accounts whose credentials, disabled state or existence
+    /// changed after change number `after` (0 or a `version` this
+    /// returned before), whichever process wrote them: servers poll this
+    /// to drop what their [`AuthCache`] holds of them.
+    async fn account_changes(&self, after: i64) -> StorageResult<AccountChanges>;
 }
+
+/// What [`AccountStore::account_changes`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountChanges {
+    /// The change counter now (pass it as `after` next time).
+    pub version: i64,
+    /// The accounts changed since `after` (an account changed twice is
+    /// listed twice), or `None` when the backend no longer has all of
+    /// them (it keeps the last [`ACCOUNT_CHANGES_KEPT`]): forget everything.
+    pub accounts: Option<Vec<BareJid>>,
+}
+
+/// How many account changes a backend keeps for pollers that are behind.
+pub const ACCOUNT_CHANGES_KEPT: i64 = 10_000;
 
 /// Which of a client's two FAST token slots (XEP-0484 §6.1): a newly
 /// issued token waits in `New` until the client uses it.

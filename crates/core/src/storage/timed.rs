@@ -15,12 +15,12 @@
 //! path).
 
 use super::{
-    AccountStore, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery, ArchiveRecord, ArchiveStore,
-    ArchivedMessage, BlockingStore, FastSlot, FastToken, InboxEntry, InboxQuery, InboxStore,
-    InboxTotals, InboxUpdate, LastActivityStore, MucStore, OfflineMessage, OfflineStore,
-    OfflineStoreError, PubsubStore, PubsubSubscription, RoomAffiliation, RosterChange, RosterItem,
-    RosterStore, Storage, StorageError, StorageResult, StoredItem, StoredNode, StoredRoom,
-    UserDataStore,
+    AccountChanges, AccountStore, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery,
+    ArchiveRecord, ArchiveStore, ArchivedMessage, BlockingStore, FastSlot, FastToken, InboxEntry,
+    InboxQuery, InboxStore, InboxTotals, InboxUpdate, LastActivityStore, MucStore, OfflineMessage,
+    OfflineStore, OfflineStoreError, PubsubStore, PubsubSubscription, RoomAffiliation,
+    RosterChange, RosterItem, RosterStore, Storage, StorageError, StorageResult, StoredItem,
+    StoredNode, StoredRoom, UserDataStore,
 };
 use crate::metrics::{LatencyHistogram, Metrics, StorageOp};
 use async_trait::async_trait;
@@ -98,6 +98,7 @@ timed!(AccountStore {
     read fn fast_tokens(&self, jid: &BareJid, agent: &str) -> StorageResult<Vec<FastToken>>;
     write fn put_fast_token(&self, jid: &BareJid, agent: &str, token: &FastToken) -> StorageResult<bool>;
     write fn delete_fast_tokens(&self, jid: &BareJid, agent: &str, slot: Option<FastSlot>) -> StorageResult<()>;
+    read fn account_changes(&self, after: i64) -> StorageResult<AccountChanges>;
 });
 
 timed!(RosterStore {

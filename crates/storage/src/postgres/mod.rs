@@ -50,6 +50,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0013_domains.sql"),
     include_str!("0014_inbox_log.sql"),
     include_str!("0015_archive_owner_buckets.sql"),
+    include_str!("0016_account_changes.sql"),
 ];
 
 /// Advisory lock (one-`bigint` key space) held by the migration runner:

@@ -2,14 +2,51 @@
 //! each engine's batch writer ([`Dialect::insert_credentials`],
 //! [`Dialect::insert_accounts`]); deleting an account deletes its
 //! credentials by `ON DELETE CASCADE` (SQLite's foreign keys are on).
+//!
+//! A password change, a ban or unban and a deletion also record the
+//! account in `account_changes` under the next value of the counter row
+//! `accounts_version`, in the same transaction ([`record_change`]), for
+//! the servers' authentication caches ([`AccountStore::account_changes`]).
 
-use super::{Dialect, Store};
+use super::{Db, Dialect, Store};
 use crate::{backend, hash_name, now_secs, split};
 use async_trait::async_trait;
-use sqlx::Row;
-use starling_core::storage::{AccountStore, FastSlot, FastToken, StorageError, StorageResult};
+use sqlx::{Row, Transaction};
+use starling_core::storage::{
+    AccountChanges, AccountStore, FastSlot, FastToken, StorageError, StorageResult,
+    ACCOUNT_CHANGES_KEPT,
+};
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
+
+/// Records a change of account `(domain, user)` inside `tx`: bumps the
+/// counter row (writers take turns on it, so change numbers have no gaps
+/// and a poller that sees number n sees every change up to n), records the
+/// account under the new number and drops what is older than the last
+/// [`ACCOUNT_CHANGES_KEPT`].
+async fn record_change(
+    tx: &mut Transaction<'static, Db>,
+    domain: &str,
+    user: &str,
+) -> Result<(), sqlx::Error> {
+    let version: i64 = sqlx::query(
+        "UPDATE accounts_version SET version = version + 1 WHERE id = 1 RETURNING version",
+    )
+    .fetch_one(&mut **tx)
+    .await?
+    .get(0);
+    sqlx::query("INSERT INTO account_changes (seq, domain, username) VALUES ($1, $2, $3)")
+        .bind(version)
+        .bind(domain)
+        .bind(user)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query("DELETE FROM account_changes WHERE seq <= $1")
+        .bind(version - ACCOUNT_CHANGES_KEPT)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
 
 #[async_trait]
 impl AccountStore for Store {
@@ -116,20 +153,31 @@ impl AccountStore for Store {
         Store::insert_credentials(&mut tx, &[(jid, credentials)])
             .await
             .map_err(backend)?;
+        record_change(&mut tx, domain, user)
+            .await
+            .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
         Ok(true)
     }
 
     async fn delete(&self, jid: &BareJid) -> StorageResult<bool> {
         let (domain, user) = split(jid);
+        let mut tx = self.begin_write().await.map_err(backend)?;
         let n = sqlx::query("DELETE FROM accounts WHERE domain = $1 AND username = $2")
             .bind(domain)
             .bind(user)
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await
             .map_err(backend)?
             .rows_affected();
-        Ok(n > 0)
+        if n == 0 {
+            return Ok(false);
+        }
+        record_change(&mut tx, domain, user)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(true)
     }
 
     async fn list(
@@ -163,16 +211,24 @@ impl AccountStore for Store {
 
     async fn set_disabled(&self, jid: &BareJid, disabled: bool) -> StorageResult<bool> {
         let (domain, user) = split(jid);
+        let mut tx = self.begin_write().await.map_err(backend)?;
         let n =
             sqlx::query("UPDATE accounts SET disabled = $3 WHERE domain = $1 AND username = $2")
                 .bind(domain)
                 .bind(user)
                 .bind(disabled)
-                .execute(&self.writer)
+                .execute(&mut *tx)
                 .await
                 .map_err(backend)?
                 .rows_affected();
-        Ok(n > 0)
+        if n == 0 {
+            return Ok(false);
+        }
+        record_change(&mut tx, domain, user)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(true)
     }
 
     async fn is_disabled(&self, jid: &BareJid) -> StorageResult<bool> {
@@ -261,5 +317,50 @@ impl AccountStore for Store {
         .await
         .map_err(backend)?;
         Ok(())
+    }
+
+    async fn account_changes(&self, after: i64) -> StorageResult<AccountChanges> {
+        let version: i64 = sqlx::query("SELECT version FROM accounts_version WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?
+            .get(0);
+        if version == after {
+            return Ok(AccountChanges {
+                version,
+                accounts: Some(Vec::new()),
+            });
+        }
+        // Behind by more than is kept, or ahead (a restored database).
+        if after > version || version - after > ACCOUNT_CHANGES_KEPT {
+            return Ok(AccountChanges {
+                version,
+                accounts: None,
+            });
+        }
+        let rows = sqlx::query(
+            "SELECT domain, username FROM account_changes WHERE seq > $1 AND seq <= $2",
+        )
+        .bind(after)
+        .bind(version)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        // Every number up to `version` is committed (writers take turns on
+        // the counter row); fewer rows means some were dropped already.
+        let accounts = (rows.len() as i64 == version - after).then(|| {
+            rows.iter()
+                .filter_map(|r| {
+                    let (domain, user): (&str, &str) = (r.get(0), r.get(1));
+                    let jid = if user.is_empty() {
+                        BareJid::new(domain)
+                    } else {
+                        BareJid::new(&format!("{user}@{domain}"))
+                    };
+                    jid.ok()
+                })
+                .collect()
+        });
+        Ok(AccountChanges { version, accounts })
     }
 }
