@@ -56,6 +56,9 @@ pids+=($!)
 config() { # node port
     sed -e "s#@RUN@#$RUN_ROOT/node$1#g" -e "s#@PORT@#$2#g" "$root/bench/peers/starling.toml"
     printf '\n[storage]\nbackend = "postgres"\nurl = "%s"\npool_size = 8\n' "$url"
+    # The nodes share one host: no admin listener (its default port would
+    # be taken by the first node).
+    printf '\n[admin]\nlisten = []\n'
     if [[ "$NODES" -gt 1 ]]; then
         printf '\n[cluster]\nnats_url = "nats://127.0.0.1:%s"\nname = "bench"\n' "$NATS_PORT"
     fi

@@ -360,6 +360,38 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
     server.stop().await;
 }
 
+/// A session's block list (XEP-0191) is read when the session opens, not
+/// at its first stanza (blocking.rs, `session_opened`): after a restart,
+/// thousands of sessions' first messages no longer queue their reads on
+/// storage behind the traffic. Counted by the timed blocking store: one
+/// read per session opened, none for the messages that follow.
+#[tokio::test(flavor = "multi_thread")]
+async fn block_lists_are_read_when_sessions_open_not_at_their_first_stanza() {
+    let server = TestServer::start().await;
+    let key = count(
+        "starling_storage_latency_seconds",
+        "store=\"blocking\",op=\"read\"",
+    );
+    let reads = || async {
+        Scrape::of(&server)
+            .samples
+            .get(&key)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let before = reads().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    eventually(&server, &key, before + 2.0).await;
+    for i in 0..3 {
+        chat(&mut alice, &bob.jid, &format!("a{i}")).await;
+        bob.recv_message().await;
+        chat(&mut bob, &alice.jid, &format!("b{i}")).await;
+        alice.recv_message().await;
+    }
+    assert_eq!(reads().await, before + 2.0);
+}
+
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn process_metrics_and_build_info_are_exported() {

@@ -26,8 +26,8 @@
 //! roster (who receives presence). Config: `[modules.blocking]`.
 
 use starling_core::hooks::{
-    CacheHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope, UserReceiveHandler,
-    UserSendHandler,
+    CacheHandler, HookRegistry, InboundHandler, IqHandler, IqResponse, IqScope,
+    SessionOpenedHandler, UserReceiveHandler, UserSendHandler,
 };
 use starling_core::module::{EnabledConfig, Module, ModuleCtx};
 use starling_core::storage::StorageResult;
@@ -68,6 +68,7 @@ impl Blocking {
         reg.inbound(NAME, 10, m.clone());
         reg.user_send(NAME, 5, m.clone());
         reg.user_receive(NAME, 10, m.clone());
+        reg.session_opened(NAME, 50, m.clone());
         reg.cache(NAME, m);
     }
 
@@ -350,6 +351,23 @@ impl InboundHandler for Blocking {
             }
         }
         Ok(Flow::Stop)
+    }
+}
+
+/// The user's list is read when a session opens rather than at its first
+/// stanza: every stanza a session sends or receives is checked against it,
+/// and after a restart thousands of sessions' first stanzas otherwise
+/// queued their reads on storage at once (the first seconds' p99 rose to
+/// 45–155 ms at 10,000 msg/s; docs/benchmarks.md 2026-11-27 22:10).
+#[async_trait]
+impl SessionOpenedHandler for Blocking {
+    async fn session_opened(&self, cx: &mut SessionCtx<'_>) -> HookResult {
+        let me = cx.jid().to_bare();
+        if let Err(e) = self.list(cx.env, &me).await {
+            // Read again at the first stanza.
+            tracing::warn!(module = NAME, user = %me, error = %e, "reading the block list failed");
+        }
+        Ok(Flow::Continue)
     }
 }
 
