@@ -249,6 +249,7 @@ pub async fn start_with(
         .sync()
         .await
         .context("reading the accounts change log")?;
+    auth_cache.export(&metrics);
     storage.accounts = auth_cache.clone();
     let pressure = Arc::new(Pressure::new());
     let mut http_listeners = Vec::new();

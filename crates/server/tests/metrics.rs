@@ -360,6 +360,33 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
     server.stop().await;
 }
 
+/// The auth cache's lookups are counted: the first login of an account
+/// reads its credentials and disabled flag from storage (two misses), the
+/// next ones from memory (two hits each); the gauge follows at the next
+/// poll of the accounts change log.
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_cache_lookups_and_size_are_exported() {
+    let server = TestServer::start().await;
+    let hit = "starling_auth_cache_lookups_total{result=\"hit\"}";
+    let miss = "starling_auth_cache_lookups_total{result=\"miss\"}";
+    let s = Scrape::of(&server);
+    let (hits, misses) = (s.get(hit), s.get(miss));
+    drop(server.login("alice").await);
+    let s = Scrape::of(&server);
+    assert_eq!(
+        s.get(miss),
+        misses + 2.0,
+        "credentials and disabled flag read"
+    );
+    assert_eq!(s.get(hit), hits);
+    drop(server.login("alice").await);
+    drop(server.login("alice").await);
+    let s = Scrape::of(&server);
+    assert_eq!(s.get(miss), misses + 2.0);
+    assert_eq!(s.get(hit), hits + 4.0);
+    eventually(&server, "starling_auth_cache_accounts", 1.0).await;
+}
+
 /// A session's block list (XEP-0191) is read when the session opens, not
 /// at its first stanza (blocking.rs, `session_opened`): after a restart,
 /// thousands of sessions' first messages no longer queue their reads on

@@ -27,7 +27,11 @@
 //! the same shard is evicted); 0 turns the cache off.
 
 use super::{AccountChanges, AccountStore, FastSlot, FastToken, StorageResult};
+use crate::metrics::Metrics;
 use async_trait::async_trait;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
 use std::collections::HashMap;
@@ -61,11 +65,24 @@ pub struct AuthCache {
     generation: AtomicU64,
     /// The backend's change counter when the cache was last checked.
     version: AtomicI64,
+    /// `starling_auth_cache_lookups_total{result}`, and its two counters.
+    lookups: Family<Vec<(String, String)>, Counter>,
+    hits: Counter,
+    misses: Counter,
+    /// `starling_auth_cache_accounts`, set at each [`AuthCache::sync`].
+    accounts: Gauge,
 }
 
 impl AuthCache {
     /// `inner` behind a cache of at most `capacity` accounts.
     pub fn new(inner: Arc<dyn AccountStore>, capacity: usize) -> AuthCache {
+        let lookups = Family::<Vec<(String, String)>, Counter>::default();
+        let counter = |result: &str| {
+            lookups
+                .get_or_create(&vec![("result".to_owned(), result.to_owned())])
+                .clone()
+        };
+        let (hits, misses) = (counter("hit"), counter("miss"));
         AuthCache {
             inner,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
@@ -73,7 +90,28 @@ impl AuthCache {
             per_shard: capacity.div_ceil(SHARDS),
             generation: AtomicU64::new(0),
             version: AtomicI64::new(i64::MIN),
+            hits,
+            misses,
+            lookups,
+            accounts: Gauge::default(),
         }
+    }
+
+    /// Exports the cache's lookups (reads answered from memory: hit; from
+    /// storage: miss) and its size in `metrics`.
+    pub fn export(&self, metrics: &Metrics) {
+        metrics.with_registry(|r| {
+            r.register(
+                "auth_cache_lookups",
+                "Authentication reads (SCRAM credentials, disabled flag) answered from the auth cache (hit) or from storage (miss)",
+                self.lookups.clone(),
+            );
+            r.register(
+                "auth_cache_accounts",
+                "Accounts in the auth cache (updated every 2 s)",
+                self.accounts.clone(),
+            );
+        });
     }
 
     fn shard(&self, jid: &BareJid) -> &Mutex<HashMap<BareJid, Entry>> {
@@ -105,8 +143,10 @@ impl AuthCache {
             .get(jid)
             .and_then(&get)
         {
+            self.hits.inc();
             return Ok(v);
         }
+        self.misses.inc();
         let generation = self.generation.load(Ordering::Acquire);
         let v = load.await?;
         if !keep(&v) {
@@ -147,18 +187,20 @@ impl AuthCache {
         let after = self.version.load(Ordering::Acquire);
         let changes = self.inner.account_changes(after.max(0)).await?;
         self.version.store(changes.version, Ordering::Release);
-        match changes.accounts {
+        let forgot = match changes.accounts {
             Some(accounts) if after != i64::MIN => {
                 for jid in &accounts {
                     self.forget(jid);
                 }
-                Ok(Some(accounts.len()))
+                Some(accounts.len())
             }
             _ => {
                 self.clear();
-                Ok(None)
+                None
             }
-        }
+        };
+        self.accounts.set(self.len() as i64);
+        Ok(forgot)
     }
 
     /// Accounts cached now (for tests and metrics).
