@@ -673,27 +673,6 @@ impl Domains {
         let _ = std::fs::remove_dir_all(crate::tls::domain_certificate_dir(&self.data_dir, &name));
         Ok(n)
     }
-
-    /// Runs [`Domains::sync`] every [`POLL_INTERVAL`] until `shutdown`.
-    pub(crate) fn spawn_poll(
-        self: &Arc<Self>,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
-    ) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(POLL_INTERVAL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = shutdown.changed() => return,
-                }
-                if let Err(e) = me.sync().await {
-                    tracing::warn!(error = %e, "reading the domains table failed; retrying");
-                }
-            }
-        })
-    }
 }
 
 /// Deletes every stored thing of domain `name` and then its row: each

@@ -390,10 +390,13 @@ pub async fn start_with(
     };
     let mut c2s_addrs = Vec::new();
     let mut listeners = Vec::new();
-    // Changes to the domains table by other nodes and the CLI.
-    listeners.push(domain_service.spawn_poll(shutdown_rx.clone()));
-    // Account changes by other nodes and the CLI, for the auth cache.
-    listeners.push(spawn_auth_cache_poll(auth_cache, shutdown_rx.clone()));
+    // Changes by other nodes and the CLI to the domains table and, for
+    // the auth cache, to accounts.
+    listeners.push(spawn_polls(
+        domain_service.clone(),
+        auth_cache,
+        shutdown_rx.clone(),
+    ));
     for (listener, tls) in bound {
         let local = listener.local_addr()?;
         tracing::info!(address = %local, tls = ?tls, "listening for clients");
@@ -498,10 +501,13 @@ async fn accept_loop(
     }
 }
 
-/// Polls the accounts change log every [`crate::domains::POLL_INTERVAL`]
-/// for the auth cache (see [`AuthCache`]); a failed read is retried at the
-/// next tick (until then the cache may hold a change made elsewhere).
-fn spawn_auth_cache_poll(
+/// Every [`crate::domains::POLL_INTERVAL`], reads what other writers
+/// (other nodes, the offline CLI) changed: the domains table
+/// ([`crate::domains::Domains::sync`]) and the accounts change log for the
+/// auth cache ([`AuthCache::sync`]). A failed read is retried at the next
+/// tick (until then this node may miss a change made elsewhere).
+fn spawn_polls(
+    domains: Arc<crate::domains::Domains>,
     cache: Arc<AuthCache>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
@@ -512,6 +518,9 @@ fn spawn_auth_cache_poll(
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
+            }
+            if let Err(e) = domains.sync().await {
+                tracing::warn!(error = %e, "reading the domains table failed; retrying");
             }
             match cache.sync().await {
                 Ok(Some(0)) => {}

@@ -184,11 +184,16 @@ impl AuthCache {
     /// before serving and then every few seconds. Returns how many
     /// accounts it forgot (`None`: all).
     pub async fn sync(&self) -> StorageResult<Option<usize>> {
-        let after = self.version.load(Ordering::Acquire);
-        let changes = self.inner.account_changes(after.max(0)).await?;
+        // The first call asks from beyond any counter: the backend answers
+        // with its counter alone (the "ahead" case), without listing.
+        let after = match self.version.load(Ordering::Acquire) {
+            i64::MIN => i64::MAX,
+            v => v,
+        };
+        let changes = self.inner.account_changes(after).await?;
         self.version.store(changes.version, Ordering::Release);
         let forgot = match changes.accounts {
-            Some(accounts) if after != i64::MIN => {
+            Some(accounts) => {
                 for jid in &accounts {
                     self.forget(jid);
                 }

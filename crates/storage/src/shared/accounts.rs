@@ -5,7 +5,7 @@
 //!
 //! A password change, a ban or unban and a deletion also record the
 //! account in `account_changes` under the next value of the counter row
-//! `accounts_version`, in the same transaction ([`record_change`]), for
+//! `accounts_version`, in the same transaction ([`commit_change`]), for
 //! the servers' authentication caches ([`AccountStore::account_changes`]).
 
 use super::{Db, Dialect, Store};
@@ -19,33 +19,36 @@ use starling_core::storage::{
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
 
-/// Records a change of account `(domain, user)` inside `tx`: bumps the
-/// counter row (writers take turns on it, so change numbers have no gaps
-/// and a poller that sees number n sees every change up to n), records the
-/// account under the new number and drops what is older than the last
-/// [`ACCOUNT_CHANGES_KEPT`].
-async fn record_change(
-    tx: &mut Transaction<'static, Db>,
+/// Records a change of account `(domain, user)` in `tx` and commits it:
+/// bumps the counter row (writers take turns on it, so change numbers have
+/// no gaps and a poller that sees number n sees every change up to n),
+/// records the account under the new number and drops what is older than
+/// the last [`ACCOUNT_CHANGES_KEPT`].
+async fn commit_change(
+    mut tx: Transaction<'static, Db>,
     domain: &str,
     user: &str,
-) -> Result<(), sqlx::Error> {
+) -> StorageResult<()> {
     let version: i64 = sqlx::query(
         "UPDATE accounts_version SET version = version + 1 WHERE id = 1 RETURNING version",
     )
-    .fetch_one(&mut **tx)
-    .await?
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(backend)?
     .get(0);
     sqlx::query("INSERT INTO account_changes (seq, domain, username) VALUES ($1, $2, $3)")
         .bind(version)
         .bind(domain)
         .bind(user)
-        .execute(&mut **tx)
-        .await?;
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
     sqlx::query("DELETE FROM account_changes WHERE seq <= $1")
         .bind(version - ACCOUNT_CHANGES_KEPT)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    tx.commit().await.map_err(backend)
 }
 
 #[async_trait]
@@ -153,10 +156,7 @@ impl AccountStore for Store {
         Store::insert_credentials(&mut tx, &[(jid, credentials)])
             .await
             .map_err(backend)?;
-        record_change(&mut tx, domain, user)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
+        commit_change(tx, domain, user).await?;
         Ok(true)
     }
 
@@ -173,10 +173,7 @@ impl AccountStore for Store {
         if n == 0 {
             return Ok(false);
         }
-        record_change(&mut tx, domain, user)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
+        commit_change(tx, domain, user).await?;
         Ok(true)
     }
 
@@ -224,10 +221,7 @@ impl AccountStore for Store {
         if n == 0 {
             return Ok(false);
         }
-        record_change(&mut tx, domain, user)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
+        commit_change(tx, domain, user).await?;
         Ok(true)
     }
 
