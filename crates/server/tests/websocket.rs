@@ -24,9 +24,15 @@ fn body(m: &Element) -> String {
 
 /// A plain HTTP/1.1 GET; returns the status line and the body.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    http_get_with(addr, path, "").await
+}
+
+/// [`http_get`] with `headers` (each ending in CRLF) added to the request.
+async fn http_get_with(addr: std::net::SocketAddr, path: &str, headers: &str) -> (String, String) {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .unwrap();
@@ -61,6 +67,26 @@ async fn host_meta_advertises_the_websocket_endpoint() {
     assert_eq!(v["links"][0]["href"], url.as_str());
     let (status, _) = http_get(addr, "/nothing-here").await;
     assert!(status.contains("404"), "{status}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn request_heads_are_bounded_and_an_oversized_one_gets_431() {
+    // The HTTP listener reads at most 16 KiB of a request head
+    // (`transport::http::HTTP_READ_BUFFER`): a browser's usual cookies fit,
+    // a 40 KiB head is refused with 431 (RFC 6585 §5), and the listener
+    // keeps serving.
+    let server = TestServer::start().await;
+    let addr = server.http_addr(false);
+    let cookie = format!("Cookie: c={}\r\n", "x".repeat(8 * 1024));
+    let (status, json) = http_get_with(addr, "/.well-known/host-meta.json", &cookie).await;
+    assert!(status.contains("200"), "{status}");
+    assert!(json.contains("alt-connections"), "{json}");
+    let huge = format!("Cookie: c={}\r\n", "x".repeat(40 * 1024));
+    let (status, _) = http_get_with(addr, "/.well-known/host-meta.json", &huge).await;
+    assert!(status.contains("431"), "{status}");
+    let (status, _) = http_get(addr, "/.well-known/host-meta").await;
+    assert!(status.contains("200"), "{status}");
     server.stop().await;
 }
 

@@ -66,7 +66,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 const NAME: &str = "upload";
 /// The protocol's namespace (its disco feature).
@@ -83,27 +83,30 @@ const SLOT_ID_ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
 const META_VERSION: u32 = 1;
 /// How often the running server removes expired files and unused slots.
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
-/// Read buffer of a download (tokio's file keeps another of this size
-/// for its blocking reads).
+/// Bytes of a file read at a time by a download, straight into the chunk
+/// hyper writes (two in flight per download at most: one read, one being
+/// written).
 const IO_CHUNK: usize = 256 * 1024;
-/// Bytes of an upload's body collected before they are written to its
-/// file, at most: the most an upload in flight holds besides hyper's read
-/// buffer (and one frame more). One trip to the blocking pool per batch:
-/// 64 KiB buffers, four times the trips, halved the upload speed of a
-/// 100 MiB file (docs/benchmarks.md 2026-11-26).
-const UPLOAD_BATCH_MAX: usize = 256 * 1024;
-/// The smallest batch, however many uploads are in flight: hyper's read
-/// buffer of each connection is as large, and smaller batches would spend
-/// the CPU on trips to the blocking pool.
-const UPLOAD_BATCH_MIN: usize = 64 * 1024;
-/// What the batches of all uploads in flight may hold together, as long as
-/// each gets at least [`UPLOAD_BATCH_MIN`]: up to 32 uploads at once get
-/// full batches, 100 get 82 KiB each.
-const UPLOAD_BATCHES_BUDGET: usize = 8 * 1024 * 1024;
-/// Frames per batch at most, whatever their size: a client sending tiny
-/// TCP segments must not make the batch a long list (and a vectored
-/// write takes 1,024 slices at most on Linux).
-const UPLOAD_BATCH_FRAMES: usize = 64;
+/// An upload's write buffer: what is received is copied here and written
+/// to its file with one `write` on the blocking pool. Smaller buffers mean
+/// more trips to the blocking pool: 64 KiB ones, four times the trips,
+/// halved the upload speed of a 100 MiB file (docs/benchmarks.md
+/// 2026-11-26).
+const UPLOAD_BUFFER: usize = 256 * 1024;
+/// Write buffers that exist at once, shared by all uploads in flight: what
+/// the bodies of every upload hold together, besides hyper's read buffer
+/// of each connection (`transport::http`), however many arrive at once.
+/// An upload takes one only while its body is arriving faster than it is
+/// written; the rest wait in their socket buffers (the kernel's, not the
+/// server's), and TCP slows their clients down.
+const UPLOAD_BUFFERS: usize = 8;
+/// How long an upload holding a write buffer waits for more of its body
+/// before writing what it has and handing the buffer back. hyper hands a
+/// body over from the connection's task a read (16 KiB at most) at a time,
+/// so the next one is rarely there at once: writing whenever it was not
+/// made a 100 MiB upload four times slower (one trip to the blocking pool
+/// per 16 KiB).
+const UPLOAD_FILL_GAP: Duration = Duration::from_millis(2);
 /// The longest file name accepted, in bytes (most file systems' limit).
 const MAX_FILENAME_BYTES: usize = 255;
 const SECS_PER_DAY: u64 = 86_400;
@@ -1313,7 +1316,7 @@ async fn upload(
     // Whatever ends this upload (an error, the client going away and the
     // connection dropping this future), the partial file goes with it.
     let _part = PartFile(part.clone());
-    if let Err((code, text)) = receive(&inner, file, body, meta.size).await {
+    if let Err((code, text)) = receive(inner.slot_timeout, file, body, meta.size).await {
         return status(code, &text);
     }
     // One PUT per slot: a hard link fails if the file exists, so of two
@@ -1353,11 +1356,24 @@ impl Drop for PartFile {
     }
 }
 
-/// Uploads receiving their body now, in this process: the batch of each
-/// is [`UPLOAD_BATCHES_BUDGET`] shared among them ([`batch_limit`]).
+/// The write buffers of [`UPLOAD_BUFFERS`]: a permit per buffer, and the
+/// buffers not lent out. Allocated on first use, freed when the last
+/// upload in flight ends.
+struct UploadBuffers {
+    permits: tokio::sync::Semaphore,
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+static BUFFERS: UploadBuffers = UploadBuffers {
+    permits: tokio::sync::Semaphore::const_new(UPLOAD_BUFFERS),
+    free: Mutex::new(Vec::new()),
+};
+
+/// Uploads receiving their body now, in this process.
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
 
-/// One upload counted in [`RECEIVING`] while it lives.
+/// One upload counted in [`RECEIVING`] while it lives; the last one out
+/// frees the write buffers.
 struct Receiving;
 
 impl Receiving {
@@ -1369,34 +1385,68 @@ impl Receiving {
 
 impl Drop for Receiving {
     fn drop(&mut self) {
-        RECEIVING.fetch_sub(1, Ordering::Relaxed);
+        if RECEIVING.fetch_sub(1, Ordering::Relaxed) == 1 {
+            BUFFERS
+                .free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+        }
     }
 }
 
-/// The batch of each of `receiving` uploads in flight, in bytes.
-fn batch_limit(receiving: usize) -> usize {
-    (UPLOAD_BATCHES_BUDGET / receiving.max(1)).clamp(UPLOAD_BATCH_MIN, UPLOAD_BATCH_MAX)
+/// A write buffer lent to one upload, with its permit.
+struct Lent {
+    buf: Vec<u8>,
+    _permit: tokio::sync::SemaphorePermit<'static>,
+}
+
+impl UploadBuffers {
+    async fn lend(&'static self) -> Lent {
+        // The semaphore is never closed.
+        let permit = self.permits.acquire().await.expect("never closed");
+        let buf = self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(UPLOAD_BUFFER));
+        Lent {
+            buf,
+            _permit: permit,
+        }
+    }
+
+    fn give_back(&self, mut lent: Lent) {
+        lent.buf.clear();
+        if lent.buf.capacity() == UPLOAD_BUFFER {
+            let buf = std::mem::take(&mut lent.buf);
+            self.free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(buf);
+        }
+        // The permit goes back with `lent`.
+    }
 }
 
 /// Streams the request body into `file`: exactly `size` bytes, each read
 /// within the slot timeout, then synced to disk.
 ///
-/// Memory per upload in flight is what was received and not yet written:
-/// the body's own frames (hyper's read buffers, handed over without a
-/// copy) are collected into a batch of [`batch_limit`] bytes (256 KiB
-/// alone, less when many uploads arrive at once) or
-/// [`UPLOAD_BATCH_FRAMES`] frames and written with one vectored write on
-/// the blocking pool. The body is not read while that write runs: what the
-/// client sends meanwhile waits in hyper's buffer (64 KiB at most,
-/// `transport::http`) and the kernel's socket buffer, and TCP slows the
-/// client down to the disk's pace. Receiving the next batch while one is
-/// written was tried and was no faster for one 100 MiB file, for twice the
-/// memory. A `BufWriter` in front of `tokio::fs::File` held ~0.5 MiB per
-/// upload however many were in flight: its own 256 KiB and the copy
-/// tokio's file makes for each blocking write (docs/benchmarks.md
-/// 2026-11-27).
+/// Memory per upload in flight is bounded whatever the number of uploads:
+/// the body is read (into hyper's read buffer of the connection, 16 KiB at
+/// most, `transport::http`) and copied into one of the [`UPLOAD_BUFFERS`]
+/// shared write buffers, which takes what else is already there and is
+/// written to the file with one `write` on the blocking pool once full or
+/// once the body pauses ([`UPLOAD_FILL_GAP`]). An upload waits for its next
+/// bytes without a write buffer, so a slow client holds one for at most
+/// that pause after each read; while every
+/// buffer is busy the others are not read, and TCP slows their clients
+/// down to the disk's pace. Before this, each upload kept the body's own
+/// frames (hyper's buffers) until written: ~0.2 MiB per upload in flight
+/// with 100 at once (docs/benchmarks.md 2026-11-27, 2026-11-28).
 async fn receive(
-    inner: &Inner,
+    slot_timeout: Duration,
     file: tokio::fs::File,
     body: Body,
     size: u64,
@@ -1405,8 +1455,9 @@ async fn receive(
     // Nothing is in flight on a file just opened: this returns at once.
     let mut file = file.into_std().await;
     let mut stream = body.into_data_stream();
-    let mut batch: Vec<Bytes> = Vec::with_capacity(UPLOAD_BATCH_FRAMES);
     let mut got = 0u64;
+    // Part of a frame that did not fit in the previous buffer.
+    let mut carried: Option<Bytes> = None;
     let failed = |e: io::Error| {
         tracing::error!(module = NAME, error = %e, "writing an upload failed");
         (
@@ -1414,87 +1465,96 @@ async fn receive(
             "cannot store the file".to_owned(),
         )
     };
-    loop {
-        let limit = batch_limit(RECEIVING.load(Ordering::Relaxed));
-        let mut batch_bytes = 0;
-        let mut ended = false;
-        while batch_bytes < limit && batch.len() < UPLOAD_BATCH_FRAMES {
-            let chunk = match tokio::time::timeout(inner.slot_timeout, stream.next()).await {
+    let broke = |e: axum::Error| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("the upload broke off: {e}"),
+        )
+    };
+    let mut ended = false;
+    while !ended {
+        // Wait for the next bytes without holding a buffer.
+        let first = match carried.take() {
+            Some(c) => c,
+            None => match tokio::time::timeout(slot_timeout, stream.next()).await {
                 Err(_) => {
                     return Err((StatusCode::REQUEST_TIMEOUT, "the upload stalled".to_owned()))
                 }
                 Ok(None) => {
                     ended = true;
-                    break;
+                    Bytes::new()
                 }
-                Ok(Some(Err(e))) => {
-                    return Err((
-                        StatusCode::BAD_REQUEST,
-                        format!("the upload broke off: {e}"),
-                    ))
+                Ok(Some(Err(e))) => return Err(broke(e)),
+                Ok(Some(Ok(c))) => {
+                    got += c.len() as u64;
+                    c
                 }
-                Ok(Some(Ok(c))) => c,
-            };
-            got += chunk.len() as u64;
-            if got > size {
-                return Err((
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("this slot is for {size} bytes"),
-                ));
-            }
-            // An empty frame would make a vectored write of nothing look
-            // like a full disk (`WriteZero`).
-            if !chunk.is_empty() {
-                batch_bytes += chunk.len();
-                batch.push(chunk);
-            }
-        }
-        if ended && got != size {
+            },
+        };
+        if got > size {
             return Err((
-                StatusCode::BAD_REQUEST,
-                format!("{got} bytes received; this slot is for {size}"),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("this slot is for {size} bytes"),
             ));
         }
-        // The last batch and the sync share one trip to the blocking pool:
-        // an acknowledged upload must survive a crash (§7's 201 promises
-        // the file).
+        if ended {
+            break;
+        }
+        let mut lent = BUFFERS.lend().await;
+        let mut next = Some(first);
+        // Fill the buffer while the body keeps coming: a client that
+        // pauses for more than [`UPLOAD_FILL_GAP`] gets what it sent
+        // written and the buffer goes back.
+        while let Some(chunk) = next.take() {
+            let room = UPLOAD_BUFFER - lent.buf.len();
+            if chunk.len() > room {
+                lent.buf.extend_from_slice(&chunk[..room]);
+                carried = Some(chunk.slice(room..));
+                break;
+            }
+            lent.buf.extend_from_slice(&chunk);
+            if lent.buf.len() == UPLOAD_BUFFER {
+                break;
+            }
+            match tokio::time::timeout(UPLOAD_FILL_GAP, stream.next()).await {
+                Err(_) => {}
+                Ok(None) => ended = true,
+                Ok(Some(Err(e))) => return Err(broke(e)),
+                Ok(Some(Ok(c))) => {
+                    got += c.len() as u64;
+                    if got > size {
+                        return Err((
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            format!("this slot is for {size} bytes"),
+                        ));
+                    }
+                    next = Some(c);
+                }
+            }
+        }
         let written = tokio::task::spawn_blocking(move || {
-            let r = write_batch(&mut file, &batch, ended);
-            // The frames are released here; the vector is kept for the
-            // next batch.
-            batch.clear();
-            (file, batch, r)
+            let r = file.write_all(&lent.buf);
+            (file, lent, r)
         })
         .await;
         // A panic in the write, or the runtime shutting down.
-        let (f, b, r) = written.map_err(|e| failed(io::Error::other(e)))?;
+        let (f, lent, r) = written.map_err(|e| failed(io::Error::other(e)))?;
+        BUFFERS.give_back(lent);
         r.map_err(failed)?;
-        if ended {
-            return Ok(());
-        }
-        (file, batch) = (f, b);
+        file = f;
     }
-}
-
-/// Writes `frames` to `file` in order (as few `writev` calls as the
-/// kernel allows), then, if `sync`, flushes the file to disk. Blocking:
-/// runs on the blocking pool.
-fn write_batch(file: &mut std::fs::File, frames: &[Bytes], sync: bool) -> io::Result<()> {
-    let mut slices: Vec<io::IoSlice<'_>> = frames.iter().map(|f| io::IoSlice::new(f)).collect();
-    let mut rest = &mut slices[..];
-    // `Write::write_all_vectored` is not stable yet: the same loop.
-    while !rest.is_empty() {
-        match file.write_vectored(rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
+    if got != size {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("{got} bytes received; this slot is for {size}"),
+        ));
     }
-    if sync {
-        file.sync_all()?;
-    }
-    Ok(())
+    // An acknowledged upload must survive a crash (§7's 201 promises the
+    // file): synced before the answer, without holding a buffer.
+    tokio::task::spawn_blocking(move || file.sync_all())
+        .await
+        .map_err(|e| failed(io::Error::other(e)))?
+        .map_err(failed)
 }
 
 /// Whether browsers may show this type in place: images (not SVG, which
@@ -1544,11 +1604,22 @@ async fn download(
         percent_encode(&meta.filename)
     );
     let max_age = expires.map_or(31_536_000, |e| e - now);
-    let stream = futures_util::stream::try_unfold(file, |mut f| async move {
-        let mut buf = bytes::BytesMut::with_capacity(IO_CHUNK);
-        match f.read_buf(&mut buf).await? {
-            0 => Ok::<_, io::Error>(None),
-            _ => Ok(Some((buf.freeze(), f))),
+    // Read on the blocking pool straight into the chunk hyper will write
+    // (`tokio::fs::File` would read into a buffer of its own and copy).
+    let file = file.into_std().await;
+    let stream = futures_util::stream::try_unfold(file, |f| async move {
+        let read = tokio::task::spawn_blocking(move || {
+            let mut chunk = Vec::with_capacity(IO_CHUNK);
+            let r = io::Read::read_to_end(&mut io::Read::take(&f, IO_CHUNK as u64), &mut chunk);
+            (f, chunk, r)
+        })
+        .await;
+        let (f, chunk, r) = read.map_err(io::Error::other)?;
+        r?;
+        if chunk.is_empty() {
+            Ok::<_, io::Error>(None)
+        } else {
+            Ok(Some((Bytes::from(chunk), f)))
         }
     });
     let mut r = Response::new(Body::from_stream(stream));
@@ -1670,42 +1741,130 @@ mod tests {
         }
     }
 
-    #[test]
-    fn batch_limit_shares_the_budget_between_a_floor_and_a_ceiling() {
-        // One upload, or a few, get the full batch (few trips to the
-        // blocking pool); many share the budget, down to the floor.
-        assert_eq!(batch_limit(0), UPLOAD_BATCH_MAX);
-        assert_eq!(batch_limit(1), UPLOAD_BATCH_MAX);
-        assert_eq!(batch_limit(32), UPLOAD_BATCH_MAX);
-        assert_eq!(batch_limit(64), 128 * 1024);
-        assert_eq!(batch_limit(100), UPLOAD_BATCHES_BUDGET / 100);
-        assert_eq!(batch_limit(128), UPLOAD_BATCH_MIN);
-        assert_eq!(batch_limit(100_000), UPLOAD_BATCH_MIN);
-    }
+    /// The tests that use the process's write buffers, one at a time.
+    static SHARED_BUFFERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-    #[test]
-    fn write_batch_writes_every_frame_in_order() {
+    /// Runs [`receive`] on a body of `frames` into a fresh file; the
+    /// file's content, or the error's status.
+    async fn received(frames: Vec<Bytes>, size: u64) -> Result<Vec<u8>, StatusCode> {
         let path = std::env::temp_dir().join(format!(
-            "starling-upload-batch-{}",
+            "starling-upload-receive-{}",
             starling_proto::random_id(10)
         ));
-        let mut file = std::fs::File::create(&path).unwrap();
-        // More slices than one `writev` takes (1,024 on Linux), of
-        // uneven sizes: the loop must pick up where each write stopped.
-        let frames: Vec<Bytes> = (0..1500u32)
-            .map(|i| Bytes::from(vec![(i % 251) as u8; (i % 7 + 1) as usize]))
-            .collect();
-        write_batch(&mut file, &frames, false).unwrap();
-        write_batch(&mut file, &frames[..3], true).unwrap();
-        write_batch(&mut file, &[], true).unwrap();
-        drop(file);
-        let expected: Vec<u8> = frames
-            .iter()
-            .chain(&frames[..3])
-            .flat_map(|f| f.iter().copied())
-            .collect();
+        let file = tokio::fs::File::create(&path).await.unwrap();
+        let body = Body::from_stream(futures_util::stream::iter(
+            frames.into_iter().map(Ok::<_, io::Error>),
+        ));
+        let r = receive(Duration::from_secs(5), file, body, size).await;
         let on_disk = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        assert!(on_disk == expected, "{} bytes on disk", on_disk.len());
+        r.map(|()| on_disk).map_err(|(code, _)| code)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn receive_writes_every_byte_in_order_through_the_shared_buffers() {
+        let _alone = SHARED_BUFFERS.lock().await;
+        // Frames of uneven sizes, some larger than a write buffer or than
+        // what is left of one (split across two buffers), some empty.
+        let sizes = [
+            1,
+            0,
+            300 * 1024,
+            7,
+            UPLOAD_BUFFER - 8,
+            16 * 1024,
+            1,
+            600 * 1024,
+            3,
+        ];
+        let frames: Vec<Bytes> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                Bytes::from(
+                    (0..n)
+                        .map(|j| ((i * 31 + j) % 251) as u8)
+                        .collect::<Vec<u8>>(),
+                )
+            })
+            .collect();
+        let expected: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
+        let total = expected.len() as u64;
+        // More uploads at once than there are write buffers: each waits
+        // for one, none gets another's bytes.
+        let uploads: Vec<_> = (0..3 * UPLOAD_BUFFERS)
+            .map(|_| tokio::spawn(received(frames.clone(), total)))
+            .collect();
+        for u in uploads {
+            let on_disk = u.await.unwrap().unwrap();
+            assert!(on_disk == expected, "{} bytes on disk", on_disk.len());
+        }
+        // Every buffer came back; none is kept once no upload is in flight.
+        assert_eq!(BUFFERS.permits.available_permits(), UPLOAD_BUFFERS);
+        assert_eq!(RECEIVING.load(Ordering::Relaxed), 0);
+        assert!(BUFFERS.free.lock().unwrap().is_empty());
+
+        // The declared size is the contract (XEP-0363 §5): more is 413,
+        // less is 400, and the buffers still all come back.
+        let more = received(frames.clone(), total - 1).await;
+        assert_eq!(more, Err(StatusCode::PAYLOAD_TOO_LARGE));
+        let less = received(frames, total + 1).await;
+        assert_eq!(less, Err(StatusCode::BAD_REQUEST));
+        assert_eq!(BUFFERS.permits.available_permits(), UPLOAD_BUFFERS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_pauses_holds_no_write_buffer() {
+        let _alone = SHARED_BUFFERS.lock().await;
+        // As many uploads as there are buffers send a little, then pause
+        // (a phone on a slow link); another upload meanwhile goes through.
+        let path = std::env::temp_dir().join(format!(
+            "starling-upload-pause-{}",
+            starling_proto::random_id(10)
+        ));
+        std::fs::create_dir(&path).unwrap();
+        let mut paused = Vec::new();
+        for i in 0..UPLOAD_BUFFERS {
+            let file = tokio::fs::File::create(path.join(i.to_string()))
+                .await
+                .unwrap();
+            let frames = futures_util::stream::iter([Bytes::from_static(b"first")])
+                .chain(futures_util::stream::once(async {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    Bytes::from_static(b"second")
+                }))
+                .map(Ok::<_, io::Error>);
+            paused.push(tokio::spawn(receive(
+                Duration::from_secs(10),
+                file,
+                Body::from_stream(frames),
+                11,
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let file = tokio::fs::File::create(path.join("other")).await.unwrap();
+        let other = Body::from(vec![7u8; 3 * UPLOAD_BUFFER]);
+        let done = tokio::time::timeout(
+            Duration::from_secs(2),
+            receive(
+                Duration::from_secs(10),
+                file,
+                other,
+                3 * UPLOAD_BUFFER as u64,
+            ),
+        )
+        .await;
+        assert!(matches!(done, Ok(Ok(()))), "blocked behind paused uploads");
+        assert!(paused.iter().all(|p| !p.is_finished()));
+        for p in paused {
+            p.await.unwrap().unwrap();
+        }
+        for i in 0..UPLOAD_BUFFERS {
+            assert_eq!(
+                std::fs::read(path.join(i.to_string())).unwrap(),
+                b"firstsecond"
+            );
+        }
+        std::fs::remove_dir_all(&path).unwrap();
     }
 }

@@ -244,8 +244,13 @@ pub(crate) async fn accept_loop(
 }
 
 /// The most an HTTP connection buffers of what it reads (hyper's
-/// `max_buf_size`; its minimum is 8 KiB).
-const HTTP_READ_BUFFER: usize = 64 * 1024;
+/// `max_buf_size`; its minimum is 8 KiB), and so the largest request head
+/// accepted (request line and headers; larger ones get 431). An upload's
+/// body is copied out of it into a shared write buffer
+/// (`modules::upload`), so with many uploads at once this is most of what
+/// each one holds: 64 KiB here made 100 uploads of 1 MiB at once grow the
+/// RSS by +23 MiB instead of +12 (docs/benchmarks.md 2026-11-28).
+const HTTP_READ_BUFFER: usize = 16 * 1024;
 
 /// Serves one accepted connection with `app` (HTTP/1.1, upgrades
 /// allowed) until the client closes it. Every HTTP listener (these and the
@@ -258,7 +263,7 @@ where
         // hyper's read buffer grows to ~400 KiB by default while a request
         // body arrives faster than it is consumed: with 100 uploads in
         // flight that was most of +80 MiB (docs/benchmarks.md
-        // 2026-11-26). Headers fit easily; bodies are streamed anyway.
+        // 2026-11-26). Bodies are streamed anyway.
         .max_buf_size(HTTP_READ_BUFFER)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
         .with_upgrades()
