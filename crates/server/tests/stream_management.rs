@@ -146,13 +146,15 @@ async fn feature_after_auth_enable_order_and_acks_count_stanzas() {
 /// The server's ack requests (§4 leaves when to the implementation): one
 /// outstanding at a time, sent once `request_ack_every` stanzas are
 /// unacknowledged, or once the oldest is `request_ack_delay_ms` old — not
-/// one per stanza, which would double the elements on the wire.
+/// one per stanza, which would double the elements on the wire. A request
+/// due by age rides with the next stanza written; a stream with nothing
+/// more to send gets one of its own at twice the delay.
 #[tokio::test]
 async fn ack_requests_come_after_a_batch_or_a_delay() {
     let server = TestServer::start_with(|c| {
         let sm = c.modules.get_mut::<modules::StreamManagement>();
         sm.request_ack_every = 5;
-        sm.request_ack_delay_ms = 1500;
+        sm.request_ack_delay_ms = 1000;
     })
     .await;
     server.create_user("alice", "pw-alice").await;
@@ -160,27 +162,43 @@ async fn ack_requests_come_after_a_batch_or_a_delay() {
     a.bind(None).await;
     enable(&mut a, "").await;
     let mut bob = server.login("bob").await;
-    // One stanza: no request at once, one after the delay.
+    // One stanza and nothing after it: a request of its own, at twice the
+    // delay.
     message(&mut bob, &a.jid.clone(), "m0").await;
     assert_eq!(body(&a.recv().await), "m0");
     let t = std::time::Instant::now();
-    a.expect_silence(Duration::from_millis(700)).await;
+    a.expect_silence(Duration::from_millis(1500)).await;
     let r = a.recv().await;
     assert!(r.is("r", SM), "{r}");
     assert!(
-        t.elapsed() >= Duration::from_millis(1000),
+        t.elapsed() >= Duration::from_millis(1900),
         "{:?}",
         t.elapsed()
     );
     a.send(&format!("<a xmlns='{SM}' h='1'/>")).await;
+    // A stanza past the delay (not twice it) brings the request with it.
+    message(&mut bob, &a.jid.clone(), "m1").await;
+    assert_eq!(body(&a.recv().await), "m1");
+    let t = std::time::Instant::now();
+    a.expect_silence(Duration::from_millis(1200)).await;
+    message(&mut bob, &a.jid.clone(), "m2").await;
+    assert_eq!(body(&a.recv().await), "m2");
+    let r = a.recv().await;
+    assert!(r.is("r", SM), "{r}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1900),
+        "came alone, not with m2: {:?}",
+        t.elapsed()
+    );
+    a.send(&format!("<a xmlns='{SM}' h='3'/>")).await;
     // Four more: still nothing; the fifth brings the request at once.
-    for i in 1..=4 {
+    for i in 3..=6 {
         message(&mut bob, &a.jid.clone(), &format!("m{i}")).await;
         assert_eq!(body(&a.recv().await), format!("m{i}"));
     }
     a.expect_silence(QUIET).await;
-    message(&mut bob, &a.jid.clone(), "m5").await;
-    assert_eq!(body(&a.recv().await), "m5");
+    message(&mut bob, &a.jid.clone(), "m7").await;
+    assert_eq!(body(&a.recv().await), "m7");
     let t = std::time::Instant::now();
     let r = a.recv().await;
     assert!(r.is("r", SM), "{r}");

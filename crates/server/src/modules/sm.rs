@@ -16,7 +16,9 @@
 //!   forgets a message when it is acknowledged never loses it to a server
 //!   crash (docs/durability.md). The server asks for an ack (`<r/>`), one
 //!   request at a time, once `request_ack_every` stanzas are unacknowledged
-//!   or the oldest is `request_ack_delay_ms` old. An `h` above what was sent closes the stream with
+//!   or the oldest is `request_ack_delay_ms` old, in the same write as the
+//!   next stanzas (alone only when nothing more is sent, at twice the
+//!   delay). An `h` above what was sent closes the stream with
 //!   `<undefined-condition/>` and `<handled-count-too-high/>` (§6).
 //! * §5 — when the connection of a resumable session is lost (not closed
 //!   with `</stream:stream>`), the session stays bound and available,
@@ -234,6 +236,9 @@ struct SmState {
     unacked: Unacked,
     /// Our `<r/>` awaits its `<a/>`.
     requested: bool,
+    /// `sent` at the last flush: a flush with more carries stanzas, and an
+    /// ack request due then rides along with them.
+    sent_at_flush: u32,
     /// The resumption id, if the session is resumable.
     resume_id: Option<String>,
     /// How long the session is kept detached.
@@ -362,6 +367,7 @@ impl StreamManagement {
             acked: 0,
             unacked: Unacked::default(),
             requested: false,
+            sent_at_flush: 0,
             resume_id,
             keep: Duration::from_secs(keep),
             overflow: false,
@@ -472,7 +478,12 @@ impl TrafficObserver for StreamManagement {
     /// Asks for an ack once `request_ack_every` stanzas are unacknowledged,
     /// or when the oldest is `request_ack_delay_ms` old — not after every
     /// flush: a request per message would double the elements on the wire
-    /// (measured: +40% CPU per message, docs/benchmarks.md).
+    /// (measured: +40% CPU per message, docs/benchmarks.md). A request due
+    /// by age goes out with the next stanzas written, in the same write;
+    /// only a stream that sends nothing more gets a request of its own,
+    /// once the oldest is twice as old (a write of its own costs the
+    /// kernel and TLS as much as a message: docs/benchmarks.md
+    /// 2026-11-28).
     fn before_flush(
         &self,
         _info: &SessionInfo,
@@ -480,18 +491,24 @@ impl TrafficObserver for StreamManagement {
         out: &mut Vec<Element>,
     ) -> Option<Instant> {
         let st = state.get_mut::<SmState>()?;
+        let carries_stanzas = st.sent != st.sent_at_flush;
+        st.sent_at_flush = st.sent;
         if st.requested {
             return None;
         }
         let oldest = st.unacked.oldest()?;
         let delay = Duration::from_millis(self.cfg.request_ack_delay_ms);
-        let due = oldest + delay;
-        if st.unacked.len() >= self.cfg.request_ack_every.max(1) || Instant::now() >= due {
+        let (due, alone) = (oldest + delay, oldest + 2 * delay);
+        let now = Instant::now();
+        if st.unacked.len() >= self.cfg.request_ack_every.max(1)
+            || (carries_stanzas && now >= due)
+            || now >= alone
+        {
             st.requested = true;
             out.push(Element::new("r", NS_SM));
             return None;
         }
-        Some(due)
+        Some(alone)
     }
 }
 
@@ -679,6 +696,7 @@ mod tests {
             acked,
             unacked: queue,
             requested: false,
+            sent_at_flush: 0,
             resume_id: None,
             keep: Duration::ZERO,
             overflow: false,
