@@ -107,6 +107,13 @@ const UPLOAD_BUFFERS: usize = 8;
 /// made a 100 MiB upload four times slower (one trip to the blocking pool
 /// per 16 KiB).
 const UPLOAD_FILL_GAP: Duration = Duration::from_millis(2);
+/// `fsync`s of finished uploads at once; the others wait for their turn.
+/// Each runs on a blocking-pool thread of its own: 400 uploads at once
+/// ended with up to 423 threads; 16 at a time kept it near 100 and the
+/// RSS growth at +31–34 MiB instead of +39, at the same speed (the file
+/// system's journal takes syncs a commit at a time anyway;
+/// docs/benchmarks.md 2026-11-28).
+const UPLOAD_SYNCS: usize = 16;
 /// The longest file name accepted, in bytes (most file systems' limit).
 const MAX_FILENAME_BYTES: usize = 255;
 const SECS_PER_DAY: u64 = 86_400;
@@ -1369,6 +1376,9 @@ static BUFFERS: UploadBuffers = UploadBuffers {
     free: Mutex::new(Vec::new()),
 };
 
+/// Permits for the uploads' `fsync`s ([`UPLOAD_SYNCS`]).
+static SYNCS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(UPLOAD_SYNCS);
+
 /// Uploads receiving their body now, in this process.
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
 
@@ -1551,6 +1561,7 @@ async fn receive(
     }
     // An acknowledged upload must survive a crash (§7's 201 promises the
     // file): synced before the answer, without holding a buffer.
+    let _sync = SYNCS.acquire().await.expect("never closed");
     tokio::task::spawn_blocking(move || file.sync_all())
         .await
         .map_err(|e| failed(io::Error::other(e)))?
@@ -1801,6 +1812,7 @@ mod tests {
         }
         // Every buffer came back; none is kept once no upload is in flight.
         assert_eq!(BUFFERS.permits.available_permits(), UPLOAD_BUFFERS);
+        assert_eq!(SYNCS.available_permits(), UPLOAD_SYNCS);
         assert_eq!(RECEIVING.load(Ordering::Relaxed), 0);
         assert!(BUFFERS.free.lock().unwrap().is_empty());
 
