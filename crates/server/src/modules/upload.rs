@@ -1427,16 +1427,15 @@ impl UploadBuffers {
         }
     }
 
-    fn give_back(&self, mut lent: Lent) {
-        lent.buf.clear();
-        if lent.buf.capacity() == UPLOAD_BUFFER {
-            let buf = std::mem::take(&mut lent.buf);
-            self.free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(buf);
-        }
-        // The permit goes back with `lent`.
+    fn give_back(&self, lent: Lent) {
+        // The buffer never grows past [`UPLOAD_BUFFER`] (`receive` fills it
+        // to its room); the permit goes back as `lent` is dropped.
+        let Lent { mut buf, _permit } = lent;
+        buf.clear();
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buf);
     }
 }
 
@@ -1481,6 +1480,17 @@ async fn receive(
             format!("the upload broke off: {e}"),
         )
     };
+    // Every frame is counted against the slot's size as it arrives.
+    let mut counted = |c: Bytes| {
+        got += c.len() as u64;
+        if got > size {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("this slot is for {size} bytes"),
+            ));
+        }
+        Ok(c)
+    };
     let mut ended = false;
     while !ended {
         // Wait for the next bytes without holding a buffer.
@@ -1495,18 +1505,9 @@ async fn receive(
                     Bytes::new()
                 }
                 Ok(Some(Err(e))) => return Err(broke(e)),
-                Ok(Some(Ok(c))) => {
-                    got += c.len() as u64;
-                    c
-                }
+                Ok(Some(Ok(c))) => counted(c)?,
             },
         };
-        if got > size {
-            return Err((
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("this slot is for {size} bytes"),
-            ));
-        }
         if ended {
             break;
         }
@@ -1530,16 +1531,7 @@ async fn receive(
                 Err(_) => {}
                 Ok(None) => ended = true,
                 Ok(Some(Err(e))) => return Err(broke(e)),
-                Ok(Some(Ok(c))) => {
-                    got += c.len() as u64;
-                    if got > size {
-                        return Err((
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            format!("this slot is for {size} bytes"),
-                        ));
-                    }
-                    next = Some(c);
-                }
+                Ok(Some(Ok(c))) => next = Some(counted(c)?),
             }
         }
         let written = tokio::task::spawn_blocking(move || {
