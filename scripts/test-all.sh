@@ -39,23 +39,35 @@ export STARLING_TEST_PG_URL STARLING_REQUIRE_PG=1 STARLING_REQUIRE_CLUSTER=1
 step "cargo test (workspace; scenario tests on SQLite)"
 cargo test --workspace
 
+# Every cargo command below selects the whole workspace, so that all of
+# them resolve the same features and reuse the test build above: selecting
+# one package (-p) resolves the dependencies' features differently and
+# rebuilds every test binary a second time, which doubled the target
+# directory and once ran a CI machine out of disk.
 step "PostgreSQL: storage conformance and storage-touching scenario tests"
-cargo test -p starling-storage --test conformance_postgres
-STARLING_TEST_BACKEND=postgres cargo test -p starling-server \
-  --test offline --test roster --test blocking --test profile --test register \
-  --test carbons --test presence --test cli --test mam --test inbox --test shutdown --test muc --test muc_light --test pubsub
+cargo test --workspace --test conformance_postgres
+# The scenario modules that touch storage (filters on the test paths of the
+# one scenario binary, crates/server/tests/scenarios/main.rs).
+STARLING_TEST_BACKEND=postgres cargo test --workspace --test scenarios -- \
+  offline:: roster:: blocking:: profile:: register:: carbons:: presence:: \
+  cli:: mam:: inbox:: shutdown:: muc:: muc_light:: pubsub::
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 
+# The binaries below (starling, starling-bench) are the ones the test build
+# made for the integration tests (CARGO_BIN_EXE_*): building them with
+# `cargo build` would resolve features without the dev-dependencies and
+# compile the server a second time.
 step "interop: slixmpp and @xmpp/client against Starling"
-cargo build -q -p starling-server
+for bin in starling starling-bench; do
+  [ -x "$target_dir/debug/$bin" ] || { echo "missing $target_dir/debug/$bin after cargo test" >&2; exit 1; }
+done
 STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
 
 step "browser: the Converse.js web chat in headless chromium (tests/browser)"
 STARLING_BIN="$target_dir/debug/starling" tests/browser/run.sh
 
 step "load generator smoke run (starling-bench against a short-lived Starling)"
-cargo build -q -p starling-server -p starling-bench
 STARLING_BIN="$target_dir/debug/starling" BENCH_BIN="$target_dir/debug/starling-bench" bench/smoke.sh
 
 step "packaging: image build and checks (packaging/check.sh)"

@@ -57,7 +57,7 @@ wait_ready "$work/server.log" "$pid" 60
 # rustls offers no tls-unique (RFC 5929 §3, undefined for TLS 1.3), the only
 # channel binding slixmpp implements: its -PLUS tests cannot apply here.
 # Starling's -PLUS (tls-exporter, tls-server-end-point) is covered by
-# crates/server/tests/negotiation.rs.
+# crates/server/tests/scenarios/negotiation.rs.
 rc=0
 XMPP_HOST=127.0.0.1 XMPP_DOMAIN=localhost XMPP_STARTTLS_PORT="$p1" XMPP_TLS_PORT="$p2" \
   XMPP_WS_URL="ws://127.0.0.1:$p3/xmpp-websocket" \

@@ -2,17 +2,35 @@
 
 use starling_storage::{conformance, open, open_with, BackendConfig};
 
-fn temp_db() -> std::path::PathBuf {
-    std::env::temp_dir()
-        .join(format!("starling-conf-{}", starling_proto::random_id(12)))
-        .join("db.sqlite")
+/// The scratch databases of one test, removed when the test ends, passed
+/// or failed (a full archive suite leaves a WAL of over 100 MB).
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch(
+            std::env::temp_dir().join(format!("starling-conf-{}", starling_proto::random_id(12))),
+        )
+    }
+
+    /// A fresh database path inside the scratch directory.
+    fn db(&self) -> std::path::PathBuf {
+        self.0.join(starling_proto::random_id(8)).join("db.sqlite")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[tokio::test]
 async fn sqlite_conformance_all_pass() {
+    let scratch = Scratch::new();
     conformance::run_all(|| async {
         open(&BackendConfig::Sqlite {
-            path: temp_db(),
+            path: scratch.db(),
             pool_size: 4,
         })
         .await
@@ -23,7 +41,8 @@ async fn sqlite_conformance_all_pass() {
 
 #[tokio::test]
 async fn sqlite_archive_spread_over_several_buckets_reads_as_one() {
-    let path = temp_db();
+    let scratch = Scratch::new();
+    let path = scratch.db();
     let cfg = BackendConfig::Sqlite {
         path: path.clone(),
         pool_size: 4,
@@ -46,7 +65,7 @@ async fn sqlite_archive_spread_over_several_buckets_reads_as_one() {
     // The general suites hold with small buckets too.
     let fresh = || async {
         let cfg = BackendConfig::Sqlite {
-            path: temp_db(),
+            path: scratch.db(),
             pool_size: 4,
         };
         open_with(&cfg, &options).await.unwrap()
@@ -58,7 +77,8 @@ async fn sqlite_archive_spread_over_several_buckets_reads_as_one() {
 
 #[tokio::test]
 async fn sqlite_reopen_keeps_data_and_skips_applied_migrations() {
-    let path = temp_db();
+    let scratch = Scratch::new();
+    let path = scratch.db();
     let cfg = BackendConfig::Sqlite {
         path: path.clone(),
         pool_size: 2,
@@ -77,17 +97,18 @@ async fn sqlite_reopen_keeps_data_and_skips_applied_migrations() {
 /// (`sqlite/inbox_log.rs`).
 #[tokio::test]
 async fn sqlite_inbox_reads_alike_from_the_log_and_from_the_merged_table() {
+    let scratch = Scratch::new();
     let merged_each_batch = starling_storage::OpenOptions {
         inbox_merge_inline: true,
         ..Default::default()
     };
     let cfg = BackendConfig::Sqlite {
-        path: temp_db(),
+        path: scratch.db(),
         pool_size: 4,
     };
     conformance::inbox(&open_with(&cfg, &merged_each_batch).await.unwrap()).await;
     let cfg = BackendConfig::Sqlite {
-        path: temp_db(),
+        path: scratch.db(),
         pool_size: 4,
     };
     conformance::inbox(&open(&cfg).await.unwrap()).await;
@@ -97,8 +118,9 @@ async fn sqlite_inbox_reads_alike_from_the_log_and_from_the_merged_table() {
 /// next start merges them into the table before it serves anything.
 #[tokio::test]
 async fn sqlite_inbox_log_left_by_a_crash_is_merged_at_the_next_start() {
+    let scratch = Scratch::new();
     use starling_core::storage::{ArchiveId, InboxQuery, InboxUpdate, UnreadChange};
-    let path = temp_db();
+    let path = scratch.db();
     let cfg = BackendConfig::Sqlite {
         path: path.clone(),
         pool_size: 2,

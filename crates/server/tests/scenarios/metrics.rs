@@ -478,7 +478,7 @@ async fn server_with_every_metric() -> TestServer {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_exported_metric_is_documented_and_every_documented_one_exported() {
-    let doc = include_str!("../../../docs/metrics.md");
+    let doc = include_str!("../../../../docs/metrics.md");
     let server = server_with_every_metric().await;
     let s = Scrape::of(&server);
     let undocumented: Vec<_> = s
@@ -526,7 +526,7 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn grafana_dashboard_is_valid_and_queries_only_exported_metrics() {
-    let json = include_str!("../../../docs/grafana-dashboard.json");
+    let json = include_str!("../../../../docs/grafana-dashboard.json");
     let dash: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
     assert!(
         dash["schemaVersion"].as_u64().unwrap() >= 36,

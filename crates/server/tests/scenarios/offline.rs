@@ -362,7 +362,7 @@ async fn stored_messages_survive_a_restart() {
 
 // ---- the real binary, killed with SIGKILL ----
 
-mod killable;
+use crate::killable;
 use killable::{add_user, connect, start_binary, KillOnDrop};
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,7 +3,7 @@
 //! stanzas delivered before an important one and on `<active/>`, and the
 //! bound on what is held.
 
-mod im_common;
+use crate::im_common;
 
 use im_common::{login_full, set_state, sync, St};
 use starling_proto::sasl::Mechanism;

@@ -7,7 +7,7 @@
 //! `SKIPPED` and pass, unless `STARLING_REQUIRE_CLUSTER=1` (as in
 //! `scripts/test-all.sh`), where they fail.
 
-mod killable;
+use crate::killable;
 
 use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::sasl::Mechanism;

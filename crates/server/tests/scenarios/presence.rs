@@ -2,7 +2,7 @@
 //! subscribers, current presence of contacts at login, updates, unavailable
 //! on logout and on dropped connections, directed presence, probes.
 
-mod im_common;
+use crate::im_common;
 
 use im_common::*;
 use starling_proto::sasl::Mechanism;

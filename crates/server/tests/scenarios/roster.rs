@@ -1,7 +1,7 @@
 //! Roster management (RFC 6121 §2, XEP-0237) and presence subscriptions
 //! (RFC 6121 §3, Appendix A) over real sockets.
 
-mod im_common;
+use crate::im_common;
 
 use im_common::*;
 use starling_core::storage::Subscription;

@@ -484,7 +484,7 @@ async fn a_client_that_never_acks_is_ended_at_the_queue_bound_and_loses_nothing(
     server.stop().await;
 }
 
-mod killable;
+use crate::killable;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn acked_message_is_archived_even_after_sigkill() {

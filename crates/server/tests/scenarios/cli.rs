@@ -12,10 +12,27 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_starling"))
 }
 
-fn temp_dir() -> PathBuf {
+/// A test's scratch directory, removed when the test ends (passed or
+/// failed); derefs to its path.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir() -> TempDir {
     let d = std::env::temp_dir().join(format!("starling-cli-{}", starling_proto::random_id(10)));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
 }
 
 #[test]
