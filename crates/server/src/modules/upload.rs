@@ -25,8 +25,10 @@
 //!   once per slot (a second one: 409); `GET`/`HEAD` stream the file with
 //!   its type, length, `Content-Disposition` (inline only for images, audio
 //!   and video), `X-Content-Type-Options: nosniff` and a
-//!   `Content-Security-Policy` that runs nothing; unknown, unfinished or
-//!   expired files are 404. CORS headers on every answer and `OPTIONS`
+//!   `Content-Security-Policy` that runs nothing; one byte range of a file
+//!   on request (206/416, RFC 9110 §14) and 304 for a current copy
+//!   (`ETag`/`Last-Modified`, §13); unknown, unfinished or expired files
+//!   are 404. CORS headers on every answer and `OPTIONS`
 //!   preflights, for web clients.
 //! - **Storage**: none in the database. Each slot is a directory
 //!   `dir/<slot>/` holding `meta.json` (format version, owner, name, size,
@@ -44,7 +46,7 @@
 use crate::transport::http::HttpRoutes;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -1177,7 +1179,9 @@ fn cors(mut r: Response) -> Response {
     );
     h.insert(
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Content-Length, Content-Type, Content-Disposition"),
+        HeaderValue::from_static(
+            "Content-Length, Content-Type, Content-Disposition, Content-Range, Accept-Ranges, ETag, Last-Modified",
+        ),
     );
     r
 }
@@ -1218,7 +1222,9 @@ async fn preflight() -> Response {
     );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("Authorization, Content-Type"),
+        HeaderValue::from_static(
+            "Authorization, Content-Type, Range, If-Range, If-None-Match, If-Modified-Since",
+        ),
     );
     h.insert(
         header::ACCESS_CONTROL_MAX_AGE,
@@ -1568,10 +1574,14 @@ fn inline_type(essence: &str) -> bool {
         || essence.starts_with("video/")
 }
 
-/// `GET`/`HEAD /upload/{slot}/{name}`: the file, streamed.
+/// `GET`/`HEAD /upload/{slot}/{name}`: the file, streamed; one byte range
+/// of it when a `GET` asks (RFC 9110 §14: a client resumes a download cut
+/// off), and `304 Not Modified` to a client whose copy is current (§13).
 async fn download(
     State(inner): State<Arc<Inner>>,
     UrlPath((slot, name)): UrlPath<(String, String)>,
+    method: Method,
+    request: HeaderMap,
 ) -> Response {
     let Some((dir, meta)) = lookup(&inner, &slot, &name).await else {
         return not_found();
@@ -1607,32 +1617,76 @@ async fn download(
         percent_encode(&meta.filename)
     );
     let max_age = expires.map_or(31_536_000, |e| e - now);
+    let value = |s: &str| {
+        HeaderValue::from_str(s)
+            .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
+    };
+    let validators = Validators::new(uploaded, length);
+    let cache_control = value(&format!("private, max-age={max_age}, immutable"));
+    if validators.not_modified(&request) {
+        let mut r = StatusCode::NOT_MODIFIED.into_response();
+        validators.insert(r.headers_mut());
+        r.headers_mut().insert(header::CACHE_CONTROL, cache_control);
+        return cors(r);
+    }
+    // §14.2: Range is defined for GET only.
+    let range = request
+        .get(header::RANGE)
+        .filter(|_| method == Method::GET)
+        .and_then(|v| v.to_str().ok())
+        .filter(|_| validators.if_range_holds(&request));
+    let (code, first, count) = match wanted(range, length) {
+        Wanted::Whole => (StatusCode::OK, 0, length),
+        Wanted::Part(first, last) => (StatusCode::PARTIAL_CONTENT, first, last - first + 1),
+        Wanted::Unsatisfiable => {
+            let mut r = status(StatusCode::RANGE_NOT_SATISFIABLE, "no such byte range");
+            r.headers_mut()
+                .insert(header::CONTENT_RANGE, value(&format!("bytes */{length}")));
+            return r;
+        }
+    };
     // Read on the blocking pool straight into the chunk hyper will write
     // (`tokio::fs::File` would read into a buffer of its own and copy).
-    let file = file.into_std().await;
-    let stream = futures_util::stream::try_unfold(file, |f| async move {
+    let mut file = file.into_std().await;
+    if first > 0 {
+        // Only moves the file offset: no I/O to wait for.
+        if io::Seek::seek(&mut file, io::SeekFrom::Start(first)).is_err() {
+            return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot read the file");
+        }
+    }
+    let stream = futures_util::stream::try_unfold((file, count), |(f, left)| async move {
+        if left == 0 {
+            return Ok::<_, io::Error>(None);
+        }
         let read = tokio::task::spawn_blocking(move || {
-            let mut chunk = Vec::with_capacity(IO_CHUNK);
-            let r = io::Read::read_to_end(&mut io::Read::take(&f, IO_CHUNK as u64), &mut chunk);
+            let want = left.min(IO_CHUNK as u64);
+            let mut chunk = Vec::with_capacity(want as usize);
+            let r = io::Read::read_to_end(&mut io::Read::take(&f, want), &mut chunk);
             (f, chunk, r)
         })
         .await;
         let (f, chunk, r) = read.map_err(io::Error::other)?;
         r?;
         if chunk.is_empty() {
-            Ok::<_, io::Error>(None)
+            Ok(None)
         } else {
-            Ok(Some((Bytes::from(chunk), f)))
+            let left = left - chunk.len() as u64;
+            Ok(Some((Bytes::from(chunk), (f, left))))
         }
     });
     let mut r = Response::new(Body::from_stream(stream));
+    *r.status_mut() = code;
     let h = r.headers_mut();
-    let value = |s: &str| {
-        HeaderValue::from_str(s)
-            .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
-    };
     h.insert(header::CONTENT_TYPE, value(content_type));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+    if code == StatusCode::PARTIAL_CONTENT {
+        h.insert(
+            header::CONTENT_RANGE,
+            value(&format!("bytes {first}-{}/{length}", first + count - 1)),
+        );
+    }
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    validators.insert(h);
     h.insert(header::CONTENT_DISPOSITION, value(&disposition));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -1644,11 +1698,121 @@ async fn download(
         HeaderValue::from_static("default-src 'none'; media-src 'self'; frame-ancestors 'none'"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::CACHE_CONTROL,
-        value(&format!("private, max-age={max_age}, immutable")),
-    );
+    h.insert(header::CACHE_CONTROL, cache_control);
     cors(r)
+}
+
+/// A stored file's validators (RFC 9110 §8.8). A slot's file never changes
+/// once uploaded, so its upload time and length identify its content.
+struct Validators {
+    /// Strong entity tag: `"<uploaded>-<length>"` in hex.
+    etag: String,
+    last_modified: std::time::SystemTime,
+}
+
+impl Validators {
+    fn new(uploaded: u64, length: u64) -> Validators {
+        Validators {
+            etag: format!("\"{uploaded:x}-{length:x}\""),
+            last_modified: std::time::UNIX_EPOCH + Duration::from_secs(uploaded),
+        }
+    }
+
+    fn insert(&self, h: &mut HeaderMap) {
+        if let Ok(v) = HeaderValue::from_str(&self.etag) {
+            h.insert(header::ETAG, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(self.last_modified)) {
+            h.insert(header::LAST_MODIFIED, v);
+        }
+    }
+
+    /// §13.2.2 steps 3–4: `If-None-Match` (weak comparison) when present,
+    /// else `If-Modified-Since`.
+    fn not_modified(&self, request: &HeaderMap) -> bool {
+        let text = |name| {
+            request
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+        };
+        if let Some(tags) = text(header::IF_NONE_MATCH) {
+            return tags
+                .split(',')
+                .map(str::trim)
+                .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == self.etag);
+        }
+        text(header::IF_MODIFIED_SINCE)
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .is_some_and(|since| self.last_modified <= since)
+    }
+
+    /// §13.1.5: a `Range` applies only if `If-Range`, when present, names
+    /// this content: the same strong entity tag, or exactly its
+    /// modification date.
+    fn if_range_holds(&self, request: &HeaderMap) -> bool {
+        let Some(v) = request.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) else {
+            return true;
+        };
+        let v = v.trim();
+        if v.starts_with('"') {
+            v == self.etag
+        } else {
+            httpdate::parse_http_date(v).is_ok_and(|d| d == self.last_modified)
+        }
+    }
+}
+
+/// What a `Range` header asks of a file of `length` bytes (RFC 9110 §14.1).
+#[derive(Debug, PartialEq)]
+enum Wanted {
+    /// No range, or one to ignore (§14.2: another unit, bad syntax, or
+    /// several ranges, which this server does not serve as multipart).
+    Whole,
+    /// Bytes `first..=last`.
+    Part(u64, u64),
+    /// A range starting past the end, or an empty suffix: 416.
+    Unsatisfiable,
+}
+
+fn wanted(range: Option<&str>, length: u64) -> Wanted {
+    let Some((unit, set)) = range.and_then(|r| r.split_once('=')) else {
+        return Wanted::Whole;
+    };
+    if !unit.trim().eq_ignore_ascii_case("bytes") || set.contains(',') {
+        return Wanted::Whole;
+    }
+    let Some((a, b)) = set.trim().split_once('-') else {
+        return Wanted::Whole;
+    };
+    // Digits only; a position too large for u64 is past any file's end.
+    let number = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().unwrap_or(u64::MAX))
+    };
+    match (number(a), number(b)) {
+        (None, Some(suffix)) if a.is_empty() => {
+            if suffix == 0 || length == 0 {
+                Wanted::Unsatisfiable
+            } else {
+                Wanted::Part(length - suffix.min(length), length - 1)
+            }
+        }
+        (Some(first), None) if b.is_empty() => {
+            if first >= length {
+                Wanted::Unsatisfiable
+            } else {
+                Wanted::Part(first, length - 1)
+            }
+        }
+        (Some(first), Some(last)) if first <= last => {
+            if first >= length {
+                Wanted::Unsatisfiable
+            } else {
+                Wanted::Part(first, last.min(length - 1))
+            }
+        }
+        _ => Wanted::Whole,
+    }
 }
 
 #[cfg(test)]
@@ -1732,6 +1896,97 @@ mod tests {
             "off: no listener needed"
         );
         assert!(parse("[modules.upload]\nenabled = true\n").is_ok());
+    }
+
+    /// RFC 9110 §14.1.2 (byte ranges), §14.1.3 (suffixes), §14.2 (what to
+    /// ignore), §15.5.17 (416).
+    #[test]
+    fn byte_ranges_are_read_as_rfc_9110_says() {
+        use Wanted::*;
+        let w = |r: &str| wanted(Some(r), 10_000);
+        assert_eq!(wanted(None, 10_000), Whole);
+        // §14.1.2 examples: first 500 bytes, second 500, from 9500 on.
+        assert_eq!(w("bytes=0-499"), Part(0, 499));
+        assert_eq!(w("bytes=500-999"), Part(500, 999));
+        assert_eq!(w("bytes=9500-"), Part(9500, 9999));
+        // §14.1.3: the last 500; a suffix longer than the file is all of it.
+        assert_eq!(w("bytes=-500"), Part(9500, 9999));
+        assert_eq!(w("bytes=-20000"), Part(0, 9999));
+        // A last position past the end means the end; units are
+        // case-insensitive; spaces around the spec are allowed.
+        assert_eq!(w("bytes=9000-20000"), Part(9000, 9999));
+        assert_eq!(w("Bytes= 1-1 "), Part(1, 1));
+        assert_eq!(w("bytes=0-99999999999999999999999"), Part(0, 9999));
+        // Unsatisfiable: a first position at or past the end, an empty
+        // suffix, any range of an empty file.
+        assert_eq!(w("bytes=10000-"), Unsatisfiable);
+        assert_eq!(w("bytes=10000-10005"), Unsatisfiable);
+        assert_eq!(w("bytes=99999999999999999999999-"), Unsatisfiable);
+        assert_eq!(w("bytes=-0"), Unsatisfiable);
+        assert_eq!(wanted(Some("bytes=0-"), 0), Unsatisfiable);
+        assert_eq!(wanted(Some("bytes=-5"), 0), Unsatisfiable);
+        // Ignored (§14.2): other units, bad syntax, last before first,
+        // several ranges (not served as multipart/byteranges).
+        for ignored in [
+            "items=0-5",
+            "bytes",
+            "bytes=",
+            "bytes=-",
+            "bytes=5",
+            "bytes=a-b",
+            "bytes=+1-2",
+            "bytes=1--2",
+            "bytes=5-4",
+            "bytes=0-1,5-6",
+            "bytes=0-1, 5-6",
+        ] {
+            assert_eq!(w(ignored), Whole, "{ignored}");
+        }
+    }
+
+    /// RFC 9110 §13.1.3 (If-Modified-Since), §13.1.2 (If-None-Match, weak
+    /// comparison, and its precedence, §13.2.2), §13.1.5 (If-Range: strong
+    /// tag or the exact date).
+    #[test]
+    fn conditional_requests_compare_the_files_validators() {
+        let v = Validators::new(1_700_000_000, 1234);
+        let tag = "\"6553f100-4d2\"";
+        assert_eq!(v.etag, tag);
+        let mut h = HeaderMap::new();
+        v.insert(&mut h);
+        assert_eq!(h[header::ETAG], tag);
+        let date = "Tue, 14 Nov 2023 22:13:20 GMT";
+        assert_eq!(h[header::LAST_MODIFIED], date);
+        let req = |pairs: &[(header::HeaderName, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(k.clone(), HeaderValue::from_str(v).unwrap());
+            }
+            h
+        };
+        let inm = header::IF_NONE_MATCH;
+        let ims = header::IF_MODIFIED_SINCE;
+        assert!(!v.not_modified(&req(&[])));
+        assert!(v.not_modified(&req(&[(inm.clone(), tag)])));
+        assert!(v.not_modified(&req(&[(inm.clone(), "W/\"6553f100-4d2\"")])));
+        assert!(v.not_modified(&req(&[(inm.clone(), "\"x\", \"6553f100-4d2\"")])));
+        assert!(v.not_modified(&req(&[(inm.clone(), "*")])));
+        assert!(!v.not_modified(&req(&[(inm.clone(), "\"other\"")])));
+        // If-None-Match present: If-Modified-Since is not looked at.
+        assert!(!v.not_modified(&req(&[(inm, "\"other\""), (ims.clone(), date)])));
+        assert!(v.not_modified(&req(&[(ims.clone(), date)])));
+        assert!(v.not_modified(&req(&[(ims.clone(), "Wed, 15 Nov 2023 00:00:00 GMT")])));
+        assert!(!v.not_modified(&req(&[(ims.clone(), "Tue, 14 Nov 2023 22:13:19 GMT")])));
+        assert!(!v.not_modified(&req(&[(ims, "yesterday")])));
+
+        let ifr = header::IF_RANGE;
+        assert!(v.if_range_holds(&req(&[])));
+        assert!(v.if_range_holds(&req(&[(ifr.clone(), tag)])));
+        assert!(v.if_range_holds(&req(&[(ifr.clone(), date)])));
+        assert!(!v.if_range_holds(&req(&[(ifr.clone(), "W/\"6553f100-4d2\"")])));
+        assert!(!v.if_range_holds(&req(&[(ifr.clone(), "\"other\"")])));
+        assert!(!v.if_range_holds(&req(&[(ifr.clone(), "Wed, 15 Nov 2023 00:00:00 GMT")])));
+        assert!(!v.if_range_holds(&req(&[(ifr, "garbage")])));
     }
 
     #[test]

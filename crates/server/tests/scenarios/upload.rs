@@ -322,6 +322,133 @@ async fn slot_put_get_round_trip_keeps_bytes_and_headers() {
     server.stop().await;
 }
 
+/// RFC 9110 §14: a client whose download was cut off asks for the rest
+/// with `Range` and gets `206` with exactly those bytes (also across the
+/// server's read chunks of 256 KiB); a range past the end is `416`; `HEAD`
+/// and several ranges get the whole file (§14.2); `If-Range` with a
+/// validator of another version gets the whole file too (§13.1.5). §13:
+/// `If-None-Match` and `If-Modified-Since` with the file's validators get
+/// `304` and no body.
+#[tokio::test]
+async fn downloads_resume_with_byte_ranges_and_revalidate() {
+    let server = server_with(|_| {}).await;
+    let mut alice = server.login("alice").await;
+    let data = pattern(300_000);
+    let path = slot_path(&mut alice, "voice.ogg", 300_000, Some("audio/ogg")).await;
+    let addr = server.http_addr(false);
+    assert_eq!(put(addr, &path, "audio/ogg", &data).await.status, 201);
+    let ranged = |range: &'static str| {
+        let path = path.clone();
+        async move { http(addr, &format!("GET {path}"), &[("Range", range)], b"").await }
+    };
+
+    let whole = get(addr, &path).await;
+    assert_eq!(whole.status, 200, "{whole:?}");
+    assert_eq!(whole.header("accept-ranges"), Some("bytes"));
+    let etag = whole.header("etag").expect("ETag").to_owned();
+    let modified = whole
+        .header("last-modified")
+        .expect("Last-Modified")
+        .to_owned();
+
+    for (range, first, last) in [
+        ("bytes=100000-", 100_000, 299_999),
+        ("bytes=1000-299000", 1000, 299_000),
+        ("bytes=0-262144", 0, 262_144),
+        ("bytes=-1000", 299_000, 299_999),
+        ("bytes=0-0", 0, 0),
+        ("bytes=299999-500000", 299_999, 299_999),
+    ] {
+        let part = ranged(range).await;
+        assert_eq!(part.status, 206, "{range}: {part:?}");
+        assert_eq!(
+            part.header("content-range"),
+            Some(format!("bytes {first}-{last}/300000").as_str()),
+            "{range}"
+        );
+        let len = last - first + 1;
+        assert_eq!(
+            part.header("content-length"),
+            Some(len.to_string().as_str())
+        );
+        assert!(part.body == data[first..=last], "{range}: other bytes");
+        assert_eq!(part.header("content-type"), Some("audio/ogg"));
+        assert_eq!(part.header("etag"), Some(etag.as_str()));
+    }
+
+    let past = ranged("bytes=300000-").await;
+    assert_eq!(past.status, 416, "{past:?}");
+    assert_eq!(past.header("content-range"), Some("bytes */300000"));
+
+    for ignored in ["bytes=0-1,5-6", "bytes=5-4", "pages=1-2"] {
+        let r = ranged(ignored).await;
+        assert_eq!(r.status, 200, "{ignored}: {r:?}");
+        assert!(r.body == data, "{ignored}: the whole file");
+    }
+    let head = http(
+        addr,
+        &format!("HEAD {path}"),
+        &[("Range", "bytes=0-9")],
+        b"",
+    )
+    .await;
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(head.header("content-length"), Some("300000"));
+
+    let get_with = |headers: Vec<(&'static str, String)>| {
+        let path = path.clone();
+        async move {
+            let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            http(addr, &format!("GET {path}"), &h, b"").await
+        }
+    };
+    let same = get_with(vec![
+        ("Range", "bytes=10-19".into()),
+        ("If-Range", etag.clone()),
+    ])
+    .await;
+    assert_eq!(same.status, 206, "{same:?}");
+    assert!(same.body == data[10..20]);
+    let same = get_with(vec![
+        ("Range", "bytes=10-19".into()),
+        ("If-Range", modified.clone()),
+    ])
+    .await;
+    assert_eq!(same.status, 206, "{same:?}");
+    let other = get_with(vec![
+        ("Range", "bytes=10-19".into()),
+        ("If-Range", "\"another-version\"".into()),
+    ])
+    .await;
+    assert_eq!(other.status, 200, "{other:?}");
+    assert!(other.body == data);
+
+    for cond in [
+        ("If-None-Match", etag.clone()),
+        ("If-None-Match", format!("\"x\", W/{etag}")),
+        ("If-Modified-Since", modified.clone()),
+    ] {
+        let r = get_with(vec![cond.clone()]).await;
+        assert_eq!(r.status, 304, "{cond:?}: {r:?}");
+        assert!(r.body.is_empty(), "{cond:?}");
+        assert_eq!(r.header("etag"), Some(etag.as_str()));
+    }
+    let changed = get_with(vec![("If-None-Match", "\"another-version\"".into())]).await;
+    assert_eq!(changed.status, 200, "{changed:?}");
+    assert!(changed.body == data);
+    // Neither ranges nor validators reveal anything of a URL that is not a
+    // stored file.
+    let missing = http(
+        addr,
+        "GET /upload/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/voice.ogg",
+        &[("Range", "bytes=0-9")],
+        b"",
+    )
+    .await;
+    assert_eq!(missing.status, 404, "{missing:?}");
+    server.stop().await;
+}
+
 async fn https_get(addr: SocketAddr, path: &str) -> Vec<u8> {
     let connector = starling_testkit::insecure_tls_connector();
     let tcp = TcpStream::connect(addr).await.unwrap();
