@@ -46,7 +46,7 @@ pub use hooks::{
     Action, Flow, HookError, HookResult, SessionCtx, SessionInfo, SessionState, TimerKey,
 };
 pub use metrics::{
-    LatencyHistogram, Metrics, ProcessStats, QueueMetrics, SessionTransport, StorageOp,
+    Held, LatencyHistogram, Metrics, ProcessStats, QueueMetrics, SessionTransport, StorageOp,
     WriteBehindMetrics,
 };
 pub use pressure::Pressure;

@@ -501,6 +501,25 @@ fn find<'a>(list: &'a [(&'static str, Counter)], name: &str) -> &'a Counter {
     &list[i].1
 }
 
+/// One unit of a gauge for as long as this lives: a connection open, a
+/// transfer relaying, an upload receiving. Dropped on every way out,
+/// including a future cancelled mid-way.
+pub struct Held(Gauge);
+
+impl Held {
+    /// Adds one to `gauge` until the returned value is dropped.
+    pub fn new(gauge: &Gauge) -> Held {
+        gauge.inc();
+        Held(gauge.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// A lock-free histogram of durations with doubling bucket bounds:
 /// `first`, `2·first`, `4·first`, … (`buckets` of them), then `+Inf`.
 ///

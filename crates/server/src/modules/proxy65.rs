@@ -53,6 +53,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
 use starling_core::hooks::{HookRegistry, Service, ServiceAddress, ShutdownHandler};
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
+use starling_core::Held;
 use starling_core::{async_trait, Env};
 use starling_proto::{ns, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind};
 use starling_xml::Element;
@@ -347,16 +348,7 @@ fn may_use(allowed: Allowed, from: &Jid, is_local: impl Fn(&str) -> bool) -> boo
 struct Conn {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
-    _open: Open,
-}
-
-/// Counts an open connection in `starling_proxy65_connections`.
-struct Open(Gauge);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
+    _open: Held,
 }
 
 /// The second connection of a pair, handed to the first one's task.
@@ -554,11 +546,10 @@ async fn accept_loop(
             }
             continue;
         };
-        proxy.metrics.connections.inc();
         let conn = Conn {
             stream,
             _permit: permit,
-            _open: Open(proxy.metrics.connections.clone()),
+            _open: Held::new(&proxy.metrics.connections),
         };
         tokio::spawn(serve(
             proxy.clone(),
@@ -651,10 +642,10 @@ async fn serve(
     }
     drop(activate);
     proxy.metrics.transfers.inc();
-    proxy.metrics.transfers_live.inc();
+    let live = Held::new(&proxy.metrics.transfers_live);
     let started = Instant::now();
     let (end, bytes) = relay(&proxy, &mut conn.stream, &mut other.stream, &mut stop).await;
-    proxy.metrics.transfers_live.dec();
+    drop(live);
     proxy.forget(&key, id);
     tracing::info!(module = NAME, bytes, millis = started.elapsed().as_millis() as u64, end = %end, "bytestream transfer ended");
 }

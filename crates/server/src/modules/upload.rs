@@ -39,7 +39,8 @@
 //!   the same scan ([`purge`]). GET and PUT read the metadata from disk, so
 //!   nodes sharing `dir` serve each other's files.
 //!
-//! Hooks: a [`Service`]; HTTP routes. Config: `[modules.upload]` enabled,
+//! Hooks: a [`Service`]; HTTP routes. Metrics: `starling_upload_*`
+//! ([`UploadMetrics`]). Config: `[modules.upload]` enabled,
 //! subdomain, max_file_size, quota_per_user, expire_after_days,
 //! slot_timeout_secs, base_url, dir, allowed_types, allowed.
 
@@ -52,11 +53,14 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use starling_core::forms::FormBuilder;
 use starling_core::hooks::{HookRegistry, Service, ServiceAddress};
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::{async_trait, Env};
+use starling_core::{async_trait, Env, Held};
 use starling_proto::{
     ns, BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
@@ -300,7 +304,9 @@ impl Module for Upload {
                 .collect(),
             subdomain: cfg.subdomain.clone(),
             index: Mutex::new(Index::default()),
+            metrics: UploadMetrics::default(),
         });
+        ctx.metrics.with_registry(|r| inner.metrics.register(r));
         let started = std::time::Instant::now();
         inner.sweep().await;
         let (files, bytes) = inner.lock_index().totals();
@@ -417,6 +423,83 @@ struct Inner {
     allowed: Vec<Allowed>,
     subdomain: String,
     index: Mutex<Index>,
+    metrics: UploadMetrics,
+}
+
+/// Counters by one label (`result`, `status`).
+type ByLabel = Family<Vec<(String, String)>, Counter>;
+
+/// The service's metrics (registered as `starling_upload_*`,
+/// docs/metrics.md).
+#[derive(Clone, Default)]
+struct UploadMetrics {
+    /// Slot requests by `result`: granted, too_large, quota, refused.
+    slots: ByLabel,
+    /// `PUT` answers by HTTP `status`.
+    puts: ByLabel,
+    /// Bytes of the files stored.
+    received_bytes: Counter,
+    /// `PUT` bodies being received now.
+    receiving: Gauge,
+    /// `GET`/`HEAD` answers by HTTP `status`.
+    downloads: ByLabel,
+    /// Body bytes sent by downloads.
+    sent_bytes: Counter,
+    /// Files uploaded and not yet removed, in this node's index.
+    stored_files: Gauge,
+    /// Their bytes.
+    stored_bytes: Gauge,
+}
+
+impl UploadMetrics {
+    fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register(
+            "upload_slots",
+            "HTTP upload slot requests by result (granted, too_large, quota, refused)",
+            self.slots.clone(),
+        );
+        r.register(
+            "upload_puts",
+            "HTTP upload PUT answers by status code",
+            self.puts.clone(),
+        );
+        r.register(
+            "upload_received_bytes",
+            "Bytes of the uploaded files stored",
+            self.received_bytes.clone(),
+        );
+        r.register(
+            "upload_receiving",
+            "HTTP uploads receiving their body now",
+            self.receiving.clone(),
+        );
+        r.register(
+            "upload_downloads",
+            "HTTP upload GET and HEAD answers by status code",
+            self.downloads.clone(),
+        );
+        r.register(
+            "upload_sent_bytes",
+            "Bytes of uploaded files sent to downloaders",
+            self.sent_bytes.clone(),
+        );
+        r.register(
+            "upload_stored_files",
+            "Uploaded files kept on disk (this node's index)",
+            self.stored_files.clone(),
+        );
+        r.register(
+            "upload_stored_bytes",
+            "Bytes of the uploaded files kept on disk (this node's index)",
+            self.stored_bytes.clone(),
+        );
+    }
+
+    fn count(family: &ByLabel, label: &str, value: &str) {
+        family
+            .get_or_create(&vec![(label.to_owned(), value.to_owned())])
+            .inc();
+    }
 }
 
 /// `meta.json` of a slot. Versioned: a file of a newer format is left
@@ -576,6 +659,14 @@ impl Inner {
                 }
             }
         }
+        let (files, bytes) = fresh
+            .by_owner
+            .values()
+            .flatten()
+            .filter(|e| e.uploaded.is_some())
+            .fold((0, 0), |(n, b), e| (n + 1, b + e.size));
+        self.metrics.stored_files.set(files);
+        self.metrics.stored_bytes.set(bytes as i64);
         *idx = fresh;
     }
 
@@ -852,7 +943,21 @@ impl UploadService {
             (ns::DISCO_ITEMS, "query", true) if q.attr("node").is_none() => {
                 Ok(Some(Element::new("query", ns::DISCO_ITEMS)))
             }
-            (NS_UPLOAD, "request", true) => inner.slot(env, &from, service, q).await.map(Some),
+            (NS_UPLOAD, "request", true) => {
+                let slot = inner.slot(env, &from, service, q).await;
+                let result = match &slot {
+                    Ok(_) => "granted",
+                    Err(r) => match r.app.as_ref().map(Element::name) {
+                        Some("file-too-large") => "too_large",
+                        _ if r.error.condition == StanzaErrorCondition::ResourceConstraint => {
+                            "quota"
+                        }
+                        _ => "refused",
+                    },
+                };
+                UploadMetrics::count(&inner.metrics.slots, "result", result);
+                slot.map(Some)
+            }
             (ns::PING, "ping", true) => Ok(None),
             _ => Err(StanzaError::new(StanzaErrorCondition::ServiceUnavailable).into()),
         };
@@ -1252,7 +1357,14 @@ async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let Some((dir, meta)) = lookup(&inner, &slot, &name).await else {
+    let r = store(&inner, &slot, &name, &headers, body).await;
+    UploadMetrics::count(&inner.metrics.puts, "status", r.status().as_str());
+    r
+}
+
+/// The work of [`upload`].
+async fn store(inner: &Inner, slot: &str, name: &str, headers: &HeaderMap, body: Body) -> Response {
+    let Some((dir, meta)) = lookup(inner, slot, name).await else {
         return not_found();
     };
     if meta.uploaded.is_some() || tokio::fs::metadata(dir.join(DATA_FILE)).await.is_ok() {
@@ -1329,9 +1441,11 @@ async fn upload(
     // Whatever ends this upload (an error, the client going away and the
     // connection dropping this future), the partial file goes with it.
     let _part = PartFile(part.clone());
+    let receiving = Held::new(&inner.metrics.receiving);
     if let Err((code, text)) = receive(inner.slot_timeout, file, body, meta.size).await {
         return status(code, &text);
     }
+    drop(receiving);
     // One PUT per slot: a hard link fails if the file exists, so of two
     // uploads that both got here, one wins.
     let data = dir.join(DATA_FILE);
@@ -1352,7 +1466,10 @@ async fn upload(
         let _ = tokio::fs::remove_file(&data).await;
         return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot store the file");
     }
-    inner.lock_index().mark_uploaded(&done.owner, &slot, now);
+    inner.lock_index().mark_uploaded(&done.owner, slot, now);
+    inner.metrics.received_bytes.inc_by(done.size);
+    inner.metrics.stored_files.inc();
+    inner.metrics.stored_bytes.inc_by(done.size as i64);
     tracing::info!(module = NAME, owner = %done.owner, bytes = done.size, "file uploaded");
     // §7: 201 means the file is served from the GET URL from now on.
     cors(StatusCode::CREATED.into_response())
@@ -1583,7 +1700,20 @@ async fn download(
     method: Method,
     request: HeaderMap,
 ) -> Response {
-    let Some((dir, meta)) = lookup(&inner, &slot, &name).await else {
+    let r = serve(&inner, &slot, &name, method, &request).await;
+    UploadMetrics::count(&inner.metrics.downloads, "status", r.status().as_str());
+    r
+}
+
+/// The work of [`download`].
+async fn serve(
+    inner: &Inner,
+    slot: &str,
+    name: &str,
+    method: Method,
+    request: &HeaderMap,
+) -> Response {
+    let Some((dir, meta)) = lookup(inner, slot, name).await else {
         return not_found();
     };
     let Some(uploaded) = meta.uploaded else {
@@ -1623,7 +1753,7 @@ async fn download(
     };
     let validators = Validators::new(uploaded, length);
     let cache_control = value(&format!("private, max-age={max_age}, immutable"));
-    if validators.not_modified(&request) {
+    if validators.not_modified(request) {
         let mut r = StatusCode::NOT_MODIFIED.into_response();
         validators.insert(r.headers_mut());
         r.headers_mut().insert(header::CACHE_CONTROL, cache_control);
@@ -1634,7 +1764,7 @@ async fn download(
         .get(header::RANGE)
         .filter(|_| method == Method::GET)
         .and_then(|v| v.to_str().ok())
-        .filter(|_| validators.if_range_holds(&request));
+        .filter(|_| validators.if_range_holds(request));
     let (code, first, count) = match wanted(range, length) {
         Wanted::Whole => (StatusCode::OK, 0, length),
         Wanted::Part(first, last) => (StatusCode::PARTIAL_CONTENT, first, last - first + 1),
@@ -1654,24 +1784,29 @@ async fn download(
             return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot read the file");
         }
     }
-    let stream = futures_util::stream::try_unfold((file, count), |(f, left)| async move {
-        if left == 0 {
-            return Ok::<_, io::Error>(None);
-        }
-        let read = tokio::task::spawn_blocking(move || {
-            let want = left.min(IO_CHUNK as u64);
-            let mut chunk = Vec::with_capacity(want as usize);
-            let r = io::Read::read_to_end(&mut io::Read::take(&f, want), &mut chunk);
-            (f, chunk, r)
-        })
-        .await;
-        let (f, chunk, r) = read.map_err(io::Error::other)?;
-        r?;
-        if chunk.is_empty() {
-            Ok(None)
-        } else {
-            let left = left - chunk.len() as u64;
-            Ok(Some((Bytes::from(chunk), (f, left))))
+    let sent = inner.metrics.sent_bytes.clone();
+    let stream = futures_util::stream::try_unfold((file, count), move |(f, left)| {
+        let sent = sent.clone();
+        async move {
+            if left == 0 {
+                return Ok::<_, io::Error>(None);
+            }
+            let read = tokio::task::spawn_blocking(move || {
+                let want = left.min(IO_CHUNK as u64);
+                let mut chunk = Vec::with_capacity(want as usize);
+                let r = io::Read::read_to_end(&mut io::Read::take(&f, want), &mut chunk);
+                (f, chunk, r)
+            })
+            .await;
+            let (f, chunk, r) = read.map_err(io::Error::other)?;
+            r?;
+            if chunk.is_empty() {
+                Ok(None)
+            } else {
+                let left = left - chunk.len() as u64;
+                sent.inc_by(chunk.len() as u64);
+                Ok(Some((Bytes::from(chunk), (f, left))))
+            }
         }
     });
     let mut r = Response::new(Body::from_stream(stream));

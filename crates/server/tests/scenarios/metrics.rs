@@ -446,10 +446,10 @@ async fn process_metrics_and_build_info_are_exported() {
     server.stop().await;
 }
 
-/// A server exporting every optional metric too: the proxy65 and
-/// component modules enabled, the cluster bus counters registered as a
+/// A server exporting every optional metric too: the proxy65, component
+/// and upload modules enabled, the cluster bus counters registered as a
 /// clustered node registers them (no NATS here), a message routed and
-/// archived.
+/// archived, a file uploaded and downloaded.
 async fn server_with_every_metric() -> TestServer {
     let component: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let server = TestServer::start_with(|c| {
@@ -466,6 +466,7 @@ async fn server_with_every_metric() -> TestServer {
             secret_file: None,
             name: String::new(),
         }];
+        c.modules.get_mut::<modules::Upload>().enabled = true;
     })
     .await;
     let bus = starling_server::cluster::BusCounters::new();
@@ -473,6 +474,15 @@ async fn server_with_every_metric() -> TestServer {
     let mut alice = server.login("alice").await;
     let bob = server.login("bob").await;
     chat(&mut alice, &bob.jid, "hello").await;
+    let path = crate::upload::slot_path(&mut alice, "f.txt", 5, None).await;
+    let http = server.http_addr(false);
+    assert_eq!(
+        crate::upload::put(http, &path, "text/plain", b"hello")
+            .await
+            .status,
+        201
+    );
+    assert_eq!(crate::upload::get(http, &path).await.body, b"hello");
     server
 }
 

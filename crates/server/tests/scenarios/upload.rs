@@ -27,7 +27,7 @@ async fn server_with(f: impl FnOnce(&mut UploadConfig)) -> TestServer {
 }
 
 /// Asks for a slot (§4); the whole iq reply.
-async fn request(
+pub(crate) async fn request(
     c: &mut Client,
     filename: &str,
     size: &str,
@@ -59,7 +59,7 @@ fn urls(reply: &Element) -> (String, String) {
 }
 
 /// A slot's URL path (`/upload/…`), to use on any listener.
-async fn slot_path(
+pub(crate) async fn slot_path(
     c: &mut Client,
     filename: &str,
     size: usize,
@@ -86,10 +86,10 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
 }
 
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Reply {
@@ -115,7 +115,12 @@ impl std::fmt::Debug for Reply {
 
 /// Sends the request head (plus `Connection: close`) and `body`, then
 /// reads the whole answer.
-async fn http(addr: SocketAddr, head: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+pub(crate) async fn http(
+    addr: SocketAddr,
+    head: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     let mut req = format!("{head} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -158,7 +163,7 @@ async fn read_reply(tcp: &mut TcpStream) -> Reply {
     }
 }
 
-async fn put(addr: SocketAddr, path: &str, content_type: &str, body: &[u8]) -> Reply {
+pub(crate) async fn put(addr: SocketAddr, path: &str, content_type: &str, body: &[u8]) -> Reply {
     let len = body.len().to_string();
     http(
         addr,
@@ -177,7 +182,7 @@ async fn put_head(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Rep
     http(addr, &format!("PUT {path}"), &all, b"").await
 }
 
-async fn get(addr: SocketAddr, path: &str) -> Reply {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> Reply {
     http(addr, &format!("GET {path}"), &[], b"").await
 }
 
@@ -446,6 +451,85 @@ async fn downloads_resume_with_byte_ranges_and_revalidate() {
     )
     .await;
     assert_eq!(missing.status, 404, "{missing:?}");
+    server.stop().await;
+}
+
+/// The service's metrics (docs/metrics.md): slot requests by result, PUT
+/// and GET answers by status, bytes stored and sent, files kept on disk.
+#[tokio::test]
+async fn slots_uploads_and_downloads_are_counted_in_the_metrics() {
+    let server = server_with(|u| {
+        u.max_file_size = 1000;
+        u.quota_per_user = 1500;
+    })
+    .await;
+    let sample = |key: &str| -> f64 {
+        let text = server.server.env.metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(sample("starling_upload_stored_files"), 0.0);
+    let mut alice = server.login("alice").await;
+    let addr = server.http_addr(false);
+    let data = pattern(800);
+    let path = slot_path(&mut alice, "a.bin", 800, None).await;
+    assert_eq!(
+        put(addr, &path, "application/octet-stream", &data)
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        put(addr, &path, "application/octet-stream", &data)
+            .await
+            .status,
+        409
+    );
+    assert_eq!(get(addr, &path).await.status, 200);
+    let part = http(
+        addr,
+        &format!("GET {path}"),
+        &[("Range", "bytes=0-99")],
+        b"",
+    )
+    .await;
+    assert_eq!(part.status, 206);
+    assert_eq!(get(addr, "/upload/nosuchslot/a.bin").await.status, 404);
+    // Too large, then over the quota (800 stored + 800 asked > 1500).
+    let big = request(&mut alice, "b.bin", "5000", None).await;
+    assert_eq!(big.attr("type"), Some("error"));
+    let over = request(&mut alice, "c.bin", "800", None).await;
+    assert_eq!(over.attr("type"), Some("error"));
+
+    assert_eq!(
+        sample("starling_upload_slots_total{result=\"granted\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample("starling_upload_slots_total{result=\"too_large\"}"),
+        1.0
+    );
+    assert_eq!(sample("starling_upload_slots_total{result=\"quota\"}"), 1.0);
+    assert_eq!(sample("starling_upload_puts_total{status=\"201\"}"), 1.0);
+    assert_eq!(sample("starling_upload_puts_total{status=\"409\"}"), 1.0);
+    assert_eq!(sample("starling_upload_received_bytes_total"), 800.0);
+    assert_eq!(sample("starling_upload_receiving"), 0.0);
+    assert_eq!(
+        sample("starling_upload_downloads_total{status=\"200\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample("starling_upload_downloads_total{status=\"206\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample("starling_upload_downloads_total{status=\"404\"}"),
+        1.0
+    );
+    assert_eq!(sample("starling_upload_sent_bytes_total"), 900.0);
+    assert_eq!(sample("starling_upload_stored_files"), 1.0);
+    assert_eq!(sample("starling_upload_stored_bytes"), 800.0);
     server.stop().await;
 }
 
