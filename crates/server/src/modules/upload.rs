@@ -1466,10 +1466,14 @@ async fn store(inner: &Inner, slot: &str, name: &str, headers: &HeaderMap, body:
         let _ = tokio::fs::remove_file(&data).await;
         return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot store the file");
     }
-    inner.lock_index().mark_uploaded(&done.owner, slot, now);
+    {
+        // Under the index's lock, as the sweep that recounts the gauges.
+        let mut idx = inner.lock_index();
+        idx.mark_uploaded(&done.owner, slot, now);
+        inner.metrics.stored_files.inc();
+        inner.metrics.stored_bytes.inc_by(done.size as i64);
+    }
     inner.metrics.received_bytes.inc_by(done.size);
-    inner.metrics.stored_files.inc();
-    inner.metrics.stored_bytes.inc_by(done.size as i64);
     tracing::info!(module = NAME, owner = %done.owner, bytes = done.size, "file uploaded");
     // §7: 201 means the file is served from the GET URL from now on.
     cors(StatusCode::CREATED.into_response())
