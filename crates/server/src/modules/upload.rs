@@ -6,7 +6,9 @@
 //! - **Discovery** (§3): a local service at `<subdomain>.<domain>`, listed
 //!   in the server's disco#items; its disco#info has identity
 //!   `store`/`file`, feature `urn:xmpp:http:upload:0` and the XEP-0128
-//!   form with `max-file-size`.
+//!   form with `max-file-size`; the `message` and `ephemeral` purposes
+//!   (§5): an ephemeral upload is never served from its `expire-before`
+//!   on.
 //! - **Slots** (§4): `<request filename size content-type/>` gives a
 //!   `<slot>` whose `put` and `get` URLs are the same,
 //!   `{base_url}/upload/{slot}/{file name, percent-encoded}`; the slot id
@@ -77,6 +79,9 @@ use tokio::io::AsyncWriteExt;
 const NAME: &str = "upload";
 /// The protocol's namespace (its disco feature).
 pub const NS_UPLOAD: &str = "urn:xmpp:http:upload:0";
+/// Upload purposes (XEP-0363 §5, v1.2.0); `#message` and `#ephemeral` are
+/// the ones served.
+pub const NS_PURPOSE: &str = "urn:xmpp:http:upload:purpose:0";
 /// Where the module's HTTP routes are mounted on every listener.
 pub const HTTP_PREFIX: &str = "/upload";
 /// The service's name in service discovery.
@@ -85,8 +90,12 @@ const DISPLAY_NAME: &str = "HTTP File Upload";
 const SLOT_ID_LEN: usize = 32;
 /// The alphabet of `starling_proto::random_id`, which makes slot ids.
 const SLOT_ID_ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
-/// The metadata format written today (`meta.json` field `v`).
-const META_VERSION: u32 = 1;
+/// The newest metadata format (`meta.json` field `v`) this server reads
+/// and writes. 1: the first; 2: adds `expire_before` (an ephemeral
+/// upload's deadline), so a server that knows only 1 leaves such a file
+/// alone instead of serving it past its deadline. Files without a deadline
+/// are still written as 1.
+const META_VERSION: u32 = 2;
 /// How often the running server removes expired files and unused slots.
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// Bytes of a file read at a time by a download, straight into the chunk
@@ -522,6 +531,24 @@ struct Meta {
     /// Unix seconds the upload completed; absent while the slot is unused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     uploaded: Option<u64>,
+    /// Unix seconds from which an ephemeral upload (§5.3) is never served
+    /// again, whatever `expire_after_days` says (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expire_before: Option<u64>,
+}
+
+/// When an uploaded file stops being served: `expire_after` past its
+/// upload, or its ephemeral deadline if sooner (`None`: never).
+fn file_expires(
+    uploaded: u64,
+    expire_before: Option<u64>,
+    expire_after: Option<Duration>,
+) -> Option<u64> {
+    let after = expire_after.map(|d| uploaded + d.as_secs());
+    match (after, expire_before) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// One slot in the quota index.
@@ -531,6 +558,7 @@ struct IndexEntry {
     size: u64,
     created: u64,
     uploaded: Option<u64>,
+    expire_before: Option<u64>,
 }
 
 /// Each owner's slots, for the quota: rebuilt from disk at start and by
@@ -586,7 +614,7 @@ fn counts_until(
     slot_timeout: Duration,
 ) -> Option<u64> {
     match e.uploaded {
-        Some(t) => expire_after.map(|d| t + d.as_secs()),
+        Some(t) => file_expires(t, e.expire_before, expire_after),
         None => Some(e.created + slot_timeout.as_secs()),
     }
 }
@@ -639,6 +667,7 @@ impl Inner {
                     size: m.size,
                     created: m.created,
                     uploaded: m.uploaded,
+                    expire_before: m.expire_before,
                 },
             );
         }
@@ -754,6 +783,7 @@ impl Inner {
                 .into());
         }
         let now = unix_now();
+        let expire_before = ephemeral_deadline(req, now)?;
         let slot = starling_proto::random_id(SLOT_ID_LEN);
         let owner = who.as_str();
         {
@@ -797,17 +827,19 @@ impl Inner {
                     size,
                     created: now,
                     uploaded: None,
+                    expire_before,
                 },
             );
         }
         let meta = Meta {
-            v: META_VERSION,
+            v: if expire_before.is_some() { 2 } else { 1 },
             owner: owner.to_owned(),
             filename: filename.clone(),
             size,
             content_type: content_type.map(|m| m.full),
             created: now,
             uploaded: None,
+            expire_before,
         };
         if let Err(e) = self.create_slot(&slot, &meta).await {
             self.lock_index().remove(owner, &slot);
@@ -860,7 +892,9 @@ impl Inner {
                 .attr("name", DISPLAY_NAME)
                 .build(),
         );
-        for f in [NS_UPLOAD, ns::DISCO_INFO, ns::PING] {
+        let message = format!("{NS_PURPOSE}#message");
+        let ephemeral = format!("{NS_PURPOSE}#ephemeral");
+        for f in [NS_UPLOAD, &message, &ephemeral, ns::DISCO_INFO, ns::PING] {
             q.append_child(
                 Element::builder("feature", ns::DISCO_INFO)
                     .attr("var", f)
@@ -879,6 +913,27 @@ impl Inner {
         );
         q
     }
+}
+
+/// The deadline of an ephemeral upload (§5.3: `<ephemeral
+/// expire-before='…'/>` in the request), in Unix seconds; `None` for every
+/// other purpose. `message` is the default (§5), and `profile` and
+/// `permanent`, which this service does not advertise, are served as
+/// `message` too: kept as long as `expire_after_days` says.
+fn ephemeral_deadline(req: &Element, now: u64) -> Result<Option<u64>, StanzaError> {
+    let Some(e) = req.get_child("ephemeral", NS_PURPOSE) else {
+        return Ok(None);
+    };
+    let micros = e
+        .attr("expire-before")
+        .and_then(starling_proto::datetime::parse_xep0082)
+        .ok_or_else(|| bad_request("expire-before must be a XEP-0082 DateTime"))?;
+    // A deadline inside a second is served until that second starts.
+    let at = u64::try_from(micros.div_euclid(1_000_000)).unwrap_or(0);
+    if at <= now {
+        return Err(bad_request("expire-before is not in the future"));
+    }
+    Ok(Some(at))
 }
 
 /// A refused slot request (§6): the stanza error and the
@@ -1206,9 +1261,9 @@ async fn scan(
             continue;
         }
         let expired = match meta.uploaded {
-            Some(t) => policy
-                .older_than
-                .is_some_and(|d| now.saturating_sub(t) >= d.as_secs()),
+            Some(t) => {
+                file_expires(t, meta.expire_before, policy.older_than).is_some_and(|e| now >= e)
+            }
             None => {
                 let unused = now.saturating_sub(meta.created) >= 2 * timeout;
                 // An upload still arriving keeps its slot.
@@ -1370,7 +1425,10 @@ async fn store(inner: &Inner, slot: &str, name: &str, headers: &HeaderMap, body:
     if meta.uploaded.is_some() || tokio::fs::metadata(dir.join(DATA_FILE)).await.is_ok() {
         return status(StatusCode::CONFLICT, "this slot was already used");
     }
-    if unix_now() >= meta.created + inner.slot_timeout.as_secs() {
+    let now = unix_now();
+    if now >= meta.created + inner.slot_timeout.as_secs()
+        || meta.expire_before.is_some_and(|b| now >= b)
+    {
         return status(
             StatusCode::FORBIDDEN,
             "this upload slot expired; request a new one",
@@ -1724,7 +1782,7 @@ async fn serve(
         return not_found();
     };
     let now = unix_now();
-    let expires = inner.expire_after.map(|d| uploaded + d.as_secs());
+    let expires = file_expires(uploaded, meta.expire_before, inner.expire_after);
     if expires.is_some_and(|e| now >= e) {
         return not_found();
     }
@@ -2035,6 +2093,62 @@ mod tests {
             "off: no listener needed"
         );
         assert!(parse("[modules.upload]\nenabled = true\n").is_ok());
+    }
+
+    /// XEP-0363 §5.3: an ephemeral upload's deadline wins over a later
+    /// expiry, and holds alone when files are kept forever; other purposes
+    /// have none.
+    #[test]
+    fn ephemeral_deadlines_bound_a_files_life() {
+        let month = Some(Duration::from_secs(30 * SECS_PER_DAY));
+        assert_eq!(
+            file_expires(1000, None, month),
+            Some(1000 + 30 * SECS_PER_DAY)
+        );
+        assert_eq!(file_expires(1000, Some(5000), month), Some(5000));
+        assert_eq!(
+            file_expires(1000, Some(u64::MAX), month),
+            Some(1000 + 30 * SECS_PER_DAY)
+        );
+        assert_eq!(file_expires(1000, Some(5000), None), Some(5000));
+        assert_eq!(file_expires(1000, None, None), None);
+
+        let req = |purpose: &str| {
+            format!("<request xmlns='{NS_UPLOAD}' filename='a' size='1'>{purpose}</request>")
+                .parse::<Element>()
+                .unwrap()
+        };
+        let now = 1_700_000_000;
+        let eph = |stamp: &str| {
+            ephemeral_deadline(
+                &req(&format!(
+                    "<ephemeral xmlns='{NS_PURPOSE}' expire-before='{stamp}'/>"
+                )),
+                now,
+            )
+        };
+        // 2023-11-14T22:13:20Z is `now`; a fraction of a second rounds
+        // down (served until that second starts, never after).
+        assert_eq!(eph("2023-11-14T22:13:21Z").unwrap(), Some(now + 1));
+        assert_eq!(eph("2023-11-14T22:13:21.999Z").unwrap(), Some(now + 1));
+        assert_eq!(eph("2023-11-15T00:13:25+02:00").unwrap(), Some(now + 5));
+        for bad in ["2023-11-14T22:13:20Z", "2020-01-01T00:00:00Z", "soon", ""] {
+            assert!(eph(bad).is_err(), "{bad}");
+        }
+        let missing = ephemeral_deadline(&req(&format!("<ephemeral xmlns='{NS_PURPOSE}'/>")), now);
+        assert!(missing.is_err());
+        for other in [
+            String::new(),
+            format!("<message xmlns='{NS_PURPOSE}'/>"),
+            format!("<permanent xmlns='{NS_PURPOSE}'/>"),
+            "<ephemeral xmlns='urn:example' expire-before='x'/>".to_owned(),
+        ] {
+            assert_eq!(
+                ephemeral_deadline(&req(&other), now).unwrap(),
+                None,
+                "{other}"
+            );
+        }
     }
 
     /// RFC 9110 §14.1.2 (byte ranges), §14.1.3 (suffixes), §14.2 (what to

@@ -327,6 +327,162 @@ async fn slot_put_get_round_trip_keeps_bytes_and_headers() {
     server.stop().await;
 }
 
+/// `starling upload purge` with `extra` arguments on `server`'s data
+/// directory (files kept for 30 days): its output.
+fn purge_cli(server: &TestServer, extra: &[&str]) -> String {
+    let cfg = server.dir.join("purge.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ndata_dir = {:?}\n\n[modules.upload]\nenabled = true\nexpire_after_days = 30\n",
+            server.dir
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(["upload", "purge"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// XEP-0363 §5 (v1.2.0), upload purposes: the service advertises
+/// `#message` and `#ephemeral`. An ephemeral upload (§5.3) is not served
+/// from its `expire-before` on, although files are otherwise kept for 30
+/// days, and purge removes it; its slot takes no PUT after it either. A
+/// missing, malformed or past `expire-before` is a bad request. `permanent`
+/// (§5.4, not advertised) is served as the default purpose, `message`.
+#[tokio::test]
+async fn ephemeral_uploads_are_never_served_after_their_deadline() {
+    const PURPOSE: &str = "urn:xmpp:http:upload:purpose:0";
+    let server = server_with(|u| u.expire_after_days = 30).await;
+    let mut alice = server.login("alice").await;
+    let info = alice
+        .iq(
+            &format!(
+                "<iq to='{SERVICE}' type='get' id='d1'><query xmlns='{}'/></iq>",
+                ns::DISCO_INFO
+            ),
+            "d1",
+        )
+        .await;
+    let features: Vec<String> = info
+        .get_child("query", ns::DISCO_INFO)
+        .unwrap()
+        .children()
+        .filter_map(|f| f.attr("var").map(str::to_owned))
+        .collect();
+    for (purpose, served) in [
+        ("message", true),
+        ("ephemeral", true),
+        ("profile", false),
+        ("permanent", false),
+    ] {
+        assert_eq!(
+            features.contains(&format!("{PURPOSE}#{purpose}")),
+            served,
+            "{purpose}: {features:?}"
+        );
+    }
+
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let deadline = now.as_secs() + 3;
+    let stamp = starling_proto::datetime::xep0082_datetime(u128::from(deadline) * 1000);
+    let ask = |name: &'static str, purpose: String| {
+        let id = format!("p-{name}");
+        format!("<iq to='{SERVICE}' type='get' id='{id}'><request xmlns='{NS}' filename='{name}' size='5'>{purpose}</request></iq>")
+    };
+    let ephemeral = |name: &'static str, expire: &str| {
+        ask(
+            name,
+            format!("<ephemeral xmlns='{PURPOSE}' expire-before='{expire}'/>"),
+        )
+    };
+    async fn slot(alice: &mut Client, name: &str, req: String) -> Element {
+        alice.iq(&req, &format!("p-{name}")).await
+    }
+    let story =
+        path_of(&urls(&slot(&mut alice, "story.jpg", ephemeral("story.jpg", &stamp)).await).0);
+    let late = path_of(&urls(&slot(&mut alice, "late.jpg", ephemeral("late.jpg", &stamp)).await).0);
+    let kept = path_of(
+        &urls(
+            &slot(
+                &mut alice,
+                "blog.jpg",
+                ask("blog.jpg", format!("<permanent xmlns='{PURPOSE}'/>")),
+            )
+            .await,
+        )
+        .0,
+    );
+    for (name, req) in [
+        (
+            "none.jpg",
+            ask("none.jpg", format!("<ephemeral xmlns='{PURPOSE}'/>")),
+        ),
+        ("bad.jpg", ephemeral("bad.jpg", "tomorrow")),
+        ("past.jpg", ephemeral("past.jpg", "2020-01-01T00:00:00Z")),
+    ] {
+        let r = slot(&mut alice, name, req).await;
+        assert_eq!(
+            error_condition(&r).as_deref(),
+            Some("bad-request"),
+            "{name}: {r}"
+        );
+    }
+
+    let addr = server.http_addr(false);
+    assert_eq!(put(addr, &story, "image/jpeg", b"story").await.status, 201);
+    assert_eq!(put(addr, &kept, "image/jpeg", b"kept!").await.status, 201);
+    let served = get(addr, &story).await;
+    assert_eq!(served.status, 200, "{served:?}");
+    let max_age: u64 = served
+        .header("cache-control")
+        .and_then(|c| c.split("max-age=").nth(1))
+        .and_then(|a| a.split(',').next())
+        .and_then(|a| a.parse().ok())
+        .expect("a max-age");
+    assert!(max_age <= 3, "cached only until the deadline: {max_age}");
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(slot_dir(&server, &story).join("meta.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (meta["v"].as_u64(), meta["expire_before"].as_u64()),
+        (Some(2), Some(deadline))
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(slot_dir(&server, &kept).join("meta.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["v"].as_u64(), Some(1), "no deadline: the first format");
+
+    // Past the deadline.
+    let wait = std::time::Duration::from_secs(deadline) - now + Duration::from_millis(200);
+    tokio::time::sleep(wait).await;
+    assert_eq!(
+        get(addr, &story).await.status,
+        404,
+        "not served after expire-before"
+    );
+    assert_eq!(put(addr, &late, "image/jpeg", b"late!").await.status, 403);
+    assert_eq!(get(addr, &kept).await.body, b"kept!");
+    let done = purge_cli(&server, &[]);
+    assert!(done.contains("removed 1 file(s) (5 bytes)"), "{done}");
+    assert!(!slot_dir(&server, &story).exists());
+    assert!(slot_dir(&server, &kept).exists());
+    server.stop().await;
+}
+
 /// RFC 9110 §14: a client whose download was cut off asks for the rest
 /// with `Range` and gets `206` with exactly those bytes (also across the
 /// server's read chunks of 256 KiB); a range past the end is `416`; `HEAD`
@@ -944,30 +1100,7 @@ async fn expired_files_are_not_served_and_purge_removes_them() {
     assert_eq!(get(addr, &old).await.status, 404, "expired");
     assert_eq!(get(addr, &new).await.status, 200);
 
-    let cfg = server.dir.join("purge.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[server]\ndata_dir = {:?}\n\n[modules.upload]\nenabled = true\nexpire_after_days = 30\n",
-            server.dir
-        ),
-    )
-    .unwrap();
-    let purge = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
-            .arg("--config")
-            .arg(&cfg)
-            .args(["upload", "purge"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let purge = |extra: &[&str]| purge_cli(&server, extra);
     let dry = purge(&["--dry-run"]);
     assert!(dry.contains("would remove 1 file(s) (3 bytes)"), "{dry}");
     assert!(old_dir.exists(), "a dry run removes nothing");
