@@ -148,6 +148,9 @@ pub struct UploadConfig {
     /// Bytes of unexpired files (and of slots not yet used) one account
     /// may hold; 0: no quota.
     pub quota_per_user: u64,
+    /// Bytes of files (and of slots not yet used) the whole service may
+    /// hold, all accounts together; 0: no limit.
+    pub quota_total: u64,
     /// Days a file is kept after its upload; 0: kept until purged.
     pub expire_after_days: u64,
     /// Seconds the PUT URL of a slot is valid after the slot was issued.
@@ -176,6 +179,7 @@ impl Default for UploadConfig {
             subdomain: "upload".into(),
             max_file_size: 100 * 1024 * 1024,
             quota_per_user: 1024 * 1024 * 1024,
+            quota_total: 0,
             expire_after_days: 30,
             slot_timeout_secs: 300,
             base_url: None,
@@ -298,6 +302,7 @@ impl Module for Upload {
             base,
             max_file_size: cfg.max_file_size,
             quota: cfg.quota_per_user,
+            quota_total: cfg.quota_total,
             expire_after: (cfg.expire_after_days > 0)
                 .then(|| Duration::from_secs(cfg.expire_after_days * SECS_PER_DAY)),
             slot_timeout: Duration::from_secs(cfg.slot_timeout_secs),
@@ -424,6 +429,8 @@ struct Inner {
     max_file_size: u64,
     /// 0: none.
     quota: u64,
+    /// 0: none.
+    quota_total: u64,
     /// `None`: files are kept.
     expire_after: Option<Duration>,
     slot_timeout: Duration,
@@ -442,7 +449,7 @@ type ByLabel = Family<Vec<(String, String)>, Counter>;
 /// docs/metrics.md).
 #[derive(Clone, Default)]
 struct UploadMetrics {
-    /// Slot requests by `result`: granted, too_large, quota, refused.
+    /// Slot requests by `result`: granted, too_large, quota, full, refused.
     slots: ByLabel,
     /// `PUT` answers by HTTP `status`.
     puts: ByLabel,
@@ -464,7 +471,7 @@ impl UploadMetrics {
     fn register(&self, r: &mut prometheus_client::registry::Registry) {
         r.register(
             "upload_slots",
-            "HTTP upload slot requests by result (granted, too_large, quota, refused)",
+            "HTTP upload slot requests by result (granted, too_large, quota, full, refused)",
             self.slots.clone(),
         );
         r.register(
@@ -567,20 +574,30 @@ struct IndexEntry {
 #[derive(Default)]
 struct Index {
     by_owner: HashMap<String, Vec<IndexEntry>>,
+    /// Bytes of every entry: what `quota_total` counts. Files that expire
+    /// keep counting until the sweep that removes them.
+    bytes: u64,
 }
 
 impl Index {
     fn insert(&mut self, owner: &str, e: IndexEntry) {
         let v = self.by_owner.entry(owner.to_owned()).or_default();
+        self.bytes += e.size;
         match v.iter_mut().find(|x| x.slot == e.slot) {
-            Some(x) => *x = e,
+            Some(x) => {
+                self.bytes -= x.size;
+                *x = e;
+            }
             None => v.push(e),
         }
     }
 
     fn remove(&mut self, owner: &str, slot: &str) {
         if let Some(v) = self.by_owner.get_mut(owner) {
+            let before: u64 = v.iter().map(|e| e.size).sum();
             v.retain(|e| e.slot != slot);
+            let after: u64 = v.iter().map(|e| e.size).sum();
+            self.bytes -= before - after;
             if v.is_empty() {
                 self.by_owner.remove(owner);
             }
@@ -764,6 +781,7 @@ impl Inner {
                         )
                         .build(),
                 ),
+                result: "too_large",
             });
         }
         let content_type = match req.attr("content-type").map(str::trim) {
@@ -817,8 +835,18 @@ impl Inner {
                                 .attr("stamp", stamp)
                                 .build()
                         }),
+                        result: "quota",
                     });
                 }
+            }
+            if self.quota_total > 0 && idx.bytes.saturating_add(size) > self.quota_total {
+                return Err(Refusal {
+                    error: StanzaError::new(StanzaErrorCondition::ResourceConstraint)
+                        .with_type(ErrorType::Wait)
+                        .with_text("The upload store is full; try again later"),
+                    app: None,
+                    result: "full",
+                });
             }
             idx.insert(
                 owner,
@@ -936,16 +964,23 @@ fn ephemeral_deadline(req: &Element, now: u64) -> Result<Option<u64>, StanzaErro
     Ok(Some(at))
 }
 
-/// A refused slot request (§6): the stanza error and the
-/// application-specific element it carries, if any.
+/// A refused slot request (§6): the stanza error, the
+/// application-specific element it carries, if any, and how the metrics
+/// count it.
 struct Refusal {
     error: StanzaError,
     app: Option<Element>,
+    /// Its `result` in `starling_upload_slots_total`.
+    result: &'static str,
 }
 
 impl From<StanzaError> for Refusal {
     fn from(error: StanzaError) -> Refusal {
-        Refusal { error, app: None }
+        Refusal {
+            error,
+            app: None,
+            result: "refused",
+        }
     }
 }
 
@@ -1002,13 +1037,7 @@ impl UploadService {
                 let slot = inner.slot(env, &from, service, q).await;
                 let result = match &slot {
                     Ok(_) => "granted",
-                    Err(r) => match r.app.as_ref().map(Element::name) {
-                        Some("file-too-large") => "too_large",
-                        _ if r.error.condition == StanzaErrorCondition::ResourceConstraint => {
-                            "quota"
-                        }
-                        _ => "refused",
-                    },
+                    Err(r) => r.result,
                 };
                 UploadMetrics::count(&inner.metrics.slots, "result", result);
                 slot.map(Some)
@@ -1018,7 +1047,7 @@ impl UploadService {
         };
         match answer {
             Ok(p) => Some(st.iq_result(p)),
-            Err(Refusal { error, app }) => {
+            Err(Refusal { error, app, .. }) => {
                 // The request stays in the error reply (§6's examples).
                 let mut r = st.error_reply(error)?;
                 if let (Some(app), Some(err)) =
@@ -2093,6 +2122,33 @@ mod tests {
             "off: no listener needed"
         );
         assert!(parse("[modules.upload]\nenabled = true\n").is_ok());
+    }
+
+    /// The index's byte count (what `quota_total` compares) follows
+    /// inserts, replacements and removals.
+    #[test]
+    fn the_index_counts_every_entrys_bytes() {
+        let entry = |slot: &str, size| IndexEntry {
+            slot: slot.into(),
+            size,
+            created: 0,
+            uploaded: None,
+            expire_before: None,
+        };
+        let mut idx = Index::default();
+        idx.insert("a@x", entry("s1", 100));
+        idx.insert("a@x", entry("s2", 50));
+        idx.insert("b@x", entry("s3", 7));
+        assert_eq!(idx.bytes, 157);
+        idx.insert("a@x", entry("s1", 30));
+        assert_eq!(idx.bytes, 87, "a replaced entry counts once");
+        idx.remove("a@x", "s2");
+        idx.remove("a@x", "nope");
+        idx.remove("c@x", "s3");
+        assert_eq!(idx.bytes, 37);
+        idx.remove("a@x", "s1");
+        idx.remove("b@x", "s3");
+        assert_eq!((idx.bytes, idx.by_owner.len()), (0, 0));
     }
 
     /// XEP-0363 §5.3: an ephemeral upload's deadline wins over a later

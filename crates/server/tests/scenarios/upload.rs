@@ -861,6 +861,58 @@ async fn quota_counts_unexpired_files_and_unused_slots() {
     server.stop().await;
 }
 
+/// `quota_total`: all accounts' files and unused slots together; past it,
+/// resource-constraint (type wait) saying the store is full, whoever asks.
+#[tokio::test]
+async fn the_whole_store_has_a_quota_of_its_own() {
+    let server = server_with(|u| {
+        u.quota_per_user = 0;
+        u.quota_total = 1000;
+    })
+    .await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let first = slot_path(&mut alice, "a.bin", 600, None).await;
+    let r = request(&mut bob, "b.bin", "600", None).await;
+    assert_eq!(
+        error_condition(&r).as_deref(),
+        Some("resource-constraint"),
+        "{r}"
+    );
+    let err = r.get_child("error", ns::CLIENT).unwrap();
+    assert_eq!(err.attr("type"), Some("wait"));
+    assert!(
+        err.get_child("text", "urn:ietf:params:xml:ns:xmpp-stanzas")
+            .is_some_and(|t| t.text().contains("store is full")),
+        "{r}"
+    );
+    assert!(
+        err.get_child("retry", NS).is_none(),
+        "no per-user retry time"
+    );
+    // Exactly up to the limit is fine.
+    slot_path(&mut bob, "c.bin", 400, None).await;
+    let addr = server.http_addr(false);
+    assert_eq!(
+        put(addr, &first, "application/octet-stream", &[7; 600])
+            .await
+            .status,
+        201
+    );
+    let r = request(&mut alice, "d.bin", "1", None).await;
+    assert_eq!(
+        error_condition(&r).as_deref(),
+        Some("resource-constraint"),
+        "{r}"
+    );
+    let text = server.server.env.metrics.encode();
+    assert!(
+        text.contains("starling_upload_slots_total{result=\"full\"} 2"),
+        "{text}"
+    );
+    server.stop().await;
+}
+
 /// §4/§6: bad file names (empty, '/', '..', control characters), sizes and
 /// types are bad-request; other odd names are made safe and kept in the URL
 /// percent-encoded.
