@@ -365,21 +365,7 @@ async fn ephemeral_uploads_are_never_served_after_their_deadline() {
     const PURPOSE: &str = "urn:xmpp:http:upload:purpose:0";
     let server = server_with(|u| u.expire_after_days = 30).await;
     let mut alice = server.login("alice").await;
-    let info = alice
-        .iq(
-            &format!(
-                "<iq to='{SERVICE}' type='get' id='d1'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
-            "d1",
-        )
-        .await;
-    let features: Vec<String> = info
-        .get_child("query", ns::DISCO_INFO)
-        .unwrap()
-        .children()
-        .filter_map(|f| f.attr("var").map(str::to_owned))
-        .collect();
+    let features = alice.disco_features(SERVICE).await;
     for (purpose, served) in [
         ("message", true),
         ("ephemeral", true),
