@@ -551,7 +551,7 @@ fn file_expires(
     expire_before: Option<u64>,
     expire_after: Option<Duration>,
 ) -> Option<u64> {
-    let after = expire_after.map(|d| uploaded + d.as_secs());
+    let after = expire_after.map(|d| uploaded.saturating_add(d.as_secs()));
     match (after, expire_before) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -594,10 +594,10 @@ impl Index {
 
     fn remove(&mut self, owner: &str, slot: &str) {
         if let Some(v) = self.by_owner.get_mut(owner) {
-            let before: u64 = v.iter().map(|e| e.size).sum();
-            v.retain(|e| e.slot != slot);
-            let after: u64 = v.iter().map(|e| e.size).sum();
-            self.bytes -= before - after;
+            // A slot is indexed once (`insert` replaces); order is not kept.
+            if let Some(i) = v.iter().position(|e| e.slot == slot) {
+                self.bytes -= v.swap_remove(i).size;
+            }
             if v.is_empty() {
                 self.by_owner.remove(owner);
             }
@@ -1940,7 +1940,11 @@ impl Validators {
     fn new(uploaded: u64, length: u64) -> Validators {
         Validators {
             etag: format!("\"{uploaded:x}-{length:x}\""),
-            last_modified: std::time::UNIX_EPOCH + Duration::from_secs(uploaded),
+            // `uploaded` comes from `meta.json`: a value past what the
+            // clock can hold must not panic the download.
+            last_modified: std::time::UNIX_EPOCH
+                .checked_add(Duration::from_secs(uploaded))
+                .unwrap_or(std::time::UNIX_EPOCH),
         }
     }
 
