@@ -68,6 +68,12 @@ pub struct Metrics {
     pub stream_errors: Counter,
     /// Stanzas bounced because the recipient's mailbox was full.
     pub mailbox_full: Counter,
+    /// Requests refused because a configured limit was reached, labelled
+    /// `limit` (see [`Metrics::limit_refused`]).
+    limit_refusals: Family<Labels, Counter>,
+    /// Admin requests and web logins with a wrong or missing token,
+    /// labelled `surface` (`api`, `web`).
+    admin_auth_failures: Family<Labels, Counter>,
     /// Router entry to delivery, by stanza kind.
     routing: [LatencyHistogram; 3],
     /// Storage call durations, labelled `store` and `op`.
@@ -348,6 +354,18 @@ impl Metrics {
             "Stanzas bounced because a recipient's mailbox was full",
             mailbox_full.clone(),
         );
+        let limit_refusals = Family::<Labels, Counter>::default();
+        registry.register(
+            "limit_refusals",
+            "Requests refused because a configured limit was reached, by limit (docs/security.md lists them)",
+            limit_refusals.clone(),
+        );
+        let admin_auth_failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "admin_auth_failures",
+            "Admin API requests and admin web logins refused for a wrong or missing token, by surface (api, web)",
+            admin_auth_failures.clone(),
+        );
 
         let routing_family =
             Family::<Labels, LatencyHistogram, fn() -> LatencyHistogram>::new_with_constructor(
@@ -415,6 +433,8 @@ impl Metrics {
             auth_failures,
             stream_errors,
             mailbox_full,
+            limit_refusals,
+            admin_auth_failures,
             routing,
             storage,
         }
@@ -458,6 +478,24 @@ impl Metrics {
     /// Counts a successful authentication with `mechanism` (its IANA name).
     pub fn auth_succeeded(&self, mechanism: &str) {
         find(&self.auth_success, mechanism).inc();
+    }
+
+    /// Counts one request refused because the configured limit `limit`
+    /// was reached (`offline_quota`, `admin_token`…: the names are listed
+    /// in docs/metrics.md). A map lookup: for refusals, not for the path
+    /// of every stanza.
+    pub fn limit_refused(&self, limit: &str) {
+        self.limit_refusals
+            .get_or_create(&labels(&[("limit", limit)]))
+            .inc();
+    }
+
+    /// Counts an admin request (`surface` `api`) or web login (`web`)
+    /// refused for a wrong or missing token.
+    pub fn admin_auth_failed(&self, surface: &str) {
+        self.admin_auth_failures
+            .get_or_create(&labels(&[("surface", surface)]))
+            .inc();
     }
 
     /// Counts a failed authentication answered with SASL condition

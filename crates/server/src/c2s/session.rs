@@ -1353,12 +1353,13 @@ impl Session {
         match self.conn.flush(self.shared.write_timeout).await {
             Ok(()) => Ok(()),
             Err(IoEnd::WriteTimeout) => {
-                tracing::info!(
-                    session = self.info.id,
-                    peer = %self.info.peer,
-                    timeout_secs = self.shared.write_timeout.as_secs(),
-                    "client stopped reading; dropping session"
-                );
+                let secs = self.shared.write_timeout.as_secs();
+                if self.info.jid.is_some() {
+                    tracing::info!(session = self.info.id, peer = %self.info.peer, timeout_secs = secs, "client stopped reading; dropping session");
+                } else {
+                    // Unauthenticated: anyone can cause it at will.
+                    starling_core::log_throttled!(info, session = self.info.id, peer = %self.info.peer, timeout_secs = secs, "client stopped reading; dropping session");
+                }
                 Err(Exit::Io(IoEnd::WriteTimeout))
             }
             Err(end) => Err(Exit::Io(end)),
@@ -1377,7 +1378,19 @@ impl Session {
                 self.conn
                     .open_stream(&self.info.stream_id, &self.info.domain);
                 self.shared.env.metrics.stream_errors.inc();
-                tracing::info!(session = self.info.id, peer = %self.info.peer, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), condition = %e.condition, text = e.text.as_deref().unwrap_or(""), "closing stream with error");
+                let text = e.text.as_deref().unwrap_or("");
+                match &self.info.jid {
+                    Some(jid) => {
+                        tracing::info!(session = self.info.id, peer = %self.info.peer, jid = %jid, condition = %e.condition, text, "closing stream with error");
+                    }
+                    // Before authentication anyone can cause this at will
+                    // (malformed XML, timeouts): one line per 10 s at most,
+                    // counting the others; `starling_stream_errors_total`
+                    // counts every one.
+                    None => {
+                        starling_core::log_throttled!(info, session = self.info.id, peer = %self.info.peer, condition = %e.condition, text, "closing stream with error");
+                    }
+                }
                 self.conn.close(Closing::Error(e), close_timeout).await;
             }
             Exit::ClientClosed => self.conn.close(Closing::Close, close_timeout).await,

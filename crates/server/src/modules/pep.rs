@@ -1153,7 +1153,7 @@ impl UserSendHandler for Pep {
                         }
                     }
                     None => {
-                        tracing::info!(module = NAME, jid = %cx.jid(), caps = %key, "capabilities not verified (§5.4): not cached");
+                        starling_core::log_throttled!(info, module = NAME, jid = %cx.jid(), caps = %key, "capabilities not verified (§5.4): not cached");
                     }
                 }
                 Ok(Flow::Stop)

@@ -392,7 +392,7 @@ impl StreamManagement {
                 request: el.clone(),
             }),
             None => {
-                tracing::info!(session = cx.info.id, user = ?cx.info.user.as_ref().map(|u| u.to_string()), "stream resumption refused: unknown or expired id");
+                starling_core::log_throttled!(info, session = cx.info.id, user = ?cx.info.user.as_ref().map(|u| u.to_string()), "stream resumption refused: unknown or expired id");
                 cx.send(failed(StanzaErrorCondition::ItemNotFound, None));
             }
         }
