@@ -127,6 +127,10 @@ tls = false
 address = "[::]:{http6}"
 tls = false
 
+[[http.listen]]
+address = "127.0.0.1:{https}"
+tls = true
+
 [admin]
 listen = ["127.0.0.1:{admin}"]
 
@@ -577,8 +581,9 @@ def free_ports(n):
 class Server:
     def __init__(self, binary, work):
         self.bin, self.work = binary, work
-        c2s, c2s_tls, http_, http6, admin = free_ports(5)
-        self.cfg = {"c2s": c2s, "c2s_tls": c2s_tls, "http": http_, "http6": http6, "admin": admin}
+        c2s, c2s_tls, http_, http6, https, admin = free_ports(6)
+        self.cfg = {"c2s": c2s, "c2s_tls": c2s_tls, "http": http_, "http6": http6, "https": https,
+                    "admin": admin}
         self.conf = os.path.join(work, "starling.toml")
         self.log = os.path.join(work, "server.log")
         self.dropped = []
@@ -1044,7 +1049,7 @@ async def temp_rooms(ctx):
 @attack("ws_preauth_fragments", "31.8")
 async def ws_fragments(ctx):
     """Many upgraded, unauthenticated WebSockets each send an unfinished
-    fragment announcing 500 KB and 200 KB of it (issue 31 item 8). Proves
+    fragment announcing 500 KB and 400 KB of it (issue 31 item 8). Proves
     pre-auth state per connection is small: RSS stays under the bound and
     the connections are closed (pre-auth limit or negotiation timeout)."""
     n = ctx.n(150)
@@ -1060,9 +1065,9 @@ async def ws_fragments(ctx):
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             refused += 1
     ctx.conns = n
-    chunk = b"<" + b"a" * (200_000 - 1)
+    chunk = b"<" + b"a" * (400_000 - 1)
     for _, w in conns:
-        w.write(ws_frame(1, chunk, fin=False, length=500_000)[: 14 + 200_000])
+        w.write(ws_frame(1, chunk, fin=False, length=500_000)[: 14 + 400_000])
     await asyncio.sleep(1)
     wt = ctx.spawn(ctx.witness())
     bound = LIMITS["negotiation_timeout_secs"] + 3
@@ -1240,12 +1245,15 @@ async def preauth(ctx):
 
 @attack("c2s_slowloris_and_unfinished_tls", "held")
 async def c2s_slowloris(ctx):
-    """Slowloris on both c2s listeners: connections sending one byte of a
-    stream header per second to 5222, and TLS connections to 5223 that
-    send half a ClientHello. Proves all are closed by the negotiation (or
-    TLS handshake) timeout."""
+    """Slowloris on the c2s listeners: connections sending one byte of a
+    stream header per second to 5222, and TLS connections to 5223 and to
+    the HTTPS listener (5443) that send half a ClientHello. Proves all are
+    closed by the negotiation (or TLS handshake) timeout."""
     a, f1 = await open_many(ctx.n(100), ctx.cfg["c2s"], 170)
     b, f2 = await open_many(ctx.n(100), ctx.cfg["c2s_tls"], 180)
+    h, f3 = await open_many(ctx.n(30), ctx.cfg["https"], 185)
+    b += h
+    f2 += f3
     ctx.conns = len(a) + len(b) + f1 + f2
     hdr = (f"<?xml version='1.0'?><stream:stream xmlns='{NS_CLIENT}' xmlns:stream='{NS_STREAM}' "
            f"to='{DOMAIN}' version='1.0'>" + " " * 1000).encode()
