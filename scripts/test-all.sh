@@ -66,7 +66,7 @@ STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
 
 # The abuse suite (tests/abuse/README.md): a real Starling attacked as in
 # issue 31, with its memory, descriptors, log growth and a witness client
-# checked during each attack; about 4 minutes.
+# checked during each attack; about 2 minutes.
 # TODO(issue 31): enable once the hardening branches are merged: on main
 # the attacks on the limits they add (HTTP timeouts, per-address
 # connections, resources, temporary rooms, PEP quota, BOSH queue, admin
