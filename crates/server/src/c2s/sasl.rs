@@ -111,6 +111,7 @@ impl Session {
                 self.info.user = Some(jid.clone());
                 self.sasl = SaslState::Done(jid.clone());
                 self.info.state = SessionState::Authenticated;
+                self.conn.set_authenticated();
                 // Channel bindings are only needed for SASL: free them.
                 self.bindings = Default::default();
                 if v2 {

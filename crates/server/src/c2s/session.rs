@@ -157,11 +157,10 @@ async fn connect(
     } else {
         Transport::Plain(tcp)
     };
-    let conn = Connection::Stream(XmlStream::new(
-        transport,
-        shared.limits,
-        shared.read_limits(),
-    ));
+    let conn = Connection::Stream(
+        XmlStream::new(transport, shared.limits, shared.read_limits())
+            .with_preauth_cap(shared.preauth_stanza_bytes),
+    );
     let mut session = Session::new(shared.clone(), conn, peer);
     if let Some(ctx) = shared.tls.as_ref().filter(|_| session.info.secure) {
         session.bindings = session.conn.channel_bindings(ctx);
@@ -174,7 +173,7 @@ async fn connect(
 /// such (see `transport/http.rs`).
 pub(crate) async fn run_websocket(
     shared: Arc<C2sShared>,
-    ws: axum::extract::ws::WebSocket,
+    ws: crate::transport::websocket::WsStream,
     peer: SocketAddr,
     secure: bool,
     bindings: Option<Arc<ChannelBindings>>,
@@ -185,6 +184,7 @@ pub(crate) async fn run_websocket(
         ws,
         shared.limits,
         shared.read_limits(),
+        shared.preauth_stanza_bytes,
         secure,
     )));
     let mut session = Session::new(shared, conn, peer);
@@ -313,6 +313,14 @@ impl Session {
             // stop reading, keep delivering, resume when it is relieved.
             let pressed = pressure.is_high();
             let reading = self.conn.can_read() && !pressed;
+            // A BOSH client that stopped polling: its stanzas wait in the
+            // mailbox (senders get <resource-constraint/> once it is full).
+            let delivering = self.conn.can_take_output();
+            let drain = if delivering {
+                None
+            } else {
+                self.conn.drain_waiter()
+            };
             let timer_due = self.timer_due();
             let step = tokio::select! {
                 biased;
@@ -325,7 +333,8 @@ impl Session {
                 // becomes available, writes the stored messages before any
                 // newer one routed live to the session meanwhile.
                 () = std::future::ready(()), if timer_due => Box::pin(self.on_deadline()).await,
-                msg = self.mailbox.recv() => Box::pin(self.on_mailbox(msg)).await,
+                msg = self.mailbox.recv(), if delivering => Box::pin(self.on_mailbox(msg)).await,
+                () = async { if let Some(d) = &drain { d.output_drained().await } }, if drain.is_some() => Ok(()),
                 read = self.conn.read(), if reading => match read {
                     Ok(()) => Box::pin(self.on_input()).await,
                     Err(end) => Err(Exit::Io(end)),
@@ -343,7 +352,7 @@ impl Session {
             // Coalesce: deliver what else is queued before one flush (a due
             // timer goes first, see above).
             for _ in 0..64 {
-                if self.timer_due() {
+                if self.timer_due() || !self.conn.can_take_output() {
                     break;
                 }
                 match self.mailbox.try_recv() {

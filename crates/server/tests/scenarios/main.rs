@@ -28,6 +28,7 @@ mod muc_light;
 mod negotiation;
 mod offline;
 mod pep;
+mod preauth;
 mod presence;
 mod profile;
 mod proxy65;
