@@ -216,3 +216,89 @@ async fn resume_at_the_limit_is_not_blocked() {
     until_detached(&server, 0).await;
     server.stop().await;
 }
+
+// ----- group-chat rooms per user (XEP-0045 at conference.localhost) -----
+
+const MUC: &str = "http://jabber.org/protocol/muc";
+const MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
+
+/// Sends the presence that creates (or enters) `room` and returns the
+/// answer that ends it: the subject message, or an error presence.
+async fn create_room(c: &mut Client, room: &str) -> Element {
+    c.send(&format!(
+        "<presence to='{room}@conference.localhost/nick'><x xmlns='{MUC}'/></presence>"
+    ))
+    .await;
+    c.recv_until(|e| {
+        (e.name() == "message" && e.has_child("subject", ns::CLIENT))
+            || (e.name() == "presence" && e.attr("type") == Some("error"))
+    })
+    .await
+}
+
+async fn leave_room(c: &mut Client, room: &str) {
+    let occupant = format!("{room}@conference.localhost/nick");
+    c.send(&format!("<presence type='unavailable' to='{occupant}'/>"))
+        .await;
+    // The room routes this after it handled the leave (and ended).
+    c.recv_until(|e| {
+        e.name() == "presence"
+            && e.attr("type") == Some("unavailable")
+            && e.attr("from") == Some(occupant.as_str())
+    })
+    .await;
+}
+
+async fn make_persistent(c: &mut Client, room: &str) {
+    let r = c
+        .iq(
+            &format!("<iq to='{room}@conference.localhost' type='set' id='cfg'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#roomconfig</value></field><field var='muc#roomconfig_persistentroom'><value>1</value></field></x></query></iq>"),
+            "cfg",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+}
+
+#[tokio::test]
+async fn muc_rooms_per_user_count_temporary_and_persistent_and_free_on_destroy() {
+    let server = TestServer::start_with(|c| {
+        let m = c.modules.get_mut::<starling_server::modules::Muc>();
+        m.max_rooms_per_user = 2;
+        m.max_temporary_rooms = 3;
+    })
+    .await;
+    let mut alice = server.login("alice").await;
+    // Two temporary rooms (one still locked): the third is refused.
+    assert!(create_room(&mut alice, "r1").await.name() == "message");
+    assert!(create_room(&mut alice, "r2").await.name() == "message");
+    let refused = create_room(&mut alice, "r3").await;
+    assert_eq!(
+        error_condition(&refused).as_deref(),
+        Some("not-allowed"),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("(2)"),
+        "says the limit: {refused}"
+    );
+    // Emptying a temporary room ends it and frees its place.
+    leave_room(&mut alice, "r1").await;
+    assert_eq!(create_room(&mut alice, "r3").await.name(), "message");
+    // A room made persistent is counted from storage instead: still two.
+    make_persistent(&mut alice, "r2").await;
+    let refused = create_room(&mut alice, "r4").await;
+    assert_eq!(error_condition(&refused).as_deref(), Some("not-allowed"));
+    // Other users are not affected, up to the service's bound on rooms
+    // only memory holds (r3 and two of bob's; r2 is stored).
+    let mut bob = server.login("bob").await;
+    assert_eq!(create_room(&mut bob, "b1").await.name(), "message");
+    assert_eq!(create_room(&mut bob, "b2").await.name(), "message");
+    let mut carol = server.login("carol").await;
+    let full = create_room(&mut carol, "c1").await;
+    assert_eq!(
+        error_condition(&full).as_deref(),
+        Some("resource-constraint"),
+        "{full}"
+    );
+    server.stop().await;
+}
