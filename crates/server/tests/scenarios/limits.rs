@@ -302,3 +302,84 @@ async fn muc_rooms_per_user_count_temporary_and_persistent_and_free_on_destroy()
     );
     server.stop().await;
 }
+
+// ----- PEP storage per account -----
+
+const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
+const PUBSUB_ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
+
+/// Publishes item `id` of about 1 KB to the account's node `node`.
+async fn publish_kb(c: &mut Client, node: &str, id: &str) -> Element {
+    let data = "a".repeat(1000);
+    c.iq(
+        &format!(
+            "<iq type='set' id='pub'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'><data xmlns='urn:example:quota'>{data}</data></item></publish></pubsub></iq>"
+        ),
+        "pub",
+    )
+    .await
+}
+
+async fn item_count(c: &mut Client, node: &str) -> usize {
+    let r = c
+        .iq(
+            &format!("<iq type='get' id='items'><pubsub xmlns='{PUBSUB}'><items node='{node}'/></pubsub></iq>"),
+            "items",
+        )
+        .await;
+    r.get_child("pubsub", PUBSUB)
+        .and_then(|p| p.get_child("items", PUBSUB))
+        .map_or(0, |i| i.children().filter(|c| c.name() == "item").count())
+}
+
+#[tokio::test]
+async fn pep_publish_over_max_bytes_per_user_is_refused_and_retract_frees_it() {
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<starling_server::modules::Pep>()
+            .max_bytes_per_user = 2500;
+    })
+    .await;
+    let mut alice = server.login("alice").await;
+    for node in ["n1", "n2"] {
+        let ok = publish_kb(&mut alice, node, "x").await;
+        assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    }
+    // A third KB passes the quota: refused, and nothing stored (not even
+    // the node it would have created).
+    let refused = publish_kb(&mut alice, "n3", "x").await;
+    assert_eq!(
+        error_condition(&refused).as_deref(),
+        Some("not-acceptable"),
+        "{refused}"
+    );
+    let e = refused.get_child("error", ns::CLIENT).unwrap();
+    assert!(e.has_child("payload-too-big", PUBSUB_ERRORS), "{refused}");
+    assert!(refused.to_string().contains("of 2500 bytes"), "{refused}");
+    let missing = alice
+        .iq(
+            &format!("<iq type='get' id='items'><pubsub xmlns='{PUBSUB}'><items node='n3'/></pubsub></iq>"),
+            "items",
+        )
+        .await;
+    assert_eq!(error_condition(&missing).as_deref(), Some("item-not-found"));
+    // Replacing an item counts the new payload instead of the old one.
+    let ok = publish_kb(&mut alice, "n1", "x").await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    // Retracting frees its bytes.
+    let r = alice
+        .iq(
+            &format!("<iq type='set' id='ret'><pubsub xmlns='{PUBSUB}'><retract node='n2'><item id='x'/></retract></pubsub></iq>"),
+            "ret",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let ok = publish_kb(&mut alice, "n3", "x").await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    assert_eq!(item_count(&mut alice, "n3").await, 1);
+    // Another account has its own quota.
+    let mut bob = server.login("bob").await;
+    let ok = publish_kb(&mut bob, "n1", "x").await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    server.stop().await;
+}
