@@ -303,6 +303,64 @@ async fn muc_rooms_per_user_count_temporary_and_persistent_and_free_on_destroy()
     server.stop().await;
 }
 
+// ----- iqs in flight per session -----
+
+const MAM: &str = "urn:xmpp:mam:2";
+
+fn mam_query(id: &str, max: u32) -> String {
+    format!(
+        "<iq type='set' id='{id}'><query xmlns='{MAM}' queryid='{id}'><set xmlns='http://jabber.org/protocol/rsm'><max>{max}</max></set></query></iq>"
+    )
+}
+
+#[tokio::test]
+async fn iq_flood_of_archive_queries_runs_one_at_a_time_and_others_are_answered_promptly() {
+    let server = TestServer::start().await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    for i in 0..20 {
+        alice
+            .send(&format!(
+                "<message to='bob@localhost' type='chat' id='m{i}'><body>m{i}</body></message>"
+            ))
+            .await;
+    }
+    // A barrier: bob got them all, so all are archived for both.
+    for _ in 0..20 {
+        bob.recv_message().await;
+    }
+    // alice fires 300 archive queries in one write and reads nothing: a
+    // session's iqs to the server's handlers run one at a time in its own
+    // task (the rest wait unread in its socket), so at most one of them
+    // holds a database connection.
+    const FLOOD: usize = 300;
+    let mut flood = String::new();
+    for i in 0..FLOOD {
+        flood.push_str(&mam_query(&format!("f{i}"), 20));
+    }
+    alice.send(&flood).await;
+    // Meanwhile bob's own query is answered at once.
+    let started = std::time::Instant::now();
+    let bodies = bob.archived_bodies().await;
+    let took = started.elapsed();
+    assert_eq!(bodies.len(), 20);
+    assert!(
+        took < Duration::from_secs(1),
+        "another user's archive query took {took:?} during the flood"
+    );
+    // alice's queries are all answered, in order, none lost.
+    let mut next = 0;
+    while next < FLOOD {
+        let el = alice.recv().await;
+        if el.name() == "iq" {
+            assert_eq!(el.attr("id"), Some(format!("f{next}").as_str()), "{el}");
+            assert_eq!(el.attr("type"), Some("result"), "{el}");
+            next += 1;
+        }
+    }
+    server.stop().await;
+}
+
 // ----- PEP storage per account -----
 
 const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
