@@ -34,6 +34,16 @@ use std::time::Duration;
 /// Label sets of the metric families: `(name, value)` pairs.
 type Labels = Vec<(String, String)>;
 
+/// The `limit` label values of `starling_limit_refusals_total`: the
+/// configuration keys of the per-account and per-session limits.
+pub const LIMITS: [&str; 5] = [
+    "max_resources_per_account",
+    "offline.max_messages_per_user",
+    "muc.max_rooms_per_user",
+    "muc.max_temporary_rooms",
+    "pep.max_bytes_per_user",
+];
+
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
@@ -68,8 +78,8 @@ pub struct Metrics {
     pub stream_errors: Counter,
     /// Stanzas bounced because the recipient's mailbox was full.
     pub mailbox_full: Counter,
-    /// Requests refused because a configured limit was reached, labelled
-    /// `limit` (see [`Metrics::limit_refused`]).
+    /// Requests refused because an account or session reached one of
+    /// its limits, by `limit` (see [`Metrics::limit_refused`]).
     limit_refusals: Family<Labels, Counter>,
     /// Admin requests and web logins with a wrong or missing token,
     /// labelled `surface` (`api`, `web`).
@@ -355,9 +365,13 @@ impl Metrics {
             mailbox_full.clone(),
         );
         let limit_refusals = Family::<Labels, Counter>::default();
+        // Exported from the start (at 0), so dashboards see every limit.
+        for limit in LIMITS {
+            let _ = limit_refusals.get_or_create(&labels(&[("limit", limit)]));
+        }
         registry.register(
             "limit_refusals",
-            "Requests refused because a configured limit was reached, by limit (docs/security.md lists them)",
+            "Requests refused because an account or session reached a configured limit, by limit",
             limit_refusals.clone(),
         );
         let admin_auth_failures = Family::<Labels, Counter>::default();
@@ -456,6 +470,17 @@ impl Metrics {
         self.routing[kind_index(kind)].observe(took);
     }
 
+    /// Counts one request refused at the per-account or per-session limit
+    /// `limit` (its configuration key, e.g. `max_resources_per_account`).
+    /// These refusals are caused by clients, so they are counted here
+    /// instead of logged.
+    pub fn limit_refused(&self, limit: &'static str) {
+        debug_assert!(LIMITS.contains(&limit), "add {limit} to LIMITS");
+        self.limit_refusals
+            .get_or_create(&labels(&[("limit", limit)]))
+            .inc();
+    }
+
     /// The gauge of bound sessions on `transport`.
     pub fn sessions_on(&self, transport: SessionTransport) -> &Gauge {
         &self.sessions_by_transport[transport.index()]
@@ -478,16 +503,6 @@ impl Metrics {
     /// Counts a successful authentication with `mechanism` (its IANA name).
     pub fn auth_succeeded(&self, mechanism: &str) {
         find(&self.auth_success, mechanism).inc();
-    }
-
-    /// Counts one request refused because the configured limit `limit`
-    /// was reached (`offline_quota`, `admin_token`…: the names are listed
-    /// in docs/metrics.md). A map lookup: for refusals, not for the path
-    /// of every stanza.
-    pub fn limit_refused(&self, limit: &str) {
-        self.limit_refusals
-            .get_or_create(&labels(&[("limit", limit)]))
-            .inc();
     }
 
     /// Counts an admin request (`surface` `api`) or web login (`web`)

@@ -275,6 +275,12 @@ pub struct C2sSection {
     /// it the session stops taking stanzas from its mailbox, so senders
     /// get `<resource-constraint/>` once `mailbox_size` more are waiting.
     pub bosh_max_pending_bytes: usize,
+    /// Resources (sessions) one account may have bound at once, across
+    /// the cluster. A bind beyond it closes the account's longest-detached
+    /// stream-management session, or with none detached is refused with
+    /// `<resource-constraint/>` (RFC 6120 §7.6.2.1). Bounds each account's
+    /// presence fan-out (own resources × contacts).
+    pub max_resources_per_account: usize,
     /// Seconds a write to a client may block before the session is dropped.
     pub write_timeout_secs: u64,
     /// Seconds of TCP idleness before the kernel sends keepalive probes
@@ -301,6 +307,7 @@ impl Default for C2sSection {
             max_auth_attempts: 3,
             mailbox_size: 1024,
             bosh_max_pending_bytes: 1024 * 1024,
+            max_resources_per_account: 10,
             write_timeout_secs: 30,
             tcp_keepalive_secs: 60,
             max_bytes_per_second: 1024 * 1024,
@@ -676,6 +683,12 @@ impl Config {
                 "c2s.bosh_max_pending_bytes",
                 "must be at least 4096 (a BOSH response should hold more than one small stanza)"
                     .into(),
+            ));
+        }
+        if self.c2s.max_resources_per_account == 0 {
+            return Err(invalid(
+                "c2s.max_resources_per_account",
+                "must be at least 1 (10 is the default)".into(),
             ));
         }
         for m in &self.auth.mechanisms {

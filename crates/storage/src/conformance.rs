@@ -2550,6 +2550,24 @@ pub async fn pubsub(s: &Storage) {
         p.items(svc, blog, None).await.unwrap().is_empty(),
         "per service"
     );
+    // The per-account quota's count: payload bytes (UTF-8, not
+    // characters) of every node of the service, one item left out.
+    assert_eq!(p.stored_bytes(pep, None).await.unwrap(), 3 * 16);
+    assert_eq!(
+        p.stored_bytes(pep, Some((blog, "b"))).await.unwrap(),
+        2 * 16
+    );
+    assert_eq!(
+        p.stored_bytes(pep, Some(("zebra", "b"))).await.unwrap(),
+        3 * 16
+    );
+    assert_eq!(p.stored_bytes(svc, None).await.unwrap(), 0);
+    p.publish(pep, "élan", &item("u", "<é/>", 1), None)
+        .await
+        .unwrap();
+    assert_eq!(p.stored_bytes(pep, None).await.unwrap(), 3 * 16 + 5);
+    assert!(p.retract(pep, "élan", "u").await.unwrap());
+    assert_eq!(p.stored_bytes(pep, None).await.unwrap(), 3 * 16);
     let mut republished = item("a", "<entry>1, edited</entry>", 40);
     republished.publisher = "alice@example.org/laptop".to_owned();
     assert!(p

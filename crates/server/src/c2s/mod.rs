@@ -55,6 +55,9 @@ pub struct C2sShared {
     pub max_auth_attempts: u32,
     /// Mailbox capacity per session.
     pub mailbox_size: usize,
+    /// Resources one account may have bound at once (`[c2s]
+    /// max_resources_per_account`).
+    pub max_resources_per_account: usize,
     /// Longest time a write may block.
     pub write_timeout: Duration,
     /// Sustained read rate per session in bytes/s (0 = unlimited).
@@ -110,6 +113,7 @@ impl C2sShared {
             negotiation_timeout: Duration::from_secs(cfg.c2s.negotiation_timeout_secs),
             max_auth_attempts: cfg.c2s.max_auth_attempts,
             mailbox_size: cfg.c2s.mailbox_size,
+            max_resources_per_account: cfg.c2s.max_resources_per_account,
             write_timeout: Duration::from_secs(cfg.c2s.write_timeout_secs),
             max_bytes_per_second: cfg.c2s.max_bytes_per_second,
             hibernate_after: match cfg.c2s.hibernate_after_secs {

@@ -27,6 +27,7 @@ use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, Outgoing, Own
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, HandoverGate, Mailbox,
     SessionCtx, SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
+    TooManyResources,
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
@@ -421,6 +422,8 @@ impl Session {
         self.info.state = SessionState::Detached {
             until: Instant::now() + keep,
         };
+        // A new resource beyond the account's limit may take its place.
+        self.handle.set_detached(true);
         self.shared.env.metrics.connections.dec();
         tracing::info!(session = self.info.id, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), reason = %exit.reason(), keep_secs = keep.as_secs(), "connection lost; session detached until resumed or expired");
         true
@@ -867,7 +870,18 @@ impl Session {
             self.write_iq_error(&id, StanzaErrorCondition::ResourceConstraint, text);
             return Ok(());
         }
-        self.bind_resource(&full).await;
+        if let Err(TooManyResources(max)) = self.bind_resource(&full).await {
+            // RFC 6120 §7.6.2.1: "the account has reached a limit on the
+            // number of simultaneous connected resources allowed".
+            self.write_iq_error(
+                &id,
+                StanzaErrorCondition::ResourceConstraint,
+                &format!(
+                    "this account already has {max} connected resources (the limit); close one of them and try again"
+                ),
+            );
+            return Ok(());
+        }
         let mut reply = Element::new("iq", ns::CLIENT);
         reply.set_attr("type", "result");
         reply.set_attr("id", id);
@@ -896,10 +910,26 @@ impl Session {
 
     /// Binds `full` to this session: the router replaces a session holding
     /// the same full JID (RFC 6120 §7.7.2.2), and the session is
-    /// established.
-    pub(super) async fn bind_resource(&mut self, full: &FullJid) {
+    /// established. Refused (and the domain's count taken in `admit` given
+    /// back) when the account has `max_resources_per_account` connected.
+    pub(super) async fn bind_resource(&mut self, full: &FullJid) -> Result<(), TooManyResources> {
         let env = &self.shared.env;
-        env.router.bind(env, full, self.handle.clone()).await;
+        let bound = env
+            .router
+            .bind(
+                env,
+                full,
+                self.handle.clone(),
+                self.shared.max_resources_per_account,
+            )
+            .await;
+        if let Err(e) = bound {
+            if let Some(host) = env.hosts.get(full.domain().as_str()) {
+                host.close_session();
+            }
+            env.metrics.limit_refused("max_resources_per_account");
+            return Err(e);
+        }
         self.info.jid = Some(full.clone());
         self.info.state = SessionState::Established;
         let metrics = &self.shared.env.metrics;
@@ -908,6 +938,7 @@ impl Session {
         metrics.sessions_of_domain(full.domain().as_str()).inc();
         self.info.transport = self.conn.metrics_transport();
         tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
+        Ok(())
     }
 
     /// Runs the `session_opened` hooks (after a bind result was written).
@@ -965,7 +996,13 @@ impl Session {
             // ends with the same condition (RFC 6120 §4.9.3.17).
             return Err(Exit::error(StreamErrorCondition::ResourceConstraint, text));
         }
-        self.bind_resource(&full).await;
+        if let Err(TooManyResources(max)) = self.bind_resource(&full).await {
+            // As for the domain's limit above: no iq to fail inside SASL2.
+            return Err(Exit::error(
+                StreamErrorCondition::ResourceConstraint,
+                format!("this account already has {max} connected resources (the limit); close one of them and try again"),
+            ));
+        }
         let mut bound = Element::new("bound", ns::BIND2);
         for child in request.children() {
             if child.ns() == ns::BIND2 {
@@ -1177,6 +1214,7 @@ impl Session {
         self.info.peer = peer;
         self.info.secure = secure;
         self.info.state = SessionState::Established;
+        self.handle.set_detached(false);
         match sasl2_success {
             None => self.run_attached(&request, false).await,
             Some(mut success) => {

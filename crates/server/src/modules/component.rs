@@ -892,7 +892,12 @@ impl Link {
         }
         // The registry entry: the conflict check above on every node, and
         // where the other nodes send its stanzas.
-        self.env.router.bind(&self.env, &slot.jid, handle).await;
+        // One JID per component: the per-account resource limit is moot.
+        let _ = self
+            .env
+            .router
+            .bind(&self.env, &slot.jid, handle, usize::MAX)
+            .await;
         self.live = Some((id, mb));
         self.hub.metrics.connected.inc();
         self.conn

@@ -246,7 +246,7 @@ impl OfflineMessageHandler for Offline {
             Err(OfflineStoreError::QuotaExceeded { max }) => {
                 // A sender can cause this at will: the log line is
                 // throttled, the metric counts every bounce.
-                env.metrics.limit_refused("offline_quota");
+                env.metrics.limit_refused("offline.max_messages_per_user");
                 starling_core::log_throttled!(info, module = NAME, to = %owner, max, "offline storage full; bouncing");
                 let err = StanzaError::new(StanzaErrorCondition::ServiceUnavailable)
                     .with_text("the recipient is offline and its offline storage is full");

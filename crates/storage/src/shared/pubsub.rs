@@ -379,6 +379,28 @@ impl PubsubStore for Store {
         Ok(out)
     }
 
+    async fn stored_bytes(
+        &self,
+        service: &str,
+        except: Option<(&str, &str)>,
+    ) -> StorageResult<u64> {
+        // OCTET_LENGTH: bytes on both engines (LENGTH counts characters).
+        let (node, id) = except.unwrap_or(("", ""));
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(OCTET_LENGTH(payload)), 0) AS BIGINT) AS bytes
+             FROM pubsub_items
+             WHERE service = $1 AND NOT (node = $2 AND item_id = $3)",
+        )
+        .bind(service)
+        .bind(node)
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        let bytes: i64 = row.get("bytes");
+        Ok(bytes.max(0) as u64)
+    }
+
     async fn retract(&self, service: &str, node: &str, id: &str) -> StorageResult<bool> {
         let removed = sqlx::query(
             "DELETE FROM pubsub_items WHERE service = $1 AND node = $2 AND item_id = $3",
