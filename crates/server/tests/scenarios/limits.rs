@@ -441,3 +441,59 @@ async fn pep_publish_over_max_bytes_per_user_is_refused_and_retract_frees_it() {
     assert_eq!(ok.attr("type"), Some("result"), "{ok}");
     server.stop().await;
 }
+
+// ----- directed presence per session -----
+
+/// An iq round trip to the server: everything routed to `c` before it
+/// was handled has arrived. Returns what arrived meanwhile.
+async fn barrier(c: &mut Client) -> Vec<Element> {
+    c.send("<iq type='get' id='sync'><ping xmlns='urn:xmpp:ping'/></iq>")
+        .await;
+    let mut seen = Vec::new();
+    loop {
+        let el = c.recv().await;
+        if el.name() == "iq" && el.attr("id") == Some("sync") {
+            return seen;
+        }
+        seen.push(el);
+    }
+}
+
+fn unavailable_from(seen: &[Element], from: &str) -> usize {
+    seen.iter()
+        .filter(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
+        .filter(|e| e.attr("from") == Some(from))
+        .count()
+}
+
+#[tokio::test]
+async fn directed_presence_beyond_max_directed_per_session_is_delivered_but_not_remembered() {
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<starling_server::modules::Presence>()
+            .max_directed_per_session = 1;
+    })
+    .await;
+    let mut dave = server.login("dave").await;
+    let mut carol = server.login("carol").await;
+    let mut alice = server.login("alice").await;
+    alice.send("<presence to='dave@localhost'/>").await;
+    alice.send("<presence to='carol@localhost'/>").await;
+    barrier(&mut alice).await;
+    // Both got it (delivery is not limited)…
+    for c in [&mut dave, &mut carol] {
+        let seen = barrier(c).await;
+        assert!(
+            seen.iter()
+                .any(|e| e.name() == "presence" && e.attr("from") == Some(alice.jid.as_str())),
+            "{seen:?}"
+        );
+    }
+    // …but only the first is remembered and told when alice goes away.
+    let jid = alice.jid.clone();
+    alice.send("<presence type='unavailable'/>").await;
+    barrier(&mut alice).await;
+    assert_eq!(unavailable_from(&barrier(&mut dave).await, &jid), 1);
+    assert_eq!(unavailable_from(&barrier(&mut carol).await, &jid), 0);
+    server.stop().await;
+}
