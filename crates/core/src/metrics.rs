@@ -36,12 +36,13 @@ type Labels = Vec<(String, String)>;
 
 /// The `limit` label values of `starling_limit_refusals_total`: the
 /// configuration keys of the per-account and per-session limits.
-pub const LIMITS: [&str; 5] = [
+pub const LIMITS: [&str; 6] = [
     "max_resources_per_account",
     "offline.max_messages_per_user",
     "muc.max_rooms_per_user",
     "muc.max_temporary_rooms",
     "pep.max_bytes_per_user",
+    "pubsub.max_bytes_per_owner",
 ];
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {

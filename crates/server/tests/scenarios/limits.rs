@@ -497,3 +497,52 @@ async fn directed_presence_beyond_max_directed_per_session_is_delivered_but_not_
     assert_eq!(unavailable_from(&barrier(&mut carol).await, &jid), 0);
     server.stop().await;
 }
+
+// ----- the pubsub service's storage per node owner -----
+
+#[tokio::test]
+async fn pubsub_publish_over_max_bytes_per_owner_is_refused_and_retract_frees_it() {
+    let server = TestServer::start_with(|c| {
+        let p = c.modules.get_mut::<starling_server::modules::Pubsub>();
+        p.enabled = true;
+        p.max_bytes_per_owner = 2500;
+    })
+    .await;
+    let mut alice = server.login("alice").await;
+    let mut bob = server.login("bob").await;
+    let publish = |node: &str, id: &str| {
+        let data = "a".repeat(1000);
+        format!(
+            "<iq type='set' id='pub' to='pubsub.localhost'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'><data xmlns='urn:example:quota'>{data}</data></item></publish></pubsub></iq>"
+        )
+    };
+    // alice's nodes (created by publishing) hold two KB.
+    for node in ["a1", "a2"] {
+        let ok = alice.iq(&publish(node, "x"), "pub").await;
+        assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    }
+    let refused = alice.iq(&publish("a1", "y"), "pub").await;
+    assert_eq!(
+        error_condition(&refused).as_deref(),
+        Some("not-acceptable"),
+        "{refused}"
+    );
+    let e = refused.get_child("error", ns::CLIENT).unwrap();
+    assert!(e.has_child("payload-too-big", PUBSUB_ERRORS), "{refused}");
+    // Replacing an item fits; bob's own nodes have their own quota.
+    let ok = alice.iq(&publish("a1", "x"), "pub").await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    let ok = bob.iq(&publish("b1", "x"), "pub").await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    // Retracting frees the owner's bytes.
+    let r = alice
+        .iq(
+            &format!("<iq type='set' id='ret' to='pubsub.localhost'><pubsub xmlns='{PUBSUB}'><retract node='a2'><item id='x'/></retract></pubsub></iq>"),
+            "ret",
+        )
+        .await;
+    assert_eq!(r.attr("type"), Some("result"), "{r}");
+    let ok = alice.iq(&publish("a1", "y"), "pub").await;
+    assert_eq!(ok.attr("type"), Some("result"), "{ok}");
+    server.stop().await;
+}
