@@ -929,7 +929,10 @@ async fn apply(
                 out.affiliations.clear();
                 out.stanzas.retain(|s| s.is_error());
             } else {
-                tracing::info!(module = NAME, room = %jid, owner = %creator, "room created");
+                // Any user can create and leave rooms in a loop: each at
+                // debug, at info one line per 10 s with a count.
+                tracing::debug!(module = NAME, room = %jid, owner = %creator, "room created");
+                starling_core::log_throttled!(info, module = NAME, room = %jid, owner = %creator, "room created");
                 *room = Some(r);
             }
         }
@@ -960,7 +963,12 @@ async fn apply(
             if let Err(e) = inner.storage.archive.purge_user(&r.jid, None).await {
                 tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room's archive failed");
             }
-            tracing::info!(module = NAME, room = %jid, "room destroyed");
+            if r.stored {
+                tracing::info!(module = NAME, room = %jid, "room destroyed");
+            } else {
+                tracing::debug!(module = NAME, room = %jid, "room destroyed");
+                starling_core::log_throttled!(info, module = NAME, room = %jid, "room destroyed");
+            }
             *room = None;
         }
     }
