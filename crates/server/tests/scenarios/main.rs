@@ -21,6 +21,7 @@ mod domains;
 mod im_common;
 mod inbox;
 mod killable;
+mod listeners;
 mod mam;
 mod metrics;
 mod muc;
