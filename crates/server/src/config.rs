@@ -81,9 +81,18 @@ pub struct ServerSection {
     /// queues (archive, inbox) to be written before storage is closed; past
     /// it, shutdown logs how many records each queue could not write.
     pub drain_timeout_secs: u64,
-    /// Upper bound on simultaneous client connections (beyond it, new
-    /// connections wait in the kernel's accept queue).
+    /// Simultaneous client connections (c2s TCP/TLS, HTTP connections
+    /// counted from accept, BOSH sessions); beyond it new connections are
+    /// closed right after accept (`transport::gate`).
     pub max_connections: usize,
+    /// Connections one source (an IPv4 address or an IPv6 /64) may hold on
+    /// each listener's gate; more are closed right after accept. 0: no
+    /// limit.
+    pub max_connections_per_ip: usize,
+    /// Whether `max_connections_per_ip` applies to loopback addresses too
+    /// (off: a TLS-terminating proxy or web chat on this machine brings
+    /// every client from one loopback address).
+    pub per_ip_limit_loopback: bool,
     /// This node's number (0-255), part of every archive id it assigns;
     /// give each node of a cluster its own so ids stay unique across the
     /// deployment.
@@ -98,6 +107,8 @@ impl Default for ServerSection {
             shutdown_timeout_secs: 10,
             drain_timeout_secs: 120,
             max_connections: 100_000,
+            max_connections_per_ip: 100,
+            per_ip_limit_loopback: false,
             node_id: 0,
         }
     }
@@ -166,6 +177,33 @@ pub struct HttpSection {
     /// `scripts/fetch-webclient.sh`), relative to the working directory
     /// unless absolute.
     pub web_client_dir: PathBuf,
+    /// Seconds a connection may take, from when it starts waiting for a
+    /// request (its accept or TLS handshake, or the previous response),
+    /// to the end of the request's head; past it the connection is closed.
+    pub request_head_timeout_secs: u64,
+    /// Seconds a connection may stay idle between requests (after its
+    /// first) before it is closed.
+    pub keepalive_timeout_secs: u64,
+    /// Seconds a request body may send no byte while it is being read;
+    /// past it the request fails and its connection is closed.
+    pub body_timeout_secs: u64,
+    /// Bytes per second a request body must average (over the time spent
+    /// waiting for it) once `body_timeout_secs` have passed; slower ones
+    /// fail like a stalled body. 0: no minimum.
+    pub body_min_bytes_per_sec: u64,
+}
+
+impl HttpSection {
+    /// The timeouts of every HTTP listener (the admin listener's too).
+    pub(crate) fn timeouts(&self) -> crate::transport::http::HttpTimeouts {
+        use std::time::Duration;
+        crate::transport::http::HttpTimeouts {
+            head: Duration::from_secs(self.request_head_timeout_secs),
+            keepalive: Duration::from_secs(self.keepalive_timeout_secs),
+            body: Duration::from_secs(self.body_timeout_secs),
+            body_min_rate: self.body_min_bytes_per_sec,
+        }
+    }
 }
 
 impl Default for HttpSection {
@@ -184,6 +222,10 @@ impl Default for HttpSection {
             secure_loopback: true,
             web_client: true,
             web_client_dir: PathBuf::from("web/node_modules/converse.js/dist"),
+            request_head_timeout_secs: 20,
+            keepalive_timeout_secs: 15,
+            body_timeout_secs: 30,
+            body_min_bytes_per_sec: 500,
         }
     }
 }
@@ -451,6 +493,9 @@ pub struct AdminSection {
     pub listen: Vec<SocketAddr>,
     /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Simultaneous connections to the admin listeners; more are closed
+    /// right after accept.
+    pub max_connections: usize,
 }
 
 impl Default for AdminSection {
@@ -458,6 +503,7 @@ impl Default for AdminSection {
         AdminSection {
             listen: vec!["127.0.0.1:5290".parse().expect("literal address")],
             max_body_bytes: 64 * 1024,
+            max_connections: 64,
         }
     }
 }
@@ -566,6 +612,32 @@ impl Config {
                 "must be at least 1 (request bodies are small JSON objects; 65536 is the default)"
                     .into(),
             ));
+        }
+        for (key, v) in [
+            (
+                "http.request_head_timeout_secs",
+                self.http.request_head_timeout_secs,
+            ),
+            (
+                "http.keepalive_timeout_secs",
+                self.http.keepalive_timeout_secs,
+            ),
+            ("http.body_timeout_secs", self.http.body_timeout_secs),
+        ] {
+            if v == 0 {
+                return Err(invalid(
+                    key,
+                    "must be at least 1: without it an idle or slow HTTP client holds its connection forever".into(),
+                ));
+            }
+        }
+        for (key, v) in [
+            ("server.max_connections", self.server.max_connections),
+            ("admin.max_connections", self.admin.max_connections),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
         }
         let upload = <crate::modules::Upload as starling_core::module::Module>::NAME;
         if self.http.listen.is_empty() && self.modules.is_enabled(upload) {

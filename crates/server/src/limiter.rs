@@ -1,6 +1,8 @@
 //! Fixed-window counters per IP address (authentication failures,
 //! registrations). Memory is bounded: stale windows are pruned when the map
-//! grows, and the map never exceeds `MAX_TRACKED` addresses.
+//! grows, and the map never exceeds `MAX_TRACKED` addresses. An
+//! IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, how a dual-stack listener
+//! sees an IPv4 client) counts as the IPv4 address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -28,6 +30,7 @@ impl IpLimiter {
 
     /// True if `ip` has used up its allowance in the current window.
     pub fn is_limited(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(&ip) {
             Some((n, start)) => start.elapsed() < self.window && *n >= self.max,
@@ -37,6 +40,7 @@ impl IpLimiter {
 
     /// Records one event for `ip`; returns true if it is now limited.
     pub fn record(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_TRACKED {
             let window = self.window;
@@ -69,6 +73,17 @@ mod tests {
         assert!(l.record(a));
         assert!(l.is_limited(a));
         assert!(!l.is_limited(b));
+    }
+
+    #[test]
+    fn limiter_mapped_ipv4_counts_as_ipv4() {
+        let l = IpLimiter::new(2, Duration::from_secs(60));
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert!(!l.record(v4));
+        assert!(l.record(mapped), "the second failure from the same address");
+        assert!(l.is_limited(v4));
+        assert!(l.is_limited(mapped));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::config::{Config, TlsMode};
 use crate::routing::router::LocalRouter;
 use crate::routing::sessions::SessionTable;
 use crate::tls::TlsContext;
+use crate::transport::gate::Door;
 use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
 use anyhow::Context;
 use starling_core::storage::AuthCache;
@@ -16,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 /// A started server.
@@ -252,6 +253,18 @@ pub async fn start_with(
     auth_cache.export(&metrics);
     storage.accounts = auth_cache.clone();
     let pressure = Arc::new(Pressure::new());
+    // The connection gates (transport/gate.rs): one for the client
+    // listeners (c2s and HTTP share [server] max_connections), one for the
+    // admin listeners; the listening modules make their own from these.
+    let gates = crate::transport::gate::Gates::new(
+        crate::transport::gate::PerSource {
+            max: cfg.server.max_connections_per_ip,
+            loopback: cfg.server.per_ip_limit_loopback,
+        },
+        &metrics,
+    );
+    let client_gate = gates.gate(cfg.server.max_connections);
+    let http_timeouts = cfg.http.timeouts();
     let mut http_listeners = Vec::new();
     for (listener, tls) in &http_bound {
         http_listeners.push((listener.local_addr()?, *tls));
@@ -277,6 +290,7 @@ pub async fn start_with(
         &metrics,
         &pressure,
         crate::transport::http::HttpRoutes::new(http_listeners),
+        gates.clone(),
         with_admin,
     )
     .await;
@@ -369,6 +383,7 @@ pub async fn start_with(
             rooms: admin_rooms,
         });
         let app = crate::admin::routes(state, cfg.admin.max_body_bytes);
+        let admin_door = Arc::new(gates.gate(cfg.admin.max_connections).door("admin"));
         for listener in admin_bound {
             let local = listener.local_addr()?;
             if local.ip().is_loopback() {
@@ -380,10 +395,12 @@ pub async fn start_with(
             admin_listeners.push(tokio::spawn(crate::admin::accept_loop(
                 listener,
                 app.clone(),
+                admin_door.clone(),
+                http_timeouts,
             )));
         }
     }
-    let limit = Arc::new(Semaphore::new(cfg.server.max_connections));
+    let c2s_door = Arc::new(client_gate.door("c2s"));
     let keepalive = match cfg.c2s.tcp_keepalive_secs {
         0 => None,
         s => Some(Duration::from_secs(s)),
@@ -407,7 +424,7 @@ pub async fn start_with(
             shared.clone(),
             shutdown_rx.clone(),
             done_tx.clone(),
-            limit.clone(),
+            c2s_door.clone(),
             keepalive,
         )));
     }
@@ -437,7 +454,8 @@ pub async fn start_with(
             shared.clone(),
             shutdown_rx.clone(),
             done_tx.clone(),
-            limit.clone(),
+            client_gate.clone(),
+            http_timeouts,
             cfg.http.secure_loopback,
             web_client.clone(),
             bosh_sessions.clone(),
@@ -477,15 +495,17 @@ async fn accept_loop(
     shared: Arc<C2sShared>,
     shutdown: watch::Receiver<bool>,
     done: mpsc::Sender<()>,
-    limit: Arc<Semaphore>,
+    door: Arc<Door>,
     keepalive: Option<Duration>,
 ) {
     let mut backoff = AcceptBackoff::default();
     loop {
-        let Ok(permit) = limit.clone().acquire_owned().await else {
-            return;
-        };
         let (tcp, peer) = accept(&listener, &mut backoff, "c2s").await;
+        // Over a limit: closed at once (the client's reconnect backoff
+        // retries later), counted and logged by the gate.
+        let Ok(ticket) = door.admit(peer) else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         if let Some(idle) = keepalive {
             set_keepalive(&tcp, idle);
@@ -495,7 +515,7 @@ async fn accept_loop(
         let done = done.clone();
         tokio::spawn(async move {
             session::run(shared, tcp, peer, mode == TlsMode::Direct, shutdown).await;
-            drop(permit);
+            drop(ticket);
             drop(done);
         });
     }

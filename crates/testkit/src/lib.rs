@@ -27,7 +27,7 @@ use starling_server::modules;
 use starling_server::RunningServer;
 use starling_xml::{Element, Limits, StreamEvent, StreamParser};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -508,7 +508,16 @@ fn client_parser() -> StreamParser {
 impl Client {
     /// Connects over plain TCP (for STARTTLS, or plaintext tests).
     pub async fn connect(addr: SocketAddr) -> Client {
-        let tcp = TcpStream::connect(addr).await.expect("connect");
+        Self::connect_tcp(TcpStream::connect(addr).await.expect("connect"))
+    }
+
+    /// Like [`Client::connect`], from the local address `from` (another
+    /// loopback address such as 127.0.0.2: a second source address).
+    pub async fn connect_from(addr: SocketAddr, from: IpAddr) -> Client {
+        Self::connect_tcp(tcp_connect_from(addr, from).await)
+    }
+
+    fn connect_tcp(tcp: TcpStream) -> Client {
         Client {
             conn: Conn::Plain(tcp),
             parser: client_parser(),
@@ -529,8 +538,28 @@ impl Client {
         tls: bool,
         protocols: &[&str],
     ) -> Result<Client, u16> {
-        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let tcp = TcpStream::connect(addr).await.expect("connect");
+        Self::websocket_over(tcp, addr, tls, protocols).await
+    }
+
+    /// Like [`Client::connect_websocket`] (plain `ws:`), from the local
+    /// address `from` (another loopback address: a second source).
+    pub async fn connect_websocket_from(addr: SocketAddr, from: IpAddr) -> Client {
+        let tcp = tcp_connect_from(addr, from).await;
+        let mut c = Self::websocket_over(tcp, addr, false, &["xmpp"])
+            .await
+            .expect("WebSocket upgrade accepted");
+        c.open_stream().await;
+        c
+    }
+
+    async fn websocket_over(
+        tcp: TcpStream,
+        addr: SocketAddr,
+        tls: bool,
+        protocols: &[&str],
+    ) -> Result<Client, u16> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let conn = if tls {
             let tls = tls_connector(false)
                 .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
@@ -1278,6 +1307,21 @@ pub fn error_condition(stanza: &Element) -> Option<String> {
         .children()
         .find(|c| c.ns() == ns::STANZAS && c.name() != "text")
         .map(|c| c.name().to_owned())
+}
+
+/// A TCP connection to `addr` from the local address `from` (port chosen
+/// by the system).
+pub async fn tcp_connect_from(addr: SocketAddr, from: IpAddr) -> TcpStream {
+    let socket = if from.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .expect("socket");
+    socket
+        .bind(SocketAddr::new(from, 0))
+        .expect("bind the local address");
+    socket.connect(addr).await.expect("connect")
 }
 
 /// POSTs `body` to the BOSH endpoint (`/http-bind`, XEP-0124/0206) of the

@@ -217,19 +217,31 @@ pub(crate) fn routes(state: Shared, max_body: usize) -> Router {
         .with_state(state)
 }
 
-/// Serves one admin listener until the task is aborted.
-pub(crate) async fn accept_loop(listener: TcpListener, app: Router) {
+/// Serves one admin listener until the task is aborted. Connections are
+/// admitted through the admin gate (`[admin] max_connections`, and
+/// `[server] max_connections_per_ip`) and bounded in time by the `[http]`
+/// timeouts, like every HTTP listener's.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    door: Arc<crate::transport::gate::Door>,
+    timeouts: crate::transport::http::HttpTimeouts,
+) {
     let mut backoff = crate::transport::tcp::AcceptBackoff::default();
     loop {
         let (tcp, peer) = crate::transport::tcp::accept(&listener, &mut backoff, "admin").await;
+        let Ok(ticket) = door.admit(peer) else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let app = app
             .clone()
             .layer(Extension(axum::extract::ConnectInfo(peer)));
         tokio::spawn(async move {
-            if let Err(e) = crate::transport::http::serve_connection(tcp, app).await {
+            if let Err(e) = crate::transport::http::serve_connection(tcp, app, timeouts).await {
                 tracing::debug!(%peer, error = %e, "admin HTTP connection ended with an error");
             }
+            drop(ticket);
         });
     }
 }

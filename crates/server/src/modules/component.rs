@@ -64,6 +64,7 @@
 //! `name`).
 
 use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
+use crate::transport::gate::{Door, Gates, PerSource, Ticket};
 use crate::transport::tcp::Transport;
 use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
 use prometheus_client::metrics::counter::Counter;
@@ -86,7 +87,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, Instant};
 
 const NAME: &str = "component";
@@ -363,7 +364,14 @@ impl Module for Component {
         };
         let (stop, _) = watch::channel(false);
         let (tasks, tasks_done) = mpsc::channel::<()>(1);
+        let gates = reg.provided::<Arc<Gates>>().cloned().unwrap_or_else(|| {
+            Gates::unregistered(PerSource {
+                max: 0,
+                loopback: false,
+            })
+        });
         let hub = Arc::new(Hub {
+            door: gates.gate(MAX_CONNECTIONS).door(NAME),
             slots,
             node: ctx.node_id,
             limits: Limits {
@@ -477,6 +485,9 @@ struct Hub {
     /// Bound at start, taken by the accept loop once the environment
     /// exists.
     listener: Mutex<Option<TcpListener>>,
+    /// Admits connections: [`MAX_CONNECTIONS`] and `[server]
+    /// max_connections_per_ip` (`transport::gate`).
+    door: Door,
     stop: watch::Sender<bool>,
     /// Held by the accept loop and every connection task: `tasks_done`
     /// ends when all of them have.
@@ -619,7 +630,6 @@ async fn not_connected(env: &Env, domain: &str, stanza: Stanza) {
 
 /// Accepts component connections until shutdown.
 async fn accept_loop(hub: Arc<Hub>, listener: TcpListener, tasks: mpsc::Sender<()>) {
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = hub.stop.subscribe();
     let mut backoff = AcceptBackoff::default();
     loop {
@@ -627,8 +637,8 @@ async fn accept_loop(hub: Arc<Hub>, listener: TcpListener, tasks: mpsc::Sender<(
             _ = stop.wait_for(|s| *s) => return,
             c = accept(&listener, &mut backoff, NAME) => c,
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            starling_core::log_throttled!(warn, module = NAME, %peer, max = MAX_CONNECTIONS, "too many component connections; closing this one");
+        // Over a limit: closed at once, counted and logged by the gate.
+        let Ok(ticket) = hub.door.admit(peer) else {
             continue;
         };
         let Some(env) = hub.env.get().and_then(Weak::upgrade) else {
@@ -636,7 +646,7 @@ async fn accept_loop(hub: Arc<Hub>, listener: TcpListener, tasks: mpsc::Sender<(
         };
         let _ = tcp.set_nodelay(true);
         set_keepalive(&tcp, Duration::from_secs(60));
-        tokio::spawn(run(hub.clone(), env, tcp, peer, permit, tasks.clone()));
+        tokio::spawn(run(hub.clone(), env, tcp, peer, ticket, tasks.clone()));
     }
 }
 
@@ -695,7 +705,7 @@ async fn run(
     env: Arc<Env>,
     tcp: TcpStream,
     peer: SocketAddr,
-    _permit: OwnedSemaphorePermit,
+    _ticket: Ticket,
     _task: mpsc::Sender<()>,
 ) {
     let conn = Connection::Stream(XmlStream::new(

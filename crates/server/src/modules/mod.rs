@@ -360,17 +360,22 @@ pub async fn archive_ids(storage: &Storage, node: u8) -> Arc<ArchiveIds> {
 /// Starts every enabled module and freezes the hooks. Modules with
 /// background writers (archive, inbox) start them here, so this runs inside
 /// the Tokio runtime. `http` is lent to the modules (and to `extra`) to
-/// mount HTTP routes in, and handed back filled.
-pub async fn build_hooks(
+/// mount HTTP routes in, and handed back filled; `gates` is provided to
+/// the modules that listen.
+pub(crate) async fn build_hooks(
     cfg: &Config,
     storage: &Storage,
     metrics: &Metrics,
     pressure: &Arc<Pressure>,
     http: HttpRoutes,
+    gates: Arc<crate::transport::gate::Gates>,
     extra: impl FnOnce(&mut HookRegistry),
 ) -> (Hooks, HttpRoutes) {
     let mut reg = HookRegistry::new();
     reg.provide(http);
+    // Listening modules (components, SOCKS5) admit connections through
+    // gates of their own made from these (`transport::gate`).
+    reg.provide(gates);
     let is_enabled = |name: &str| cfg.modules.is_enabled(name);
     let archive_ids = archive_ids(storage, cfg.server.node_id).await;
     let ctx = ModuleCtx {

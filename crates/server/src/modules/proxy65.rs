@@ -30,8 +30,9 @@
 //!   `max_bytes_per_second` per transfer.
 //! - Every connection and transfer runs in a task of its own; a malformed
 //!   handshake reads at most 262 bytes and ends only its own connection.
-//!   Beyond `max_connections` open connections, new ones are closed at
-//!   once. Metrics: `starling_proxy65_connections`,
+//!   Beyond `max_connections` open connections, or `[server]
+//!   max_connections_per_ip` from one source (`transport::gate`), new
+//!   ones are closed at once. Metrics: `starling_proxy65_connections`,
 //!   `starling_proxy65_transfers_live`, `starling_proxy65_transfers_total`,
 //!   `starling_proxy65_relayed_bytes_total`,
 //!   `starling_proxy65_refused_total`.
@@ -47,6 +48,7 @@
 //! port, max_transfer_bytes, max_bytes_per_second, activation_timeout_secs,
 //! idle_timeout_secs, max_connections, allowed.
 
+use crate::transport::gate::{Door, Gates, PerSource, Ticket};
 use crate::transport::tcp::{accept, AcceptBackoff};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -64,7 +66,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 const NAME: &str = "proxy65";
@@ -210,6 +212,12 @@ impl Module for Proxy65 {
     async fn start(cfg: &Proxy65Config, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
         let metrics = ProxyMetrics::default();
         ctx.metrics.with_registry(|r| metrics.register(r));
+        let gates = reg.provided::<Arc<Gates>>().cloned().unwrap_or_else(|| {
+            Gates::unregistered(PerSource {
+                max: 0,
+                loopback: false,
+            })
+        });
         let (stop, stop_rx) = watch::channel(false);
         let (tasks, tasks_done) = mpsc::channel::<()>(1);
         let listener = match crate::transport::tcp::bind(cfg.listen, 1024).map_err(|(_, e)| e) {
@@ -243,14 +251,13 @@ impl Module for Proxy65 {
             stop,
             tasks_done: Mutex::new(Some(tasks_done)),
             metrics,
-            full_log: Default::default(),
         });
         if let (Some(listener), Some(addr)) = (listener, bound) {
             tracing::info!(module = NAME, address = %addr, "listening for SOCKS5 bytestreams");
             tokio::spawn(accept_loop(
                 proxy.clone(),
                 listener,
-                Arc::new(Semaphore::new(cfg.max_connections)),
+                gates.gate(cfg.max_connections).door(NAME),
                 stop_rx,
                 tasks,
             ));
@@ -347,7 +354,7 @@ fn may_use(allowed: Allowed, from: &Jid, is_local: impl Fn(&str) -> bool) -> boo
 /// One accepted connection with what it holds while open.
 struct Conn {
     stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    _ticket: Ticket,
     _open: Held,
 }
 
@@ -398,8 +405,6 @@ struct Proxy {
     /// Closed when every task (accept loop, connections) has ended.
     tasks_done: Mutex<Option<mpsc::Receiver<()>>>,
     metrics: ProxyMetrics,
-    /// The `max_connections` warning, throttled.
-    full_log: starling_core::throttle::LogThrottle,
 }
 
 /// What pairing gave a connection.
@@ -529,7 +534,7 @@ async fn closed(s: &TcpStream) {
 async fn accept_loop(
     proxy: Arc<Proxy>,
     listener: TcpListener,
-    limit: Arc<Semaphore>,
+    door: Door,
     mut stop: watch::Receiver<bool>,
     tasks: mpsc::Sender<()>,
 ) {
@@ -539,16 +544,15 @@ async fn accept_loop(
             c = accept(&listener, &mut backoff, NAME) => c,
             _ = stopped(&mut stop) => return,
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
+        // Over max_connections or [server] max_connections_per_ip:
+        // closed at once, logged (throttled) by the gate.
+        let Ok(ticket) = door.admit(peer) else {
             proxy.metrics.refused.inc();
-            if let Some(suppressed) = proxy.full_log.check() {
-                tracing::warn!(module = NAME, %peer, suppressed, "max_connections reached; SOCKS5 connection closed");
-            }
             continue;
         };
         let conn = Conn {
             stream,
-            _permit: permit,
+            _ticket: ticket,
             _open: Held::new(&proxy.metrics.connections),
         };
         tokio::spawn(serve(

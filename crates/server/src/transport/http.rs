@@ -15,6 +15,17 @@
 //! `Router` under a path prefix of its own while it starts, and every
 //! listener serves it beside the built-in paths.
 //!
+//! Every connection is admitted through the client listeners' gate
+//! ([`super::gate`]) at accept and holds its ticket until the socket
+//! closes; an upgraded WebSocket keeps the ticket of its connection (one
+//! slot, not two), and a BOSH session takes one of its own (it outlives
+//! its HTTP connections, and one connection could otherwise open any
+//! number of them). [`serve_connection`] bounds every HTTP listener's
+//! connections in time (`[http]` request_head_timeout_secs,
+//! keepalive_timeout_secs, body_timeout_secs): a BOSH long-poll and an
+//! open WebSocket are not cut by them (the first is a request in flight,
+//! the second is no longer HTTP).
+//!
 //! Plain `ws:` connections count as encrypted for `[c2s] require_tls` only
 //! from loopback addresses and only when `[http] secure_loopback` is on
 //! (the default): a browser on the same machine, or a TLS-terminating proxy
@@ -22,6 +33,7 @@
 //! mechanisms while TLS is required; use the `tls = true` listener.
 
 use super::bosh::{self, BoshRegistry, NS_HTTPBIND};
+use super::gate::{Door, Ticket};
 use super::tls::TlsAcceptor;
 use super::websocket;
 use crate::c2s::{session, C2sShared};
@@ -32,15 +44,20 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use hyper_util::rt::TokioIo;
+use bytes::Bytes;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use starling_proto::sasl::ChannelBindings;
 use starling_xml::{Limits, StreamEvent, StreamParser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 /// The path of the WebSocket endpoint.
@@ -138,7 +155,8 @@ struct HttpState {
     shutdown: watch::Receiver<bool>,
     /// Held by every session; shutdown waits until all are dropped.
     done: mpsc::Sender<()>,
-    limit: Arc<Semaphore>,
+    /// Where BOSH sessions take their tickets (the client gate).
+    bosh_door: Arc<Door>,
     secure_loopback: bool,
     /// The web chat's files, when it is served.
     web_client: Option<Arc<WebClient>>,
@@ -162,6 +180,26 @@ struct Tls(bool);
 #[derive(Clone)]
 struct Bindings(Option<Arc<ChannelBindings>>);
 
+/// The gate ticket of the request's connection: an upgraded WebSocket
+/// keeps it for as long as it lives.
+#[derive(Clone)]
+struct ConnTicket(Arc<Ticket>);
+
+/// The time bounds of every HTTP connection (`[http]`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HttpTimeouts {
+    /// From when a connection waits for a request to the end of its head.
+    pub head: Duration,
+    /// Idle between requests, after the first.
+    pub keepalive: Duration,
+    /// No byte of a request body while it is read; also the grace before
+    /// `body_min_rate` applies.
+    pub body: Duration,
+    /// Bytes per second a request body must average, over the time spent
+    /// waiting for it, beyond the `body` grace; 0: no minimum.
+    pub body_min_rate: u64,
+}
+
 /// Serves one HTTP listener until the task is aborted.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn accept_loop(
@@ -170,18 +208,20 @@ pub(crate) async fn accept_loop(
     c2s: Arc<C2sShared>,
     shutdown: watch::Receiver<bool>,
     done: mpsc::Sender<()>,
-    limit: Arc<Semaphore>,
+    gate: super::gate::Gate,
+    timeouts: HttpTimeouts,
     secure_loopback: bool,
     web_client: Option<Arc<WebClient>>,
     bosh: Arc<BoshRegistry>,
     routes: Arc<HttpRoutes>,
 ) {
+    let door = gate.door("http");
     let state = HttpState {
         bosh,
         c2s,
         shutdown,
         done,
-        limit,
+        bosh_door: Arc::new(gate.door("bosh")),
         secure_loopback,
         web_client,
     };
@@ -204,12 +244,16 @@ pub(crate) async fn accept_loop(
     let mut backoff = super::tcp::AcceptBackoff::default();
     loop {
         let (tcp, peer) = super::tcp::accept(&listener, &mut backoff, "http").await;
+        let Ok(ticket) = door.admit(peer) else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let secure = tls.is_some();
         let app = router
             .clone()
             .layer(Extension(ConnectInfo(peer)))
-            .layer(Extension(Tls(secure)));
+            .layer(Extension(Tls(secure)))
+            .layer(Extension(ConnTicket(Arc::new(ticket))));
         let tls = tls.clone();
         let c2s = state.c2s.clone();
         let negotiation = state.c2s.negotiation_timeout;
@@ -217,7 +261,7 @@ pub(crate) async fn accept_loop(
             let result = match tls {
                 None => {
                     let app = app.layer(Extension(Bindings(None)));
-                    serve_connection(tcp, app).await
+                    serve_connection(tcp, app, timeouts).await
                 }
                 Some(acceptor) => {
                     let mut stream =
@@ -234,7 +278,7 @@ pub(crate) async fn accept_loop(
                     // whose requests may come over several connections).
                     let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&mut stream)));
                     let app = app.layer(Extension(Bindings(bindings)));
-                    serve_connection(stream, app).await
+                    serve_connection(stream, app, timeouts).await
                 }
             };
             if let Err(e) = result {
@@ -254,21 +298,257 @@ pub(crate) async fn accept_loop(
 const HTTP_READ_BUFFER: usize = 16 * 1024;
 
 /// Serves one accepted connection with `app` (HTTP/1.1, upgrades
-/// allowed) until the client closes it. Every HTTP listener (these and the
-/// admin listener, `crate::admin`) serves its connections here.
-pub(crate) async fn serve_connection<I>(io: I, app: Router) -> Result<(), hyper::Error>
+/// allowed) until the client closes it or a timeout ends it. Every HTTP
+/// listener (these and the admin listener, `crate::admin`) serves its
+/// connections here.
+///
+/// - `timeouts.head`: hyper's header read timer. In hyper 1.x it starts
+///   whenever the connection waits for a request head (right after
+///   accept, and again as soon as a response is written on a keep-alive
+///   connection) and stops at the head's end; past it hyper closes the
+///   connection. So it bounds an idle new connection and a slow head.
+/// - `timeouts.keepalive`: between requests (once one was answered and
+///   none is in flight, a response body still streaming counts as in
+///   flight) the connection is shut down gracefully after this long. As
+///   the head timer runs from the same moment, the shorter of the two
+///   bounds an idle keep-alive connection.
+/// - `timeouts.body`: [`BodyTimeout`] on every request body.
+///
+/// A BOSH long-poll is a request in flight (neither timer runs while its
+/// handler waits); an upgraded WebSocket leaves hyper altogether.
+pub(crate) async fn serve_connection<I>(
+    io: I,
+    app: Router,
+    timeouts: HttpTimeouts,
+) -> Result<(), hyper::Error>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    hyper::server::conn::http1::Builder::new()
+    let (activity, mut idle) = watch::channel(Activity::default());
+    let activity = Arc::new(activity);
+    let app = app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let in_flight = InFlight::begin(&activity);
+            async move {
+                let req = req.map(|b| axum::body::Body::new(BodyTimeout::new(b, timeouts)));
+                let resp = next.run(req).await;
+                resp.map(|b| {
+                    axum::body::Body::new(Tracked {
+                        inner: b,
+                        _in_flight: in_flight,
+                    })
+                })
+            }
+        },
+    ));
+    let conn = hyper::server::conn::http1::Builder::new()
         // hyper's read buffer grows to ~400 KiB by default while a request
         // body arrives faster than it is consumed: with 100 uploads in
         // flight that was most of +80 MiB (docs/benchmarks.md
         // 2026-11-26). Bodies are streamed anyway.
         .max_buf_size(HTTP_READ_BUFFER)
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeouts.head)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
-        .with_upgrades()
-        .await
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => return r,
+        _ = idle_for(&mut idle, timeouts.keepalive) => {}
+    }
+    // Idle keep-alive: closes now unless a request slipped in meanwhile,
+    // which is then answered first.
+    conn.as_mut().graceful_shutdown();
+    conn.await
+}
+
+/// What a connection is doing, for the keep-alive timer.
+#[derive(Clone, Copy, Default)]
+struct Activity {
+    /// Requests whose response is not fully written.
+    in_flight: usize,
+    /// When the last one ended; `None` before the first.
+    idle_since: Option<Instant>,
+}
+
+/// One request in flight until dropped (with its response body).
+struct InFlight(Arc<watch::Sender<Activity>>);
+
+impl InFlight {
+    fn begin(activity: &Arc<watch::Sender<Activity>>) -> InFlight {
+        activity.send_modify(|a| a.in_flight += 1);
+        InFlight(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|a| {
+            a.in_flight -= 1;
+            if a.in_flight == 0 {
+                a.idle_since = Some(Instant::now());
+            }
+        });
+    }
+}
+
+/// Returns once the connection has been idle between requests for `limit`.
+async fn idle_for(rx: &mut watch::Receiver<Activity>, limit: Duration) {
+    loop {
+        let a = *rx.borrow_and_update();
+        match a.idle_since {
+            Some(since) if a.in_flight == 0 => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(since + limit) => return,
+                    r = rx.changed() => if r.is_err() { std::future::pending::<()>().await },
+                }
+            }
+            _ => {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await
+                }
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it
+/// is written (or dropped).
+struct Tracked {
+    inner: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The error a request body ends with when it is too slow
+/// (`[http] body_timeout_secs`, `body_min_bytes_per_sec`).
+#[derive(Debug)]
+pub(crate) struct BodyTimedOut(HttpTimeouts);
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "request body too slow: no byte for {} s, or under {} bytes/s ([http] body_timeout_secs, body_min_bytes_per_sec)",
+            self.0.body.as_secs(),
+            self.0.body_min_rate
+        )
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+/// A request body that fails with [`BodyTimedOut`] when it is too slow:
+/// no byte for `body`, or, past a grace of `body`, an average under
+/// `body_min_rate` bytes per second (as Apache's `mod_reqtimeout`
+/// `body=…,MinRate=…`: one byte every 2 s is progress, and must still
+/// end). Only time spent waiting for the client counts: while the handler
+/// does not poll the body (a slow disk, say), no timer runs.
+struct BodyTimeout {
+    inner: axum::body::Body,
+    limits: HttpTimeouts,
+    /// Data bytes received so far.
+    received: u64,
+    /// Time spent waiting for the client, before the current wait.
+    waited: Duration,
+    /// The current wait: since when, and its deadline.
+    pending: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
+    timed_out: bool,
+}
+
+impl BodyTimeout {
+    fn new(inner: axum::body::Body, limits: HttpTimeouts) -> BodyTimeout {
+        BodyTimeout {
+            inner,
+            limits,
+            received: 0,
+            waited: Duration::ZERO,
+            pending: None,
+            timed_out: false,
+        }
+    }
+
+    /// How long the client may still take before the next frame.
+    fn allowance(&self) -> Duration {
+        let stall = self.limits.body;
+        if self.limits.body_min_rate == 0 {
+            return stall;
+        }
+        let earned =
+            Duration::from_secs_f64(self.received as f64 / self.limits.body_min_rate as f64);
+        (stall + earned).saturating_sub(self.waited).min(stall)
+    }
+}
+
+impl hyper::body::Body for BodyTimeout {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        if this.timed_out {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if let Some((since, _)) = this.pending.take() {
+                    this.waited += since.elapsed();
+                }
+                if let Some(Ok(f)) = &frame {
+                    if let Some(d) = f.data_ref() {
+                        this.received += d.len() as u64;
+                    }
+                }
+                Poll::Ready(frame)
+            }
+            Poll::Pending => {
+                if this.pending.is_none() {
+                    let now = Instant::now();
+                    let deadline = now + this.allowance();
+                    this.pending = Some((now, Box::pin(tokio::time::sleep_until(deadline))));
+                }
+                let Some((_, sleep)) = this.pending.as_mut() else {
+                    return Poll::Pending;
+                };
+                if std::future::Future::poll(sleep.as_mut(), cx).is_ready() {
+                    this.timed_out = true;
+                    this.pending = None;
+                    return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(this.limits)))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.timed_out || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// `GET /xmpp-websocket`: the RFC 7395 opening handshake (RFC 6455 §4.2).
@@ -281,6 +561,7 @@ async fn websocket(
     Extension(ConnectInfo(peer)): Extension<ConnectInfo<SocketAddr>>,
     Extension(Tls(tls)): Extension<Tls>,
     Extension(Bindings(bindings)): Extension<Bindings>,
+    Extension(ConnTicket(ticket)): Extension<ConnTicket>,
     mut req: Request,
 ) -> Response {
     let headers = req.headers();
@@ -337,13 +618,6 @@ async fn websocket(
         )
             .into_response();
     };
-    let Ok(permit) = st.limit.clone().try_acquire_owned() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many connections; try again later\n",
-        )
-            .into_response();
-    };
     let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
     tokio::spawn(async move {
         let upgraded = match on_upgrade.await {
@@ -362,7 +636,7 @@ async fn websocket(
             c2s.write_timeout,
         )
         .await;
-        serve(st, ws, peer, secure, bindings, permit).await;
+        serve(st, ws, peer, secure, bindings, ticket).await;
     });
     (
         StatusCode::SWITCHING_PROTOCOLS,
@@ -388,10 +662,10 @@ async fn serve(
     peer: SocketAddr,
     secure: bool,
     bindings: Option<Arc<ChannelBindings>>,
-    permit: OwnedSemaphorePermit,
+    ticket: Arc<Ticket>,
 ) {
     session::run_websocket(st.c2s, socket, peer, secure, bindings, st.shutdown).await;
-    drop(permit);
+    drop(ticket);
     drop(st.done);
 }
 
@@ -641,13 +915,13 @@ async fn bosh_request(
         if *st.shutdown.borrow() {
             return terminate("system-shutdown");
         }
-        let Ok(permit) = st.limit.clone().try_acquire_owned() else {
+        let Ok(ticket) = st.bosh_door.admit(peer) else {
             return terminate("remote-connection-failed");
         };
         let (c2s, shutdown, done) = (st.c2s.clone(), st.shutdown.clone(), st.done.clone());
         tokio::spawn(async move {
             session::run_bosh(c2s, conn, peer, shutdown).await;
-            drop(permit);
+            drop(ticket);
             drop(done);
         });
     }

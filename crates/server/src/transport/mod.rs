@@ -6,6 +6,8 @@
 //! - [`connection`]: the `Connection` type the session holds (or not, while
 //!   a stream-management session is detached), with `XmlStream` (RFC 6120
 //!   over [`tcp`] / [`tls`]).
+//! - [`gate`]: the connection limits (total and per source address) every
+//!   listener admits its connections through, from accept to close.
 //! - [`tls`]: TLS on rustls' unbuffered API (no buffer held while idle).
 //! - [`websocket`]: RFC 7395 XMPP over WebSocket.
 //! - [`bosh`]: XEP-0124/0206 BOSH sessions shared with their HTTP requests.
@@ -14,6 +16,7 @@
 
 pub(crate) mod bosh;
 pub(crate) mod connection;
+pub(crate) mod gate;
 pub(crate) mod http;
 pub(crate) mod tcp;
 pub(crate) mod tls;

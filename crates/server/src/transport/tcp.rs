@@ -58,9 +58,10 @@ impl Default for AcceptBackoff {
     }
 }
 
-/// The next connection of `listener`. While accepting fails (out of file
-/// descriptors, say) it backs off instead of spinning; `what` names the
-/// listener in the log.
+/// The next connection of `listener`, with the peer's address canonical
+/// (an IPv4-mapped IPv6 address becomes the IPv4 one). While accepting
+/// fails (out of file descriptors, say) it backs off instead of spinning;
+/// `what` names the listener in the log.
 pub(crate) async fn accept(
     listener: &TcpListener,
     backoff: &mut AcceptBackoff,
@@ -68,9 +69,12 @@ pub(crate) async fn accept(
 ) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
-            Ok(x) => {
+            Ok((tcp, peer)) => {
                 *backoff = AcceptBackoff::default();
-                return x;
+                // On a dual-stack `[::]` listener an IPv4 client comes as
+                // `::ffff:a.b.c.d`: everything downstream (loopback
+                // checks, per-address limits, logs) sees `a.b.c.d`.
+                return (tcp, SocketAddr::new(peer.ip().to_canonical(), peer.port()));
             }
             Err(e) => {
                 tracing::warn!(listener = what, error = %e, "accept failed; backing off");

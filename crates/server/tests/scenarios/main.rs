@@ -22,6 +22,7 @@ mod im_common;
 mod inbox;
 mod killable;
 mod limits;
+mod listeners;
 mod mam;
 mod metrics;
 mod muc;

@@ -201,7 +201,8 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
     // Counted by the metric (the log line is throttled: issue 31, item 4).
     let metrics = server.server.env.metrics.encode();
     assert!(
-        metrics.contains("starling_limit_refusals_total{limit=\"offline.max_messages_per_user\"} 1"),
+        metrics
+            .contains("starling_limit_refusals_total{limit=\"offline.max_messages_per_user\"} 1"),
         "{metrics}"
     );
 
