@@ -332,7 +332,8 @@ async fn admin_per_ip_limit_refuses_next_connection() {
     assert!(closed_by_server(&mut third).await.is_empty());
     drop(a);
     drop(b);
-    // The slots come back once their connections' tasks end.
+    // The slots come back once their connections' tasks end (a retry
+    // before then is refused and counted too).
     let started = Instant::now();
     loop {
         let mut next = TcpStream::connect(addr).await.unwrap();
@@ -349,7 +350,10 @@ async fn admin_per_ip_limit_refuses_next_connection() {
         }
         assert!(started.elapsed() < BOUND, "the slots were never freed");
     }
-    assert_eq!(refused_metric(&server, "admin", "per_ip").await, 1);
+    // The third connection, and any retry refused while the slots were
+    // still being freed (the metrics are read through this listener, so
+    // only now).
+    assert!(refused_metric(&server, "admin", "per_ip").await >= 1);
     server.stop().await;
 }
 
