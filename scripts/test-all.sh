@@ -64,6 +64,16 @@ for bin in starling starling-bench; do
 done
 STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
 
+# The abuse suite (tests/abuse/README.md): a real Starling attacked as in
+# issue 31, with its memory, descriptors, log growth and a witness client
+# checked during each attack; about 2 minutes.
+# TODO(issue 31): enable once the hardening branches are merged: on main
+# the attacks on the limits they add (HTTP timeouts, per-address
+# connections, resources, temporary rooms, PEP quota, BOSH queue, admin
+# lockout, the [::] loopback check, log throttling) fail by design.
+# step "abuse suite: attacks on a real Starling (tests/abuse)"
+# STARLING_BIN="$target_dir/debug/starling" tests/abuse/run.sh
+
 step "browser: the Converse.js web chat in headless chromium (tests/browser)"
 STARLING_BIN="$target_dir/debug/starling" tests/browser/run.sh
 

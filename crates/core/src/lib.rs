@@ -52,7 +52,7 @@ pub use metrics::{
 pub use pressure::Pressure;
 pub use routing::{
     mailbox, CloseReason, Handover, Mailbox, Router, SessionEntry, SessionHandle, SessionManager,
-    SessionMsg, SessionRef, SessionSendError,
+    SessionMsg, SessionRef, SessionSendError, TooManyResources,
 };
 
 /// Re-exported so modules do not need direct dependencies for these.

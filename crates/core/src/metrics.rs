@@ -34,6 +34,17 @@ use std::time::Duration;
 /// Label sets of the metric families: `(name, value)` pairs.
 type Labels = Vec<(String, String)>;
 
+/// The `limit` label values of `starling_limit_refusals_total`: the
+/// configuration keys of the per-account and per-session limits.
+pub const LIMITS: [&str; 6] = [
+    "max_resources_per_account",
+    "offline.max_messages_per_user",
+    "muc.max_rooms_per_user",
+    "muc.max_temporary_rooms",
+    "pep.max_bytes_per_user",
+    "pubsub.max_bytes_per_owner",
+];
+
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
@@ -68,6 +79,12 @@ pub struct Metrics {
     pub stream_errors: Counter,
     /// Stanzas bounced because the recipient's mailbox was full.
     pub mailbox_full: Counter,
+    /// Requests refused because an account or session reached one of
+    /// its limits, by `limit` (see [`Metrics::limit_refused`]).
+    limit_refusals: Family<Labels, Counter>,
+    /// Admin requests and web logins with a wrong or missing token,
+    /// labelled `surface` (`api`, `web`).
+    admin_auth_failures: Family<Labels, Counter>,
     /// Router entry to delivery, by stanza kind.
     routing: [LatencyHistogram; 3],
     /// Storage call durations, labelled `store` and `op`.
@@ -348,6 +365,22 @@ impl Metrics {
             "Stanzas bounced because a recipient's mailbox was full",
             mailbox_full.clone(),
         );
+        let limit_refusals = Family::<Labels, Counter>::default();
+        // Exported from the start (at 0), so dashboards see every limit.
+        for limit in LIMITS {
+            let _ = limit_refusals.get_or_create(&labels(&[("limit", limit)]));
+        }
+        registry.register(
+            "limit_refusals",
+            "Requests refused because an account or session reached a configured limit, by limit",
+            limit_refusals.clone(),
+        );
+        let admin_auth_failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "admin_auth_failures",
+            "Admin API requests and admin web logins refused for a wrong or missing token, by surface (api, web)",
+            admin_auth_failures.clone(),
+        );
 
         let routing_family =
             Family::<Labels, LatencyHistogram, fn() -> LatencyHistogram>::new_with_constructor(
@@ -415,6 +448,8 @@ impl Metrics {
             auth_failures,
             stream_errors,
             mailbox_full,
+            limit_refusals,
+            admin_auth_failures,
             routing,
             storage,
         }
@@ -434,6 +469,17 @@ impl Metrics {
     /// recipient (mailbox, cluster bus or offline store).
     pub fn routed(&self, kind: StanzaKind, took: Duration) {
         self.routing[kind_index(kind)].observe(took);
+    }
+
+    /// Counts one request refused at the per-account or per-session limit
+    /// `limit` (its configuration key, e.g. `max_resources_per_account`).
+    /// These refusals are caused by clients, so they are counted here
+    /// instead of logged.
+    pub fn limit_refused(&self, limit: &'static str) {
+        debug_assert!(LIMITS.contains(&limit), "add {limit} to LIMITS");
+        self.limit_refusals
+            .get_or_create(&labels(&[("limit", limit)]))
+            .inc();
     }
 
     /// The gauge of bound sessions on `transport`.
@@ -458,6 +504,14 @@ impl Metrics {
     /// Counts a successful authentication with `mechanism` (its IANA name).
     pub fn auth_succeeded(&self, mechanism: &str) {
         find(&self.auth_success, mechanism).inc();
+    }
+
+    /// Counts an admin request (`surface` `api`) or web login (`web`)
+    /// refused for a wrong or missing token.
+    pub fn admin_auth_failed(&self, surface: &str) {
+        self.admin_auth_failures
+            .get_or_create(&labels(&[("surface", surface)]))
+            .inc();
     }
 
     /// Counts a failed authentication answered with SASL condition

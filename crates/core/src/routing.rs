@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use starling_proto::{BareJid, FullJid, Stanza, StreamError};
 use starling_xml::Element;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
@@ -59,8 +59,19 @@ pub trait Router: Send + Sync + 'static {
     ) -> Result<(), SessionSendError>;
 
     /// Binds `session` to `jid`. A session already holding `jid` is closed
-    /// with `<conflict/>` (RFC 6120 §7.7.2.2: the new one wins).
-    async fn bind(&self, env: &Env, jid: &FullJid, session: SessionHandle);
+    /// with `<conflict/>` (RFC 6120 §7.7.2.2: the new one wins). A new
+    /// resource of an account that already has `max_resources` bound (on
+    /// any node this router knows of) takes the place of the account's
+    /// longest-detached stream-management session, which is closed (its
+    /// unacknowledged stanzas re-routed as when its resumption times
+    /// out); with none detached the bind is refused and nothing changes.
+    async fn bind(
+        &self,
+        env: &Env,
+        jid: &FullJid,
+        session: SessionHandle,
+        max_resources: usize,
+    ) -> Result<(), TooManyResources>;
 
     /// Closes every session of `account` (it was deleted, banned…).
     async fn close_sessions(&self, env: &Env, account: &BareJid, reason: CloseReason);
@@ -205,6 +216,11 @@ struct MailboxInner {
     notify: Notify,
     capacity: usize,
     closed: AtomicBool,
+    /// When the session lost its connection and waits for a resumption
+    /// (µs since the Unix epoch; 0: it has a connection). Set by the
+    /// session itself; read by the router to pick which session a new
+    /// resource beyond the account's limit replaces.
+    detached_at: AtomicU64,
     /// Throttles the "mailbox full" warning of this session (16 bytes).
     full_log: LogThrottle,
 }
@@ -225,6 +241,7 @@ pub fn mailbox(id: u64, capacity: usize) -> (SessionHandle, Mailbox) {
         notify: Notify::new(),
         capacity: capacity.max(1),
         closed: AtomicBool::new(false),
+        detached_at: AtomicU64::new(0),
         full_log: LogThrottle::default(),
     });
     (
@@ -276,7 +293,34 @@ impl SessionHandle {
     pub fn full_warning(&self) -> Option<u64> {
         self.inner.full_log.check()
     }
+
+    /// Marks the session detached (it lost its connection and waits for a
+    /// stream-management resumption) or attached again.
+    pub fn set_detached(&self, detached: bool) {
+        let at = if detached {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| (d.as_micros() as u64).max(1))
+        } else {
+            0
+        };
+        self.inner.detached_at.store(at, Ordering::Release);
+    }
+
+    /// Since when the session is detached (µs since the Unix epoch), or
+    /// `None` while it has a connection.
+    pub fn detached_since(&self) -> Option<u64> {
+        match self.inner.detached_at.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(at),
+        }
+    }
 }
+
+/// [`Router::bind`] refused a new resource: the account already has this
+/// many bound and none of them is detached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyResources(pub usize);
 
 /// The receiving end, owned by the session task.
 #[derive(Debug)]

@@ -9,6 +9,13 @@
 //!
 //! It is two atomics and no lock, so it can sit in every session's mailbox
 //! and be checked on the routing hot path.
+//!
+//! For a log line that has one cause at one place in the code (an
+//! unauthenticated client's stream error, a refused admin token), the
+//! [`log_throttled!`](crate::log_throttled) macro keeps a `LogThrottle` in a
+//! `static` at the call site: at most one line per [`LOG_INTERVAL`] per
+//! call site, each with a `suppressed` field, so no outside party can write
+//! more than a few lines a minute through it (docs/security.md, "Logs").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -36,6 +43,14 @@ pub fn monotonic_ms() -> u64 {
 }
 
 impl LogThrottle {
+    /// A throttle that lets its first event through (usable in a `static`).
+    pub const fn new() -> LogThrottle {
+        LogThrottle {
+            last_ms: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
     /// Records one event. `Some(n)` means: log it now, saying that `n`
     /// events were suppressed since the previous line; `None`: stay quiet
     /// (the event is counted for the next line).
@@ -62,6 +77,28 @@ impl LogThrottle {
         None
     }
 }
+
+/// Logs a `tracing` event at most once per [`LOG_INTERVAL`] for this call
+/// site, with a `suppressed` field counting the events not logged since
+/// the previous line. Use it for every line that an outside party can
+/// cause at will (a client's bad input, a refused token, a full quota):
+///
+/// ```
+/// # let peer = "[::1]:5222";
+/// starling_core::log_throttled!(info, %peer, "closing stream with error");
+/// ```
+#[macro_export]
+macro_rules! log_throttled {
+    ($level:ident, $($rest:tt)+) => {{
+        static THROTTLE: $crate::throttle::LogThrottle = $crate::throttle::LogThrottle::new();
+        if let Some(suppressed) = THROTTLE.check() {
+            $crate::throttle::__tracing::$level!(suppressed, $($rest)+);
+        }
+    }};
+}
+
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 #[cfg(test)]
 mod tests {
@@ -106,6 +143,45 @@ mod tests {
             th.join().unwrap();
         }
         assert_eq!(t.check_at(10_001, 10_000), Some(40_000));
+    }
+
+    #[test]
+    fn log_throttled_macro_writes_one_line_per_call_site_per_interval() {
+        use std::io::Write;
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf(Arc::new(Mutex::new(Vec::new())));
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 0..10_000 {
+                crate::log_throttled!(info, peer = i, "flood line");
+            }
+            for _ in 0..10 {
+                crate::log_throttled!(warn, "another cause");
+            }
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines[0].contains("flood line") && lines[0].contains("suppressed=0 peer=0"),
+            "{text}"
+        );
+        assert!(lines[1].contains("another cause"), "{text}");
     }
 
     #[test]

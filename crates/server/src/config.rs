@@ -293,6 +293,12 @@ pub struct C2sSection {
     /// Largest stanza accepted, in bytes (RFC 6120 §13.12). Larger ones
     /// close the stream with `<policy-violation/>`.
     pub max_stanza_bytes: usize,
+    /// Largest element, WebSocket message or BOSH request body accepted
+    /// before the client has authenticated. Larger ones close the
+    /// connection with `<policy-violation/>`. Keeps what an
+    /// unauthenticated connection can make the server hold small. Never
+    /// more than `max_stanza_bytes` applies.
+    pub max_preauth_stanza_bytes: usize,
     /// Deepest element nesting accepted inside a stanza.
     pub max_depth: usize,
     /// Most attributes accepted on one element.
@@ -306,6 +312,17 @@ pub struct C2sSection {
     /// Stanzas queued for one session before senders get
     /// `<resource-constraint/>`.
     pub mailbox_size: usize,
+    /// Bytes queued for a BOSH client between its requests, and the most
+    /// one response carries (a larger single element goes alone). Past
+    /// it the session stops taking stanzas from its mailbox, so senders
+    /// get `<resource-constraint/>` once `mailbox_size` more are waiting.
+    pub bosh_max_pending_bytes: usize,
+    /// Resources (sessions) one account may have bound at once, across
+    /// the cluster. A bind beyond it closes the account's longest-detached
+    /// stream-management session, or with none detached is refused with
+    /// `<resource-constraint/>` (RFC 6120 §7.6.2.1). Bounds each account's
+    /// presence fan-out (own resources × contacts).
+    pub max_resources_per_account: usize,
     /// Seconds a write to a client may block before the session is dropped.
     pub write_timeout_secs: u64,
     /// Seconds of TCP idleness before the kernel sends keepalive probes
@@ -325,11 +342,14 @@ impl Default for C2sSection {
         C2sSection {
             require_tls: true,
             max_stanza_bytes: 256 * 1024,
+            max_preauth_stanza_bytes: 16 * 1024,
             max_depth: 64,
             max_attributes: 64,
             negotiation_timeout_secs: 30,
             max_auth_attempts: 3,
             mailbox_size: 1024,
+            bosh_max_pending_bytes: 1024 * 1024,
+            max_resources_per_account: 10,
             write_timeout_secs: 30,
             tcp_keepalive_secs: 60,
             max_bytes_per_second: 1024 * 1024,
@@ -720,6 +740,28 @@ impl Config {
         }
         if self.c2s.mailbox_size == 0 {
             return Err(invalid("c2s.mailbox_size", "must be at least 1".into()));
+        }
+        if self.c2s.max_preauth_stanza_bytes < 4096 {
+            return Err(invalid(
+                "c2s.max_preauth_stanza_bytes",
+                format!(
+                    "{} bytes: use at least 4096 (SASL and SASL2 exchanges need a few KB)",
+                    self.c2s.max_preauth_stanza_bytes
+                ),
+            ));
+        }
+        if self.c2s.bosh_max_pending_bytes < 4096 {
+            return Err(invalid(
+                "c2s.bosh_max_pending_bytes",
+                "must be at least 4096 (a BOSH response should hold more than one small stanza)"
+                    .into(),
+            ));
+        }
+        if self.c2s.max_resources_per_account == 0 {
+            return Err(invalid(
+                "c2s.max_resources_per_account",
+                "must be at least 1 (10 is the default)".into(),
+            ));
         }
         for m in &self.auth.mechanisms {
             if starling_proto::sasl::Mechanism::from_name(m).is_none() {

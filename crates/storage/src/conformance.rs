@@ -2550,6 +2550,50 @@ pub async fn pubsub(s: &Storage) {
         p.items(svc, blog, None).await.unwrap().is_empty(),
         "per service"
     );
+    // The per-account quota's count: payload bytes (UTF-8, not
+    // characters) of every node of the service, one item left out.
+    assert_eq!(p.stored_bytes(pep, None).await.unwrap(), 3 * 16);
+    assert_eq!(
+        p.stored_bytes(pep, Some((blog, "b"))).await.unwrap(),
+        2 * 16
+    );
+    assert_eq!(
+        p.stored_bytes(pep, Some(("zebra", "b"))).await.unwrap(),
+        3 * 16
+    );
+    assert_eq!(p.stored_bytes(svc, None).await.unwrap(), 0);
+    p.publish(pep, "élan", &item("u", "<é/>", 1), None)
+        .await
+        .unwrap();
+    assert_eq!(p.stored_bytes(pep, None).await.unwrap(), 3 * 16 + 5);
+    assert!(p.retract(pep, "élan", "u").await.unwrap());
+    assert_eq!(p.stored_bytes(pep, None).await.unwrap(), 3 * 16);
+    // A pubsub service's per-owner count: the items of the nodes the JID
+    // owns, whoever published them.
+    let o = "owner@example.org";
+    p.create_node(&node(svc, "owned", "c", 1)).await.unwrap();
+    p.set_affiliation(svc, "owned", o, "owner").await.unwrap();
+    p.set_affiliation(svc, "owned", "pub@example.org", "publisher")
+        .await
+        .unwrap();
+    p.publish(svc, "owned", &item("a", "<entry>1</entry>", 1), None)
+        .await
+        .unwrap();
+    p.publish(svc, "owned", &item("b", "<é/>", 2), None)
+        .await
+        .unwrap();
+    assert_eq!(p.owned_bytes(svc, o, None).await.unwrap(), 16 + 5);
+    assert_eq!(
+        p.owned_bytes(svc, o, Some(("owned", "a"))).await.unwrap(),
+        5
+    );
+    assert_eq!(
+        p.owned_bytes(svc, "pub@example.org", None).await.unwrap(),
+        0
+    );
+    assert_eq!(p.owned_bytes(pep, o, None).await.unwrap(), 0);
+    assert!(p.delete_node(svc, "owned").await.unwrap());
+    assert_eq!(p.owned_bytes(svc, o, None).await.unwrap(), 0);
     let mut republished = item("a", "<entry>1, edited</entry>", 40);
     republished.publisher = "alice@example.org/laptop".to_owned();
     assert!(p

@@ -115,6 +115,9 @@ pub struct StreamParser {
     /// Bytes consumed by rxml but not yet attributed to an event.
     unattributed: usize,
     limits: Limits,
+    /// The stanza limit in force: `limits.max_stanza_bytes`, or less while
+    /// [`StreamParser::set_stanza_cap`] says so (before authentication).
+    stanza_cap: usize,
 }
 
 impl std::fmt::Debug for StreamParser {
@@ -163,8 +166,18 @@ impl StreamParser {
             header_raw: Box::default(),
             acc: 0,
             unattributed: 0,
+            stanza_cap: limits.max_stanza_bytes,
             limits,
         }
+    }
+
+    /// Lowers the stanza limit to `cap` bytes (or raises it back, never
+    /// past `limits.max_stanza_bytes`): a server holds unauthenticated
+    /// input to a much smaller limit than stanzas after login. Takes
+    /// effect for the stanza being read; the XML token limit stays that of
+    /// `limits`, so raising the cap again needs no new parser.
+    pub fn set_stanza_cap(&mut self, cap: usize) {
+        self.stanza_cap = cap.min(self.limits.max_stanza_bytes);
     }
 
     /// Create a parser for standalone top-level elements, as XMPP over WebSocket (RFC 7395)
@@ -231,7 +244,7 @@ impl StreamParser {
                     }
                     self.limits.max_header_bytes
                 }
-                State::Open => self.limits.max_stanza_bytes,
+                State::Open => self.stanza_cap,
             };
 
             // Hand rxml at most one byte more than the remaining budget, so the limit

@@ -552,6 +552,37 @@ fn limits_huge_text_rejected_early() {
     assert!(consumed <= 256 * 1024 + 1, "consumed {consumed}");
 }
 
+/// A lowered stanza cap (before authentication) refuses a partial stanza as
+/// soon as it passes the cap; raised again, a stanza up to the full limit
+/// with a text token longer than the cap is read by the same parser.
+#[test]
+fn limits_stanza_cap_refuses_early_and_lifts_without_new_parser() {
+    let mut p = StreamParser::new(Limits::default());
+    feed(&mut p, HEADER.as_bytes()).unwrap();
+    p.set_stanza_cap(1024);
+    let mut big = b"<message><body>".to_vec();
+    big.resize(64 * 1024, b'A');
+    let mut slice = &big[..];
+    assert_eq!(
+        p.push(&mut slice).unwrap_err(),
+        XmlError::StanzaTooLarge { limit: 1024 }
+    );
+    assert!(big.len() - slice.len() <= 1025);
+
+    let mut p = StreamParser::new(Limits::default());
+    feed(&mut p, HEADER.as_bytes()).unwrap();
+    p.set_stanza_cap(1024);
+    feed(&mut p, b"<presence/>").unwrap();
+    p.set_stanza_cap(usize::MAX);
+    let body = "A".repeat(100 * 1024);
+    let evs = feed(
+        &mut p,
+        format!("<message><body>{body}</body></message>").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(stanzas(&evs).len(), 1);
+}
+
 /// Same for a flood of attributes (rxml buffers attributes until the tag closes).
 #[test]
 fn limits_attribute_flood_rejected_early() {

@@ -131,6 +131,21 @@ pub trait PubsubStore: Send + Sync + 'static {
         }
         Ok(out)
     }
+    /// Bytes of payload (UTF-8) the service's items hold over all its
+    /// nodes, leaving out item `except` (node, item id): what a
+    /// per-account quota counts before a publication that would replace
+    /// that item.
+    async fn stored_bytes(&self, service: &str, except: Option<(&str, &str)>)
+        -> StorageResult<u64>;
+    /// Bytes of payload the items of the service's nodes that `owner` (a
+    /// bare JID) has the `owner` affiliation of hold, leaving out item
+    /// `except` (node, item id): a per-owner quota of a pubsub service.
+    async fn owned_bytes(
+        &self,
+        service: &str,
+        owner: &str,
+        except: Option<(&str, &str)>,
+    ) -> StorageResult<u64>;
     /// Deletes one item. Returns false if it did not exist.
     async fn retract(&self, service: &str, node: &str, id: &str) -> StorageResult<bool>;
     /// Deletes every item of the node. Returns how many there were.

@@ -196,6 +196,8 @@ timed!(PubsubStore {
     read fn items_by_id(&self, service: &str, node: &str, ids: &[String]) -> StorageResult<Vec<StoredItem>>;
     read fn last_items(&self, service: &str) -> StorageResult<Vec<(String, StoredItem)>>;
     read fn last_items_of(&self, services: &[String]) -> StorageResult<Vec<(StoredNode, StoredItem)>>;
+    read fn stored_bytes(&self, service: &str, except: Option<(&str, &str)>) -> StorageResult<u64>;
+    read fn owned_bytes(&self, service: &str, owner: &str, except: Option<(&str, &str)>) -> StorageResult<u64>;
     write fn retract(&self, service: &str, node: &str, id: &str) -> StorageResult<bool>;
     write fn purge(&self, service: &str, node: &str) -> StorageResult<u64>;
     write fn trim(&self, service: &str, node: &str, max: u32) -> StorageResult<Vec<String>>;

@@ -269,19 +269,29 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
+    // A source that sent too many wrong tokens is refused further wrong
+    // ones, but a valid token always passes: the lockout slows guessing
+    // (pointless against 256-bit tokens anyway) and must never let a
+    // local process keep the operator out (issue 31, item 10).
     let ip = peer.map(|p| p.ip());
-    if ip.is_some_and(|ip| !st.web.login_allowed(ip)) {
-        tracing::warn!(peer = ?peer, "admin API: too many requests with a wrong token from this address; refused");
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!(
-                "too many requests with a wrong token from this address; wait {} s",
-                web::LOGIN_WINDOW.as_secs()
-            ),
-        );
-    }
+    let locked = ip.is_some_and(|ip| !st.web.login_allowed(ip));
+    let refuse = |why: &str| {
+        st.env.metrics.admin_auth_failed("api");
+        if locked {
+            starling_core::log_throttled!(warn, peer = ?peer, "admin API: too many requests with a wrong token from this address; refused");
+            error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!(
+                    "too many requests with a wrong token from this address; wait {} s (a valid token is still accepted)",
+                    web::LOGIN_WINDOW.as_secs()
+                ),
+            )
+        } else {
+            unauthorized(why)
+        }
+    };
     let Some(given) = given.filter(|t| !t.is_empty()) else {
-        return unauthorized("missing bearer token: send Authorization: Bearer <token> (tokens are made with `starling admin token create --name NAME`)");
+        return refuse("missing bearer token: send Authorization: Bearer <token> (tokens are made with `starling admin token create --name NAME`)");
     };
     let stored = match st.env.storage.admin_tokens.admin_tokens().await {
         Ok(t) => t,
@@ -294,9 +304,10 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
         if let Some(ip) = ip {
             st.web.login_failed(ip);
         }
-        // The token itself is never logged.
-        tracing::warn!(peer = ?peer, "admin API: request with an unknown token refused");
-        return unauthorized("invalid token (revoked, or never created on this deployment)");
+        // The token itself is never logged; a guessing client cannot
+        // flood the log either (one line per 10 s, with a count).
+        starling_core::log_throttled!(warn, peer = ?peer, "admin API: request with an unknown token refused");
+        return refuse("invalid token (revoked, or never created on this deployment)");
     };
     if let Some(why) = st.health.not_ready() {
         return error(
@@ -327,9 +338,6 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
                 token.name, token.scope
             ),
         );
-    }
-    if let Some(ip) = ip {
-        st.web.login_succeeded(ip);
     }
     req.extensions_mut().insert(Caller(token.name.clone()));
     next.run(req).await

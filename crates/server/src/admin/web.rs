@@ -9,7 +9,8 @@
 //!   is never stored in the cookie or kept after the login; a revoked
 //!   token ends its web sessions at their next request. Failed logins are
 //!   limited per client address ([`LOGIN_FAILURES`] per
-//!   [`LOGIN_WINDOW`], then 429).
+//!   [`LOGIN_WINDOW`], then 429 for wrong tokens; a valid token is never
+//!   locked out).
 //! - **CSRF**: every POST form carries the session's random CSRF token
 //!   (the login form a pre-session one, double-submitted in a cookie),
 //!   compared in constant time; a request whose `Origin` is not this
@@ -128,10 +129,6 @@ impl WebState {
             *e = (Instant::now(), 0);
         }
         e.1 += 1;
-    }
-
-    pub(super) fn login_succeeded(&self, ip: IpAddr) {
-        lock(&self.failures).remove(&ip);
     }
 
     /// A new session for the token named `token`: (id, csrf).
@@ -529,16 +526,9 @@ async fn login(
         return error_page(StatusCode::FORBIDDEN, "cross-origin request refused");
     }
     let ip = peer.ip();
-    if !st.web.login_allowed(ip) {
-        tracing::warn!(%peer, "admin web: too many failed logins; refused");
-        return login_form(
-            Some(&format!(
-                "too many failed logins from this address; wait {} s",
-                LOGIN_WINDOW.as_secs()
-            )),
-            StatusCode::TOO_MANY_REQUESTS,
-        );
-    }
+    // Checked once the token is known to be wrong: a valid token logs in
+    // whatever other clients from this address tried (issue 31, item 10).
+    let locked = !st.web.login_allowed(ip);
     let Ok(f) = fields(&body) else {
         return login_form(Some("malformed form"), StatusCode::BAD_REQUEST);
     };
@@ -569,14 +559,24 @@ async fn login(
         .flatten()
     else {
         st.web.login_failed(ip);
+        st.env.metrics.admin_auth_failed("web");
+        if locked {
+            starling_core::log_throttled!(warn, %peer, "admin web: too many failed logins; refused");
+            return login_form(
+                Some(&format!(
+                    "too many failed logins from this address; wait {} s",
+                    LOGIN_WINDOW.as_secs()
+                )),
+                StatusCode::TOO_MANY_REQUESTS,
+            );
+        }
         // The token itself is never logged.
-        tracing::warn!(%peer, "admin web: login with an unknown token refused");
+        starling_core::log_throttled!(warn, %peer, "admin web: login with an unknown token refused");
         return login_form(
             Some("invalid token (revoked, or never created on this deployment)"),
             StatusCode::UNAUTHORIZED,
         );
     };
-    st.web.login_succeeded(ip);
     let id = st.web.open(&found.name);
     tracing::info!(token = %found.name, %peer, "admin web: logged in");
     let mut r = redirect("/admin");
@@ -1320,8 +1320,6 @@ mod tests {
         }
         assert!(!w.login_allowed(ip));
         assert!(w.login_allowed("192.0.2.2".parse().unwrap()));
-        w.login_succeeded(ip);
-        assert!(w.login_allowed(ip));
     }
 
     #[test]

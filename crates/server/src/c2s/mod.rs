@@ -41,6 +41,12 @@ pub struct C2sShared {
     pub tls: Option<TlsContext>,
     /// XML limits per stanza.
     pub limits: Limits,
+    /// Largest element, WebSocket message or BOSH body before
+    /// authentication (`[c2s] max_preauth_stanza_bytes`).
+    pub preauth_stanza_bytes: usize,
+    /// Output held for a BOSH client between requests, and the most one
+    /// response carries (`[c2s] bosh_max_pending_bytes`).
+    pub bosh_max_pending_bytes: usize,
     /// STARTTLS required before authentication.
     pub require_tls: bool,
     /// Time allowed to authenticate and bind.
@@ -49,6 +55,9 @@ pub struct C2sShared {
     pub max_auth_attempts: u32,
     /// Mailbox capacity per session.
     pub mailbox_size: usize,
+    /// Resources one account may have bound at once (`[c2s]
+    /// max_resources_per_account`).
+    pub max_resources_per_account: usize,
     /// Longest time a write may block.
     pub write_timeout: Duration,
     /// Sustained read rate per session in bytes/s (0 = unlimited).
@@ -98,10 +107,13 @@ impl C2sShared {
                 max_attributes: cfg.c2s.max_attributes,
                 ..Limits::default()
             },
+            preauth_stanza_bytes: cfg.c2s.max_preauth_stanza_bytes,
+            bosh_max_pending_bytes: cfg.c2s.bosh_max_pending_bytes,
             require_tls: cfg.c2s.require_tls,
             negotiation_timeout: Duration::from_secs(cfg.c2s.negotiation_timeout_secs),
             max_auth_attempts: cfg.c2s.max_auth_attempts,
             mailbox_size: cfg.c2s.mailbox_size,
+            max_resources_per_account: cfg.c2s.max_resources_per_account,
             write_timeout: Duration::from_secs(cfg.c2s.write_timeout_secs),
             max_bytes_per_second: cfg.c2s.max_bytes_per_second,
             hibernate_after: match cfg.c2s.hibernate_after_secs {

@@ -111,6 +111,7 @@ impl Session {
                 self.info.user = Some(jid.clone());
                 self.sasl = SaslState::Done(jid.clone());
                 self.info.state = SessionState::Authenticated;
+                self.conn.set_authenticated();
                 // Channel bindings are only needed for SASL: free them.
                 self.bindings = Default::default();
                 if v2 {
@@ -528,14 +529,13 @@ impl Session {
         self.shared.env.metrics.auth_failed(e.condition());
         self.shared.auth_limiter.record(self.info.peer.ip());
         self.auth_failures += 1;
-        tracing::info!(
-            session = self.info.id,
-            peer = %self.info.peer,
-            user = user.as_deref().unwrap_or("-"),
-            condition = e.condition(),
-            error = %e,
-            "authentication failed"
-        );
+        // Every failure at debug level; at info one line per 10 s with a
+        // count, so a password-guessing botnet cannot flood the log
+        // (`starling_auth_failures_total` counts every one, and each
+        // address is limited by `[auth] max_failures_per_ip`).
+        let user = user.as_deref().unwrap_or("-");
+        tracing::debug!(session = self.info.id, peer = %self.info.peer, user, condition = e.condition(), error = %e, "authentication failed");
+        starling_core::log_throttled!(info, session = self.info.id, peer = %self.info.peer, user, condition = e.condition(), error = %e, "authentication failed");
         if self.auth_failures >= self.shared.max_auth_attempts {
             // §6.4.5: too many retries → <policy-violation/>.
             return Err(Exit::error(

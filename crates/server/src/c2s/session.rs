@@ -27,6 +27,7 @@ use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, Outgoing, Own
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, HandoverGate, Mailbox,
     SessionCtx, SessionHandle, SessionInfo, SessionMsg, SessionRef, SessionState, TimerKey,
+    TooManyResources,
 };
 use starling_proto::sasl::ChannelBindings;
 use starling_proto::{
@@ -157,11 +158,10 @@ async fn connect(
     } else {
         Transport::Plain(tcp)
     };
-    let conn = Connection::Stream(XmlStream::new(
-        transport,
-        shared.limits,
-        shared.read_limits(),
-    ));
+    let conn = Connection::Stream(
+        XmlStream::new(transport, shared.limits, shared.read_limits())
+            .with_preauth_cap(shared.preauth_stanza_bytes),
+    );
     let mut session = Session::new(shared.clone(), conn, peer);
     if let Some(ctx) = shared.tls.as_ref().filter(|_| session.info.secure) {
         session.bindings = session.conn.channel_bindings(ctx);
@@ -174,7 +174,7 @@ async fn connect(
 /// such (see `transport/http.rs`).
 pub(crate) async fn run_websocket(
     shared: Arc<C2sShared>,
-    ws: axum::extract::ws::WebSocket,
+    ws: crate::transport::websocket::WsStream,
     peer: SocketAddr,
     secure: bool,
     bindings: Option<Arc<ChannelBindings>>,
@@ -185,6 +185,7 @@ pub(crate) async fn run_websocket(
         ws,
         shared.limits,
         shared.read_limits(),
+        shared.preauth_stanza_bytes,
         secure,
     )));
     let mut session = Session::new(shared, conn, peer);
@@ -313,6 +314,14 @@ impl Session {
             // stop reading, keep delivering, resume when it is relieved.
             let pressed = pressure.is_high();
             let reading = self.conn.can_read() && !pressed;
+            // A BOSH client that stopped polling: its stanzas wait in the
+            // mailbox (senders get <resource-constraint/> once it is full).
+            let delivering = self.conn.can_take_output();
+            let drain = if delivering {
+                None
+            } else {
+                self.conn.drain_waiter()
+            };
             let timer_due = self.timer_due();
             let step = tokio::select! {
                 biased;
@@ -325,7 +334,8 @@ impl Session {
                 // becomes available, writes the stored messages before any
                 // newer one routed live to the session meanwhile.
                 () = std::future::ready(()), if timer_due => Box::pin(self.on_deadline()).await,
-                msg = self.mailbox.recv() => Box::pin(self.on_mailbox(msg)).await,
+                msg = self.mailbox.recv(), if delivering => Box::pin(self.on_mailbox(msg)).await,
+                () = async { if let Some(d) = &drain { d.output_drained().await } }, if drain.is_some() => Ok(()),
                 read = self.conn.read(), if reading => match read {
                     Ok(()) => Box::pin(self.on_input()).await,
                     Err(end) => Err(Exit::Io(end)),
@@ -343,7 +353,7 @@ impl Session {
             // Coalesce: deliver what else is queued before one flush (a due
             // timer goes first, see above).
             for _ in 0..64 {
-                if self.timer_due() {
+                if self.timer_due() || !self.conn.can_take_output() {
                     break;
                 }
                 match self.mailbox.try_recv() {
@@ -412,6 +422,8 @@ impl Session {
         self.info.state = SessionState::Detached {
             until: Instant::now() + keep,
         };
+        // A new resource beyond the account's limit may take its place.
+        self.handle.set_detached(true);
         self.shared.env.metrics.connections.dec();
         tracing::info!(session = self.info.id, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), reason = %exit.reason(), keep_secs = keep.as_secs(), "connection lost; session detached until resumed or expired");
         true
@@ -858,7 +870,18 @@ impl Session {
             self.write_iq_error(&id, StanzaErrorCondition::ResourceConstraint, text);
             return Ok(());
         }
-        self.bind_resource(&full).await;
+        if let Err(TooManyResources(max)) = self.bind_resource(&full).await {
+            // RFC 6120 §7.6.2.1: "the account has reached a limit on the
+            // number of simultaneous connected resources allowed".
+            self.write_iq_error(
+                &id,
+                StanzaErrorCondition::ResourceConstraint,
+                &format!(
+                    "this account already has {max} connected resources (the limit); close one of them and try again"
+                ),
+            );
+            return Ok(());
+        }
         let mut reply = Element::new("iq", ns::CLIENT);
         reply.set_attr("type", "result");
         reply.set_attr("id", id);
@@ -887,10 +910,26 @@ impl Session {
 
     /// Binds `full` to this session: the router replaces a session holding
     /// the same full JID (RFC 6120 §7.7.2.2), and the session is
-    /// established.
-    pub(super) async fn bind_resource(&mut self, full: &FullJid) {
+    /// established. Refused (and the domain's count taken in `admit` given
+    /// back) when the account has `max_resources_per_account` connected.
+    pub(super) async fn bind_resource(&mut self, full: &FullJid) -> Result<(), TooManyResources> {
         let env = &self.shared.env;
-        env.router.bind(env, full, self.handle.clone()).await;
+        let bound = env
+            .router
+            .bind(
+                env,
+                full,
+                self.handle.clone(),
+                self.shared.max_resources_per_account,
+            )
+            .await;
+        if let Err(e) = bound {
+            if let Some(host) = env.hosts.get(full.domain().as_str()) {
+                host.close_session();
+            }
+            env.metrics.limit_refused("max_resources_per_account");
+            return Err(e);
+        }
         self.info.jid = Some(full.clone());
         self.info.state = SessionState::Established;
         let metrics = &self.shared.env.metrics;
@@ -899,6 +938,7 @@ impl Session {
         metrics.sessions_of_domain(full.domain().as_str()).inc();
         self.info.transport = self.conn.metrics_transport();
         tracing::info!(session = self.info.id, jid = %full, peer = %self.info.peer, secure = self.info.secure, "session bound");
+        Ok(())
     }
 
     /// Runs the `session_opened` hooks (after a bind result was written).
@@ -956,7 +996,13 @@ impl Session {
             // ends with the same condition (RFC 6120 §4.9.3.17).
             return Err(Exit::error(StreamErrorCondition::ResourceConstraint, text));
         }
-        self.bind_resource(&full).await;
+        if let Err(TooManyResources(max)) = self.bind_resource(&full).await {
+            // As for the domain's limit above: no iq to fail inside SASL2.
+            return Err(Exit::error(
+                StreamErrorCondition::ResourceConstraint,
+                format!("this account already has {max} connected resources (the limit); close one of them and try again"),
+            ));
+        }
         let mut bound = Element::new("bound", ns::BIND2);
         for child in request.children() {
             if child.ns() == ns::BIND2 {
@@ -1168,6 +1214,7 @@ impl Session {
         self.info.peer = peer;
         self.info.secure = secure;
         self.info.state = SessionState::Established;
+        self.handle.set_detached(false);
         match sasl2_success {
             None => self.run_attached(&request, false).await,
             Some(mut success) => {
@@ -1353,12 +1400,13 @@ impl Session {
         match self.conn.flush(self.shared.write_timeout).await {
             Ok(()) => Ok(()),
             Err(IoEnd::WriteTimeout) => {
-                tracing::info!(
-                    session = self.info.id,
-                    peer = %self.info.peer,
-                    timeout_secs = self.shared.write_timeout.as_secs(),
-                    "client stopped reading; dropping session"
-                );
+                let secs = self.shared.write_timeout.as_secs();
+                if self.info.jid.is_some() {
+                    tracing::info!(session = self.info.id, peer = %self.info.peer, timeout_secs = secs, "client stopped reading; dropping session");
+                } else {
+                    // Unauthenticated: anyone can cause it at will.
+                    starling_core::log_throttled!(info, session = self.info.id, peer = %self.info.peer, timeout_secs = secs, "client stopped reading; dropping session");
+                }
                 Err(Exit::Io(IoEnd::WriteTimeout))
             }
             Err(end) => Err(Exit::Io(end)),
@@ -1377,7 +1425,19 @@ impl Session {
                 self.conn
                     .open_stream(&self.info.stream_id, &self.info.domain);
                 self.shared.env.metrics.stream_errors.inc();
-                tracing::info!(session = self.info.id, peer = %self.info.peer, jid = ?self.info.jid.as_ref().map(|j| j.to_string()), condition = %e.condition, text = e.text.as_deref().unwrap_or(""), "closing stream with error");
+                let text = e.text.as_deref().unwrap_or("");
+                match &self.info.jid {
+                    Some(jid) => {
+                        tracing::info!(session = self.info.id, peer = %self.info.peer, jid = %jid, condition = %e.condition, text, "closing stream with error");
+                    }
+                    // Before authentication anyone can cause this at will
+                    // (malformed XML, timeouts): one line per 10 s at most,
+                    // counting the others; `starling_stream_errors_total`
+                    // counts every one.
+                    None => {
+                        starling_core::log_throttled!(info, session = self.info.id, peer = %self.info.peer, condition = %e.condition, text, "closing stream with error");
+                    }
+                }
                 self.conn.close(Closing::Error(e), close_timeout).await;
             }
             Exit::ClientClosed => self.conn.close(Closing::Close, close_timeout).await,

@@ -806,8 +806,13 @@ impl Link {
             Inbound::Open(h) => self.on_header(&h),
             Inbound::Close => Err(Exit::Closed),
             Inbound::Element(el) if el.is("error", ns::STREAMS) => {
-                tracing::info!(module = NAME, peer = %self.peer, domain = ?self.slot.as_ref().map(|s| &s.domain),
-                    error = %el.to_string_in(ns::STREAMS), "the component sent a stream error");
+                let domain = self.slot.as_ref().map(|s| &s.domain);
+                let error = el.to_string_in(ns::STREAMS);
+                if self.live.is_some() {
+                    tracing::info!(module = NAME, peer = %self.peer, domain = ?domain, error = %error, "the component sent a stream error");
+                } else {
+                    starling_core::log_throttled!(info, module = NAME, peer = %self.peer, domain = ?domain, error = %error, "the component sent a stream error");
+                }
                 Err(Exit::Closed)
             }
             Inbound::Element(el) if self.live.is_none() => self.on_handshake(el).await,
@@ -897,7 +902,12 @@ impl Link {
         }
         // The registry entry: the conflict check above on every node, and
         // where the other nodes send its stanzas.
-        self.env.router.bind(&self.env, &slot.jid, handle).await;
+        // One JID per component: the per-account resource limit is moot.
+        let _ = self
+            .env
+            .router
+            .bind(&self.env, &slot.jid, handle, usize::MAX)
+            .await;
         self.live = Some((id, mb));
         self.hub.metrics.connected.inc();
         self.conn
@@ -1074,9 +1084,16 @@ impl Link {
                 if !was_live {
                     self.hub.metrics.refused.inc();
                 }
-                tracing::info!(module = NAME, peer = %self.peer, domain = ?domain,
-                    condition = %e.condition, text = e.text.as_deref().unwrap_or(""),
-                    "closing component stream with error");
+                let text = e.text.as_deref().unwrap_or("");
+                if was_live {
+                    tracing::info!(module = NAME, peer = %self.peer, domain = ?domain,
+                        condition = %e.condition, text, "closing component stream with error");
+                } else {
+                    // Before the handshake anyone who reaches the port
+                    // can cause it: throttled, counted by the metric.
+                    starling_core::log_throttled!(info, module = NAME, peer = %self.peer, domain = ?domain,
+                        condition = %e.condition, text, "closing component stream with error");
+                }
                 self.conn.close(Closing::Error(e), close_timeout).await;
             }
             Exit::Closed => self.conn.close(Closing::Close, close_timeout).await,

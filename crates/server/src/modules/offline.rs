@@ -244,7 +244,10 @@ impl OfflineMessageHandler for Offline {
                 }
             }
             Err(OfflineStoreError::QuotaExceeded { max }) => {
-                tracing::info!(module = NAME, to = %owner, max, "offline storage full; bouncing");
+                // A sender can cause this at will: the log line is
+                // throttled, the metric counts every bounce.
+                env.metrics.limit_refused("offline.max_messages_per_user");
+                starling_core::log_throttled!(info, module = NAME, to = %owner, max, "offline storage full; bouncing");
                 let err = StanzaError::new(StanzaErrorCondition::ServiceUnavailable)
                     .with_text("the recipient is offline and its offline storage is full");
                 Self::bounce(env, stanza, err).await;

@@ -34,7 +34,8 @@
 //! bare JID, `user_send` (capabilities in presence, answers to the disco
 //! queries). Storage: `pubsub` (the service is the account's bare JID).
 //! Config: `[modules.pep]` enabled, default_max_items, max_items,
-//! max_nodes_per_user.
+//! max_nodes_per_user, max_bytes_per_user (a quota over all of an
+//! account's items, counted from storage).
 
 pub(crate) mod avatar;
 mod bookmarks;
@@ -71,6 +72,10 @@ pub struct PepConfig {
     pub max_items: u32,
     /// Nodes an account may have (OMEMO uses one per device).
     pub max_nodes_per_user: u32,
+    /// Bytes of item payload an account may store over all its nodes (0:
+    /// no limit). A publication beyond it is refused with `<not-acceptable/>`
+    /// and `<payload-too-big/>`, and nothing is stored.
+    pub max_bytes_per_user: u64,
 }
 
 impl Default for PepConfig {
@@ -80,6 +85,7 @@ impl Default for PepConfig {
             default_max_items: 1,
             max_items: 1000,
             max_nodes_per_user: 250,
+            max_bytes_per_user: 10 * 1024 * 1024,
         }
     }
 }
@@ -490,6 +496,14 @@ impl Pep {
         let (item, payload) = publication(p, true)?;
         let options = publish_options(ps)?;
         let rules = self.rules();
+        let id = item
+            .attr("id")
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .unwrap_or_else(|| starling_proto::random_id(16));
+        let payload = payload.map(|p| p.to_string()).unwrap_or_default();
+        self.check_quota(env, owner, node, &id, payload.len())
+            .await?;
         let cfg = match self.node(env, owner, node).await? {
             Some(cfg) => {
                 // §7.1.5: every option must match the node's configuration.
@@ -528,15 +542,10 @@ impl Pep {
                 cfg
             }
         };
-        let id = item
-            .attr("id")
-            .filter(|id| !id.is_empty())
-            .map(str::to_owned)
-            .unwrap_or_else(|| starling_proto::random_id(16));
         let stored = StoredItem {
             id: id.clone(),
             publisher: publisher.to_bare().as_str().to_owned(),
-            payload: payload.map(|p| p.to_string()).unwrap_or_default(),
+            payload,
             seq: self.seq.next(),
         };
         env.storage
@@ -560,6 +569,45 @@ impl Pep {
                     .build(),
             )
             .build())
+    }
+
+    /// `max_bytes_per_user`: refuses a publication of `bytes` of payload
+    /// as item `id` of `node` when the account's stored items (all its
+    /// nodes, less the item it would replace) would pass the quota.
+    /// Counted from storage, so it holds across restarts and cluster
+    /// nodes; before `max_items` trims older items (a full account frees
+    /// space by retracting, purging or deleting).
+    async fn check_quota(
+        &self,
+        env: &Env,
+        owner: &BareJid,
+        node: &str,
+        id: &str,
+        bytes: usize,
+    ) -> Result<(), StanzaError> {
+        let quota = self.cfg.max_bytes_per_user;
+        if quota == 0 {
+            return Ok(());
+        }
+        let used = env
+            .storage
+            .pubsub
+            .stored_bytes(owner.as_str(), Some((node, id)))
+            .await
+            .map_err(internal)?;
+        if used.saturating_add(bytes as u64) <= quota {
+            return Ok(());
+        }
+        env.metrics.limit_refused("pep.max_bytes_per_user");
+        // XEP-0060 §7.1.3.4's condition: the payload cannot be stored
+        // (XEP-0060 has no quota condition of its own); the text says why.
+        Err(perr(
+            StanzaErrorCondition::NotAcceptable,
+            Some("payload-too-big"),
+            &format!(
+                "this account's PEP storage is full ({used} of {quota} bytes used); retract items or delete nodes to free space"
+            ),
+        ))
     }
 
     /// §6.5: items, for the owner or whoever the access model admits.
@@ -1153,7 +1201,7 @@ impl UserSendHandler for Pep {
                         }
                     }
                     None => {
-                        tracing::info!(module = NAME, jid = %cx.jid(), caps = %key, "capabilities not verified (§5.4): not cached");
+                        starling_core::log_throttled!(info, module = NAME, jid = %cx.jid(), caps = %key, "capabilities not verified (§5.4): not cached");
                     }
                 }
                 Ok(Flow::Stop)

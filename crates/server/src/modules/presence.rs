@@ -39,7 +39,7 @@
 //!   Probes are never delivered to clients.
 //! - Directed presence (§4.6): available presence sent to an entity that is
 //!   not a subscriber is remembered per session (up to
-//!   [`MAX_DIRECTED`] entries); directed unavailable forgets it, and so
+//!   `max_directed_per_session` entries); directed unavailable forgets it, and so
 //!   (SHOULD) does unavailable presence received from it. When the session
 //!   becomes unavailable — unavailable broadcast, stream close or a dropped
 //!   connection — those entities get unavailable presence.
@@ -48,7 +48,8 @@
 //!
 //! Hooks: `user_send` (40), `user_receive` (40), `session_closed`, timer,
 //! `inbound` (45, probes; with the roster module). Storage: roster
-//! (probe authorisation). Config: `[modules.presence]` enabled.
+//! (probe authorisation). Config: `[modules.presence]` enabled,
+//! max_directed_per_session.
 
 use starling_core::hooks::{
     HookRegistry, InboundHandler, SessionClosedHandler, SessionLostHandler, TimerHandler,
@@ -70,16 +71,25 @@ pub struct PresenceConfig {
     /// Track availability and priority from the client's presence. Turning
     /// it off leaves every session unavailable for bare-JID delivery.
     pub enabled: bool,
+    /// Entities one session remembers having sent directed available
+    /// presence to (RFC 6121 §4.6.3), to send them unavailable presence
+    /// when it ends. Beyond it the presence is still delivered but not
+    /// remembered (that entity is not told when the session ends).
+    pub max_directed_per_session: usize,
 }
 
 impl Default for PresenceConfig {
     fn default() -> Self {
-        PresenceConfig { enabled: true }
+        PresenceConfig {
+            enabled: true,
+            max_directed_per_session: MAX_DIRECTED,
+        }
     }
 }
 
 const NAME: &str = "presence";
-/// Most entities one session remembers having sent directed presence to.
+/// Most entities one session remembers having sent directed presence to,
+/// by default (`max_directed_per_session`).
 pub const MAX_DIRECTED: usize = 1000;
 /// How long a session remembers the contacts' presence it was given at
 /// login, to drop the same presence arriving again from a contact who
@@ -92,7 +102,10 @@ const FORGET_ANNOUNCED: TimerKey = TimerKey {
 };
 
 /// The presence module.
-pub struct Presence;
+pub struct Presence {
+    /// `max_directed_per_session`.
+    max_directed: usize,
+}
 
 /// Per-session state: entities that got directed available presence.
 #[derive(Default)]
@@ -110,8 +123,8 @@ struct Announced {
 impl Presence {
     /// Registers the module; `roster` says whether the roster module runs
     /// (subscription-based fan-out and probe answers need it).
-    pub fn register(roster: bool, reg: &mut HookRegistry) {
-        let m = Arc::new(Presence);
+    pub fn register(roster: bool, max_directed: usize, reg: &mut HookRegistry) {
+        let m = Arc::new(Presence { max_directed });
         reg.user_send(NAME, 40, m.clone());
         reg.user_receive(NAME, 40, m.clone());
         reg.session_closed(NAME, 40, m.clone());
@@ -256,7 +269,7 @@ impl Presence {
                 return;
             }
             let d = cx.state.get_or_insert_with(Directed::default);
-            if d.targets.len() < MAX_DIRECTED {
+            if d.targets.len() < self.max_directed {
                 d.targets.insert(to.clone());
             }
         } else if let Some(d) = cx.state.get_mut::<Directed>() {
@@ -489,7 +502,11 @@ impl Module for Presence {
         cfg.enabled
     }
 
-    async fn start(_cfg: &PresenceConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        Presence::register((ctx.is_enabled)("roster"), reg);
+    async fn start(cfg: &PresenceConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Presence::register(
+            (ctx.is_enabled)("roster"),
+            cfg.max_directed_per_session,
+            reg,
+        );
     }
 }

@@ -45,7 +45,8 @@
 //!   re-routing would show it twice (the case behind ejabberd's
 //!   `resend_on_timeout: if_offline`). Messages to this session's full JID
 //!   were delivered nowhere else and are always re-routed.
-//! * A session whose unacknowledged queue passes `max_queue` stanzas ends
+//! * A session whose unacknowledged queue passes `max_queue` stanzas or
+//!   `max_queue_bytes` bytes (attached or detached) ends
 //!   with `<policy-violation/>` (and its queue is re-routed as above), so
 //!   a client that never acks, or stays away, cannot grow it forever.
 //!
@@ -92,6 +93,10 @@ pub struct SmConfig {
     /// Unacknowledged stanzas a session may hold before it is ended (and
     /// its queue re-routed).
     pub max_queue: usize,
+    /// Bytes of unacknowledged stanzas a session may hold before it is
+    /// ended the same way: `max_queue` alone allowed 1000 maximal stanzas
+    /// (256 MiB) per detached session.
+    pub max_queue_bytes: usize,
     /// The server asks for an ack (`<r/>`) once this many stanzas are
     /// unacknowledged…
     pub request_ack_every: usize,
@@ -107,6 +112,7 @@ impl Default for SmConfig {
             resume_timeout_secs: 300,
             max_resume_secs: 3600,
             max_queue: 1000,
+            max_queue_bytes: 16 * 1024 * 1024,
             request_ack_every: 32,
             request_ack_delay_ms: 2000,
         }
@@ -139,6 +145,11 @@ const KEEP_EMPTY: usize = 1024;
 impl Unacked {
     fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// The bytes of the stanzas held.
+    fn bytes(&self) -> usize {
+        self.buf.len() - self.head
     }
 
     fn is_empty(&self) -> bool {
@@ -243,7 +254,7 @@ struct SmState {
     resume_id: Option<String>,
     /// How long the session is kept detached.
     keep: Duration,
-    /// The queue passed `max_queue`.
+    /// The queue passed `max_queue` or `max_queue_bytes`.
     overflow: bool,
 }
 
@@ -392,7 +403,7 @@ impl StreamManagement {
                 request: el.clone(),
             }),
             None => {
-                tracing::info!(session = cx.info.id, user = ?cx.info.user.as_ref().map(|u| u.to_string()), "stream resumption refused: unknown or expired id");
+                starling_core::log_throttled!(info, session = cx.info.id, user = ?cx.info.user.as_ref().map(|u| u.to_string()), "stream resumption refused: unknown or expired id");
                 cx.send(failed(StanzaErrorCondition::ItemNotFound, None));
             }
         }
@@ -468,7 +479,9 @@ impl TrafficObserver for StreamManagement {
         }
         st.sent = st.sent.wrapping_add(1);
         st.unacked.push(out, Instant::now());
-        if st.unacked.len() > self.cfg.max_queue && !st.overflow {
+        let over =
+            st.unacked.len() > self.cfg.max_queue || st.unacked.bytes() > self.cfg.max_queue_bytes;
+        if over && !st.overflow {
             st.overflow = true;
             return true;
         }

@@ -28,10 +28,11 @@ use async_trait::async_trait;
 use starling_core::hooks::{IqResponse, IqScope, OfflineCompanions, TimerKey};
 use starling_core::{
     run_chain, CloseReason, Env, Flow, Handover, Router, SessionEntry, SessionHandle, SessionMsg,
-    SessionRef, SessionSendError,
+    SessionRef, SessionSendError, TooManyResources,
 };
 use starling_proto::{
     BareJid, ErrorType, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
+    StreamError, StreamErrorCondition,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -547,9 +548,16 @@ impl Router for LocalRouter {
             .map_err(|(why, _)| why)
     }
 
-    async fn bind(&self, _env: &Env, jid: &FullJid, session: SessionHandle) {
+    async fn bind(
+        &self,
+        _env: &Env,
+        jid: &FullJid,
+        session: SessionHandle,
+        max_resources: usize,
+    ) -> Result<(), TooManyResources> {
         let new_id = session.id;
-        match self.table.register(jid, session) {
+        let done = self.table.register(jid, session, max_resources)?;
+        match done.replaced {
             None => {}
             // RFC 6120 §7.7.2.2: the new session wins; the old one gets <conflict/>.
             Some(Replaced::Local(old)) => {
@@ -563,6 +571,19 @@ impl Router for LocalRouter {
                 }
             }
         }
+        if let Some(old) = done.evicted {
+            // The account was at its limit: its longest-detached session
+            // gives way. It ends as if its resumption had timed out (its
+            // unacknowledged stanzas are re-routed by its session_closed).
+            tracing::info!(%jid, old_session = old.id, new_session = new_id, max_resources, "resource limit: closing the account's longest-detached session");
+            let _ = old.try_send(SessionMsg::Close(CloseReason::Error(Box::new(
+                StreamError::with_text(
+                    StreamErrorCondition::ResourceConstraint,
+                    "a new session of this account took the place of this detached one (max_resources_per_account)",
+                ),
+            ))));
+        }
+        Ok(())
     }
 
     async fn attach(

@@ -10,7 +10,7 @@
 //! sessions. Two binds of one full JID on different nodes: the later bind
 //! wins (ties: the higher node id), on every node alike.
 
-use starling_core::{SessionEntry, SessionHandle, SessionManager, SessionRef};
+use starling_core::{SessionEntry, SessionHandle, SessionManager, SessionRef, TooManyResources};
 use starling_proto::{BareJid, FullJid};
 use starling_xml::Element;
 use std::collections::hash_map::{DefaultHasher, HashMap};
@@ -28,6 +28,10 @@ struct Slot {
     /// When it was bound (µs since the Unix epoch): which of two binds of
     /// one full JID on different nodes wins.
     bound_at: u64,
+    /// Told to close to make room for a new resource of its account
+    /// (`max_resources`): no longer counted against the limit, nor chosen
+    /// again, while it finishes.
+    evicted: bool,
 }
 
 impl Slot {
@@ -41,6 +45,7 @@ impl Slot {
             },
             handle,
             bound_at,
+            evicted: false,
         }
     }
 }
@@ -65,6 +70,16 @@ pub enum Replaced {
     Local(SessionHandle),
     /// A session of another node: ask that node to close it.
     Remote(SessionRef),
+}
+
+/// What a bind changed besides adding the session.
+#[derive(Debug, Default)]
+pub struct Registered {
+    /// The session that held the same full JID.
+    pub replaced: Option<Replaced>,
+    /// The account's longest-detached session, which must close to make
+    /// room (the account was at its `max_resources`).
+    pub evicted: Option<SessionHandle>,
 }
 
 /// A session of this node as the registry describes it.
@@ -138,8 +153,17 @@ impl SessionTable {
 
     /// Binds `jid` to `handle`. If a session already holds this full JID it
     /// is replaced and returned, so the router can tell it to close with
-    /// `<conflict/>`.
-    pub fn register(&self, jid: &FullJid, handle: SessionHandle) -> Option<Replaced> {
+    /// `<conflict/>`. A new resource of an account holding `max_resources`
+    /// (counting the other nodes' sessions this table knows of) evicts the
+    /// account's longest-detached local session, or is refused when none
+    /// is detached. Checked and recorded under one shard lock, so two
+    /// binds at once cannot both take the last place.
+    pub fn register(
+        &self,
+        jid: &FullJid,
+        handle: SessionHandle,
+        max_resources: usize,
+    ) -> Result<Registered, TooManyResources> {
         let bare = jid.to_bare();
         let bound_at = now_us();
         let session = SessionRef {
@@ -147,33 +171,49 @@ impl SessionTable {
             node: self.node,
             id: handle.id,
         };
-        let replaced = {
+        let mut done = Registered::default();
+        {
             let mut shard = self.shard(&bare).write().unwrap_or_else(|e| e.into_inner());
             // Most accounts have one or two resources: size exactly.
             let slots = shard.entry(bare).or_insert_with(|| Vec::with_capacity(1));
             let new = Slot::new(session.clone(), Some(handle), bound_at);
-            self.count.fetch_add(1, Ordering::Relaxed);
             match slots.iter_mut().find(|s| s.entry.jid() == jid) {
                 Some(slot) => {
                     let old = std::mem::replace(slot, new);
-                    Some(match old.handle {
-                        Some(h) => {
-                            self.count.fetch_sub(1, Ordering::Relaxed);
-                            Replaced::Local(h)
+                    done.replaced = Some(match old.handle {
+                        Some(h) => Replaced::Local(h),
+                        None => {
+                            self.count.fetch_add(1, Ordering::Relaxed);
+                            Replaced::Remote(old.entry.session)
                         }
-                        None => Replaced::Remote(old.entry.session),
-                    })
+                    });
                 }
                 None => {
+                    let counted = slots.iter().filter(|s| !s.evicted).count();
+                    if counted >= max_resources {
+                        let oldest = slots
+                            .iter_mut()
+                            .filter(|s| !s.evicted)
+                            .filter_map(|s| {
+                                let at = s.handle.as_ref()?.detached_since()?;
+                                Some((at, s))
+                            })
+                            .min_by_key(|(at, _)| *at);
+                        let Some((_, victim)) = oldest else {
+                            return Err(TooManyResources(max_resources));
+                        };
+                        victim.evicted = true;
+                        done.evicted = victim.handle.clone();
+                    }
+                    self.count.fetch_add(1, Ordering::Relaxed);
                     slots.push(new);
-                    None
                 }
             }
-        };
+        }
         if let Some(o) = self.observer.get() {
             o.bound(&session, bound_at);
         }
-        replaced
+        Ok(done)
     }
 
     /// A session bound on another node (a registry event). If this node
@@ -440,13 +480,53 @@ mod tests {
         starling_core::mailbox(id, 1).0
     }
 
+    fn reg(t: &SessionTable, j: &FullJid, h: SessionHandle) -> Registered {
+        t.register(j, h, usize::MAX).expect("no limit")
+    }
+
+    #[test]
+    fn register_beyond_max_resources_evicts_longest_detached_else_refuses() {
+        let t = SessionTable::new(0);
+        let jid = |r: &str| FullJid::new(&format!("a@x/{r}")).unwrap();
+        let (h1, h2, h3) = (handle(1), handle(2), handle(3));
+        t.register(&jid("1"), h1.clone(), 2).unwrap();
+        t.register(&jid("2"), h2.clone(), 2).unwrap();
+        // At the limit with every session connected: refused, unchanged.
+        assert_eq!(
+            t.register(&jid("3"), h3.clone(), 2).unwrap_err(),
+            TooManyResources(2)
+        );
+        assert_eq!(t.resources(&jid("1").to_bare()).len(), 2);
+        assert_eq!(t.count(), 2);
+        // Rebinding a held full JID is a replacement, never refused.
+        let h4 = handle(4);
+        let again = t.register(&jid("2"), h4.clone(), 2).unwrap();
+        assert!(matches!(again.replaced, Some(Replaced::Local(ref h)) if h.id == 2));
+        // Two detached: the one detached longer goes first.
+        h1.set_detached(true);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        h4.set_detached(true);
+        let h5 = handle(5);
+        let r = t.register(&jid("5"), h5, 2).unwrap();
+        assert_eq!(r.evicted.map(|h| h.id), Some(1));
+        // The evicted one still finishes, but is not counted or chosen
+        // again: the next bind takes the other detached one, then none.
+        assert_eq!(t.resources(&jid("1").to_bare()).len(), 3);
+        let r = t.register(&jid("6"), handle(6), 2).unwrap();
+        assert_eq!(r.evicted.map(|h| h.id), Some(4));
+        assert!(t.register(&jid("7"), h3, 2).is_err());
+        t.unregister(&jid("1"), 1);
+        t.unregister(&jid("2"), 4);
+        assert_eq!(t.count(), 2);
+    }
+
     #[test]
     fn register_same_full_jid_replaces_old_session() {
         // RFC 6120 §7.7.2.2: a new session with the same full JID replaces the old one.
         let t = SessionTable::new(0);
         let j = FullJid::new("a@x/r").unwrap();
-        assert!(t.register(&j, handle(1)).is_none());
-        let Some(Replaced::Local(old)) = t.register(&j, handle(2)) else {
+        assert!(reg(&t, &j, handle(1)).replaced.is_none());
+        let Some(Replaced::Local(old)) = reg(&t, &j, handle(2)).replaced else {
             panic!("old session returned")
         };
         assert_eq!(old.id, 1);
@@ -464,8 +544,8 @@ mod tests {
         let t = SessionTable::new(0);
         let a = FullJid::new("a@x/1").unwrap();
         let b = FullJid::new("a@x/2").unwrap();
-        t.register(&a, handle(1));
-        t.register(&b, handle(2));
+        reg(&t, &a, handle(1));
+        reg(&t, &b, handle(2));
         t.set_presence(
             &b,
             2,
@@ -491,7 +571,7 @@ mod tests {
     fn remote_sessions_are_listed_beside_local_ones_but_not_counted() {
         let t = SessionTable::new(1);
         let local = FullJid::new("a@x/here").unwrap();
-        t.register(&local, handle(1));
+        reg(&t, &local, handle(1));
         let far = remote("a@x/there", 2, 7);
         assert!(t.remote_bound(&far, now_us()).is_none());
         t.remote_presence(
@@ -522,7 +602,7 @@ mod tests {
         // RFC 6120 §7.7.2.2 across nodes.
         let t = SessionTable::new(1);
         let j = FullJid::new("a@x/r").unwrap();
-        t.register(&j, handle(1));
+        reg(&t, &j, handle(1));
         // A bind on node 2 from before ours loses: not recorded.
         assert!(t.remote_bound(&remote("a@x/r", 2, 9), 1).is_none());
         assert_eq!(t.get(&j).unwrap().session.node, 1);
@@ -535,7 +615,7 @@ mod tests {
         assert_eq!(t.count(), 0);
         // A new local bind replaces the remote session: the router asks
         // node 2 to close it.
-        let Some(Replaced::Remote(r)) = t.register(&j, handle(2)) else {
+        let Some(Replaced::Remote(r)) = reg(&t, &j, handle(2)).replaced else {
             panic!("the remote session is replaced")
         };
         assert_eq!(r, remote("a@x/r", 2, 10));
@@ -543,7 +623,7 @@ mod tests {
         // Same bind time: the higher node id wins, whichever node decides.
         let u = SessionTable::new(3);
         let k = FullJid::new("b@x/r").unwrap();
-        u.register(&k, handle(5));
+        reg(&u, &k, handle(5));
         let at = u.local_sessions()[0].bound_at;
         assert!(u.remote_bound(&remote("b@x/r", 2, 1), at).is_none());
         assert!(u.remote_bound(&remote("b@x/r", 4, 1), at).is_some());

@@ -76,8 +76,14 @@ pub(crate) enum Ended {
 
 struct State {
     inbound: VecDeque<Inbound>,
-    /// Serialized payload elements for the next response.
-    outbound: Vec<u8>,
+    /// Serialized payload elements for the next responses, one per entry
+    /// (a response takes whole elements, up to `max_pending` bytes).
+    outbound: VecDeque<Vec<u8>>,
+    /// The bytes in `outbound`.
+    outbound_bytes: usize,
+    /// The client has authenticated: request bodies may be as large as
+    /// stanzas allow, not `[c2s] max_preauth_stanza_bytes`.
+    authenticated: bool,
     next_rid: u64,
     held: BTreeSet<u64>,
     /// Requests being processed (held, or waiting for their turn).
@@ -106,16 +112,70 @@ pub(crate) struct BoshSession {
     pub hold: u64,
     pub requests: u64,
     pub domain: String,
+    /// `[c2s] bosh_max_pending_bytes`: output held for the client, and
+    /// the most one response carries.
+    max_pending: usize,
     state: Mutex<State>,
     /// Payloads (or an end) for the session task.
     to_session: Notify,
     /// Output, rid progress or an end, for the HTTP requests.
     to_http: Notify,
+    /// A response took output: the session task may take more stanzas.
+    drained: Notify,
 }
 
 impl BoshSession {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the output held for the client is under
+    /// `[c2s] bosh_max_pending_bytes` (a response took some) or the
+    /// session is over. Cancel-safe.
+    pub(crate) async fn output_drained(&self) {
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.lock();
+                if st.outbound_bytes < self.max_pending || st.ended.is_some() || st.lost {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// True once the client has authenticated (its request bodies may then
+    /// be as large as stanzas).
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.lock().authenticated
+    }
+}
+
+impl State {
+    /// Queues one element for the client.
+    fn push_out(&mut self, el: Vec<u8>) {
+        self.outbound_bytes += el.len();
+        self.outbound.push_back(el);
+    }
+
+    /// The elements of the next response: whole elements up to `max`
+    /// bytes (at least one), or everything once the session has ended
+    /// (its last response; what is queued is bounded by `max` and one
+    /// element anyway).
+    fn take_out(&mut self, max: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Some(next) = self.outbound.front() {
+            if !out.is_empty() && out.len() + next.len() > max && self.ended.is_none() {
+                break;
+            }
+            let next = self.outbound.pop_front().unwrap_or_default();
+            self.outbound_bytes -= next.len();
+            out.extend_from_slice(&next);
+        }
+        out
     }
 }
 
@@ -126,7 +186,7 @@ pub(crate) struct BoshRegistry {
 }
 
 impl BoshRegistry {
-    fn get(&self, sid: &str) -> Option<Arc<BoshSession>> {
+    pub(crate) fn get(&self, sid: &str) -> Option<Arc<BoshSession>> {
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -215,27 +275,47 @@ impl BoshConn {
     }
 
     pub(crate) fn send_features(&mut self, features: &[Element]) {
-        let mut st = self.session.lock();
-        st.outbound.extend_from_slice(
-            b"<stream:features xmlns:stream='http://etherx.jabber.org/streams'>",
-        );
+        let mut buf = b"<stream:features xmlns:stream='http://etherx.jabber.org/streams'>".to_vec();
         for f in features {
-            f.write_to(&mut st.outbound, "");
+            f.write_to(&mut buf, "");
         }
-        st.outbound.extend_from_slice(b"</stream:features>");
+        buf.extend_from_slice(b"</stream:features>");
+        self.session.lock().push_out(buf);
     }
 
     pub(crate) fn send(&mut self, el: &Element) {
-        el.write_to(&mut self.session.lock().outbound, "");
+        let mut buf = Vec::new();
+        el.write_to(&mut buf, "");
+        self.session.lock().push_out(buf);
     }
 
     /// Queues one serialised standalone element.
     pub(crate) fn send_bytes(&mut self, bytes: &[u8]) {
-        self.session.lock().outbound.extend_from_slice(bytes);
+        self.session.lock().push_out(bytes.to_vec());
     }
 
     pub(crate) fn send_prepared(&mut self, wire: &Prepared, to: Option<&str>) {
-        wire.write_to(&mut self.session.lock().outbound, "", to);
+        let mut buf = Vec::with_capacity(wire.len() + 64);
+        wire.write_to(&mut buf, "", to);
+        self.session.lock().push_out(buf);
+    }
+
+    /// False while `[c2s] bosh_max_pending_bytes` of output wait for the
+    /// client: the session then leaves stanzas in its mailbox (bounded by
+    /// `mailbox_size`, past which senders get `<resource-constraint/>`).
+    pub(crate) fn can_take_output(&self) -> bool {
+        let st = self.session.lock();
+        st.outbound_bytes < self.session.max_pending || st.ended.is_some() || st.lost
+    }
+
+    /// The shared session, for [`BoshSession::output_drained`].
+    pub(crate) fn session(&self) -> Arc<BoshSession> {
+        self.session.clone()
+    }
+
+    /// The client authenticated: larger request bodies are accepted.
+    pub(crate) fn set_authenticated(&mut self) {
+        self.session.lock().authenticated = true;
     }
 
     pub(crate) fn flush(&mut self) {
@@ -249,13 +329,13 @@ impl BoshConn {
             let mut st = self.session.lock();
             match how {
                 Closing::Error(e) => {
-                    st.outbound.extend_from_slice(
-                        b"<stream:error xmlns:stream='http://etherx.jabber.org/streams'>",
-                    );
+                    let mut buf =
+                        b"<stream:error xmlns:stream='http://etherx.jabber.org/streams'>".to_vec();
                     for child in e.to_element().children() {
-                        child.write_to(&mut st.outbound, "");
+                        child.write_to(&mut buf, "");
                     }
-                    st.outbound.extend_from_slice(b"</stream:error>");
+                    buf.extend_from_slice(b"</stream:error>");
+                    st.push_out(buf);
                     st.ended.get_or_insert(Ended::StreamError);
                 }
                 Closing::Close => {
@@ -267,7 +347,9 @@ impl BoshConn {
     }
 
     pub(crate) fn discard_output(&mut self) {
-        self.session.lock().outbound = Vec::new();
+        let mut st = self.session.lock();
+        st.outbound = VecDeque::new();
+        st.outbound_bytes = 0;
     }
 }
 
@@ -296,6 +378,7 @@ pub(crate) fn handle_request(
     is_local: impl Fn(&str) -> bool,
     secure: bool,
     read_limits: ReadLimits,
+    max_pending: usize,
 ) -> Result<(Arc<BoshSession>, u64, Option<BoshConn>), String> {
     // §14.1: rids never exceed 2^53 - 1, so rid arithmetic cannot overflow.
     let Some(rid) = body
@@ -324,9 +407,12 @@ pub(crate) fn handle_request(
                 hold,
                 requests: hold + 1,
                 domain: to.to_owned(),
+                max_pending,
                 state: Mutex::new(State {
                     inbound: VecDeque::from([Inbound::Open(header(to))]),
-                    outbound: Vec::new(),
+                    outbound: VecDeque::new(),
+                    outbound_bytes: 0,
+                    authenticated: false,
                     next_rid: rid,
                     held: BTreeSet::new(),
                     active: 0,
@@ -341,6 +427,7 @@ pub(crate) fn handle_request(
                 }),
                 to_session: Notify::new(),
                 to_http: Notify::new(),
+                drained: Notify::new(),
             });
             registry.insert(session.clone());
             let conn = BoshConn {
@@ -404,7 +491,8 @@ pub(crate) async fn respond(
     result
 }
 
-fn lose(s: &Arc<BoshSession>, condition: &'static str) -> String {
+/// Ends the session from the HTTP side with `condition`.
+pub(crate) fn lose(s: &Arc<BoshSession>, condition: &'static str) -> String {
     {
         let mut st = s.lock();
         st.lost = true;
@@ -412,6 +500,7 @@ fn lose(s: &Arc<BoshSession>, condition: &'static str) -> String {
     }
     s.to_session.notify_one();
     s.to_http.notify_waiters();
+    s.drained.notify_waiters();
     terminate(condition)
 }
 
@@ -514,7 +603,10 @@ async fn serve(
                 has_output || st.ended.is_some() || (!creation && (immediate || pushed_out))
             };
             if ready || tokio::time::Instant::now() >= deadline {
-                let out = std::mem::take(&mut st.outbound);
+                let out = st.take_out(s.max_pending);
+                if !out.is_empty() {
+                    s.drained.notify_waiters();
+                }
                 let reply = compose(s, &st, out, rid, creation, report);
                 st.responses.push_back((rid, reply.clone(), Instant::now()));
                 // §14.3 keeps the last `requests` responses; a client that

@@ -218,6 +218,28 @@ impl Connection {
         }
     }
 
+    /// False while output waits for the client beyond what the connection
+    /// holds (a BOSH client that is not polling): the session then leaves
+    /// stanzas in its bounded mailbox, as a TCP session whose write is
+    /// blocked does. TCP and WebSocket writes bound themselves (the flush
+    /// waits, within `[c2s] write_timeout_secs`).
+    pub(crate) fn can_take_output(&self) -> bool {
+        match self {
+            Connection::Bosh(b) => b.can_take_output(),
+            _ => true,
+        }
+    }
+
+    /// What to wait on until [`Connection::can_take_output`] again
+    /// ([`super::bosh::BoshSession::output_drained`]); `None` for
+    /// connections that never refuse output.
+    pub(crate) fn drain_waiter(&self) -> Option<std::sync::Arc<super::bosh::BoshSession>> {
+        match self {
+            Connection::Bosh(b) => Some(b.session()),
+            _ => None,
+        }
+    }
+
     /// The earliest instant at which [`Connection::on_deadline`] has
     /// something to do.
     pub(crate) fn deadline(&self) -> Option<Instant> {
@@ -382,11 +404,25 @@ impl Connection {
         match self {
             Connection::None => {}
             Connection::Stream(s) => {
-                s.parser = StreamParser::new(s.limits);
+                s.parser = s.new_parser();
                 s.header_sent = false;
             }
             Connection::WebSocket(w) => w.restart(),
             Connection::Bosh(_) => {}
+        }
+    }
+
+    /// The client has authenticated: input is held to the full stanza
+    /// limit from now on instead of `[c2s] max_preauth_stanza_bytes`.
+    pub(crate) fn set_authenticated(&mut self) {
+        match self {
+            Connection::None => {}
+            Connection::Stream(s) => {
+                s.preauth_cap = None;
+                s.parser.set_stanza_cap(usize::MAX);
+            }
+            Connection::WebSocket(w) => w.set_authenticated(),
+            Connection::Bosh(b) => b.set_authenticated(),
         }
     }
 
@@ -501,6 +537,10 @@ pub(crate) struct XmlStream {
     /// Our header for the current stream has been sent.
     header_sent: bool,
     governor: ReadGovernor,
+    /// The stanza limit until the client authenticates
+    /// (`[c2s] max_preauth_stanza_bytes`); `None` afterwards, or for a
+    /// stream that has no such stage.
+    preauth_cap: Option<usize>,
 }
 
 impl XmlStream {
@@ -515,7 +555,27 @@ impl XmlStream {
             wbuf: Vec::new(),
             header_sent: false,
             governor: ReadGovernor::new(read_limits),
+            preauth_cap: None,
         }
+    }
+
+    /// Holds every element to `cap` bytes until
+    /// [`Connection::set_authenticated`] (a client stream: what an
+    /// unauthenticated connection can make the server buffer is small).
+    pub(crate) fn with_preauth_cap(mut self, cap: usize) -> XmlStream {
+        self.preauth_cap = Some(cap);
+        self.parser.set_stanza_cap(cap);
+        self
+    }
+
+    /// A parser for a new stream on this connection, with the pre-auth cap
+    /// while it applies.
+    fn new_parser(&self) -> StreamParser {
+        let mut p = StreamParser::new(self.limits);
+        if let Some(cap) = self.preauth_cap {
+            p.set_stanza_cap(cap);
+        }
+        p
     }
 
     fn is_secure(&self) -> bool {
@@ -605,7 +665,7 @@ impl XmlStream {
             Ok(Ok(mut stream)) => {
                 let bindings = tls.bindings(&mut stream);
                 self.transport = Transport::Tls(Box::new(stream));
-                self.parser = StreamParser::new(self.limits);
+                self.parser = self.new_parser();
                 self.header_sent = false;
                 Ok(bindings)
             }

@@ -35,10 +35,11 @@
 use super::bosh::{self, BoshRegistry, NS_HTTPBIND};
 use super::gate::{Door, Ticket};
 use super::tls::TlsAcceptor;
+use super::websocket;
 use crate::c2s::{session, C2sShared};
-use axum::extract::ws::WebSocketUpgrade;
+use axum::body::Body;
 use axum::extract::Path as UrlPath;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -57,6 +58,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 /// The path of the WebSocket endpoint.
 pub const WEBSOCKET_PATH: &str = "/xmpp-websocket";
@@ -549,24 +551,59 @@ impl hyper::body::Body for BodyTimeout {
     }
 }
 
-/// `GET /xmpp-websocket`: the RFC 7395 opening handshake. The client must
-/// offer the `xmpp` subprotocol (§3.1).
+/// `GET /xmpp-websocket`: the RFC 7395 opening handshake (RFC 6455 §4.2).
+/// The client must offer the `xmpp` subprotocol (§3.1). The upgrade is
+/// done here rather than by axum's `WebSocketUpgrade` so that the
+/// WebSocket runs over [`websocket::WsIo`], which counts and limits every
+/// byte read before tungstenite buffers it.
 async fn websocket(
     State(st): State<HttpState>,
     Extension(ConnectInfo(peer)): Extension<ConnectInfo<SocketAddr>>,
     Extension(Tls(tls)): Extension<Tls>,
     Extension(Bindings(bindings)): Extension<Bindings>,
     Extension(ConnTicket(ticket)): Extension<ConnTicket>,
-    ws: WebSocketUpgrade,
+    mut req: Request,
 ) -> Response {
-    let ws = ws.protocols(["xmpp"]);
-    if ws.selected_protocol().is_none() {
+    let headers = req.headers();
+    let has_token = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    if !has_token(header::CONNECTION, "upgrade") || !has_token(header::UPGRADE, "websocket") {
+        return (
+            StatusCode::UPGRADE_REQUIRED,
+            [(header::UPGRADE, HeaderValue::from_static("websocket"))],
+            "this is an XMPP over WebSocket endpoint (RFC 7395): connect with a WebSocket client\n",
+        )
+            .into_response();
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .is_none_or(|v| v.as_bytes() != b"13")
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            [(
+                header::SEC_WEBSOCKET_VERSION,
+                HeaderValue::from_static("13"),
+            )],
+            "WebSocket version 13 (RFC 6455) is needed\n",
+        )
+            .into_response();
+    }
+    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY) else {
+        return (StatusCode::BAD_REQUEST, "Sec-WebSocket-Key is missing\n").into_response();
+    };
+    if !has_token(header::SEC_WEBSOCKET_PROTOCOL, "xmpp") {
         return (
             StatusCode::BAD_REQUEST,
             "XMPP over WebSocket needs the 'xmpp' subprotocol (Sec-WebSocket-Protocol: xmpp, RFC 7395 §3.1)\n",
         )
             .into_response();
     }
+    let accept = derive_accept_key(key.as_bytes());
     if *st.shutdown.borrow() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -574,21 +611,55 @@ async fn websocket(
         )
             .into_response();
     }
+    let Some(on_upgrade) = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "this connection cannot be upgraded\n",
+        )
+            .into_response();
+    };
+    // The WebSocket keeps its connection's gate ticket (one slot).
     let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
-    let max = st.c2s.limits.max_stanza_bytes;
-    // Small buffers: an idle session should not hold tungstenite's 128 KiB
-    // defaults. Messages up to twice the stanza limit are read (and then
-    // refused with <policy-violation/>); larger ones end the connection.
-    ws.read_buffer_size(1024)
-        .write_buffer_size(0)
-        .max_message_size(max.saturating_mul(2))
-        .max_frame_size(max.saturating_mul(2))
-        .on_upgrade(move |socket| serve(st, socket, peer, secure, bindings, ticket))
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "WebSocket upgrade failed");
+                return;
+            }
+        };
+        let c2s = &st.c2s;
+        let ws = websocket::server_stream(
+            upgraded,
+            c2s.read_limits(),
+            c2s.preauth_stanza_bytes,
+            c2s.limits.max_stanza_bytes,
+            c2s.write_timeout,
+        )
+        .await;
+        serve(st, ws, peer, secure, bindings, ticket).await;
+    });
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (header::CONNECTION, HeaderValue::from_static("upgrade")),
+            (header::UPGRADE, HeaderValue::from_static("websocket")),
+            (
+                header::SEC_WEBSOCKET_ACCEPT,
+                HeaderValue::from_str(&accept).unwrap_or(HeaderValue::from_static("")),
+            ),
+            (
+                header::SEC_WEBSOCKET_PROTOCOL,
+                HeaderValue::from_static("xmpp"),
+            ),
+        ],
+    )
+        .into_response()
 }
 
 async fn serve(
     st: HttpState,
-    socket: axum::extract::ws::WebSocket,
+    socket: websocket::WsStream,
     peer: SocketAddr,
     secure: bool,
     bindings: Option<Arc<ChannelBindings>>,
@@ -804,7 +875,7 @@ async fn bosh_request(
     State(st): State<HttpState>,
     Extension(ConnectInfo(peer)): Extension<ConnectInfo<SocketAddr>>,
     Extension(Tls(tls)): Extension<Tls>,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let terminate = |c: &str| {
         bosh_reply(format!(
@@ -814,9 +885,10 @@ async fn bosh_request(
     // A body holds payloads of up to the stanza limit; some room for
     // several small ones.
     let limit = st.c2s.limits.max_stanza_bytes.saturating_mul(2);
-    if body.len() > limit {
-        return terminate("policy-violation");
-    }
+    let body = match read_bosh_body(&st, body, limit).await {
+        Ok(b) => b,
+        Err(condition) => return terminate(condition),
+    };
     let mut parser = StreamParser::for_elements(Limits {
         max_stanza_bytes: limit,
         ..st.c2s.limits
@@ -834,6 +906,7 @@ async fn bosh_request(
         |d| env.hosts.is_local(d),
         secure,
         st.c2s.read_limits(),
+        st.c2s.bosh_max_pending_bytes,
     ) {
         Ok(x) => x,
         Err(t) => return bosh_reply(t),
@@ -854,6 +927,69 @@ async fn bosh_request(
         });
     }
     bosh_reply(bosh::respond(&session, rid, &el, body.len(), creation).await)
+}
+
+/// Reads a BOSH request body: up to `[c2s] max_preauth_stanza_bytes`
+/// unless it belongs to a session whose client has authenticated (its
+/// `sid` is read from the `<body` start tag as soon as the body grows
+/// past that), then up to `limit`. Past the limit in force the answer is
+/// `policy-violation` (and an unauthenticated session ends): what an
+/// unauthenticated request makes the server hold stays small, whatever
+/// its Content-Length says.
+async fn read_bosh_body(st: &HttpState, body: Body, limit: usize) -> Result<Vec<u8>, &'static str> {
+    use futures_util::StreamExt;
+    let mut allowed = st.c2s.preauth_stanza_bytes.min(limit);
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Err("bad-request");
+        };
+        buf.extend_from_slice(&chunk);
+        if buf.len() <= allowed {
+            continue;
+        }
+        let session = body_sid(&buf).and_then(|sid| st.bosh.get(sid));
+        if allowed < limit && session.as_ref().is_some_and(|s| s.is_authenticated()) {
+            allowed = limit;
+        }
+        if buf.len() > allowed {
+            if let Some(s) = session.filter(|s| !s.is_authenticated()) {
+                bosh::lose(&s, "policy-violation");
+            }
+            return Err("policy-violation");
+        }
+    }
+    Ok(buf)
+}
+
+/// The `sid` attribute of the `<body` start tag at the head of a BOSH
+/// request, once that tag is complete.
+fn body_sid(buf: &[u8]) -> Option<&str> {
+    let start = buf.windows(5).position(|w| w == b"<body")?;
+    let tag = &buf[start..];
+    let tag = &tag[..tag.iter().position(|&b| b == b'>')?];
+    let mut i = 0;
+    while let Some(at) = tag[i..].windows(3).position(|w| w == b"sid") {
+        let at = i + at;
+        i = at + 3;
+        if !tag[at - 1].is_ascii_whitespace() {
+            continue;
+        }
+        let rest = tag[i..].trim_ascii_start();
+        let Some(rest) = rest.strip_prefix(b"=") else {
+            continue;
+        };
+        let rest = rest.trim_ascii_start();
+        let quote = *rest.first()?;
+        if quote != b'\'' && quote != b'"' {
+            return None;
+        }
+        let value = &rest[1..];
+        let end = value.iter().position(|&b| b == quote)?;
+        return std::str::from_utf8(&value[..end]).ok();
+    }
+    None
 }
 
 /// `GET /http-bind`: what this is, for a person who opens it.
@@ -923,6 +1059,22 @@ mod tests {
         ] {
             assert_eq!(mount(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn body_sid_reads_the_start_tag_only() {
+        assert_eq!(
+            body_sid(b"<body rid='1' xmlns='x' sid='abc'><message/>"),
+            Some("abc")
+        );
+        assert_eq!(
+            body_sid(b"<?xml version='1.0'?><body rid=\"1\"\nsid = \"a b\">"),
+            Some("a b")
+        );
+        assert_eq!(body_sid(b"<body rid='1' xsid='a'>"), None);
+        assert_eq!(body_sid(b"<body rid='1'><x sid='a'/>"), None);
+        assert_eq!(body_sid(b"<body rid='1' sid='abc"), None);
+        assert_eq!(body_sid(b"sid='a'"), None);
     }
 
     #[test]

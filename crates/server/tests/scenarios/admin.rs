@@ -87,13 +87,23 @@ async fn admin_api_refuses_requests_without_a_valid_token() {
     assert!(store.revoke_admin_token("other").await.unwrap());
     let (status, _, _) = http(a, "GET", "/api/v1/stats", Some(&other), None).await;
     assert_eq!(status, 401);
-    // Past five failures in a minute the address is refused, whatever
-    // the token (issue 14: guessing is rate-limited).
-    for t in [wrong.as_str(), token.as_str()] {
-        let (status, _, body) = http(a, "GET", "/api/v1/stats", Some(t), None).await;
+    // Past five failures in a minute the address's wrong tokens are
+    // refused with 429 (issue 14: guessing is rate-limited), but the
+    // right token still works from the same address: no local process
+    // can lock the operator out (issue 31, item 10).
+    for _ in 0..3 {
+        let (status, _, body) = http(a, "GET", "/api/v1/stats", Some(&wrong), None).await;
         assert_eq!(status, 429, "{body}");
         assert!(body.contains("too many"), "{body}");
+        let (status, _, body) = http(a, "GET", "/api/v1/stats", Some(&token), None).await;
+        assert_eq!(status, 200, "a valid token is never locked out: {body}");
     }
+    // Every refusal is counted: 4 missing, 4 wrong, 1 revoked, 3 locked.
+    let (_, _, metrics) = http(a, "GET", "/metrics", None, None).await;
+    assert!(
+        metrics.contains("starling_admin_auth_failures_total{surface=\"api\"} 12"),
+        "{metrics}"
+    );
     ts.stop().await;
 }
 
@@ -1567,8 +1577,20 @@ async fn admin_web_login_refuses_wrong_tokens_and_limits_attempts() {
         assert!(body.contains("invalid token"), "{body}");
         assert!(set_cookie(&h, "starling_admin").is_none());
     }
-    // Five failures: even the right token waits now.
+    // Five failures: a sixth wrong token waits now, but the right token
+    // still logs in (issue 31, item 10).
     let (status, _, body) = web(
+        a,
+        "POST",
+        "/admin/login",
+        &cookie,
+        Some(&form_enc(&[("csrf", &csrf), ("token", "sta_wrong5")])),
+        None,
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("too many failed logins"), "{body}");
+    let (status, h, body) = web(
         a,
         "POST",
         "/admin/login",
@@ -1577,8 +1599,13 @@ async fn admin_web_login_refuses_wrong_tokens_and_limits_attempts() {
         None,
     )
     .await;
-    assert_eq!(status, 429, "{body}");
-    assert!(body.contains("too many failed logins"), "{body}");
+    assert_eq!(status, 303, "a valid token is never locked out: {body}");
+    assert!(set_cookie(&h, "starling_admin").is_some());
+    let (_, _, metrics) = http(a, "GET", "/metrics", None, None).await;
+    assert!(
+        metrics.contains("starling_admin_auth_failures_total{surface=\"web\"} 6"),
+        "{metrics}"
+    );
     ts.stop().await;
 }
 

@@ -523,3 +523,88 @@ async fn room_messages_reach_a_bosh_occupant_whole() {
     }
     server.stop().await;
 }
+
+/// Issue 31 item 3: a BOSH user who stops polling. Output for it is held
+/// up to `[c2s] bosh_max_pending_bytes`; then its stanzas wait in the
+/// session's mailbox, and once `mailbox_size` wait there senders get
+/// `<resource-constraint/>`, as for a TCP client that stops reading.
+/// When it polls again each response carries at most
+/// `bosh_max_pending_bytes` (whole stanzas), and every stanza that was
+/// accepted arrives, in order.
+#[tokio::test]
+async fn bosh_client_that_stops_polling_bounds_output_and_loses_nothing_accepted() {
+    const PENDING: usize = 16 * 1024;
+    let server = TestServer::start_with(|c| {
+        c.c2s.mailbox_size = 4;
+        c.c2s.bosh_max_pending_bytes = PENDING;
+    })
+    .await;
+    server.create_user("web", "pw-web").await;
+    let addr = server.http_addr(false);
+    let (mut web, _) = Bosh::create(addr, 1).await;
+    let jid = web.login("web").await;
+    let mut a = server.login("a").await;
+    // Twelve messages of about 6 KiB while the BOSH user does not poll.
+    let filler = "m".repeat(6 * 1024);
+    for i in 0..12 {
+        a.send(&format!(
+            "<message to='{jid}' type='chat' id='m{i}'><body>{i} {filler}</body></message>"
+        ))
+        .await;
+    }
+    // Barriers: the bounces are written with or right after these answers.
+    let mut bounced = Vec::new();
+    for barrier in ["p1", "p2"] {
+        a.send(&format!(
+            "<iq type='get' id='{barrier}' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
+        ))
+        .await;
+        loop {
+            let el = a.recv().await;
+            if el.attr("id") == Some(barrier) {
+                break;
+            }
+            assert_eq!(el.attr("type"), Some("error"), "{el}");
+            assert_eq!(
+                starling_testkit::error_condition(&el).as_deref(),
+                Some("resource-constraint"),
+                "{el}"
+            );
+            bounced.push(el.attr("id").unwrap_or_default().to_owned());
+        }
+    }
+    // At most PENDING (+ one message) held and 4 in the mailbox: at least
+    // five of twelve were refused; at least the mailbox's four accepted.
+    assert!(bounced.len() >= 5, "bounced only {bounced:?}");
+    assert!(bounced.len() <= 8, "bounced {bounced:?}");
+    let accepted: Vec<String> = (0..12)
+        .map(|i| format!("m{i}"))
+        .filter(|id| !bounced.contains(id))
+        .collect();
+    // Polling again: bounded responses, everything accepted, in order.
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        if got.len() == accepted.len() {
+            break;
+        }
+        let r = web.send("", "").await;
+        assert_eq!(r.attr("type"), None, "not terminated: {r}");
+        let messages: Vec<&Element> = r
+            .children()
+            .filter(|c| c.is("message", ns::CLIENT))
+            .collect();
+        let bytes: usize = messages.iter().map(|m| m.to_string().len()).sum();
+        assert!(
+            messages.len() <= 1 || bytes <= PENDING + 512,
+            "a response of {bytes} bytes ({} messages)",
+            messages.len()
+        );
+        got.extend(
+            messages
+                .iter()
+                .map(|m| m.attr("id").unwrap_or_default().to_owned()),
+        );
+    }
+    assert_eq!(got, accepted, "bounced: {bounced:?}");
+    server.stop().await;
+}

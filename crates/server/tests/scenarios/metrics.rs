@@ -483,6 +483,15 @@ async fn server_with_every_metric() -> TestServer {
         201
     );
     assert_eq!(crate::upload::get(http, &path).await.body, b"hello");
+    // Families whose series appear with their first event: a limit
+    // refusal and an admin token refusal (each proven end to end in
+    // offline:: and admin::).
+    server
+        .server
+        .env
+        .metrics
+        .limit_refused("offline.max_messages_per_user");
+    server.server.env.metrics.admin_auth_failed("api");
     server
 }
 

@@ -198,6 +198,13 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
     assert!(text.contains("full"), "{text}");
     sync(&mut alice, "p2").await; // exactly one error
     assert_eq!(stored(&server, "bob").await, 2);
+    // Counted by the metric (the log line is throttled: issue 31, item 4).
+    let metrics = server.server.env.metrics.encode();
+    assert!(
+        metrics
+            .contains("starling_limit_refusals_total{limit=\"offline.max_messages_per_user\"} 1"),
+        "{metrics}"
+    );
 
     let mut bob = server.login("bob").await;
     assert_eq!(body(&bob.recv_message().await), "1");

@@ -484,6 +484,41 @@ async fn a_client_that_never_acks_is_ended_at_the_queue_bound_and_loses_nothing(
     server.stop().await;
 }
 
+/// The queue is bounded in bytes too (`max_queue_bytes`), attached or
+/// detached: three 4 KiB messages pass 10 KiB long before `max_queue`.
+#[tokio::test]
+async fn sm_queue_over_max_queue_bytes_ends_the_session_and_loses_nothing() {
+    let server = TestServer::start_with(|c| {
+        c.modules
+            .get_mut::<modules::StreamManagement>()
+            .max_queue_bytes = 10 * 1024
+    })
+    .await;
+    let mut bob = server.login("bob").await;
+    let mut a = server.login("alice").await;
+    enable(&mut a, "resume='true'").await;
+    let full = a.jid.clone();
+    let filler = "b".repeat(4 * 1024);
+    for i in 0..3 {
+        message(&mut bob, &full, &format!("q{i} {filler}")).await;
+    }
+    let err = a.recv_until(|e| e.is("error", ns::STREAMS)).await;
+    assert!(
+        err.has_child("policy-violation", ns::STREAM_ERRORS),
+        "{err}"
+    );
+    let mut a2 = server.login("alice").await;
+    let mut got = Vec::new();
+    while let Some(Event::Element(el)) = a2.next_event_within(QUIET).await {
+        if el.name() == "message" {
+            got.push(body(&el).split(' ').next().unwrap_or_default().to_owned());
+        }
+    }
+    got.sort();
+    assert_eq!(got, ["q0", "q1", "q2"]);
+    server.stop().await;
+}
+
 use crate::killable;
 
 #[tokio::test(flavor = "multi_thread")]

@@ -495,3 +495,146 @@ async fn room_messages_reach_a_websocket_occupant_whole() {
     }
     server.stop().await;
 }
+
+/// Reads and discards what the server sends on `tcp` until it closes the
+/// connection; false if it is still open after `within`.
+async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Issue 31 item 1: an unauthenticated WebSocket that sends masked
+/// 125-byte pings as fast as it can and never reads. Every byte counts
+/// against `[c2s] max_bytes_per_second` (pings included), so the server
+/// reads about rate × time + burst and the client's socket blocks; the
+/// pongs it cannot write do not pile up, and the connection is closed.
+/// Meanwhile a WebSocket user logs in and chats as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn websocket_preauth_ping_flood_is_throttled_then_closed() {
+    let server = TestServer::start_with(|c| {
+        c.c2s.max_bytes_per_second = 32 * 1024;
+        c.c2s.max_stanza_bytes = 16 * 1024; // burst 32 KiB
+        c.c2s.write_timeout_secs = 2;
+        c.c2s.negotiation_timeout_secs = 6;
+    })
+    .await;
+    let addr = server.http_addr(false);
+    let mut tcp = starling_testkit::raw_websocket(addr, Some(16 * 1024)).await;
+    let flood = tokio::spawn(async move {
+        let ping = starling_testkit::ws_frame(true, 0x9, &[b'p'; 125]);
+        let batch: Vec<u8> = ping.repeat(64);
+        let start = std::time::Instant::now();
+        let mut written = 0usize;
+        while start.elapsed() < Duration::from_secs(3) {
+            match tokio::time::timeout(Duration::from_millis(300), tcp.write_all(&batch)).await {
+                Ok(Ok(())) => written += batch.len(),
+                // Blocked: the server is not reading faster than its limit.
+                Err(_) => {}
+                Ok(Err(_)) => break,
+            }
+        }
+        (tcp, written, start.elapsed())
+    });
+    // A witness logs in over WebSocket and chats during the flood.
+    let mut web = server.login_over("alice", WS).await;
+    let mut bob = server.login("bob").await;
+    for i in 0..5 {
+        let start = std::time::Instant::now();
+        web.send(&format!(
+            "<message xmlns='jabber:client' to='{}' type='chat'><body>{i}</body></message>",
+            bob.jid
+        ))
+        .await;
+        assert_eq!(body(&bob.recv_message().await), i.to_string());
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "the witness was slowed: {:?}",
+            start.elapsed()
+        );
+    }
+    let (mut tcp, written, took) = flood.await.unwrap();
+    eprintln!("ping flood: {written} bytes written in {took:?}");
+    // What the server read (≤ 32 KiB/s × 3 s + 32 KiB) plus kernel buffers
+    // (about 200 KiB with the small client buffers). Unthrottled, loopback
+    // takes hundreds of MB in 3 s.
+    assert!(
+        written < 1024 * 1024,
+        "{written} bytes of pings written in {took:?}: the server read them unthrottled"
+    );
+    // The client never read its pongs: the connection is closed (write
+    // timeout, or the negotiation timeout at the latest).
+    assert!(
+        closed_within(&mut tcp, Duration::from_secs(15)).await,
+        "the flooding connection is still open"
+    );
+    server.stop().await;
+}
+
+/// Issue 31 item 8: before authentication a WebSocket message over
+/// `[c2s] max_preauth_stanza_bytes` is refused with `<policy-violation/>`,
+/// and so is an unfinished fragment announcing more (refused at its frame
+/// header, before its payload is buffered); after authentication the same
+/// size is an ordinary stanza.
+#[tokio::test]
+async fn websocket_message_over_preauth_limit_is_refused_until_authenticated() {
+    let server = TestServer::start_with(|c| c.c2s.max_preauth_stanza_bytes = 8 * 1024).await;
+    let filler = "x".repeat(10 * 1024);
+    // One whole message.
+    let mut c = Client::connect_websocket(server.http_addr(false), false).await;
+    assert!(
+        c.send_ws_frame(
+            format!("<message xmlns='jabber:client'><body>{filler}</body></message>").as_bytes(),
+            false
+        )
+        .await
+    );
+    let err = c.recv_until(|e| e.is("error", ns::STREAMS)).await;
+    assert!(
+        err.has_child("policy-violation", ns::STREAM_ERRORS),
+        "{err}"
+    );
+    // An unfinished fragment of a 500 KB message: its header is enough.
+    let mut tcp = starling_testkit::raw_websocket(server.http_addr(false), None).await;
+    tcp.write_all(&starling_testkit::ws_frame(
+        true,
+        0x1,
+        b"<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='localhost' version='1.0'/>",
+    ))
+    .await
+    .unwrap();
+    tcp.write_all(&starling_testkit::ws_frame(false, 0x1, b"<message><body>"))
+        .await
+        .unwrap();
+    tcp.write_all(&starling_testkit::ws_frame_header(false, 0x0, 500_000))
+        .await
+        .unwrap();
+    tcp.write_all(&[b'y'; 1000]).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf)).await {
+            Err(_) => panic!("not closed; got {}", String::from_utf8_lossy(&seen)),
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.contains("policy-violation"), "{seen}");
+    // After authentication the same message is accepted.
+    let mut web = server.login_over("alice", WS).await;
+    let mut bob = server.login("bob").await;
+    web.send(&format!(
+        "<message xmlns='jabber:client' to='{}' type='chat'><body>{filler}</body></message>",
+        bob.jid
+    ))
+    .await;
+    assert_eq!(body(&bob.recv_message().await), filler);
+    server.stop().await;
+}

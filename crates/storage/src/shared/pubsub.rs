@@ -379,6 +379,53 @@ impl PubsubStore for Store {
         Ok(out)
     }
 
+    async fn stored_bytes(
+        &self,
+        service: &str,
+        except: Option<(&str, &str)>,
+    ) -> StorageResult<u64> {
+        // OCTET_LENGTH: bytes on both engines (LENGTH counts characters).
+        let (node, id) = except.unwrap_or(("", ""));
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(OCTET_LENGTH(payload)), 0) AS BIGINT) AS bytes
+             FROM pubsub_items
+             WHERE service = $1 AND NOT (node = $2 AND item_id = $3)",
+        )
+        .bind(service)
+        .bind(node)
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        let bytes: i64 = row.get("bytes");
+        Ok(bytes.max(0) as u64)
+    }
+
+    async fn owned_bytes(
+        &self,
+        service: &str,
+        owner: &str,
+        except: Option<(&str, &str)>,
+    ) -> StorageResult<u64> {
+        let (node, id) = except.unwrap_or(("", ""));
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(OCTET_LENGTH(i.payload)), 0) AS BIGINT) AS bytes
+             FROM pubsub_affiliations a
+             JOIN pubsub_items i ON i.service = a.service AND i.node = a.node
+             WHERE a.service = $1 AND a.jid = $2 AND a.affiliation = 'owner'
+               AND NOT (i.node = $3 AND i.item_id = $4)",
+        )
+        .bind(service)
+        .bind(owner)
+        .bind(node)
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        let bytes: i64 = row.get("bytes");
+        Ok(bytes.max(0) as u64)
+    }
+
     async fn retract(&self, service: &str, node: &str, id: &str) -> StorageResult<bool> {
         let removed = sqlx::query(
             "DELETE FROM pubsub_items WHERE service = $1 AND node = $2 AND item_id = $3",

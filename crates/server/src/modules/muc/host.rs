@@ -306,6 +306,77 @@ impl Drop for LiveRoom {
     }
 }
 
+/// Rooms that users created and that only memory holds (temporary rooms,
+/// and rooms not stored yet: locked, or not configured persistent), by
+/// creator: what `max_rooms_per_user` adds to the stored rooms a user
+/// owns, and what `max_temporary_rooms` bounds for the whole service on
+/// this node. A room holds its [`CreatedSlot`] while it lives; dropping
+/// the room (destroyed, emptied, its task ended) frees the count.
+#[derive(Default)]
+pub(super) struct CreatedRooms(Arc<Mutex<CreatedCounts>>);
+
+#[derive(Default)]
+struct CreatedCounts {
+    by_user: HashMap<BareJid, u32>,
+    total: usize,
+}
+
+/// Why [`CreatedRooms::claim`] refused a new room.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum CreateRefused {
+    /// The user holds `max_rooms_per_user` already.
+    User,
+    /// The service holds `max_temporary_rooms` already.
+    Service,
+}
+
+/// One created room's place in [`CreatedRooms`]; freed on drop.
+pub(super) struct CreatedSlot {
+    counts: Arc<Mutex<CreatedCounts>>,
+    user: BareJid,
+}
+
+impl Drop for CreatedSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.by_user.get_mut(&self.user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.by_user.remove(&self.user);
+            }
+        }
+    }
+}
+
+impl CreatedRooms {
+    /// Takes a place for a room `user` creates, when the user has fewer
+    /// than `user_room` such rooms (its limit less the rooms it owns in
+    /// storage; `None`: no limit) and the service fewer than `max_total`
+    /// (0: no limit). Checked and counted under one lock.
+    pub fn claim(
+        &self,
+        user: &BareJid,
+        user_room: Option<usize>,
+        max_total: usize,
+    ) -> Result<CreatedSlot, CreateRefused> {
+        let mut c = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = c.by_user.get(user).copied().unwrap_or(0) as usize;
+        if user_room.is_some_and(|room| mine >= room) {
+            return Err(CreateRefused::User);
+        }
+        if max_total > 0 && c.total >= max_total {
+            return Err(CreateRefused::Service);
+        }
+        c.total += 1;
+        *c.by_user.entry(user.clone()).or_insert(0) += 1;
+        Ok(CreatedSlot {
+            counts: self.0.clone(),
+            user: user.clone(),
+        })
+    }
+}
+
 /// The rooms of one service.
 pub(super) struct Host<K: Kind> {
     /// The service's configuration.
@@ -327,6 +398,9 @@ pub(super) struct Host<K: Kind> {
     rooms_live: prometheus_client::metrics::gauge::Gauge,
     /// The module's bit in a domain's switch-off mask.
     module_bit: u64,
+    /// Rooms users created that only memory holds (the per-user and
+    /// per-service room limits).
+    pub created: CreatedRooms,
 }
 
 /// The service's hooks: a [`Service`] at the subdomain, and what keeps
@@ -385,6 +459,7 @@ impl<K: Kind> Host<K> {
             full_log: Default::default(),
             rooms_live: Default::default(),
             module_bit: starling_core::module::module_bit(K::MODULE),
+            created: CreatedRooms::default(),
         });
         let live = host.rooms_live.clone();
         ctx.metrics.with_registry(|r| {

@@ -529,7 +529,8 @@ async fn destroyed(host: &Inner, jid: &BareJid) {
     if let Err(e) = host.storage.archive.purge_user(jid, None).await {
         tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room's archive failed");
     }
-    tracing::info!(module = NAME, room = %jid, "room destroyed");
+    tracing::debug!(module = NAME, room = %jid, "room destroyed");
+    starling_core::log_throttled!(info, module = NAME, room = %jid, "room destroyed");
 }
 
 /// "Sending a message to a room": a copy to every member's bare JID.
@@ -866,7 +867,10 @@ async fn create(
         .set_affiliations(jid, &rows)
         .await
         .map_err(|e| internal(e, "storing the room's members"))?;
-    tracing::info!(module = NAME, room = %jid, creator = %creator, members = room.members.len(), "room created");
+    // A user can create and destroy groups in a loop: each at debug, at
+    // info one line per 10 s with a count.
+    tracing::debug!(module = NAME, room = %jid, creator = %creator, members = room.members.len(), "room created");
+    starling_core::log_throttled!(info, module = NAME, room = %jid, creator = %creator, members = room.members.len(), "room created");
     // "Room creation is archived as an affiliation change that includes
     // ALL initial occupants."
     let mut x = Element::new("x", NS_AFFILIATIONS);

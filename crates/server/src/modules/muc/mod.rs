@@ -16,7 +16,9 @@
 //! - **Creation** (§10.1): an available presence to a room that does not
 //!   exist creates it if `create_rooms` allows the sender (`local`: any
 //!   account of a served domain; `admins`: the service admins), up to
-//!   `max_rooms_per_user` persistent rooms owned per user. The room stays
+//!   `max_rooms_per_user` rooms owned per user (stored ones plus the
+//!   temporary or unconfigured ones the user created and that are alive)
+//!   and `max_temporary_rooms` such rooms on the service. The room stays
 //!   locked (entering gives `item-not-found`, §7.2.10) until the owner
 //!   submits the configuration form, an empty one for an instant room
 //!   (§10.1.2); cancelling it destroys the room.
@@ -57,7 +59,7 @@ mod mam;
 mod room;
 
 use config::RoomConfig;
-use host::{error, Host, Kind, Listing, Settings};
+use host::{error, CreateRefused, Host, Kind, Listing, Settings};
 use room::{Ctx, Out, Room};
 use serde::Deserialize;
 use starling_core::hooks::HookRegistry;
@@ -112,8 +114,16 @@ pub struct MucConfig {
     pub create_rooms: String,
     /// Service administrators (bare JIDs): may always create rooms.
     pub admins: Vec<String>,
-    /// Most persistent rooms one user may own (0: no limit).
+    /// Most rooms one user may own (0: no limit): the stored rooms it is
+    /// an owner of, plus the rooms it created that only memory holds
+    /// (temporary, or not configured yet). Beyond it creating a room gets
+    /// `<not-allowed/>`; destroying or emptying one frees its place.
     pub max_rooms_per_user: u32,
+    /// Most rooms users created that only memory holds (temporary, or not
+    /// configured yet), for the whole service on one node (0: no limit).
+    /// Beyond it creating a room gets `<resource-constraint/>`; stored
+    /// rooms still load.
+    pub max_temporary_rooms: usize,
     /// Most occupants a room may be configured for.
     pub max_users: u32,
     /// A new room's occupant limit.
@@ -163,6 +173,7 @@ impl Default for MucConfig {
             create_rooms: "local".into(),
             admins: Vec::new(),
             max_rooms_per_user: 100,
+            max_temporary_rooms: 10_000,
             max_users: 5000,
             default_max_users: 200,
             max_history: 100,
@@ -636,6 +647,8 @@ impl Inner {
                     })
                     .await?;
             }
+            // Stored: the owners' count of stored rooms holds it now.
+            room.created = None;
             if !room.stored {
                 // Newly persistent: every affiliation so far.
                 let all: Vec<_> = room
@@ -854,24 +867,51 @@ async fn apply(
                     .into_iter()
                     .collect();
             }
-            if inner.cfg.max_rooms_per_user > 0 && inner.cfg.default_persistent {
-                match inner.owned_rooms(&creator).await {
-                    Ok(n) if n >= inner.cfg.max_rooms_per_user as usize => {
+            // Rooms the creator owns: stored ones, plus the ones only
+            // memory holds (temporary, or not configured yet).
+            let user_room = match inner.cfg.max_rooms_per_user {
+                0 => None,
+                max => match inner.owned_rooms(&creator).await {
+                    Ok(n) => Some((max as usize).saturating_sub(n)),
+                    Err(e) => {
+                        tracing::error!(module = NAME, error = %e, "counting owned rooms failed");
                         return st
                             .error_reply(error(
-                                StanzaErrorCondition::NotAllowed,
-                                "you own as many rooms as this service allows",
+                                StanzaErrorCondition::InternalServerError,
+                                "the rooms you own could not be counted; try again later",
                             ))
                             .into_iter()
                             .collect();
                     }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(module = NAME, error = %e, "counting owned rooms failed");
-                        return Vec::new();
-                    }
+                },
+            };
+            let slot = match inner
+                .created
+                .claim(&creator, user_room, inner.cfg.max_temporary_rooms)
+            {
+                Ok(slot) => slot,
+                Err(why) => {
+                    env.metrics.limit_refused(match why {
+                        CreateRefused::User => "muc.max_rooms_per_user",
+                        CreateRefused::Service => "muc.max_temporary_rooms",
+                    });
+                    let e = match why {
+                        // §7.2.1-style policy: waiting does not help, destroying one does.
+                        CreateRefused::User => error(
+                            StanzaErrorCondition::NotAllowed,
+                            &format!(
+                                "you own as many rooms as this service allows ({}); destroy one first",
+                                inner.cfg.max_rooms_per_user
+                            ),
+                        ),
+                        CreateRefused::Service => StanzaError::new(
+                            StanzaErrorCondition::ResourceConstraint,
+                        )
+                        .with_text("this service holds as many rooms as it allows; try again later"),
+                    };
+                    return st.error_reply(e).into_iter().collect();
                 }
-            }
+            };
             let mut r = Room::new(
                 jid.clone(),
                 RoomConfig::new_room(&inner.cfg, starling_proto::random_id(24)),
@@ -879,6 +919,7 @@ async fn apply(
                 room::now_millis(),
             );
             r.locked = true;
+            r.created = Some(slot);
             r.make_owner(&creator, &mut out);
             r.creating = true;
             r.handle(&cx, st, &mut out);
@@ -888,7 +929,10 @@ async fn apply(
                 out.affiliations.clear();
                 out.stanzas.retain(|s| s.is_error());
             } else {
-                tracing::info!(module = NAME, room = %jid, owner = %creator, "room created");
+                // Any user can create and leave rooms in a loop: each at
+                // debug, at info one line per 10 s with a count.
+                tracing::debug!(module = NAME, room = %jid, owner = %creator, "room created");
+                starling_core::log_throttled!(info, module = NAME, room = %jid, owner = %creator, "room created");
                 *room = Some(r);
             }
         }
@@ -919,7 +963,12 @@ async fn apply(
             if let Err(e) = inner.storage.archive.purge_user(&r.jid, None).await {
                 tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room's archive failed");
             }
-            tracing::info!(module = NAME, room = %jid, "room destroyed");
+            if r.stored {
+                tracing::info!(module = NAME, room = %jid, "room destroyed");
+            } else {
+                tracing::debug!(module = NAME, room = %jid, "room destroyed");
+                starling_core::log_throttled!(info, module = NAME, room = %jid, "room destroyed");
+            }
             *room = None;
         }
     }

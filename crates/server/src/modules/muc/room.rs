@@ -213,6 +213,10 @@ pub struct Room {
     /// is not ended for being empty until its first occupant came (its
     /// task still ends after `idle_unload_secs` without anyone).
     pub waiting_for_first: bool,
+    /// Its creator's place under `max_rooms_per_user` and the service's
+    /// `max_temporary_rooms` while only memory holds it (given back when
+    /// it is stored, or with the room).
+    pub created: Option<super::host::CreatedSlot>,
 }
 
 fn err(c: StanzaErrorCondition, text: &str) -> StanzaError {
@@ -302,6 +306,7 @@ impl Room {
             next_iq: 0,
             creating: false,
             waiting_for_first: false,
+            created: None,
         }
     }
 

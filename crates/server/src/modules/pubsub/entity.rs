@@ -480,10 +480,12 @@ impl PubsubService {
             .filter(|id| !id.is_empty())
             .map(str::to_owned)
             .unwrap_or_else(|| starling_proto::random_id(16));
+        let payload = payload.unwrap_or_default();
+        self.check_owner_quota(r, node, &id, payload.len()).await?;
         let stored = StoredItem {
             id: id.clone(),
             publisher: r.who.as_str().to_owned(),
-            payload: payload.unwrap_or_default(),
+            payload,
             seq: self.seq.next(),
         };
         store
@@ -515,6 +517,45 @@ impl PubsubService {
             error: None,
             then,
         })
+    }
+
+    /// `max_bytes_per_owner`: refuses a publication of `bytes` as item `id`
+    /// of `node` when the items of the nodes one of its owners owns
+    /// (less the item it would replace) would pass the quota. Counted
+    /// from storage, so it holds across restarts and cluster nodes.
+    async fn check_owner_quota(
+        &self,
+        r: &Req<'_>,
+        node: &Node,
+        id: &str,
+        bytes: usize,
+    ) -> Result<(), StanzaError> {
+        let quota = self.cfg.max_bytes_per_owner;
+        if quota == 0 {
+            return Ok(());
+        }
+        for owner in node.with(Aff::Owner) {
+            let used = r
+                .env
+                .storage
+                .pubsub
+                .owned_bytes(r.svc, owner, Some((&node.name, id)))
+                .await
+                .map_err(internal)?;
+            if used.saturating_add(bytes as u64) > quota {
+                r.env.metrics.limit_refused("pubsub.max_bytes_per_owner");
+                // As PEP's quota: XEP-0060 §7.1.3.4's condition, the
+                // text says why.
+                return Err(perr(
+                    StanzaErrorCondition::NotAcceptable,
+                    Some("payload-too-big"),
+                    &format!(
+                        "the nodes of {owner} hold as much as this service allows ({used} of {quota} bytes); retract items or delete nodes to free space"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// §7.2: retract (owners and publishers any item, publish-only

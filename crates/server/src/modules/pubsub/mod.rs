@@ -54,7 +54,8 @@
 //! `pubsub`, `roster` (access models presence and roster). Config:
 //! `[modules.pubsub]` enabled, subdomain, name, create_nodes, admins,
 //! default_max_items, max_items, max_nodes, max_subscriptions_per_node,
-//! max_item_bytes.
+//! max_item_bytes, max_bytes_per_owner (a quota over the items of the
+//! nodes one JID owns, summed in storage at each publication).
 
 mod entity;
 mod owner;
@@ -109,6 +110,10 @@ pub struct PubsubConfig {
     pub max_subscriptions_per_node: u32,
     /// Largest payload of an item, in bytes of XML.
     pub max_item_bytes: usize,
+    /// Bytes of item payload the nodes one JID owns may hold together,
+    /// whoever published them (0: no limit). A publication beyond it gets
+    /// `<not-acceptable/>` + `<payload-too-big/>`, and nothing is stored.
+    pub max_bytes_per_owner: u64,
 }
 
 impl Default for PubsubConfig {
@@ -124,6 +129,7 @@ impl Default for PubsubConfig {
             max_nodes: 1000,
             max_subscriptions_per_node: 10_000,
             max_item_bytes: 65_536,
+            max_bytes_per_owner: 64 * 1024 * 1024,
         }
     }
 }
