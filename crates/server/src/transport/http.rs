@@ -618,6 +618,7 @@ async fn websocket(
         )
             .into_response();
     };
+    // The WebSocket keeps its connection's gate ticket (one slot).
     let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
     tokio::spawn(async move {
         let upgraded = match on_upgrade.await {
