@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(cfg) => {
             cfg.validate(path)
                 .expect("a valid configuration stays valid");
-            let _ = cfg.exposed();
+            let _ = cfg.admin.exposed();
             let _ = cfg.storage_description();
         }
         Err(e) => assert!(!e.to_string().is_empty()),

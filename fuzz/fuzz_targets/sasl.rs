@@ -78,9 +78,11 @@ fn scram_round_trip(mechanism: Mechanism, user: &str, password: &str, authzid: O
         None => client,
     };
     let mut server = ScramServer::with_nonce(mechanism, bindings(), true, "servernonce").unwrap();
-    let cf = server
-        .client_first(&client.client_first())
-        .expect("our client's first message");
+    // The client sends any user name and authzid it is given (found by this target: an
+    // empty one after SASLprep, a NUL in the authzid); the server refuses malformed ones.
+    let Ok(cf) = server.client_first(&client.client_first()) else {
+        return;
+    };
     let creds = credentials(mechanism.scram_hash().unwrap(), password)
         .expect("a password our client accepts derives credentials");
     let _ = cf;
