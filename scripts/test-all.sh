@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI runs, in one command: formatting, lints, the Rust test suite
-# (unit, conformance, scenario tests over real sockets), the storage
+# (unit, conformance, scenario tests over real sockets), a short fuzzing
+# run of every parser of outside input (fuzz/run.sh short), the storage
 # conformance suite and the storage-touching scenario tests again on
 # PostgreSQL, the third-party client interop suites (slixmpp, @xmpp/client)
 # against a real Starling, the web chat (Converse.js) in Debian's headless
@@ -38,6 +39,13 @@ export STARLING_TEST_PG_URL STARLING_REQUIRE_PG=1 STARLING_REQUIRE_CLUSTER=1
 
 step "cargo test (workspace; scenario tests on SQLite)"
 cargo test --workspace
+
+# Every parser of outside input under coverage-guided fuzzing for a few
+# seconds each (fuzz/README.md): stable Rust and a C++ compiler (for
+# libFuzzer) only; its own target directory (fuzz/target), built without
+# debug info. A crash fails the step and names the command to reproduce it.
+step "fuzz: short run of every fuzz target (fuzz/run.sh short)"
+fuzz/run.sh short
 
 # Every cargo command below selects the whole workspace, so that all of
 # them resolve the same features and reuse the test build above: selecting

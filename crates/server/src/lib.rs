@@ -18,6 +18,8 @@
 //! - `archive_query`: XEP-0313 query parsing and result rendering, shared
 //!   by the archives modules answer for (users' own, rooms').
 //! - [`tls`]: certificates and channel bindings.
+//! - `fuzzing` (hidden): entry points of the private parsers that read
+//!   outside input, for the fuzz targets in `fuzz/`; not an API.
 
 pub mod accounts;
 pub mod admin;
@@ -26,6 +28,8 @@ mod c2s;
 pub mod cluster;
 pub mod config;
 pub mod domains;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod limiter;
 pub mod modules;
 pub mod routing;

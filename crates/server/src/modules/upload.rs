@@ -1069,7 +1069,7 @@ impl UploadService {
 /// or a `..` component. Backslashes, characters Windows refuses and
 /// bidirectional controls (which disguise extensions) become `_`, as does
 /// a leading dot (no hidden files); surrounding spaces go.
-fn safe_filename(raw: &str) -> Result<String, &'static str> {
+pub(crate) fn safe_filename(raw: &str) -> Result<String, &'static str> {
     let name = raw.trim();
     if name.is_empty() {
         return Err("it is empty");
@@ -1103,7 +1103,7 @@ fn safe_filename(raw: &str) -> Result<String, &'static str> {
 /// RFC 3986 percent-encoding of everything but unreserved characters
 /// (XEP-0363 §4: non-ASCII characters MUST be percent-encoded); also a
 /// valid RFC 8187 `filename*` value.
-fn percent_encode(s: &str) -> String {
+pub(crate) fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -1122,17 +1122,17 @@ fn is_token_byte(b: u8) -> bool {
 /// A media type (`type/subtype`, optional parameters) as announced in a
 /// slot request; only printable ASCII, so it is a valid header value.
 #[derive(Debug)]
-struct MediaType {
+pub(crate) struct MediaType {
     /// `type/subtype`, lowercase.
-    essence: String,
+    pub(crate) essence: String,
     /// As given (trimmed), served as `Content-Type`.
-    full: String,
+    pub(crate) full: String,
     /// Whatever follows the first `;`.
     params: String,
 }
 
 impl MediaType {
-    fn parse(s: &str) -> Option<MediaType> {
+    pub(crate) fn parse(s: &str) -> Option<MediaType> {
         let s = s.trim();
         if s.is_empty() || s.len() > 255 || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
             return None;
@@ -1151,7 +1151,7 @@ impl MediaType {
     }
 }
 
-fn valid_slot_id(s: &str) -> bool {
+pub(crate) fn valid_slot_id(s: &str) -> bool {
     s.len() == SLOT_ID_LEN && s.bytes().all(|b| SLOT_ID_ALPHABET.contains(&b))
 }
 
@@ -1930,14 +1930,14 @@ async fn serve(
 
 /// A stored file's validators (RFC 9110 §8.8). A slot's file never changes
 /// once uploaded, so its upload time and length identify its content.
-struct Validators {
+pub(crate) struct Validators {
     /// Strong entity tag: `"<uploaded>-<length>"` in hex.
     etag: String,
     last_modified: std::time::SystemTime,
 }
 
 impl Validators {
-    fn new(uploaded: u64, length: u64) -> Validators {
+    pub(crate) fn new(uploaded: u64, length: u64) -> Validators {
         Validators {
             etag: format!("\"{uploaded:x}-{length:x}\""),
             // `uploaded` comes from `meta.json`: a value past what the
@@ -1959,7 +1959,7 @@ impl Validators {
 
     /// §13.2.2 steps 3–4: `If-None-Match` (weak comparison) when present,
     /// else `If-Modified-Since`.
-    fn not_modified(&self, request: &HeaderMap) -> bool {
+    pub(crate) fn not_modified(&self, request: &HeaderMap) -> bool {
         let text = |name| {
             request
                 .get(name)
@@ -1979,7 +1979,7 @@ impl Validators {
     /// §13.1.5: a `Range` applies only if `If-Range`, when present, names
     /// this content: the same strong entity tag, or exactly its
     /// modification date.
-    fn if_range_holds(&self, request: &HeaderMap) -> bool {
+    pub(crate) fn if_range_holds(&self, request: &HeaderMap) -> bool {
         let Some(v) = request.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) else {
             return true;
         };
@@ -1994,7 +1994,7 @@ impl Validators {
 
 /// What a `Range` header asks of a file of `length` bytes (RFC 9110 §14.1).
 #[derive(Debug, PartialEq)]
-enum Wanted {
+pub(crate) enum Wanted {
     /// No range, or one to ignore (§14.2: another unit, bad syntax, or
     /// several ranges, which this server does not serve as multipart).
     Whole,
@@ -2004,7 +2004,7 @@ enum Wanted {
     Unsatisfiable,
 }
 
-fn wanted(range: Option<&str>, length: u64) -> Wanted {
+pub(crate) fn wanted(range: Option<&str>, length: u64) -> Wanted {
     let Some((unit, set)) = range.and_then(|r| r.split_once('=')) else {
         return Wanted::Whole;
     };

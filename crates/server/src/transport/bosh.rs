@@ -39,7 +39,7 @@
 
 use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use starling_proto::{ns, StreamError};
-use starling_xml::{Element, Prepared, StreamHeader};
+use starling_xml::{Element, Limits, Prepared, StreamEvent, StreamHeader, StreamParser};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -353,7 +353,7 @@ impl BoshConn {
     }
 }
 
-fn terminate(condition: &str) -> String {
+pub(crate) fn terminate(condition: &str) -> String {
     format!("<body xmlns='{NS_HTTPBIND}' type='terminate' condition='{condition}'/>")
 }
 
@@ -366,6 +366,28 @@ fn header(domain: &str) -> StreamHeader {
             ("to".into(), domain.into()),
             ("version".into(), "1.0".into()),
         ],
+    }
+}
+
+/// Parses one request's `<body/>` (XEP-0124 §4) with the c2s `limits`: a
+/// body holds payloads of up to the stanza limit, so it may be twice that
+/// (room for several small ones). Anything after the `<body/>` element is
+/// ignored. Fails with the `terminate` condition to answer: a body over the
+/// limit is `policy-violation`, one that is not a whole `<body/>` in the
+/// httpbind namespace `bad-request`.
+pub(crate) fn parse_body(bytes: &[u8], limits: Limits) -> Result<Element, &'static str> {
+    let limit = limits.max_stanza_bytes.saturating_mul(2);
+    if bytes.len() > limit {
+        return Err("policy-violation");
+    }
+    let mut parser = StreamParser::for_elements(Limits {
+        max_stanza_bytes: limit,
+        ..limits
+    });
+    let mut input = bytes;
+    match parser.push(&mut input) {
+        Ok(Some(StreamEvent::Stanza(el))) if el.is("body", NS_HTTPBIND) => Ok(el),
+        _ => Err("bad-request"),
     }
 }
 

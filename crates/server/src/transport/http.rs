@@ -48,7 +48,6 @@ use bytes::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use starling_proto::sasl::ChannelBindings;
-use starling_xml::{Limits, StreamEvent, StreamParser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -673,7 +672,7 @@ async fn serve(
 /// The WebSocket and BOSH URLs for a request, from its Host header
 /// (XEP-0156 §3); `None` unless the host holds only host-name, IP-literal
 /// and port characters (so the URLs need no escaping in XML or JSON).
-fn endpoint_urls(headers: &HeaderMap, tls: bool) -> Option<(String, String)> {
+pub(crate) fn endpoint_urls(headers: &HeaderMap, tls: bool) -> Option<(String, String)> {
     let host = headers.get(header::HOST)?.to_str().ok()?;
     let ok = !host.is_empty()
         && host.len() <= 255
@@ -827,7 +826,7 @@ async fn web_file(State(st): State<HttpState>, UrlPath(path): UrlPath<String>) -
 
 /// `path` (already percent-decoded) as a relative path of plain segments,
 /// or `None` if any segment could leave the directory or is hidden.
-fn safe_relative_path(path: &str) -> Option<PathBuf> {
+pub(crate) fn safe_relative_path(path: &str) -> Option<PathBuf> {
     let mut out = PathBuf::new();
     for seg in path.split('/') {
         let plain = !seg.is_empty() && !seg.starts_with('.') && !seg.contains(['\\', '\0', ':']);
@@ -889,14 +888,9 @@ async fn bosh_request(
         Ok(b) => b,
         Err(condition) => return terminate(condition),
     };
-    let mut parser = StreamParser::for_elements(Limits {
-        max_stanza_bytes: limit,
-        ..st.c2s.limits
-    });
-    let mut input: &[u8] = &body;
-    let el = match parser.push(&mut input) {
-        Ok(Some(StreamEvent::Stanza(el))) if el.is("body", NS_HTTPBIND) => el,
-        _ => return terminate("bad-request"),
+    let el = match bosh::parse_body(&body, st.c2s.limits) {
+        Ok(el) => el,
+        Err(condition) => return terminate(condition),
     };
     let secure = tls || (st.secure_loopback && peer.ip().is_loopback());
     let env = st.c2s.env.clone();
