@@ -4,7 +4,8 @@
 # run of every parser of outside input (fuzz/run.sh short), the storage
 # conformance suite and the storage-touching scenario tests again on
 # PostgreSQL, the third-party client interop suites (slixmpp, @xmpp/client)
-# against a real Starling, the web chat (Converse.js) in Debian's headless
+# against a real Starling, the abuse suite (tests/abuse: issue 31's attacks
+# on a real Starling process), the web chat (Converse.js) in Debian's headless
 # chromium, the load generator's smoke run, and the packaging checks (the
 # container image built with podman and run in a chroot, the systemd unit,
 # compose and Helm files; packaging/check.sh). Needs Rust,
@@ -72,15 +73,11 @@ for bin in starling starling-bench; do
 done
 STARLING_BIN="$target_dir/debug/starling" tests/interop/run-starling.sh
 
-# The abuse suite (tests/abuse/README.md): a real Starling attacked as in
-# issue 31, with its memory, descriptors, log growth and a witness client
-# checked during each attack; about 2 minutes.
-# TODO(issue 31): enable once the hardening branches are merged: on main
-# the attacks on the limits they add (HTTP timeouts, per-address
-# connections, resources, temporary rooms, PEP quota, BOSH queue, admin
-# lockout, the [::] loopback check, log throttling) fail by design.
-# step "abuse suite: attacks on a real Starling (tests/abuse)"
-# STARLING_BIN="$target_dir/debug/starling" tests/abuse/run.sh
+# The abuse suite (tests/abuse/README.md, docs/security.md): a real
+# Starling attacked as in issue 31, with its memory, descriptors, log
+# growth and a witness client checked during each attack; about 2 minutes.
+step "abuse suite: attacks on a real Starling (tests/abuse)"
+STARLING_BIN="$target_dir/debug/starling" tests/abuse/run.sh
 
 step "browser: the Converse.js web chat in headless chromium (tests/browser)"
 STARLING_BIN="$target_dir/debug/starling" tests/browser/run.sh
