@@ -691,24 +691,47 @@ fn check_config(file: &Path) -> anyhow::Result<()> {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
+    // The handlers are installed before start-up, so a SIGTERM that comes
+    // while the server is still starting (its listeners may already answer)
+    // stops it gracefully instead of killing it.
+    let stop = StopSignal::install();
     let server = starling_server::start(cfg).await?;
-    wait_for_signal().await;
+    stop.wait().await;
     server.shutdown().await;
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// SIGINT and SIGTERM, caught from the moment this is made.
+struct StopSignal {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignal {
+    fn install() -> StopSignal {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            StopSignal {
+                term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+                int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
+            }
         }
+        #[cfg(not(unix))]
+        StopSignal {}
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+
+    async fn wait(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
