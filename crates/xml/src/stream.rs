@@ -180,6 +180,11 @@ impl StreamParser {
         self.stanza_cap = cap.min(self.limits.max_stanza_bytes);
     }
 
+    /// The stanza limit in force ([`StreamParser::set_stanza_cap`]).
+    pub fn stanza_cap(&self) -> usize {
+        self.stanza_cap
+    }
+
     /// Create a parser for standalone top-level elements, as XMPP over WebSocket (RFC 7395)
     /// and BOSH (XEP-0124) carry them: it is primed with a stream header of its own
     /// (default namespace `jabber:client`), so every element pushed afterwards comes out as

@@ -504,6 +504,9 @@ mod tests {
         assert!(matches!(again.replaced, Some(Replaced::Local(ref h)) if h.id == 2));
         // Two detached: the one detached longer goes first.
         h1.set_detached(true);
+        // Detachment times are wall-clock microseconds with no way to set
+        // them: the only way to make the second one later is to let time
+        // pass.
         std::thread::sleep(std::time::Duration::from_millis(2));
         h4.set_detached(true);
         let h5 = handle(5);

@@ -417,10 +417,7 @@ impl Connection {
     pub(crate) fn set_authenticated(&mut self) {
         match self {
             Connection::None => {}
-            Connection::Stream(s) => {
-                s.preauth_cap = None;
-                s.parser.set_stanza_cap(usize::MAX);
-            }
+            Connection::Stream(s) => s.parser.set_stanza_cap(usize::MAX),
             Connection::WebSocket(w) => w.set_authenticated(),
             Connection::Bosh(b) => b.set_authenticated(),
         }
@@ -537,10 +534,6 @@ pub(crate) struct XmlStream {
     /// Our header for the current stream has been sent.
     header_sent: bool,
     governor: ReadGovernor,
-    /// The stanza limit until the client authenticates
-    /// (`[c2s] max_preauth_stanza_bytes`); `None` afterwards, or for a
-    /// stream that has no such stage.
-    preauth_cap: Option<usize>,
 }
 
 impl XmlStream {
@@ -555,7 +548,6 @@ impl XmlStream {
             wbuf: Vec::new(),
             header_sent: false,
             governor: ReadGovernor::new(read_limits),
-            preauth_cap: None,
         }
     }
 
@@ -563,18 +555,16 @@ impl XmlStream {
     /// [`Connection::set_authenticated`] (a client stream: what an
     /// unauthenticated connection can make the server buffer is small).
     pub(crate) fn with_preauth_cap(mut self, cap: usize) -> XmlStream {
-        self.preauth_cap = Some(cap);
         self.parser.set_stanza_cap(cap);
         self
     }
 
-    /// A parser for a new stream on this connection, with the pre-auth cap
-    /// while it applies.
+    /// A parser for a new stream on this connection, with the current
+    /// parser's stanza limit (the pre-auth cap while it applies: the
+    /// parser holds it, so the idle connection stores it once).
     fn new_parser(&self) -> StreamParser {
         let mut p = StreamParser::new(self.limits);
-        if let Some(cap) = self.preauth_cap {
-            p.set_stanza_cap(cap);
-        }
+        p.set_stanza_cap(self.parser.stanza_cap());
         p
     }
 
