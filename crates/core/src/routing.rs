@@ -212,9 +212,12 @@ pub struct SessionHandle {
 /// cache-padded channel and a 32-slot block up front, about 1 KB) — and
 /// every idle session owns one. The mutex is held only to push or pop.
 struct MailboxInner {
-    queue: Mutex<VecDeque<SessionMsg>>,
+    queue: Mutex<Queue>,
     notify: Notify,
     capacity: usize,
+    /// Most bytes of stanzas queued at once ([`stanza_cost`]); a stanza
+    /// is always taken by an empty mailbox, whatever its size.
+    max_bytes: usize,
     closed: AtomicBool,
     /// When the session lost its connection and waits for a resumption
     /// (µs since the Unix epoch; 0: it has a connection). Set by the
@@ -229,17 +232,42 @@ impl std::fmt::Debug for MailboxInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mailbox")
             .field("capacity", &self.capacity)
+            .field("max_bytes", &self.max_bytes)
             .field("closed", &self.closed.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-/// Creates a session's mailbox holding at most `capacity` messages.
-pub fn mailbox(id: u64, capacity: usize) -> (SessionHandle, Mailbox) {
+/// The queued messages, each with what it counts against the byte bound,
+/// and their sum.
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<(SessionMsg, u32)>,
+    bytes: usize,
+}
+
+/// What a stanza counts against a mailbox's byte bound: the heap its
+/// element tree holds (the copy this mailbox keeps), plus the box.
+fn stanza_cost(msg: &SessionMsg) -> u32 {
+    match msg {
+        SessionMsg::Stanza(s) => {
+            let n = std::mem::size_of::<Stanza>() + s.element().size_hint();
+            u32::try_from(n).unwrap_or(u32::MAX)
+        }
+        _ => 0,
+    }
+}
+
+/// Creates a session's mailbox holding at most `capacity` stanzas and at
+/// most `max_bytes` of them (a single stanza larger than that is still
+/// taken when the mailbox is empty). Control messages (close orders,
+/// handovers, timers) count against neither.
+pub fn mailbox(id: u64, capacity: usize, max_bytes: usize) -> (SessionHandle, Mailbox) {
     let inner = Arc::new(MailboxInner {
-        queue: Mutex::new(VecDeque::new()),
+        queue: Mutex::new(Queue::default()),
         notify: Notify::new(),
         capacity: capacity.max(1),
+        max_bytes,
         closed: AtomicBool::new(false),
         detached_at: AtomicU64::new(0),
         full_log: LogThrottle::default(),
@@ -256,19 +284,25 @@ pub fn mailbox(id: u64, capacity: usize) -> (SessionHandle, Mailbox) {
 impl SessionHandle {
     /// Puts a message in the mailbox without waiting: a router never blocks
     /// on a slow recipient. On failure the message is handed back. Only
-    /// stanzas count against the capacity.
+    /// stanzas count against the capacity and the byte bound.
     pub fn try_send(&self, msg: SessionMsg) -> Result<(), (SessionSendError, SessionMsg)> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err((SessionSendError::Gone, msg));
         }
+        // Measured outside the lock (a walk of the element tree).
+        let cost = stanza_cost(&msg);
         {
             let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
             // A close order is never refused for lack of room: a session
             // that stopped reading must still learn that it is replaced.
-            if q.len() >= self.inner.capacity && matches!(msg, SessionMsg::Stanza(_)) {
+            if matches!(msg, SessionMsg::Stanza(_))
+                && (q.items.len() >= self.inner.capacity
+                    || (q.bytes > 0 && q.bytes + cost as usize > self.inner.max_bytes))
+            {
                 return Err((SessionSendError::Full, msg));
             }
-            q.push_back(msg);
+            q.bytes += cost as usize;
+            q.items.push_back((msg, cost));
         }
         // Stores a permit if the session is not waiting right now.
         self.inner.notify.notify_one();
@@ -283,7 +317,16 @@ impl SessionHandle {
     /// How many more stanzas the mailbox takes now.
     pub fn room(&self) -> usize {
         let q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-        self.inner.capacity.saturating_sub(q.len())
+        if q.bytes >= self.inner.max_bytes {
+            return 0;
+        }
+        self.inner.capacity.saturating_sub(q.items.len())
+    }
+
+    /// Bytes of stanzas queued now (what counts against the byte bound).
+    pub fn queued_bytes(&self) -> usize {
+        let q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.bytes
     }
 
     /// Call when [`try_send`](Self::try_send) found the mailbox full:
@@ -342,12 +385,13 @@ impl Mailbox {
     /// The next message, if one is queued.
     pub fn try_recv(&self) -> Option<SessionMsg> {
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let m = q.pop_front();
-        if q.is_empty() && q.capacity() > 16 {
+        let (m, cost) = q.items.pop_front()?;
+        q.bytes -= cost as usize;
+        if q.items.is_empty() && q.items.capacity() > 16 {
             // A burst is over: do not keep its buffer while idle.
-            q.shrink_to(0);
+            q.items.shrink_to(0);
         }
-        m
+        Some(m)
     }
 
     /// Refuses further messages; queued ones can still be taken.
@@ -414,7 +458,7 @@ mod tests {
 
     #[tokio::test]
     async fn mailbox_bounded_fifo_and_closed_when_dropped() {
-        let (h, mb) = mailbox(7, 2);
+        let (h, mb) = mailbox(7, 2, usize::MAX);
         let close = || SessionMsg::Close(CloseReason::Replaced);
         let stanza = || {
             let el = Element::new("message", "jabber:client");
@@ -445,6 +489,41 @@ mod tests {
         assert!(matches!(
             h.try_send(close()),
             Err((SessionSendError::Gone, _))
+        ));
+    }
+
+    #[test]
+    fn mailbox_bounded_by_bytes() {
+        let big = || {
+            let mut el = Element::new("message", "jabber:client");
+            el.append_child(
+                Element::builder("body", "jabber:client")
+                    .text("x".repeat(10_000))
+                    .build(),
+            );
+            SessionMsg::Stanza(Box::new(Stanza::from_element(el).unwrap()))
+        };
+        // Room for one 10 KB stanza, not two; a single stanza larger than
+        // the bound is still taken by an empty mailbox.
+        let (h, mb) = mailbox(1, 100, 15_000);
+        assert!(h.try_send(big()).is_ok());
+        assert!(h.queued_bytes() > 10_000);
+        assert_eq!(h.room(), 99);
+        assert!(matches!(
+            h.try_send(big()),
+            Err((SessionSendError::Full, _))
+        ));
+        // Close orders are never refused for lack of bytes either.
+        assert!(h.try_send(SessionMsg::Close(CloseReason::Replaced)).is_ok());
+        assert!(matches!(mb.try_recv(), Some(SessionMsg::Stanza(_))));
+        assert_eq!(h.queued_bytes(), 0);
+        assert!(h.try_send(big()).is_ok());
+        let (h, _mb) = mailbox(2, 100, 1_000);
+        assert!(h.try_send(big()).is_ok());
+        assert_eq!(h.room(), 0);
+        assert!(matches!(
+            h.try_send(big()),
+            Err((SessionSendError::Full, _))
         ));
     }
 

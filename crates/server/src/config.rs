@@ -312,6 +312,11 @@ pub struct C2sSection {
     /// Stanzas queued for one session before senders get
     /// `<resource-constraint/>`.
     pub mailbox_size: usize,
+    /// Bytes of stanzas queued for one session (their parsed size) before
+    /// senders get `<resource-constraint/>`, whatever `mailbox_size`
+    /// says: bounds what a client that stops reading holds in memory. A
+    /// single stanza is always taken by an empty mailbox.
+    pub mailbox_bytes: usize,
     /// Bytes queued for a BOSH client between its requests, and the most
     /// one response carries (a larger single element goes alone). Past
     /// it the session stops taking stanzas from its mailbox, so senders
@@ -348,6 +353,7 @@ impl Default for C2sSection {
             negotiation_timeout_secs: 30,
             max_auth_attempts: 3,
             mailbox_size: 1024,
+            mailbox_bytes: 8 * 1024 * 1024,
             bosh_max_pending_bytes: 1024 * 1024,
             max_resources_per_account: 10,
             write_timeout_secs: 30,
@@ -463,6 +469,11 @@ pub struct ClusterSection {
     /// this many bytes; keep it well under the NATS server's
     /// `max_payload` (1 MiB by default).
     pub snapshot_part_bytes: usize,
+    /// Most MiB of frames waiting for the bus (while NATS stalls or
+    /// reconnects); beyond it frames are dropped and counted
+    /// (`starling_cluster_frames_dropped_total`): kept messages are sent
+    /// again once it drains, registry events are recovered by snapshots.
+    pub max_queue_mib: usize,
 }
 
 impl Default for ClusterSection {
@@ -474,6 +485,7 @@ impl Default for ClusterSection {
             node_timeout_ms: 5000,
             connect_timeout_secs: 10,
             snapshot_part_bytes: 256 * 1024,
+            max_queue_mib: 64,
         }
     }
 }
@@ -740,6 +752,15 @@ impl Config {
         }
         if self.c2s.mailbox_size == 0 {
             return Err(invalid("c2s.mailbox_size", "must be at least 1".into()));
+        }
+        if self.c2s.mailbox_bytes < self.c2s.max_stanza_bytes {
+            return Err(invalid(
+                "c2s.mailbox_bytes",
+                format!(
+                    "{} bytes is less than c2s.max_stanza_bytes ({}): a session could queue only one stanza at a time; use at least that",
+                    self.c2s.mailbox_bytes, self.c2s.max_stanza_bytes
+                ),
+            ));
         }
         if self.c2s.max_preauth_stanza_bytes < 4096 {
             return Err(invalid(

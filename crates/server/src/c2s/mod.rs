@@ -55,6 +55,8 @@ pub struct C2sShared {
     pub max_auth_attempts: u32,
     /// Mailbox capacity per session.
     pub mailbox_size: usize,
+    /// Most bytes of stanzas a session's mailbox holds (`[c2s] mailbox_bytes`).
+    pub mailbox_bytes: usize,
     /// Resources one account may have bound at once (`[c2s]
     /// max_resources_per_account`).
     pub max_resources_per_account: usize,
@@ -113,6 +115,7 @@ impl C2sShared {
             negotiation_timeout: Duration::from_secs(cfg.c2s.negotiation_timeout_secs),
             max_auth_attempts: cfg.c2s.max_auth_attempts,
             mailbox_size: cfg.c2s.mailbox_size,
+            mailbox_bytes: cfg.c2s.mailbox_bytes,
             max_resources_per_account: cfg.c2s.max_resources_per_account,
             write_timeout: Duration::from_secs(cfg.c2s.write_timeout_secs),
             max_bytes_per_second: cfg.c2s.max_bytes_per_second,

@@ -218,7 +218,7 @@ fn count_connection(shared: &C2sShared) {
 impl Session {
     fn new(shared: Arc<C2sShared>, conn: Connection, peer: SocketAddr) -> Box<Session> {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let (handle, mailbox) = mailbox(id, shared.mailbox_size);
+        let (handle, mailbox) = mailbox(id, shared.mailbox_size, shared.mailbox_bytes);
         let now = Instant::now();
         let secure = conn.is_secure();
         let transport = conn.metrics_transport();

@@ -62,6 +62,11 @@ const MAX_BATCH_FRAMES: usize = 256;
 /// Most bytes batched into one NATS message (NATS' default payload limit
 /// is 1 MiB).
 const MAX_BATCH_BYTES: usize = 512 * 1024;
+/// NATS messages the client queues for writing (at most 32 MiB of
+/// batches).
+const CLIENT_CAPACITY: usize = 64;
+/// NATS messages received and not yet handled, per subscription.
+const SUBSCRIPTION_CAPACITY: usize = 1024;
 
 /// Where a frame goes.
 enum Dest {
@@ -221,6 +226,11 @@ pub struct BusCounters {
     pub retransmitted: Counter,
     /// Messages kept for a node declared dead or gone, routed again here.
     pub rerouted: Counter,
+    /// Frames not queued for the bus because its queue held
+    /// `[cluster] max_queue_mib` (NATS stalled): kept messages are sent
+    /// again later, registry events are recovered by a snapshot, the rest
+    /// (presence, iq, heartbeats) is lost as on a lost connection.
+    pub dropped: Counter,
 }
 
 impl Default for BusCounters {
@@ -244,6 +254,7 @@ impl BusCounters {
             ack_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             retransmitted: Counter::default(),
             rerouted: Counter::default(),
+            dropped: Counter::default(),
         }
     }
 
@@ -297,6 +308,12 @@ impl BusCounters {
         );
         c(
             r,
+            "cluster_frames_dropped",
+            "Frames not queued for the cluster bus because its queue was full ([cluster] max_queue_mib)",
+            &self.dropped,
+        );
+        c(
+            r,
             "cluster_retransmitted",
             "Cross-node messages sent again for want of an acknowledgement",
             &self.retransmitted,
@@ -335,6 +352,11 @@ pub struct Cluster {
     seq: Mutex<u64>,
     out: mpsc::UnboundedSender<Out>,
     out_rx: Mutex<Option<mpsc::UnboundedReceiver<Out>>>,
+    /// Bytes of frames in `out`, not yet taken by the publisher; at most
+    /// `max_queue_bytes` (the channel is unbounded in count, bounded here
+    /// in bytes, so a sender never waits).
+    out_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    max_queue_bytes: usize,
     /// The last delivery id used, per destination node.
     next_id: Mutex<HashMap<u8, u64>>,
     /// Kept messages by (destination node, id).
@@ -436,6 +458,15 @@ impl Cluster {
     ) -> Result<Arc<Cluster>, ClusterError> {
         let options = async_nats::ConnectOptions::new()
             .name(format!("starling-node-{node}"))
+            // The NATS client's own queues, in messages (a message is a
+            // batch of at most MAX_BATCH_BYTES): what waits to be written
+            // (default 2,048, up to 1 GiB of batches; past it our
+            // publisher waits and `max_queue_mib` applies) and what was
+            // received and not yet handled (default 65,536; past it NATS
+            // drops as a slow consumer, which kept messages and registry
+            // snapshots recover from).
+            .client_capacity(CLIENT_CAPACITY)
+            .subscription_capacity(SUBSCRIPTION_CAPACITY)
             .event_callback(move |event| async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -463,6 +494,8 @@ impl Cluster {
             seq: Mutex::new(0),
             out,
             out_rx: Mutex::new(Some(out_rx)),
+            out_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            max_queue_bytes: cfg.max_queue_mib.max(1) * 1024 * 1024,
             next_id: Mutex::new(HashMap::new()),
             pending: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(HashMap::new()),
@@ -522,7 +555,33 @@ impl Cluster {
     }
 
     fn send(&self, dest: Dest, frame: &Frame) {
-        let _ = self.out.send(Out::Frame(dest, frame::encode_frame(frame)));
+        self.enqueue(dest, frame::encode_frame(frame));
+    }
+
+    /// Queues an encoded frame for the publisher, unless the queue holds
+    /// `max_queue_bytes` already (the bus is stalled): then the frame is
+    /// dropped and counted, and `false` returned. A kept message stays
+    /// kept and is sent again by the retransmit timer; a lost registry
+    /// event shows as a gap in its sequence numbers and the peers ask for
+    /// a snapshot.
+    fn enqueue(&self, dest: Dest, bytes: Vec<u8>) -> bool {
+        use std::sync::atomic::Ordering;
+        let n = bytes.len();
+        if self.out_bytes.load(Ordering::Relaxed) + n > self.max_queue_bytes {
+            self.counters.dropped.inc();
+            starling_core::log_throttled!(
+                warn,
+                max_queue_mib = self.cfg.max_queue_mib,
+                "cluster bus queue full (NATS is not taking frames); frames dropped: kept messages will be sent again"
+            );
+            return false;
+        }
+        self.out_bytes.fetch_add(n, Ordering::Relaxed);
+        if self.out.send(Out::Frame(dest, bytes)).is_err() {
+            self.out_bytes.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Queues a registry event (numbered) or a heartbeat (carrying the
@@ -561,9 +620,8 @@ impl Cluster {
             *n
         };
         frame::set_deliver_id(&mut frame, id);
-        let _ = self
-            .out
-            .send(Out::Frame(Dest::Node(to.node), frame.clone()));
+        // Kept even when the queue is full: the retransmit timer sends it.
+        self.enqueue(Dest::Node(to.node), frame.clone());
         let now = Instant::now();
         pending.insert(
             (to.node, id),
@@ -634,10 +692,11 @@ impl Cluster {
             if p.sent_at.elapsed() < after || !alive.contains(node) {
                 continue;
             }
+            if !self.enqueue(Dest::Node(*node), p.frame.clone()) {
+                // Still full: the rest waits for the next round.
+                break;
+            }
             p.sent_at = Instant::now();
-            let _ = self
-                .out
-                .send(Out::Frame(Dest::Node(*node), p.frame.clone()));
             n += 1;
         }
         self.counters.retransmitted.inc_by(n as u64);
@@ -763,7 +822,11 @@ impl Cluster {
             let mut flushed = Vec::new();
             while let Some(item) = next.take() {
                 let (dest, bytes) = match item {
-                    Out::Frame(d, b) => (d, b),
+                    Out::Frame(d, b) => {
+                        self.out_bytes
+                            .fetch_sub(b.len(), std::sync::atomic::Ordering::Relaxed);
+                        (d, b)
+                    }
                     Out::Flush(done) => {
                         flushed.push(done);
                         if n < 4 * MAX_BATCH_FRAMES {

@@ -31,7 +31,8 @@
 //!   condition; only that stream is affected.
 //! - **To the component** (§4): a [`Service`] at the component's domain
 //!   puts each stanza in the connection's bounded mailbox
-//!   (`mailbox_size`; full: `resource-constraint` to the sender); the
+//!   (`mailbox_size` stanzas, `mailbox_bytes` bytes; full:
+//!   `resource-constraint` to the sender); the
 //!   connection task writes it. While no component is connected, iq
 //!   requests and messages get `service-unavailable` (RFC 6120 §10.4.3),
 //!   presence and iq results are dropped; so are the stanzas still queued
@@ -59,7 +60,7 @@
 //! listener once the environment exists), `shutdown` (closes the listener
 //! and every component stream with `<system-shutdown/>`). Storage: none.
 //! Config: `[modules.component]` enabled, listen, negotiation_timeout_secs,
-//! max_stanza_bytes, max_bytes_per_second, mailbox_size,
+//! max_stanza_bytes, max_bytes_per_second, mailbox_size, mailbox_bytes,
 //! write_timeout_secs, components (`domain`, `secret` or `secret_file`,
 //! `name`).
 
@@ -123,6 +124,9 @@ pub struct ComponentConfig {
     /// Stanzas queued for one component before senders get
     /// `<resource-constraint/>`.
     pub mailbox_size: usize,
+    /// Bytes of stanzas queued for one component (their parsed size)
+    /// before senders get `<resource-constraint/>`.
+    pub mailbox_bytes: usize,
     /// Seconds a write to a component may block before its stream is
     /// dropped (it stopped reading).
     pub write_timeout_secs: u64,
@@ -141,6 +145,7 @@ impl Default for ComponentConfig {
             max_stanza_bytes: 512 * 1024,
             max_bytes_per_second: 10 * 1024 * 1024,
             mailbox_size: 8192,
+            mailbox_bytes: 64 * 1024 * 1024,
             write_timeout_secs: 30,
             components: Vec::new(),
         }
@@ -239,6 +244,12 @@ impl Module for Component {
             return Err(ConfigProblem::new(
                 "max_stanza_bytes",
                 "RFC 6120 §13.12 requires accepting stanzas of at least 10000 bytes",
+            ));
+        }
+        if cfg.mailbox_bytes < cfg.max_stanza_bytes {
+            return Err(ConfigProblem::new(
+                "mailbox_bytes",
+                "must be at least max_stanza_bytes (or a component could be sent only one stanza at a time)",
             ));
         }
         if cfg.mailbox_size == 0 {
@@ -382,6 +393,7 @@ impl Module for Component {
             negotiation_timeout: Duration::from_secs(cfg.negotiation_timeout_secs),
             write_timeout: Duration::from_secs(cfg.write_timeout_secs),
             mailbox_size: cfg.mailbox_size,
+            mailbox_bytes: cfg.mailbox_bytes,
             env: OnceLock::new(),
             listener: Mutex::new(listener),
             stop,
@@ -479,6 +491,7 @@ struct Hub {
     negotiation_timeout: Duration,
     write_timeout: Duration,
     mailbox_size: usize,
+    mailbox_bytes: usize,
     /// Set once started (a `Weak`: the environment holds the hooks, which
     /// hold this).
     env: OnceLock<Weak<Env>>,
@@ -878,7 +891,7 @@ impl Link {
         // the newcomer is refused — after its handshake, so only a holder
         // of the secret learns that the component is connected.
         let id = self.hub.next_id.fetch_add(1, Ordering::Relaxed);
-        let (handle, mb) = mailbox(id, self.hub.mailbox_size);
+        let (handle, mb) = mailbox(id, self.hub.mailbox_size, self.hub.mailbox_bytes);
         {
             let mut local = slot.local.lock().unwrap_or_else(|e| e.into_inner());
             if local.is_some() {

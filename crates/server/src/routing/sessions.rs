@@ -477,7 +477,7 @@ mod tests {
     use super::*;
     fn handle(id: u64) -> SessionHandle {
         // The receiver is dropped: these tests never deliver.
-        starling_core::mailbox(id, 1).0
+        starling_core::mailbox(id, 1, usize::MAX).0
     }
 
     fn reg(t: &SessionTable, j: &FullJid, h: SessionHandle) -> Registered {

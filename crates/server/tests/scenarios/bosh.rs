@@ -533,10 +533,45 @@ async fn room_messages_reach_a_bosh_occupant_whole() {
 /// accepted arrives, in order.
 #[tokio::test]
 async fn bosh_client_that_stops_polling_bounds_output_and_loses_nothing_accepted() {
+    let bounced = stop_polling_then_resume(|c| c.c2s.mailbox_size = 4).await;
+    // At most PENDING (+ one message) held and 4 in the mailbox: at least
+    // five of twelve were refused; at least the mailbox's four accepted.
+    assert!(bounced.len() >= 5, "bounced only {bounced:?}");
+    assert!(bounced.len() <= 8, "bounced {bounced:?}");
+}
+
+/// The mailbox's byte bound (`[c2s] mailbox_bytes`): with room for a
+/// thousand stanzas but 20 KiB, a reader that stopped holds two 6 KiB
+/// messages in its mailbox (each costs ~7.4 KB parsed), and senders get
+/// `<resource-constraint/>`
+/// for the rest, however large the stanza count bound. Nothing accepted
+/// is lost.
+#[tokio::test]
+async fn mailbox_byte_bound_refuses_before_the_count_bound() {
+    let bounced = stop_polling_then_resume(|c| {
+        c.c2s.mailbox_size = 1000;
+        c.c2s.max_stanza_bytes = 16 * 1024;
+        c.c2s.mailbox_bytes = 20 * 1024;
+    })
+    .await;
+    // Two in the mailbox, and at most three more taken into the BOSH
+    // output before the client stopped: 2 to 5 accepted of 12 (the count
+    // bound alone would have taken all twelve).
+    assert!(bounced.len() >= 7, "bounced only {bounced:?}");
+    assert!(bounced.len() <= 10, "bounced {bounced:?}");
+}
+
+/// A BOSH user stops polling while `a` sends it twelve messages of about
+/// 6 KiB (`[c2s] bosh_max_pending_bytes` is 16 KiB); then it polls again.
+/// Returns the ids bounced with `<resource-constraint/>`; asserts that
+/// every other one arrives, in order, in responses of bounded size.
+async fn stop_polling_then_resume(
+    configure: impl FnOnce(&mut starling_server::config::Config),
+) -> Vec<String> {
     const PENDING: usize = 16 * 1024;
     let server = TestServer::start_with(|c| {
-        c.c2s.mailbox_size = 4;
         c.c2s.bosh_max_pending_bytes = PENDING;
+        configure(c);
     })
     .await;
     server.create_user("web", "pw-web").await;
@@ -573,10 +608,6 @@ async fn bosh_client_that_stops_polling_bounds_output_and_loses_nothing_accepted
             bounced.push(el.attr("id").unwrap_or_default().to_owned());
         }
     }
-    // At most PENDING (+ one message) held and 4 in the mailbox: at least
-    // five of twelve were refused; at least the mailbox's four accepted.
-    assert!(bounced.len() >= 5, "bounced only {bounced:?}");
-    assert!(bounced.len() <= 8, "bounced {bounced:?}");
     let accepted: Vec<String> = (0..12)
         .map(|i| format!("m{i}"))
         .filter(|id| !bounced.contains(id))
@@ -607,4 +638,5 @@ async fn bosh_client_that_stops_polling_bounds_output_and_loses_nothing_accepted
     }
     assert_eq!(got, accepted, "bounced: {bounced:?}");
     server.stop().await;
+    bounced
 }

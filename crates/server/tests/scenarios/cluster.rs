@@ -690,6 +690,85 @@ async fn nats_restart_loses_nothing_acknowledged() {
     env.stop().await;
 }
 
+/// Issue 31: the queue of frames waiting for the bus is bounded
+/// (`[cluster] max_queue_mib`). While NATS is down a node keeps taking
+/// messages for another node: past the bound it drops frames and counts
+/// them, holding at most that much; the messages it dropped stay kept
+/// and are sent again once the bus is back, so each arrives exactly once.
+#[tokio::test]
+async fn a_stalled_bus_bounds_the_queue_and_loses_nothing_acknowledged() {
+    let Some(mut env) = Env::start().await else {
+        return;
+    };
+    let configure = |cfg: &mut Config, node| {
+        env.configure(cfg, node);
+        cfg.cluster.node_timeout_ms = 30_000;
+        cfg.cluster.max_queue_mib = 1;
+    };
+    let n1 = TestServer::start_with(|c| configure(c, 1)).await;
+    let n2 = TestServer::start_with(|c| configure(c, 2)).await;
+    wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
+    let mut hank = n1.login("hank").await;
+    let mut ivy = n2.login("ivy").await;
+    wait_for(&n1, "ivy's entry", |s| entries_of(s, 2) == 1).await;
+
+    let port = env.nats.port;
+    let bin = nats_binary().unwrap();
+    let _ = env.nats.child.kill();
+    let _ = env.nats.child.wait();
+    // 4 MiB for node 2 while the bus is down: four times the bound (the
+    // NATS client itself holds at most 64 batches).
+    const N: usize = 400;
+    let filler = "q".repeat(10 * 1024);
+    for i in 0..N {
+        hank.send(&format!(
+            "<message to='{}' type='chat' id='s{i}'><body>{i} {filler}</body></message>",
+            ivy.jid
+        ))
+        .await;
+    }
+    // Barrier: hank's session has routed all of them.
+    hank.send("<iq type='get' id='b' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+        .await;
+    hank.recv_until(|e| e.attr("id") == Some("b")).await;
+    let dropped = |n: &TestServer| -> u64 {
+        n.server
+            .env
+            .metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix("starling_cluster_frames_dropped_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(dropped(&n1) > 0, "nothing dropped: the queue took 4 MiB");
+    env.nats = Nats::start_on(&bin, port).await;
+
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < N {
+        let m = ivy.recv_until(|e| e.name() == "message").await;
+        let id = m.attr("id").unwrap_or_default().to_owned();
+        assert!(got.insert(id.clone()), "{id} arrived twice");
+    }
+    // Exactly once: a ping round trip through both nodes after the last.
+    ivy.send(&format!(
+        "<message to='{}' type='chat' id='back'><body>back</body></message>",
+        hank.jid
+    ))
+    .await;
+    hank.recv_until(|e| e.attr("id") == Some("back")).await;
+    ivy.send("<iq type='get' id='b2' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
+        .await;
+    let el = ivy
+        .recv_until(|e| e.name() == "message" || e.attr("id") == Some("b2"))
+        .await;
+    assert_eq!(el.attr("id"), Some("b2"), "a duplicate: {el}");
+    drop((hank, ivy));
+    n2.stop().await;
+    n1.stop().await;
+    env.stop().await;
+}
+
 /// XEP-0191 across nodes: the router of the sender's node enforces the
 /// recipient's block list, which the recipient changed on another node.
 /// Node 1 has the list cached (it delivered a message before); the block

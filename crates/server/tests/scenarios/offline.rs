@@ -557,6 +557,7 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
             .get_mut::<modules::Offline>()
             .max_messages_per_user = 100_000;
         c.c2s.mailbox_size = 1_000_000;
+        c.c2s.mailbox_bytes = usize::MAX;
     })
     .await;
     for round in 0..5 {

@@ -67,6 +67,7 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
         cfg.modules.get_mut::<modules::Mam>().batch_delay_ms = 50;
         // No bounce for a full mailbox: every accepted message must land.
         cfg.c2s.mailbox_size = 1_000_000;
+        cfg.c2s.mailbox_bytes = usize::MAX;
         cfg.modules
             .get_mut::<modules::Offline>()
             .max_messages_per_user = 1_000_000;

@@ -627,6 +627,7 @@ async fn messages_keep_their_order_across_an_expiring_sessions_hand_back() {
         c.modules.get_mut::<modules::StreamManagement>().max_queue = 100_000;
         // No bounce for a full mailbox while the new session catches up.
         c.c2s.mailbox_size = 1_000_000;
+        c.c2s.mailbox_bytes = usize::MAX;
     })
     .await;
     let bob = server.login("bob").await;
