@@ -69,8 +69,12 @@ LIMITS = {
     # [c2s] max_bytes_per_second: the read-rate limit, which must count
     # every byte read (control frames too).
     "read_bytes_per_second": 1048576,
-    # [c2s] mailbox_size: stanzas queued per session before resource-constraint.
-    "mailbox_size": 64,
+    # [c2s] mailbox_size: stanzas queued per session before resource-constraint
+    # (the default: the byte bound below is what holds memory).
+    "mailbox_size": 1024,
+    # [c2s] mailbox_bytes: bytes of stanzas queued per session (at least
+    # max_stanza_bytes, 256 KiB).
+    "mailbox_bytes": 1048576,
     # [auth] max_failures_per_ip.
     "auth_failures_per_ip": 20,
     # [modules.offline] max_messages_per_user.
@@ -91,6 +95,8 @@ LIMITS = {
     "temporary_rooms_per_user": 10,
     # [modules.pep] max_bytes_per_user: PEP payload bytes per account.
     "pep_bytes_per_user": 1048576,
+    # [modules.proxy65] max_connections: SOCKS5 connections at once.
+    "socks5_max_connections": 60,
     # [c2s] max_preauth_stanza_bytes: largest element or WebSocket
     # message before authentication.
     "pre_auth_bytes": 16384,
@@ -140,6 +146,7 @@ listen = ["127.0.0.1:{admin}"]
 negotiation_timeout_secs = {negotiation_timeout_secs}
 write_timeout_secs = {write_timeout_secs}
 mailbox_size = {mailbox_size}
+mailbox_bytes = {mailbox_bytes}
 max_bytes_per_second = {read_bytes_per_second}
 max_resources_per_account = {resources_per_account}
 max_preauth_stanza_bytes = {pre_auth_bytes}
@@ -162,6 +169,18 @@ max_bytes_per_user = {pep_bytes_per_user}
 
 [modules.upload]
 enabled = true
+
+[modules.component]
+enabled = true
+listen = "127.0.0.1:{component}"
+negotiation_timeout_secs = {negotiation_timeout_secs}
+components = [{{ domain = "gw.localhost", secret = "abuse-component-secret" }}]
+
+[modules.proxy65]
+enabled = true
+listen = "127.0.0.1:{socks5}"
+activation_timeout_secs = {negotiation_timeout_secs}
+max_connections = {socks5_max_connections}
 """
 
 # Assertion bounds (documented in tests/abuse/README.md).
@@ -191,7 +210,7 @@ NS_BIND = "urn:ietf:params:xml:ns:xmpp-bind"
 NS_FRAMING = "urn:ietf:params:xml:ns:xmpp-framing"
 NS_HTTPBIND = "http://jabber.org/protocol/httpbind"
 NS_XBOSH = "urn:xmpp:xbosh"
-ACCOUNTS = ["w1", "w2", "sink", "bosh1", "off1"] + [f"a{i}" for i in range(1, 10)]
+ACCOUNTS = ["w1", "w2", "sink", "bosh1", "off1"] + [f"a{i}" for i in range(1, 12)]
 
 
 def local(el):
@@ -287,11 +306,22 @@ class Xmpp:
 
 class TcpXmpp(Xmpp):
     @classmethod
-    async def connect(cls, port, direct_tls=False, source=None, host="127.0.0.1"):
+    async def connect(cls, port, direct_tls=False, source=None, host="127.0.0.1", rcvbuf=None):
         kw = {"local_addr": (source, 0)} if source else {}
         if direct_tls:
             kw.update(ssl=tls_ctx("xmpp-client"), server_hostname=DOMAIN)
-        r, w = await asyncio.open_connection(host, port, **kw)
+        if rcvbuf:
+            # A fixed receive buffer (no autotuning): what a client that
+            # stops reading takes in is then known.
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            sock.bind(kw.pop("local_addr", ("127.0.0.1", 0)))
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            kw["sock"] = sock
+            r, w = await asyncio.open_connection(**kw)
+        else:
+            r, w = await asyncio.open_connection(host, port, **kw)
         return cls(r, w)
 
     def _reset(self):
@@ -420,7 +450,7 @@ async def ws_upgrade(port, source=None, host="127.0.0.1", path="/xmpp-websocket"
     return r, w, status, head
 
 
-async def login(cfg, kind, user, resource, source=None, pw=PASSWORD):
+async def login(cfg, kind, user, resource, source=None, pw=PASSWORD, rcvbuf=None):
     """Logs in (PLAIN, over TLS or loopback WebSocket) and binds; returns
     the client or raises with what went wrong."""
     if kind == "ws":
@@ -428,7 +458,7 @@ async def login(cfg, kind, user, resource, source=None, pw=PASSWORD):
         await c.open()
     else:
         c = await TcpXmpp.connect(cfg["c2s_tls"] if kind == "tls" else cfg["c2s"],
-                                  direct_tls=kind == "tls", source=source)
+                                  direct_tls=kind == "tls", source=source, rcvbuf=rcvbuf)
         await c.open()
         if kind == "starttls":
             await c.starttls()
@@ -588,9 +618,9 @@ def free_ports(n):
 class Server:
     def __init__(self, binary, work):
         self.bin, self.work = binary, work
-        c2s, c2s_tls, http_, http6, https, admin = free_ports(6)
+        c2s, c2s_tls, http_, http6, https, admin, component, socks5 = free_ports(8)
         self.cfg = {"c2s": c2s, "c2s_tls": c2s_tls, "http": http_, "http6": http6, "https": https,
-                    "admin": admin}
+                    "admin": admin, "component": component, "socks5": socks5}
         self.conf = os.path.join(work, "starling.toml")
         self.log = os.path.join(work, "server.log")
         self.dropped = []
@@ -899,8 +929,8 @@ async def bosh_stalled(ctx):
     """A BOSH user logs in, sends presence and stops polling; two senders
     send it 100 KB messages (issue 31 item 3). Proves the BOSH outbound
     queue is bounded like the others: the senders get resource-constraint
-    before mailbox_size x 2 messages (or the slow session is closed), and
-    RSS stays bounded."""
+    once mailbox_bytes wait (or the slow session is closed), and RSS stays
+    bounded."""
     b = Bosh(ctx.cfg, source=src(80))
     jid = await b.login("bosh1", "stalled")
     # Its last request: the server may hold it until something arrives;
@@ -908,17 +938,16 @@ async def bosh_stalled(ctx):
     ctx.spawn(b.post(f"<presence xmlns='{NS_CLIENT}'/>"))
     senders = [await login(ctx.cfg, "ws", u, "s", source=src(81 + i)) for i, u in enumerate(("a1", "a2"))]
     ctx.conns = 3
-    per = max(LIMITS["mailbox_size"] * 2, ctx.n(60))
+    per = max(LIMITS["mailbox_bytes"] * 2 // 100_000, ctx.n(60))
     big = "x" * 100_000
     errors, sent = 0, 0
     # What the configuration lets these messages hold, by design: the
-    # stalled session's mailbox (mailbox_size stanzas, each a parsed tree
-    # and possibly its serialisation; the mailbox is bounded by count, not
-    # bytes: docs/security.md, known gaps), its BOSH output
-    # (bosh_max_pending_bytes, 1 MiB), the archive's write-behind copies of
-    # the accepted ones (sender's and recipient's archive) and the bounces
-    # on their way back to the senders: six copies of a full mailbox.
-    ctx.allowance = LIMITS["mailbox_size"] * 100_000 * 6 + 2**20
+    # stalled session's mailbox (mailbox_bytes of parsed trees, possibly
+    # with their serialisation), its BOSH output (bosh_max_pending_bytes,
+    # 1 MiB), the archive's write-behind copies of the accepted ones
+    # (sender's and recipient's archive) and the bounces on their way back
+    # to the senders: six copies of a full mailbox.
+    ctx.allowance = LIMITS["mailbox_bytes"] * 6 + 2**20
 
     async def send(c, k):
         nonlocal sent
@@ -948,7 +977,7 @@ async def bosh_stalled(ctx):
         c.close()
     dropped = ctx.server.log_has("session closed", f"jid={jid} ")
     return Result(errors > 0 or dropped,
-                  f"senders get resource-constraint (mailbox_size {LIMITS['mailbox_size']}) "
+                  f"senders get resource-constraint (mailbox_bytes {LIMITS['mailbox_bytes']}) "
                   "or the stalled session is closed",
                   f"{sent} messages of 100 KB sent, {errors} resource-constraint errors, "
                   f"session {'closed' if dropped else 'still open'}")
@@ -1306,6 +1335,68 @@ async def c2s_slowloris(ctx):
                   f"{n}/{len(a) + len(b)} closed (last after {worst:.1f} s), {f1 + f2} refused at connect")
 
 
+@attack("component_and_socks5_listeners", "31 every listener")
+async def component_and_socks5(ctx):
+    """The two listeners outside c2s and HTTP. The external-component port
+    (XEP-0114): slowloris connections dripping a stream header, more than
+    the per-address limit from one address, and handshakes with a wrong
+    secret. The SOCKS5 proxy (XEP-0065): more connections than its
+    max_connections, half of them sending an unfinished greeting. Proves
+    each is closed: wrong secrets at once with <not-authorized/>, the
+    excess right after accept, the rest by the negotiation or activation
+    timeout."""
+    per_ip = LIMITS["connections_per_ip"]
+    # Wrong secrets first: past the port's 128 connections (constant) the
+    # rest are closed right after accept.
+    wrong, f3 = await open_many(ctx.n(10), ctx.cfg["component"], 196)
+    drip_c, f1 = await open_many(ctx.n(30), ctx.cfg["component"], 190)
+    one, f2 = await open_many(per_ip + 20, ctx.cfg["component"], sources=[src(235)])
+    socks, f4 = await open_many(LIMITS["socks5_max_connections"] + ctx.n(20), ctx.cfg["socks5"], 240)
+    allc = drip_c + one + wrong + socks
+    ctx.conns = len(allc) + f1 + f2 + f3 + f4
+    header = ("<?xml version='1.0'?><stream:stream xmlns='jabber:component:accept' "
+              f"xmlns:stream='{NS_STREAM}' to='gw.{DOMAIN}'>")
+    for _, w in wrong:
+        w.write((header + "<handshake>0000000000000000000000000000000000000000</handshake>").encode())
+    refused_secret = 0
+
+    async def not_authorized(r):
+        nonlocal refused_secret
+        data = b""
+        try:
+            while chunk := await asyncio.wait_for(r.read(4096), 5):
+                data += chunk
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            pass
+        if b"not-authorized" in data:
+            refused_secret += 1
+    for i, (_, w) in enumerate(socks):
+        if i % 2 == 0:
+            w.write(b"\x05\x01")  # a greeting that never names its method
+
+    async def drip():
+        for i in range(len(header)):
+            for _, w in drip_c:
+                try:
+                    w.write(header[i:i + 1].encode())
+                except Exception:  # noqa: BLE001
+                    pass
+            await asyncio.sleep(1)
+    ctx.spawn(drip())
+    wt = ctx.spawn(ctx.witness())
+    checks = ctx.spawn(asyncio.gather(*(not_authorized(r) for r, _ in wrong)))
+    bound = LIMITS["negotiation_timeout_secs"] + 3
+    n, worst = await count_closed(drip_c + one + socks, bound)
+    await asyncio.gather(wt, checks, return_exceptions=True)
+    await ctx.cancel_all()
+    abort_all(allc)
+    total = len(drip_c) + len(one) + len(socks)
+    ok = n == total and refused_secret == len(wrong)
+    return Result(ok, f"all {total} closed within {bound} s; every wrong secret gets <not-authorized/>",
+                  f"{n}/{total} closed (last after {worst:.1f} s); "
+                  f"{refused_secret}/{len(wrong)} wrong secrets refused; {f1 + f2 + f3 + f4} refused at connect")
+
+
 @attack("non_reading_client", "held")
 async def non_reading(ctx):
     """A logged-in client floods disco#info requests (each answer larger
@@ -1348,6 +1439,93 @@ async def non_reading(ctx):
     return Result(dropped, f"dropped within write_timeout + 5 s = {bound} s of not reading",
                   f"{written / 2**20:.1f} MiB of requests written; "
                   + (f"dropped {t:.1f} s after it started" if dropped else "still connected"))
+
+
+def send_buffer_max():
+    """The most the server's side of a loopback TCP connection holds
+    (tcp_wmem's maximum): bytes it writes to a non-reading client before
+    its writes block."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 * 2**20
+
+
+@attack("stalled_reader_big_messages", "31 outbound queues")
+async def stalled_reader(ctx):
+    """A logged-in client (with a fixed 64 KiB receive buffer) stops
+    reading while three sessions send it 100 KB messages as fast as the
+    server takes them, reading their own errors. Proves the session's
+    mailbox is bounded in bytes ([c2s] mailbox_bytes), not only in
+    stanzas: what the server accepts for the stalled reader is at most
+    mailbox_bytes plus the two socket buffers (with no-store messages,
+    nothing goes to the archive or offline storage) — without the byte
+    bound, up to mailbox_size × 100 KB = 100 MB; the rest is refused
+    (resource-constraint, or service-unavailable once the reader is
+    dropped after write_timeout_secs). A debug build parses these
+    messages at about 1 MB/s, so before the write timeout drops the
+    reader the server has read little more than the bound: the scenario
+    test `bosh::mailbox_byte_bound_refuses_before_the_count_bound` is the
+    one that fails without the byte bound; this one proves the bound end
+    to end against the real process, in a release build too."""
+    rcvbuf = 64 * 1024
+    deaf = await login(ctx.cfg, "starttls", "a10", "deaf", source=src(150), rcvbuf=rcvbuf)
+    senders = [await login(ctx.cfg, "starttls", "a11", f"big{i}", source=src(151 + i))
+               for i in range(3)]
+    ctx.conns = 1 + len(senders)
+    size = 100_000
+    body = "b" * size
+    sent, refused, other = 0, 0, []
+
+    async def read_errors(c):
+        nonlocal refused
+        try:
+            while True:
+                el = await c.recv(30)
+                if el.get("type") == "error":
+                    if has_cond(el, "resource-constraint") or has_cond(el, "service-unavailable"):
+                        refused += 1
+                    else:
+                        other.append(show(el)[:200])
+                elif el.get("id") == "barrier":
+                    return
+        except (Closed, asyncio.TimeoutError, ConnectionError):
+            pass
+    readers = [ctx.spawn(read_errors(c)) for c in senders]
+    stop = time.monotonic() + ctx.secs(6)
+
+    async def send(c):
+        nonlocal sent
+        while time.monotonic() < stop:
+            c.writer.write(f"<message to='{deaf.jid}' type='chat'><body>{body}</body>"
+                           f"<no-store xmlns='urn:xmpp:hints'/></message>".encode())
+            await c.drain(30)
+            sent += 1
+        # Barrier: every bounce for what it sent is written before the answer.
+        c.writer.write(f"<iq type='get' id='barrier' to='{DOMAIN}'><ping xmlns='urn:xmpp:ping'/></iq>"
+                       .encode())
+        await c.drain(30)
+    await asyncio.gather(*(send(c) for c in senders), ctx.witness())
+    await asyncio.wait_for(asyncio.gather(*readers), 60)
+    # The messages carry XEP-0334's no-store hint, so neither the archive
+    # (whose write-behind back-pressure would slow the senders first) nor
+    # offline storage keeps them: the session's mailbox is what fills.
+    # Each accepted one is parsed and may be serialised once; each refusal
+    # carries the message back to its sender, whose own mailbox may hold
+    # mailbox_bytes of them while it reads slowly.
+    ctx.allowance = LIMITS["mailbox_bytes"] * (4 + len(senders)) + 2 * (sent - refused) * size
+    await ctx.cancel_all()
+    deaf.close()
+    for c in senders:
+        c.close()
+    accepted = (sent - refused) * size
+    most = LIMITS["mailbox_bytes"] + send_buffer_max() + 2 * rcvbuf + 2**20
+    return Result(accepted <= most and refused > 0 and not other,
+                  f"accepted for the stalled reader ≤ mailbox_bytes + socket buffers "
+                  f"+ 1 MiB = {most / 2**20:.1f} MiB; the rest refused",
+                  f"{sent} × 100 KB sent, {refused} refused, {accepted / 2**20:.1f} MiB accepted"
+                  + (f"; unexpected: {other[:2]}" if other else ""))
 
 
 @attack("message_flood", "held")
@@ -1712,6 +1890,7 @@ async def soak(server, minutes, csv_path, witness_log):
         "ws_ping_flood_preauth", "http_idle_slowloris_slow_body", "offline_quota_full_flood",
         "ws_preauth_fragments", "message_flood", "malformed_xml_and_invalid_utf8",
         "c2s_slowloris_and_unfinished_tls", "non_reading_client", "ws_bad_frames",
+        "component_and_socks5_listeners",
         "sasl_garbage_and_wrong_passwords", "entity_expansion_doctype", "bosh_rid_sid_abuse")]
     end = time.monotonic() + minutes * 60
     rows, samples = [], []
