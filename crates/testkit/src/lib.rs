@@ -1228,8 +1228,78 @@ impl Client {
         }
     }
 
+    /// A round trip to this client's own server (an XEP-0199 ping to its
+    /// domain) that returns every element that arrived before the answer.
+    ///
+    /// Why it is a barrier: a session writes what was routed to it before
+    /// it reads its client's next stanza (the session loop takes its
+    /// mailbox first), and answers a ping to the server in order. So once
+    /// the answer is here, everything that had been routed to this session
+    /// by the time the server read the ping has arrived. A stanza another
+    /// session sent is routed while that session handles it, so to wait for
+    /// it, call `barrier()` on the sender first (its answer proves its
+    /// stanzas were routed), then on the recipient. A service with a queue
+    /// of its own (a room, a write-behind queue) needs a round trip
+    /// through it: [`barrier_via`](Self::barrier_via).
+    pub async fn barrier(&mut self) -> Vec<Element> {
+        let to = self.domain.clone();
+        self.barrier_via(&to).await
+    }
+
+    /// [`barrier`](Self::barrier) through `to`: an XEP-0199 ping to that
+    /// JID (a room, a component, the server), which answers it after
+    /// whatever it was handling; an error answer counts as an answer too
+    /// (a room that does not support ping says so in order). Returns every
+    /// element that arrived before the answer.
+    pub async fn barrier_via(&mut self, to: &str) -> Vec<Element> {
+        let id = format!("barrier-{}", starling_proto::random_id(8));
+        self.send(&format!(
+            "<iq type='get' id='{id}' to='{to}'><ping xmlns='urn:xmpp:ping'/></iq>"
+        ))
+        .await;
+        let mut before = Vec::new();
+        loop {
+            let el = self.recv().await;
+            if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
+                return before;
+            }
+            before.push(el);
+        }
+    }
+
+    /// Asserts that nothing arrived for this client up to a
+    /// [`barrier`](Self::barrier): call it after whatever would have
+    /// caused the stanza that must not come (and, for a stanza another
+    /// client would cause, after that client's own barrier).
+    pub async fn expect_nothing(&mut self) {
+        let got = self.barrier().await;
+        assert!(
+            got.is_empty(),
+            "expected nothing before the barrier, got: {}",
+            got.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    /// [`expect_nothing`](Self::expect_nothing) through `to`
+    /// ([`barrier_via`](Self::barrier_via)).
+    pub async fn expect_nothing_via(&mut self, to: &str) {
+        let got = self.barrier_via(to).await;
+        assert!(
+            got.is_empty(),
+            "expected nothing before the barrier through {to}, got: {}",
+            got.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
     /// Discards whatever arrives until the connection has been quiet for
-    /// 200 ms.
+    /// 200 ms. Prefer [`barrier`](Self::barrier), which says what it waits
+    /// for and does not wait for a timer.
     pub async fn drain(&mut self) {
         while self
             .next_event_within(Duration::from_millis(200))
