@@ -274,7 +274,7 @@ async fn existing(st: &Shared, jid: &BareJid) -> Result<(), ApiError> {
 
 fn account_error(e: AccountError) -> ApiError {
     match e {
-        AccountError::BadPassword => bad(e.to_string()),
+        AccountError::BadPassword | AccountError::Unstable(..) => bad(e.to_string()),
         AccountError::Exists(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
         AccountError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
         AccountError::Storage(e) => storage_failed(e),

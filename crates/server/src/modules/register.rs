@@ -190,6 +190,10 @@ impl Register {
                 Err(StanzaError::new(StanzaErrorCondition::NotAcceptable)
                     .with_text("the password contains prohibited characters"))
             }
+            Err(AccountError::Unstable(..)) => {
+                Err(StanzaError::new(StanzaErrorCondition::NotAcceptable)
+                    .with_text("this username has no single normal form; choose another"))
+            }
             Err(e) => {
                 tracing::error!(error = %e, "registration failed");
                 Err(StanzaError::new(StanzaErrorCondition::InternalServerError))

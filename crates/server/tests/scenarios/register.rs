@@ -78,6 +78,21 @@ async fn register_missing_fields_or_bad_name_rejected() {
     assert_eq!(error_condition(&r).as_deref(), Some("jid-malformed"));
     let r = register(&mut c, "shortpw", "ab").await;
     assert_eq!(error_condition(&r).as_deref(), Some("not-acceptable"));
+    // A name with two normal forms (U+03F9 becomes Σ, which parsed again
+    // becomes σ: found by the `jid` fuzz target) would make one account
+    // reachable under two spellings: not-acceptable, and nothing created.
+    let r = register(&mut c, "m\u{3f9}x", "password").await;
+    assert_eq!(
+        error_condition(&r).as_deref(),
+        Some("not-acceptable"),
+        "{r}"
+    );
+    let r = register(&mut c, "m\u{3c3}x", "password").await;
+    assert_eq!(
+        r.attr("type"),
+        Some("result"),
+        "the stable spelling is free: {r}"
+    );
     server.stop().await;
 }
 
