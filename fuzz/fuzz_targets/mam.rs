@@ -1,4 +1,4 @@
-//! Fuzz the XEP-0313 archive query parser (crates/server/src/archive_query.rs `parse`,
+//! Fuzz the XEP-0313 archive query parser (crates/server/src/modules/common/archive_query.rs `parse`,
 //! shared by users' and rooms' archives): the `<query/>` with its data form (`with`,
 //! `start`, `end`, `before-id`, `after-id`, `ids`) and XEP-0059 RSM `<set/>` (`max`,
 //! `after`, `before`, `index`). The input is an XML element; default and maximum page sizes

@@ -160,7 +160,7 @@ pub struct MamQuery {
 
 /// `archive_query::parse` of a `<query xmlns='urn:xmpp:mam:2'/>`.
 pub fn mam_query(q: &Element, default_page: u32, max_page: u32) -> Result<MamQuery, StanzaError> {
-    let r = crate::archive_query::parse(q, default_page, max_page)?;
+    let r = crate::modules::common::archive_query::parse(q, default_page, max_page)?;
     Ok(MamQuery {
         limit: r.query.limit,
         ids_to_check: r.ids_to_check.iter().map(|i| i.0).collect(),

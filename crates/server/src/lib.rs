@@ -23,7 +23,6 @@
 
 pub mod accounts;
 pub mod admin;
-mod archive_query;
 mod c2s;
 pub mod cluster;
 pub mod config;
@@ -36,7 +35,6 @@ pub mod routing;
 pub mod server;
 pub mod tls;
 mod transport;
-pub mod write_behind;
 
 pub use routing::{router, sessions};
 

@@ -40,7 +40,7 @@
 //! and the server. Storage: `InboxStore`.
 //! Config: `[modules.inbox]` (needs `[modules.mam]`).
 
-use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use crate::modules::common::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
     Archived, ArchivedHandler, HookRegistry, IqHandler, IqResponse, IqScope, OwnIqHandler,

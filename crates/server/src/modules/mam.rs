@@ -22,7 +22,7 @@
 //!   order. They are time-ordered rather than unpredictable (XEP-0313 §3.1
 //!   asks for unpredictable ids): only the owner can query an archive, so
 //!   guessing an id reveals nothing.
-//! - Writes go through a write-behind queue ([`crate::write_behind`]);
+//! - Writes go through a write-behind queue ([`crate::modules::common::write_behind`]);
 //!   queries flush it first, so a client always finds what it just sent.
 //! - Queries (§4): form fields `with` (bare or full), `start`, `end`,
 //!   `before-id`, `after-id`, `ids`; RSM `max`, `after`, `before` (empty:
@@ -33,7 +33,7 @@
 //!   someone else's archive → `forbidden`. Query form (get), metadata
 //!   (§6, `#extended`) and preferences (XEP-0441: default always/roster/
 //!   never plus always/never lists) are answered. Parsing and rendering
-//!   are [`crate::archive_query`]'s, shared with rooms' archives.
+//!   are [`crate::modules::common::archive_query`]'s, shared with rooms' archives.
 //! - Retraction (XEP-0424): when the author retracts, the original in the
 //!   author's archive and in the recipient's is replaced by a tombstone
 //!   `<retracted id='(retraction id)' stamp='…'/>` keeping the original's
@@ -65,8 +65,8 @@
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]` ([`MamConfig`]), `server.node_id`.
 
-use crate::archive_query::{self, NS_MAM_EXTENDED};
-use crate::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
+use crate::modules::common::archive_query::{self, NS_MAM_EXTENDED};
+use crate::modules::common::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;
 use starling_core::hooks::{
     Archived, BoundHandler, DurabilityHandler, HookRegistry, InboundHandler, IqHandler, IqResponse,
@@ -506,7 +506,7 @@ impl Mam {
 
 /// Deletes `domain`'s messages older than `days` days; returns how many.
 pub async fn purge_domain(store: &dyn ArchiveStore, domain: &str, days: u32) -> StorageResult<u64> {
-    crate::archive_query::purge_domain(store, domain, days, NAME).await
+    crate::modules::common::archive_query::purge_domain(store, domain, days, NAME).await
 }
 
 #[async_trait]

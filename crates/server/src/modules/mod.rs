@@ -9,6 +9,7 @@
 
 pub mod blocking;
 pub mod carbons;
+pub mod common;
 pub mod component;
 pub mod csi;
 pub mod disco;
@@ -24,7 +25,6 @@ pub mod presence;
 pub mod private;
 pub mod proxy65;
 pub mod pubsub;
-pub(crate) mod pubsub_common;
 pub mod register;
 pub mod roster;
 pub mod sm;
@@ -72,31 +72,6 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-
-/// One message to many: the copies differ only in `to`, so the stanza is
-/// serialised once and every copy's connection writes the shared bytes
-/// with its own `to` spliced in (`Stanza::prepare`).
-pub(crate) fn copies<I>(
-    el: starling_xml::Element,
-    from: starling_proto::Jid,
-    to: I,
-) -> Vec<starling_proto::Stanza>
-where
-    I: IntoIterator<Item = starling_proto::Jid>,
-    I::IntoIter: ExactSizeIterator,
-{
-    let to = to.into_iter();
-    let mut template = starling_proto::Stanza::new(el, Some(from), None);
-    if to.len() > 1 {
-        template.prepare();
-    }
-    to.map(|to| {
-        let mut copy = template.clone();
-        copy.set_to(Some(to));
-        copy
-    })
-    .collect()
-}
 
 /// Every module the server knows, in registration order (handlers of equal
 /// priority run in this order). Adding a module is one line here.

@@ -40,7 +40,7 @@
 pub(crate) mod avatar;
 mod bookmarks;
 
-use super::pubsub_common::{
+use crate::modules::common::pubsub::{
     check_preconditions, configured, delete_event, item_el, items_event, node_attr, perr,
     publication, publish_options, purge_event, retract_event, Access, NodeConfig, Rules, Seq,
     NS_NODE_CONFIG, NS_OWNER, NS_PUBSUB,
@@ -334,7 +334,7 @@ impl Pep {
             .build();
         m.append_child(event);
         let from: Jid = owner.clone().into();
-        for s in crate::modules::copies(m, from, to.into_iter().map(Jid::from)) {
+        for s in crate::modules::common::copies(m, from, to.into_iter().map(Jid::from)) {
             env.route(s).await;
         }
     }
@@ -802,7 +802,7 @@ impl Pep {
                         .attr("type", cfg.notification_type.as_str())
                         .build();
                     m.append_child(delete_event(node, None));
-                    for s in crate::modules::copies(
+                    for s in crate::modules::common::copies(
                         m,
                         owner.clone().into(),
                         to.into_iter().map(Jid::from),

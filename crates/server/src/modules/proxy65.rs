@@ -170,18 +170,7 @@ impl Module for Proxy65 {
     }
 
     fn validate(cfg: &Proxy65Config, _domains: &[String]) -> Result<(), ConfigProblem> {
-        let label_ok = !cfg.subdomain.is_empty()
-            && cfg.subdomain.len() <= 63
-            && cfg
-                .subdomain
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !label_ok {
-            return Err(ConfigProblem::new(
-                "subdomain",
-                "must be one DNS label of lowercase letters, digits and '-', e.g. \"proxy\"",
-            ));
-        }
+        crate::modules::common::check_subdomain(&cfg.subdomain, "proxy")?;
         let host_ok = cfg.host.parse::<std::net::IpAddr>().is_ok()
             || (cfg.host.len() <= 253
                 && cfg

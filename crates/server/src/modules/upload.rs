@@ -212,18 +212,7 @@ impl Module for Upload {
     }
 
     fn validate(cfg: &UploadConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
-        let label_ok = !cfg.subdomain.is_empty()
-            && cfg.subdomain.len() <= 63
-            && cfg
-                .subdomain
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !label_ok {
-            return Err(ConfigProblem::new(
-                "subdomain",
-                "must be one DNS label of lowercase letters, digits and '-', e.g. \"upload\"",
-            ));
-        }
+        crate::modules::common::check_subdomain(&cfg.subdomain, "upload")?;
         if cfg.max_file_size == 0 {
             return Err(ConfigProblem::new("max_file_size", "must be at least 1"));
         }

@@ -104,7 +104,8 @@ impl IqHandler for Vcard {
                 };
                 // XEP-0398 §3.2: no photo of its own, the PEP avatar's.
                 if self.pep && !card.has_child("PHOTO", NS_VCARD) {
-                    if let Some(photo) = crate::modules::pep::avatar::vcard_photo(env, &owner).await
+                    if let Some(photo) =
+                        crate::modules::common::avatar::vcard_photo(env, &owner).await
                     {
                         card.append_child(photo);
                     }

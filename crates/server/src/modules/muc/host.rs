@@ -29,7 +29,7 @@
 //!   the room answers ([`Host::request`], [`Kind::process_admin`]), and
 //!   [`Host::inspect`] runs a read of a live room's state in its task.
 
-use crate::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
+use crate::modules::common::write_behind::{BatchSink, WriteBehind, WriteBehindConfig};
 use starling_core::hooks::{
     AccountRemovedHandler, Archived, DurabilityHandler, HookRegistry, Service, ServiceAddress,
     ShutdownHandler, StartedHandler, UserSendHandler,
@@ -429,7 +429,7 @@ impl<K: Kind> Host<K> {
                     )
                 })
                 .collect();
-            tokio::spawn(crate::archive_query::retention_task(
+            tokio::spawn(crate::modules::common::archive_query::retention_task(
                 ctx.storage.archive.clone(),
                 rules,
                 K::MODULE,

@@ -599,7 +599,7 @@ async fn message(
                 .build(),
         );
     }
-    Ok(crate::modules::copies(
+    Ok(crate::modules::common::copies(
         m,
         from,
         r.members.keys().map(|member| member.clone().into()),

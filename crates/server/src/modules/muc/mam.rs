@@ -9,7 +9,7 @@
 //! state there, synchronously; the query itself runs in a task of its own,
 //! which routes the `<result/>` messages and then the `<fin/>` iq to the
 //! requester, from the room's bare JID, so a large page never holds up the
-//! room. Parsing and rendering are [`crate::archive_query`]'s, as for
+//! room. Parsing and rendering are [`crate::modules::common::archive_query`]'s, as for
 //! users' own archives.
 //!
 //! - **Who may query** (§6.1.2, "the right to enter it at the time of the
@@ -60,7 +60,7 @@ use super::config::Whois;
 use super::host::{Host, Kind};
 use super::room::{Affiliation, Role, Room};
 use super::{Inner, NS_MUC_USER};
-use crate::archive_query::{self, Request};
+use crate::modules::common::archive_query::{self, Request};
 use starling_core::storage::{ArchiveId, ArchiveQuery, ArchivedMessage, WithFilter};
 use starling_core::Env;
 use starling_proto::mam::NS_MAM;

@@ -8,7 +8,7 @@ use super::{
     MucConfig, NS_MODERATE, NS_MUC, NS_MUC_ADMIN, NS_MUC_OWNER, NS_MUC_REQUEST, NS_MUC_USER,
     NS_OCCUPANT_ID, NS_RETRACT, NS_SELF_PING_OPT, NS_VCARD, NS_VCARD_UPDATE,
 };
-use crate::archive_query::NS_MAM_EXTENDED;
+use crate::modules::common::archive_query::NS_MAM_EXTENDED;
 use starling_core::forms::{FormBuilder, Submitted};
 use starling_core::storage::{ArchiveId, ArchiveIds, ArchiveRecord, RoomAffiliation, FLAG_BODY};
 use starling_proto::{
@@ -1262,8 +1262,11 @@ impl Room {
             .values()
             .flat_map(|o| o.sessions.iter().map(|(to, _)| to.clone().into()))
             .collect();
-        out.stanzas
-            .extend(crate::modules::copies(el.clone(), from.clone(), sessions));
+        out.stanzas.extend(crate::modules::common::copies(
+            el.clone(),
+            from.clone(),
+            sessions,
+        ));
     }
 
     /// §7.5: a private message to an occupant.

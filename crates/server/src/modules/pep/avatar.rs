@@ -19,27 +19,8 @@ use starling_core::Env;
 use starling_proto::{BareJid, Stanza};
 use starling_xml::Element;
 
-/// XEP-0084's nodes and payload namespaces.
-pub const NS_DATA: &str = "urn:xmpp:avatar:data";
-/// Metadata.
-pub const NS_METADATA: &str = "urn:xmpp:avatar:metadata";
-/// XEP-0153 presence element.
-pub const NS_UPDATE: &str = "vcard-temp:x:update";
-const NS_VCARD: &str = "vcard-temp";
-/// The feature this module advertises on accounts.
-pub const FEATURE: &str = "urn:xmpp:pep-vcard-conversion:0";
-
-/// The current avatar's metadata `<info/>` (the first one), if any.
-async fn info(env: &Env, owner: &BareJid) -> Option<Element> {
-    let items = env
-        .storage
-        .pubsub
-        .items(owner.as_str(), NS_METADATA, Some(1))
-        .await
-        .ok()?;
-    let meta = items.first()?.payload.parse::<Element>().ok()?;
-    meta.get_child("info", NS_METADATA).cloned()
-}
+pub use crate::modules::common::avatar::FEATURE;
+use crate::modules::common::avatar::{info, NS_DATA, NS_METADATA, NS_UPDATE, NS_VCARD};
 
 /// Adds the avatar hash to an available presence that has no
 /// `vcard-temp:x:update` of its own.
@@ -57,29 +38,6 @@ pub(super) async fn stamp_presence(env: &Env, owner: &BareJid, presence: &mut St
         .append(Element::builder("photo", NS_UPDATE).text(id).build())
         .build();
     presence.element_mut().append_child(x);
-}
-
-/// The PEP avatar as a vCard `PHOTO` (`TYPE` and `BINVAL`), for a vCard
-/// that has none.
-pub(crate) async fn vcard_photo(env: &Env, owner: &BareJid) -> Option<Element> {
-    let info = info(env, owner).await?;
-    let id = info.attr("id")?;
-    let items = env
-        .storage
-        .pubsub
-        .items_by_id(owner.as_str(), NS_DATA, &[id.to_owned()])
-        .await
-        .ok()?;
-    let data = items.first()?.payload.parse::<Element>().ok()?;
-    let b64: String = data.text().split_whitespace().collect();
-    let mut photo = Element::new("PHOTO", NS_VCARD);
-    photo.append_child(
-        Element::builder("TYPE", NS_VCARD)
-            .text(info.attr("type").unwrap_or("image/png"))
-            .build(),
-    );
-    photo.append_child(Element::builder("BINVAL", NS_VCARD).text(b64).build());
-    Some(photo)
 }
 
 /// A vCard set by its owner: its `PHOTO` becomes the PEP avatar (data,

@@ -5,7 +5,7 @@ use super::{
     bad, forbidden, internal, no_node, sub_el, Aff, Done, Node, Out, PubsubService, Req, Rsm,
     SubOptions, MAX_ITEM_ID,
 };
-use crate::modules::pubsub_common::{
+use crate::modules::common::pubsub::{
     check_preconditions, configured, item_el, items_event, node_attr, perr, publication,
     publish_options, retract_event, NS_PUBSUB,
 };

@@ -3,7 +3,7 @@
 //! service of leaf nodes that local accounts create, publish to and
 //! subscribe to (feeds, application data, bots). Personal eventing (every
 //! account a service of its own) is the `pep` module; both use
-//! `pubsub_common` (node configuration, publish requests, events).
+//! `modules::common::pubsub` (node configuration, publish requests, events).
 //!
 //! - **Entity** (§5): disco#info of the service (identity
 //!   `pubsub/service`, the features built, exactly those) and of a node
@@ -60,7 +60,7 @@
 mod entity;
 mod owner;
 
-use super::pubsub_common::{
+use crate::modules::common::pubsub::{
     node_attr, perr, Access, NodeConfig, Rules, Seq, NS_EVENT, NS_OWNER, NS_PUBSUB,
 };
 use serde::{Deserialize, Serialize};
@@ -149,18 +149,7 @@ impl Module for Pubsub {
     }
 
     fn validate(cfg: &PubsubConfig, _domains: &[String]) -> Result<(), ConfigProblem> {
-        let label_ok = !cfg.subdomain.is_empty()
-            && cfg.subdomain.len() <= 63
-            && cfg
-                .subdomain
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !label_ok {
-            return Err(ConfigProblem::new(
-                "subdomain",
-                "must be one DNS label of lowercase letters, digits and '-', e.g. \"pubsub\"",
-            ));
-        }
+        crate::modules::common::check_subdomain(&cfg.subdomain, "pubsub")?;
         if !matches!(cfg.create_nodes.as_str(), "local" | "admins" | "all") {
             return Err(ConfigProblem::new(
                 "create_nodes",
@@ -856,7 +845,7 @@ impl PubsubService {
             out.push(Stanza::new(one, Some(service.clone()), Some(jid)));
         }
         if !plain.is_empty() {
-            out.extend(crate::modules::copies(
+            out.extend(crate::modules::common::copies(
                 m,
                 service,
                 plain.into_iter().map(|(j, _)| j),

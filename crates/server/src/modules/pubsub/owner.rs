@@ -5,7 +5,7 @@ use super::{
     bad, forbidden, internal, no_node, sub_el, Aff, Done, Node, Out, PubsubService, Req,
     SubOptions, NAME,
 };
-use crate::modules::pubsub_common::{
+use crate::modules::common::pubsub::{
     delete_event, node_name, perr, purge_event, unsupported, Access, NodeConfig, NS_EVENT,
     NS_NODE_CONFIG, NS_OWNER, NS_PUBSUB,
 };

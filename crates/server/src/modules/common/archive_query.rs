@@ -1,7 +1,7 @@
 //! XEP-0313 queries over an [`ArchiveStore`], shared by every archive the
 //! server answers for: a user's own (`modules/mam.rs`) and a room's
 //! (`modules/muc/mam.rs`). Modules do not import each other, so what both
-//! need lives here, like [`crate::write_behind`]:
+//! need lives here, like [`crate::modules::common::write_behind`]:
 //!
 //! - [`parse`]: a `<query/>` (§4.1 form fields `with`, `start`, `end`,
 //!   `before-id`, `after-id`, `ids`; XEP-0059 `max`, `after`, `before`;
