@@ -21,6 +21,7 @@ mod domains;
 mod im_common;
 mod inbox;
 mod killable;
+mod layout;
 mod limits;
 mod listeners;
 mod mam;
