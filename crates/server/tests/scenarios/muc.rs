@@ -6,118 +6,13 @@
 //! visitor, occupants see each other's presence before their own, occupant
 //! disco answers correctly.
 
+use starling_testkit::muc::{
+    admin_set, body, configure, instant, item, join, join_error, join_with, open_room, room,
+    statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
+};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
-
-const MUC: &str = "http://jabber.org/protocol/muc";
-const MUC_USER: &str = "http://jabber.org/protocol/muc#user";
-const MUC_ADMIN: &str = "http://jabber.org/protocol/muc#admin";
-const MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
-const SERVICE: &str = "conference.localhost";
-
-fn room(name: &str) -> String {
-    format!("{name}@{SERVICE}")
-}
-
-fn statuses(el: &Element) -> Vec<String> {
-    el.get_child("x", MUC_USER)
-        .map(|x| {
-            x.children()
-                .filter(|c| c.name() == "status")
-                .filter_map(|c| c.attr("code").map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn item(el: &Element) -> &Element {
-    el.get_child("x", MUC_USER)
-        .and_then(|x| x.get_child("item", MUC_USER))
-        .unwrap_or_else(|| panic!("no muc#user item: {el}"))
-}
-
-fn body(m: &Element) -> String {
-    m.get_child("body", ns::CLIENT)
-        .map(|b| b.text())
-        .unwrap_or_default()
-}
-
-/// Sends a join presence (`extra` inside `<x xmlns=muc>`) and returns
-/// every stanza up to and including the subject message, which ends the
-/// entering sequence (§7.2.15). Panics on an error presence.
-async fn join_with(c: &mut Client, room: &str, nick: &str, extra: &str) -> Vec<Element> {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
-    ))
-    .await;
-    let mut got = Vec::new();
-    loop {
-        let el = c.recv().await;
-        assert_ne!(el.attr("type"), Some("error"), "entering failed: {el}");
-        let done = el.name() == "message" && el.has_child("subject", ns::CLIENT);
-        got.push(el);
-        if done {
-            return got;
-        }
-    }
-}
-
-async fn join(c: &mut Client, room: &str, nick: &str) -> Vec<Element> {
-    join_with(c, room, nick, "").await
-}
-
-/// A join that must fail: the error presence's condition.
-async fn join_error(c: &mut Client, room: &str, nick: &str, extra: &str) -> String {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
-    ))
-    .await;
-    let el = c
-        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
-        .await;
-    assert_eq!(
-        el.attr("from"),
-        Some(format!("{room}/{nick}").as_str()),
-        "{el}"
-    );
-    error_condition(&el).unwrap_or_default()
-}
-
-/// §10.1.2: the owner accepts the default configuration.
-async fn instant(c: &mut Client, room: &str) {
-    let r = c
-        .iq(
-            &format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'/></query></iq>"),
-            "inst",
-        )
-        .await;
-    assert_eq!(r.attr("type"), Some("result"), "{r}");
-}
-
-/// Submits configuration fields (`(var, value)`).
-async fn configure(c: &mut Client, room: &str, fields: &[(&str, &str)]) -> Element {
-    let mut f = String::new();
-    for (var, v) in fields {
-        f.push_str(&format!("<field var='{var}'><value>{v}</value></field>"));
-    }
-    c.iq(
-        &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#roomconfig</value></field>{f}</x></query></iq>"),
-        "cfg",
-    )
-    .await
-}
-
-/// Creates an open room owned by `c` (instant) and drains what follows.
-async fn open_room(c: &mut Client, name: &str, nick: &str) -> String {
-    let r = room(name);
-    join(c, &r, nick).await;
-    instant(c, &r).await;
-    // The room answers the ping after the configuration: whatever it sent
-    // for that (and for the entering) is here before the answer.
-    c.barrier_via(&r).await;
-    r
-}
 
 /// The `jid`s of `to`'s disco#items (XEP-0030 §4).
 async fn item_jids(c: &mut Client, to: &str) -> Vec<String> {
@@ -136,16 +31,6 @@ async fn item_jids(c: &mut Client, to: &str) -> Vec<String> {
         .children()
         .filter_map(|i| i.attr("jid").map(str::to_owned))
         .collect()
-}
-
-async fn admin_set(c: &mut Client, room: &str, item: &str) -> Element {
-    c.iq(
-        &format!(
-            "<iq to='{room}' type='set' id='adm'><query xmlns='{MUC_ADMIN}'>{item}</query></iq>"
-        ),
-        "adm",
-    )
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]

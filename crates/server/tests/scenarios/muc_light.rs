@@ -2,6 +2,7 @@
 //! over real sockets: one scenario per operation (the spec's section in
 //! each test's comments) and its error cases.
 
+use starling_testkit::muc::{body, room_on};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
@@ -16,7 +17,7 @@ const SERVICE: &str = "muclight.localhost";
 const MAM: &str = "urn:xmpp:mam:2";
 
 fn room(name: &str) -> String {
-    format!("{name}@{SERVICE}")
+    room_on(name, SERVICE)
 }
 
 async fn server() -> TestServer {
@@ -337,10 +338,7 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
         );
         assert_eq!(m.attr("type"), Some("groupchat"), "{m}");
         assert_eq!(m.attr("id"), Some("m1"), "{m}");
-        assert_eq!(
-            child_text(&m, "body", ns::CLIENT).as_deref(),
-            Some("Harpier cries")
-        );
+        assert_eq!(body(&m), "Harpier cries");
         let sids: Vec<&Element> = m.children().filter(|c| c.name() == "stanza-id").collect();
         assert_eq!(sids.len(), 1, "the forged stanza id is gone: {m}");
         assert_ne!(sids[0].attr("id"), Some("forged"));
@@ -386,10 +384,7 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
         got[1].attr("from"),
         Some(format!("{}/alice@localhost", room("chat")).as_str())
     );
-    assert_eq!(
-        child_text(&got[1], "body", ns::CLIENT).as_deref(),
-        Some("Harpier cries")
-    );
+    assert_eq!(body(&got[1]), "Harpier cries");
     // "General Error Cases": a non-member's message, iq and archive query
     // get item-not-found; a chat message gets bad-request; presence is
     // ignored.
@@ -713,10 +708,7 @@ async fn the_occupant_list_changes_by_the_rules() {
         room("crew")
     ))
     .await;
-    assert_eq!(
-        child_text(&dave.recv_message().await, "body", ns::CLIENT).as_deref(),
-        Some("hi")
-    );
+    assert_eq!(body(&dave.recv_message().await), "hi");
     // The room handled bob's message (dave has it) before carol's ping,
     // which it answers as to a stranger.
     carol.expect_nothing_via(&room("crew")).await;
@@ -1115,7 +1107,7 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     ))
     .await;
     let m = alice.recv_message().await;
-    assert_eq!(child_text(&m, "body", ns::CLIENT).as_deref(), Some("three"));
+    assert_eq!(body(&m), "three");
     server.stop().await;
 }
 
