@@ -42,6 +42,8 @@ use tokio_tungstenite::WebSocketStream;
 pub use starling_server;
 pub use starling_xml;
 
+pub mod muc;
+
 /// Namespaces used in assertions.
 pub mod ns {
     pub use starling_proto::ns::*;

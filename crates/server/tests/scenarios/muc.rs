@@ -6,117 +6,13 @@
 //! visitor, occupants see each other's presence before their own, occupant
 //! disco answers correctly.
 
+use starling_testkit::muc::{
+    admin_set, body, configure, instant, item, join, join_error, join_with, open_room, room,
+    statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
+};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
-
-const MUC: &str = "http://jabber.org/protocol/muc";
-const MUC_USER: &str = "http://jabber.org/protocol/muc#user";
-const MUC_ADMIN: &str = "http://jabber.org/protocol/muc#admin";
-const MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
-const SERVICE: &str = "conference.localhost";
-const QUIET: Duration = Duration::from_millis(300);
-
-fn room(name: &str) -> String {
-    format!("{name}@{SERVICE}")
-}
-
-fn statuses(el: &Element) -> Vec<String> {
-    el.get_child("x", MUC_USER)
-        .map(|x| {
-            x.children()
-                .filter(|c| c.name() == "status")
-                .filter_map(|c| c.attr("code").map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn item(el: &Element) -> &Element {
-    el.get_child("x", MUC_USER)
-        .and_then(|x| x.get_child("item", MUC_USER))
-        .unwrap_or_else(|| panic!("no muc#user item: {el}"))
-}
-
-fn body(m: &Element) -> String {
-    m.get_child("body", ns::CLIENT)
-        .map(|b| b.text())
-        .unwrap_or_default()
-}
-
-/// Sends a join presence (`extra` inside `<x xmlns=muc>`) and returns
-/// every stanza up to and including the subject message, which ends the
-/// entering sequence (§7.2.15). Panics on an error presence.
-async fn join_with(c: &mut Client, room: &str, nick: &str, extra: &str) -> Vec<Element> {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
-    ))
-    .await;
-    let mut got = Vec::new();
-    loop {
-        let el = c.recv().await;
-        assert_ne!(el.attr("type"), Some("error"), "entering failed: {el}");
-        let done = el.name() == "message" && el.has_child("subject", ns::CLIENT);
-        got.push(el);
-        if done {
-            return got;
-        }
-    }
-}
-
-async fn join(c: &mut Client, room: &str, nick: &str) -> Vec<Element> {
-    join_with(c, room, nick, "").await
-}
-
-/// A join that must fail: the error presence's condition.
-async fn join_error(c: &mut Client, room: &str, nick: &str, extra: &str) -> String {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
-    ))
-    .await;
-    let el = c
-        .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
-        .await;
-    assert_eq!(
-        el.attr("from"),
-        Some(format!("{room}/{nick}").as_str()),
-        "{el}"
-    );
-    error_condition(&el).unwrap_or_default()
-}
-
-/// §10.1.2: the owner accepts the default configuration.
-async fn instant(c: &mut Client, room: &str) {
-    let r = c
-        .iq(
-            &format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'/></query></iq>"),
-            "inst",
-        )
-        .await;
-    assert_eq!(r.attr("type"), Some("result"), "{r}");
-}
-
-/// Submits configuration fields (`(var, value)`).
-async fn configure(c: &mut Client, room: &str, fields: &[(&str, &str)]) -> Element {
-    let mut f = String::new();
-    for (var, v) in fields {
-        f.push_str(&format!("<field var='{var}'><value>{v}</value></field>"));
-    }
-    c.iq(
-        &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#roomconfig</value></field>{f}</x></query></iq>"),
-        "cfg",
-    )
-    .await
-}
-
-/// Creates an open room owned by `c` (instant) and drains what follows.
-async fn open_room(c: &mut Client, name: &str, nick: &str) -> String {
-    let r = room(name);
-    join(c, &r, nick).await;
-    instant(c, &r).await;
-    c.drain().await;
-    r
-}
 
 /// The `jid`s of `to`'s disco#items (XEP-0030 §4).
 async fn item_jids(c: &mut Client, to: &str) -> Vec<String> {
@@ -135,16 +31,6 @@ async fn item_jids(c: &mut Client, to: &str) -> Vec<String> {
         .children()
         .filter_map(|i| i.attr("jid").map(str::to_owned))
         .collect()
-}
-
-async fn admin_set(c: &mut Client, room: &str, item: &str) -> Element {
-    c.iq(
-        &format!(
-            "<iq to='{room}' type='set' id='adm'><query xmlns='{MUC_ADMIN}'>{item}</query></iq>"
-        ),
-        "adm",
-    )
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -267,7 +153,9 @@ async fn messages_subject_and_history_on_entering() {
         Some("not-acceptable"),
         "{e}"
     );
-    bob.drain().await;
+    // Carol's presence came while her entering was handled, before the room
+    // took this ping.
+    bob.barrier_via(&r).await;
     bob.send(&format!(
         "<message to='{r}' type='groupchat' id='s2'><subject>mine</subject></message>"
     ))
@@ -284,7 +172,7 @@ async fn private_messages_nick_changes_and_leaving() {
     let r = open_room(&mut alice, "pm", "Alice").await;
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
 
     // §7.5: a private message arrives from the sender's occupant JID.
     bob.send(&format!(
@@ -341,7 +229,9 @@ async fn private_messages_nick_changes_and_leaving() {
     assert!(statuses(&own).contains(&"110".into()));
     let mut carol = server.login("carol").await;
     join(&mut carol, &r, "Carol").await;
-    alice.drain().await;
+    // Carol's available presence (routed before she got the subject) must
+    // not be taken for her leaving.
+    alice.barrier_via(&r).await;
     carol.close().await;
     let un = alice.recv_until(|e| e.name() == "presence").await;
     assert_eq!(un.attr("from"), Some(format!("{r}/Carol").as_str()));
@@ -427,7 +317,7 @@ async fn entering_errors_password_members_ban_nick_full_and_bad_nick() {
     assert_eq!(error_condition(&c).as_deref(), Some("bad-request"), "{c}");
 
     // §7.2.7 / §9.1: banned.
-    alice.drain().await;
+    alice.barrier_via(&r3).await;
     let a = admin_set(
         &mut alice,
         &r3,
@@ -473,7 +363,9 @@ async fn moderated_rooms_visitors_voice_and_kick() {
     let r = room("stage");
     join(&mut alice, &r, "Alice").await;
     configure(&mut alice, &r, &[("muc#roomconfig_moderatedroom", "1")]).await;
-    alice.drain().await;
+    // Whatever the configuration change told the occupants comes before the
+    // room's answer to this ping, not in place of the voice request below.
+    alice.barrier_via(&r).await;
     let mut bob = server.login("bob").await;
     let got = join(&mut bob, &r, "Bob").await;
     // §5.1.2: the default role in a moderated room is visitor.
@@ -554,7 +446,7 @@ async fn affiliations_admins_owners_and_the_last_owner() {
     let r = open_room(&mut alice, "org", "Alice").await;
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     // §9.6 via an affiliation: admin makes bob a moderator at once.
     let a = admin_set(
         &mut alice,
@@ -721,7 +613,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     let hidden = room("hidden");
     join(&mut alice, &hidden, "Alice").await;
     configure(&mut alice, &hidden, &[("muc#roomconfig_publicroom", "0")]).await;
-    alice.drain().await;
+    alice.barrier_via(&hidden).await;
     let jids = item_jids(&mut alice, SERVICE).await;
     assert_eq!(jids, [r.as_str()]);
     // §6.4: room features and the roominfo form.
@@ -756,7 +648,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     // From an occupant it reaches the occupant's client, whose answer
     // comes back from the occupant JID.
     join(&mut bob, &r, "Bob").await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     bob.send(&format!(
         "<iq to='{r}/Alice' type='get' id='od2'><query xmlns='{}'/></iq>",
         ns::DISCO_INFO
@@ -919,12 +811,13 @@ async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
             ))
             .await;
     }
-    alice.drain().await;
+    // The room handled the subject and the three messages.
+    alice.barrier_via(&r).await;
     // The room outlives its last occupant.
     alice
         .send(&format!("<presence to='{r}/Alice' type='unavailable'/>"))
         .await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     server.server.shutdown().await; // keeps the data directory
 
     let d = dir.clone();
@@ -990,7 +883,7 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     }
     let mut carol = server.login("carol").await;
     join(&mut carol, &busy, "Carol").await;
-    alice.drain().await;
+    alice.barrier_via(&busy).await;
     alice.send(&burst).await;
     // Leaving during the flood is never refused (no ghost occupant).
     carol
@@ -1030,10 +923,15 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
         "every message is delivered or refused"
     );
     assert!(refused > 0, "a queue of 2 refused nothing out of 400");
-    alice.drain().await;
+    // What is left (carol's leaving) is no message: none came twice.
+    let rest = alice.barrier_via(&busy).await;
+    assert!(
+        rest.iter().all(|e| e.name() != "message"),
+        "more than 400 answers: {rest:?}"
+    );
     let occupants = item_jids(&mut alice, &busy).await;
     assert_eq!(occupants, [format!("{busy}/Alice")]);
-    alice.expect_silence(QUIET).await;
+    alice.expect_nothing_via(&busy).await;
     server.stop().await;
 }
 
@@ -1157,7 +1055,7 @@ mod room_archive {
                 ))
                 .await;
         }
-        alice.drain().await;
+        alice.barrier_via(&r).await;
 
         // §6.1.2: anyone may read an open room's archive, even without
         // entering it; §4.3.2: pages with RSM <max/> and <after/>.
@@ -1294,7 +1192,7 @@ mod room_archive {
         // Logging off: no longer advertised.
         let c = configure(&mut alice, &r, &[("muc#roomconfig_enablelogging", "0")]).await;
         assert_eq!(c.attr("type"), Some("result"), "{c}");
-        alice.drain().await;
+        alice.barrier_via(&r).await;
         let f = bob.disco_features(&r).await;
         assert!(!f.iter().any(|v| v.starts_with(MAM)), "{f:?}");
         server.stop().await;
@@ -1320,7 +1218,8 @@ mod room_archive {
                 "<message to='{r}' type='groupchat' id='x'><body>members only</body></message>"
             ))
             .await;
-        alice.drain().await;
+        // The room handled the message before carol's query.
+        alice.barrier_via(&r).await;
         // §6.1.2: "In a members-only chat room, only owners, admins or
         // members can query a room archive."
         let p = query(&mut carol, &r, "c", "").await;
@@ -1367,11 +1266,15 @@ mod room_archive {
                 "<message to='{gone}' type='groupchat' id='s'><body>secret</body></message>"
             ))
             .await;
-        alice.drain().await;
+        // Both rooms handled their messages.
+        alice.barrier_via(&r).await;
+        alice.barrier_via(&gone).await;
         alice
             .send(&format!("<presence to='{gone}/Alice' type='unavailable'/>"))
             .await;
-        alice.drain().await;
+        // The room handled the leaving (and ended): it, or the service for
+        // the room that is no more, answers after.
+        alice.barrier_via(&gone).await;
         server.server.shutdown().await; // keeps the data directory
 
         let d = dir.clone();
@@ -1401,7 +1304,7 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     let r = open_room(&mut alice, "modroom", "Alice").await;
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     bob.send(&format!(
         "<message to='{r}' type='groupchat' id='spam'><body>buy potions</body></message>"
     ))
@@ -1412,7 +1315,9 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
         .and_then(|s| s.attr("id"))
         .unwrap()
         .to_owned();
-    bob.drain().await;
+    // The reflection of bob's own message, not to be taken for the
+    // retraction below.
+    bob.barrier_via(&r).await;
     let f = alice.disco_features(&r).await;
     assert!(f.contains(&MODERATE.to_owned()), "XEP-0425 §2: {f:?}");
     // XEP-0425 §3: a participant may not moderate.
@@ -1458,7 +1363,9 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     assert!(!text.contains("buy potions"), "{text}");
     assert!(text.contains("retracted"), "{text}");
     // §4: the room's archive keeps the tombstone only.
-    alice.drain().await;
+    // Alice's copy of the retraction and carol's presence come before the
+    // room's answer, not among the archive's results.
+    alice.barrier_via(&r).await;
     alice
         .send(&format!(
             "<iq to='{r}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
@@ -1549,7 +1456,7 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
     let r = open_room(&mut alice, "pics", "Alice").await;
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     let f = bob.disco_features(&r).await;
     assert!(f.contains(&"vcard-temp".to_owned()), "{f:?}");
     // Only owners set it.
@@ -1655,7 +1562,7 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
     );
     // A forged muc#user payload claiming a real JID is not passed on.
     join(&mut bob, &r, "Bob").await;
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     bob.send(&format!("<message to='{r}' type='groupchat' id='f'><body>hi</body><x xmlns='{MUC_USER}'><item jid='ceo@localhost/desk'/></x></message>"))
         .await;
     let m = alice.recv_message().await;
@@ -1663,7 +1570,7 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
     assert!(!m.to_string().contains("ceo@localhost"), "{m}");
     // §11.1: a copy bounced by the occupant's server as gone removes the
     // occupant (333); the bounce is not relayed.
-    alice.drain().await;
+    alice.barrier_via(&r).await;
     bob.send(&format!("<message to='{r}/Alice' type='error' id='x'><error type='cancel'><service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></message>"))
         .await;
     let gone = alice.recv().await;
@@ -1723,13 +1630,16 @@ async fn room_archives_are_purged_after_the_retention() {
         limit: 10,
         ..ArchiveQuery::default()
     };
+    // The purge runs in a task of its own started with the server, and
+    // tells nobody when it is done: its effect is polled, up to 5 s.
     let mut left = Vec::new();
-    for _ in 0..50 {
+    for _ in 0..250 {
         left = storage.archive.query(&room_jid, &q).await.unwrap().messages;
         if left.len() == 1 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // sleep: the poll's interval (the purge has no event to wait on).
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(left.len(), 1, "the old message is purged at start");
     assert!(left[0].stanza.contains("an hour old"));
@@ -1849,8 +1759,9 @@ async fn a_deleted_account_loses_its_affiliations() {
     .await;
     assert_eq!(a.attr("type"), Some("result"), "{a}");
     join(&mut bob, &r, "bobby").await;
-    alice.drain().await;
-    bob.drain().await;
+    // Bob's entering presence must not be taken for his removal.
+    alice.barrier_via(&r).await;
+    bob.barrier_via(&r).await;
     let rm = bob
         .iq(
             "<iq type='set' id='rm'><query xmlns='jabber:iq:register'><remove/></query></iq>",

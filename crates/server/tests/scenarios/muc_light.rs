@@ -2,6 +2,7 @@
 //! over real sockets: one scenario per operation (the spec's section in
 //! each test's comments) and its error cases.
 
+use starling_testkit::muc::{body, room_on};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
@@ -14,10 +15,9 @@ const INFO: &str = "urn:xmpp:muclight:0#info";
 const BLOCKING: &str = "urn:xmpp:muclight:0#blocking";
 const SERVICE: &str = "muclight.localhost";
 const MAM: &str = "urn:xmpp:mam:2";
-const QUIET: Duration = Duration::from_millis(300);
 
 fn room(name: &str) -> String {
-    format!("{name}@{SERVICE}")
+    room_on(name, SERVICE)
 }
 
 async fn server() -> TestServer {
@@ -338,10 +338,7 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
         );
         assert_eq!(m.attr("type"), Some("groupchat"), "{m}");
         assert_eq!(m.attr("id"), Some("m1"), "{m}");
-        assert_eq!(
-            child_text(&m, "body", ns::CLIENT).as_deref(),
-            Some("Harpier cries")
-        );
+        assert_eq!(body(&m), "Harpier cries");
         let sids: Vec<&Element> = m.children().filter(|c| c.name() == "stanza-id").collect();
         assert_eq!(sids.len(), 1, "the forged stanza id is gone: {m}");
         assert_ne!(sids[0].attr("id"), Some("forged"));
@@ -352,7 +349,10 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
     // the creation notification before it ("XEP-0313 Message Archive
     // Management": from the room, no 'to', version and no prev-version).
     let mut carol = server.login("carol").await;
-    carol.expect_silence(QUIET).await;
+    // Nothing from the room's past (groupchat is not stored offline): the
+    // room answers after all it handled, and the session runs its offline
+    // timer before reading the ping.
+    carol.expect_nothing_via(&room("chat")).await;
     carol
         .send(&format!(
             "<iq to='{}' type='set' id='mam'><query xmlns='{MAM}' queryid='q1'/></iq>",
@@ -384,10 +384,7 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
         got[1].attr("from"),
         Some(format!("{}/alice@localhost", room("chat")).as_str())
     );
-    assert_eq!(
-        child_text(&got[1], "body", ns::CLIENT).as_deref(),
-        Some("Harpier cries")
-    );
+    assert_eq!(body(&got[1]), "Harpier cries");
     // "General Error Cases": a non-member's message, iq and archive query
     // get item-not-found; a chat message gets bad-request; presence is
     // ignored.
@@ -423,7 +420,8 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
             "{e}"
         );
     }
-    bob.drain().await;
+    // bob2's available presence; the room's copies were received above.
+    bob.barrier_via(&room("chat")).await;
     bob.send(&format!(
         "<message to='{}' type='chat' id='bad2'><body>x</body></message>",
         room("chat")
@@ -433,9 +431,10 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
     bob.send(&format!("<presence to='{}/bob'/>", room("chat")))
         .await;
-    bob.expect_silence(QUIET).await;
-    alice.drain().await;
-    alice.expect_silence(QUIET).await;
+    // The room ignored the presence before it answered this ping.
+    bob.expect_nothing_via(&room("chat")).await;
+    alice.barrier_via(&room("chat")).await;
+    alice.expect_nothing_via(&room("chat")).await;
     server.stop().await;
 }
 
@@ -446,7 +445,7 @@ async fn room_information_is_versioned() {
     accounts(&server, &["bob"]).await;
     let r = create(&mut alice, "info", "A Dark Cave", &["bob"]).await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
-    alice.drain().await;
+    alice.barrier_via(&room("info")).await;
     // "Getting the room configuration": no version → everything.
     let r = iq_get(
         &mut alice,
@@ -531,8 +530,10 @@ async fn configuration_changes_are_announced_with_both_versions() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     create(&mut alice, "conf", "A Dark Cave", &["bob"]).await;
-    alice.drain().await;
-    bob.drain().await;
+    // The creation notifications (routed before alice's result): bob's
+    // must not be taken for the configuration's below.
+    alice.barrier_via(&room("conf")).await;
+    bob.barrier_via(&room("conf")).await;
     let v0 = my_rooms(&mut bob).await[0].2.clone();
     // "Setting room configuration": a delta; every member is told.
     let r = iq_set(
@@ -630,7 +631,7 @@ async fn configuration_changes_are_announced_with_both_versions() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     create(&mut alice, "open", "Open", &["bob"]).await;
-    bob.drain().await;
+    bob.barrier_via(&room("open")).await;
     let r = iq_set(
         &mut bob,
         &room("open"),
@@ -651,7 +652,7 @@ async fn the_occupant_list_changes_by_the_rules() {
     let mut dave = server.login("dave").await;
     create(&mut alice, "crew", "Crew", &["bob", "carol"]).await;
     for c in [&mut alice, &mut bob, &mut carol] {
-        c.drain().await;
+        c.barrier_via(&room("crew")).await;
     }
     let v0 = my_rooms(&mut bob).await[0].2.clone();
     // "Changing the occupant list": add dave, remove carol in one request.
@@ -707,13 +708,12 @@ async fn the_occupant_list_changes_by_the_rules() {
         room("crew")
     ))
     .await;
-    assert_eq!(
-        child_text(&dave.recv_message().await, "body", ns::CLIENT).as_deref(),
-        Some("hi")
-    );
-    carol.expect_silence(QUIET).await;
+    assert_eq!(body(&dave.recv_message().await), "hi");
+    // The room handled bob's message (dave has it) before carol's ping,
+    // which it answers as to a stranger.
+    carol.expect_nothing_via(&room("crew")).await;
     for c in [&mut alice, &mut bob] {
-        c.drain().await;
+        c.barrier_via(&room("crew")).await;
     }
     // Rule 10: meaningless changes; rule 11: members cannot remove others
     // or make owners, nor add (all_can_invite is off).
@@ -786,7 +786,7 @@ async fn the_occupant_list_changes_by_the_rules() {
     );
     // Rule 2 and 5: the owner leaves; the server picks a new owner.
     for c in [&mut alice, &mut bob, &mut dave] {
-        c.drain().await;
+        c.barrier_via(&room("crew")).await;
     }
     let r = iq_set(
         &mut bob,
@@ -833,8 +833,8 @@ async fn users_block_rooms_and_inviters() {
     let mut carol = server.login("carol").await;
     create(&mut alice, "one", "One", &[]).await;
     create(&mut bob, "two", "Two", &[]).await;
-    alice.drain().await;
-    bob.drain().await;
+    alice.barrier_via(&room("one")).await;
+    bob.barrier_via(&room("two")).await;
     // "Blocking a room", "Blocking a user", "Requesting a blocking list".
     let r = iq_set(
         &mut carol,
@@ -901,7 +901,11 @@ async fn users_block_rooms_and_inviters() {
     // Creating a room with her in it skips her too.
     let r = create(&mut bob, "three", "Three", &["carol"]).await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
-    carol.expect_silence(QUIET).await;
+    // None of the three rooms told carol anything: each answers her ping
+    // (as a stranger's) after the change it made.
+    for name in ["one", "two", "three"] {
+        carol.expect_nothing_via(&room(name)).await;
+    }
     assert!(my_rooms(&mut carol).await.is_empty());
     // "Unblocking": allow (unblocking what is not blocked is no error).
     let r = iq_set(
@@ -950,15 +954,16 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     create(&mut alice, "doomed", "Doomed", &["bob"]).await;
-    alice.drain().await;
-    bob.drain().await;
+    alice.barrier_via(&room("doomed")).await;
+    bob.barrier_via(&room("doomed")).await;
     bob.send(&format!(
         "<message to='{}' type='groupchat'><body>last words</body></message>",
         room("doomed")
     ))
     .await;
-    alice.drain().await;
-    bob.drain().await;
+    // Bob's ping first: the room handled his message before either answer.
+    bob.barrier_via(&room("doomed")).await;
+    alice.barrier_via(&room("doomed")).await;
     // Only the owner may destroy.
     let e = iq_set(
         &mut bob,
@@ -1002,7 +1007,7 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
     assert!(my_rooms(&mut bob).await.is_empty());
     // A new room of the same name starts empty: no earlier archive.
     create(&mut alice, "doomed", "Again", &[]).await;
-    alice.drain().await;
+    alice.barrier_via(&room("doomed")).await;
     alice
         .send(&format!(
             "<iq to='{}' type='set' id='mam'><query xmlns='{MAM}'/></iq>",
@@ -1043,7 +1048,7 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     let mut alice = server.login("alice").await;
     accounts(&server, &["bob"]).await;
     create(&mut alice, "team", "Team", &["bob"]).await;
-    alice.drain().await;
+    alice.barrier_via(&room("team")).await;
     for text in ["one", "two"] {
         alice
             .send(&format!(
@@ -1052,7 +1057,9 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
             ))
             .await;
     }
-    alice.drain().await;
+    // The room handled both messages (and queued their inbox rows, which
+    // an inbox query flushes first).
+    alice.barrier_via(&room("team")).await;
     // Bob was never online: his inbox lists the room, unread 3 (being
     // added, and two messages), the last one shown.
     let mut bob = server.login("bob").await;
@@ -1064,7 +1071,24 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     assert_eq!(inbox[0].1, 0);
     // The room unloads when idle and comes back from storage unchanged.
     let v = my_rooms(&mut bob).await[0].2.clone();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Its task ends after idle_unload_secs (1 s) without stanzas: the
+    // service's gauge of loaded rooms says when.
+    let started = std::time::Instant::now();
+    while !server
+        .server
+        .env
+        .metrics
+        .encode()
+        .lines()
+        .any(|l| l.ends_with("muc_light_rooms_live 0"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the idle room was never unloaded"
+        );
+        // sleep: the poll's interval (the unloading has no event to wait on).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = iq_get(
         &mut bob,
         &room("team"),
@@ -1083,7 +1107,7 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     ))
     .await;
     let m = alice.recv_message().await;
-    assert_eq!(child_text(&m, "body", ns::CLIENT).as_deref(), Some("three"));
+    assert_eq!(body(&m), "three");
     server.stop().await;
 }
 
@@ -1103,7 +1127,7 @@ async fn a_deleted_account_leaves_its_rooms() {
     let r = create(&mut alice, "solo", "Solo", &[]).await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     for c in [&mut alice, &mut bob, &mut carol] {
-        c.drain().await;
+        c.barrier_via(&room("club")).await;
     }
     let r = alice
         .iq(
