@@ -76,6 +76,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::AsyncWriteExt;
 
+mod http;
+mod names;
+mod store;
+
+use http::*;
+pub(crate) use http::{wanted, Validators, Wanted};
+pub(crate) use names::*;
+use store::*;
+pub use store::{purge, PurgePolicy, PurgeReport};
+
 const NAME: &str = "upload";
 /// The protocol's namespace (its disco feature).
 pub const NS_UPLOAD: &str = "urn:xmpp:http:upload:0";
@@ -507,124 +517,6 @@ impl UploadMetrics {
     }
 }
 
-/// `meta.json` of a slot. Versioned: a file of a newer format is left
-/// alone (never served, never deleted).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Meta {
-    /// The format version ([`META_VERSION`]).
-    v: u32,
-    /// The uploader's bare JID.
-    owner: String,
-    /// The normalised file name (the URL's last segment, decoded).
-    filename: String,
-    /// The announced and, once uploaded, actual size in bytes.
-    size: u64,
-    /// The announced media type, served with the file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    content_type: Option<String>,
-    /// Unix seconds the slot was issued.
-    created: u64,
-    /// Unix seconds the upload completed; absent while the slot is unused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    uploaded: Option<u64>,
-    /// Unix seconds from which an ephemeral upload (§5.3) is never served
-    /// again, whatever `expire_after_days` says (format 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    expire_before: Option<u64>,
-}
-
-/// When an uploaded file stops being served: `expire_after` past its
-/// upload, or its ephemeral deadline if sooner (`None`: never).
-fn file_expires(
-    uploaded: u64,
-    expire_before: Option<u64>,
-    expire_after: Option<Duration>,
-) -> Option<u64> {
-    let after = expire_after.map(|d| uploaded.saturating_add(d.as_secs()));
-    match (after, expire_before) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// One slot in the quota index.
-#[derive(Clone, Debug)]
-struct IndexEntry {
-    slot: String,
-    size: u64,
-    created: u64,
-    uploaded: Option<u64>,
-    expire_before: Option<u64>,
-}
-
-/// Each owner's slots, for the quota: rebuilt from disk at start and by
-/// each sweep; slots issued and uploads completed in between are added as
-/// they happen.
-#[derive(Default)]
-struct Index {
-    by_owner: HashMap<String, Vec<IndexEntry>>,
-    /// Bytes of every entry: what `quota_total` counts. Files that expire
-    /// keep counting until the sweep that removes them.
-    bytes: u64,
-}
-
-impl Index {
-    fn insert(&mut self, owner: &str, e: IndexEntry) {
-        let v = self.by_owner.entry(owner.to_owned()).or_default();
-        self.bytes += e.size;
-        match v.iter_mut().find(|x| x.slot == e.slot) {
-            Some(x) => {
-                self.bytes -= x.size;
-                *x = e;
-            }
-            None => v.push(e),
-        }
-    }
-
-    fn remove(&mut self, owner: &str, slot: &str) {
-        if let Some(v) = self.by_owner.get_mut(owner) {
-            // A slot is indexed once (`insert` replaces); order is not kept.
-            if let Some(i) = v.iter().position(|e| e.slot == slot) {
-                self.bytes -= v.swap_remove(i).size;
-            }
-            if v.is_empty() {
-                self.by_owner.remove(owner);
-            }
-        }
-    }
-
-    fn mark_uploaded(&mut self, owner: &str, slot: &str, at: u64) {
-        if let Some(e) = self
-            .by_owner
-            .get_mut(owner)
-            .and_then(|v| v.iter_mut().find(|e| e.slot == slot))
-        {
-            e.uploaded = Some(at);
-        }
-    }
-
-    /// Files and bytes indexed.
-    fn totals(&self) -> (usize, u64) {
-        self.by_owner
-            .values()
-            .flatten()
-            .fold((0, 0), |(n, b), e| (n + 1, b + e.size))
-    }
-}
-
-/// When an indexed slot stops counting for the quota: an unused slot when
-/// its PUT URL expires, a file when it expires (`None`: never).
-fn counts_until(
-    e: &IndexEntry,
-    expire_after: Option<Duration>,
-    slot_timeout: Duration,
-) -> Option<u64> {
-    match e.uploaded {
-        Some(t) => file_expires(t, e.expire_before, expire_after),
-        None => Some(e.created + slot_timeout.as_secs()),
-    }
-}
-
 impl Inner {
     fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
@@ -1053,993 +945,12 @@ impl UploadService {
 // ---------------------------------------------------------------------
 // Names, types and URLs.
 
-/// The file name of a slot request, normalised to a safe name, or why it
-/// is refused: empty, longer than 255 bytes, with `/`, control characters
-/// or a `..` component. Backslashes, characters Windows refuses and
-/// bidirectional controls (which disguise extensions) become `_`, as does
-/// a leading dot (no hidden files); surrounding spaces go.
-pub(crate) fn safe_filename(raw: &str) -> Result<String, &'static str> {
-    let name = raw.trim();
-    if name.is_empty() {
-        return Err("it is empty");
-    }
-    if name.len() > MAX_FILENAME_BYTES {
-        return Err("it is longer than 255 bytes");
-    }
-    if name.contains('/') {
-        return Err("it contains '/'");
-    }
-    if name.chars().any(char::is_control) {
-        return Err("it contains control characters");
-    }
-    if name.split('\\').any(|part| part == "." || part == "..") {
-        return Err("it is or contains a '..' or '.' path component");
-    }
-    let mut out: String = name
-        .chars()
-        .map(|c| match c {
-            '\\' | ':' | '*' | '?' | '"' | '<' | '>' | '|' => '_',
-            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => '_',
-            c => c,
-        })
-        .collect();
-    if out.starts_with('.') {
-        out.replace_range(..1, "_");
-    }
-    Ok(out)
-}
-
-/// RFC 3986 percent-encoding of everything but unreserved characters
-/// (XEP-0363 §4: non-ASCII characters MUST be percent-encoded); also a
-/// valid RFC 8187 `filename*` value.
-pub(crate) fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b)
-}
-
-/// A media type (`type/subtype`, optional parameters) as announced in a
-/// slot request; only printable ASCII, so it is a valid header value.
-#[derive(Debug)]
-pub(crate) struct MediaType {
-    /// `type/subtype`, lowercase.
-    pub(crate) essence: String,
-    /// As given (trimmed), served as `Content-Type`.
-    pub(crate) full: String,
-    /// Whatever follows the first `;`.
-    params: String,
-}
-
-impl MediaType {
-    pub(crate) fn parse(s: &str) -> Option<MediaType> {
-        let s = s.trim();
-        if s.is_empty() || s.len() > 255 || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-            return None;
-        }
-        let (essence, params) = match s.split_once(';') {
-            Some((e, p)) => (e.trim(), p.trim()),
-            None => (s, ""),
-        };
-        let (ty, sub) = essence.split_once('/')?;
-        let token = |t: &str| !t.is_empty() && t.bytes().all(is_token_byte);
-        (token(ty) && token(sub)).then(|| MediaType {
-            essence: essence.to_ascii_lowercase(),
-            full: s.to_owned(),
-            params: params.to_owned(),
-        })
-    }
-}
-
-pub(crate) fn valid_slot_id(s: &str) -> bool {
-    s.len() == SLOT_ID_LEN && s.bytes().all(|b| SLOT_ID_ALPHABET.contains(&b))
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-// ---------------------------------------------------------------------
-// Files on disk.
-
-const META_FILE: &str = "meta.json";
-const DATA_FILE: &str = "file";
-const PART_FILE: &str = "file.part";
-
-async fn read_meta(slot_dir: &Path) -> io::Result<Meta> {
-    let bytes = tokio::fs::read(slot_dir.join(META_FILE)).await?;
-    serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-/// Writes `meta.json` through a temporary file and a rename, so a reader
-/// sees the old or the new version, never part of one.
-async fn write_meta(slot_dir: &Path, meta: &Meta) -> io::Result<()> {
-    let json = serde_json::to_vec(meta).map_err(io::Error::other)?;
-    let tmp = slot_dir.join("meta.json.tmp");
-    let mut f = private_file(&tmp, false).await?;
-    f.write_all(&json).await?;
-    f.sync_all().await?;
-    drop(f);
-    tokio::fs::rename(&tmp, slot_dir.join(META_FILE)).await
-}
-
-/// Opens `path` for writing with mode 0600, refusing an existing file when
-/// `exclusive`.
-async fn private_file(path: &Path, exclusive: bool) -> io::Result<tokio::fs::File> {
-    let mut o = tokio::fs::OpenOptions::new();
-    o.write(true);
-    if exclusive {
-        o.create_new(true);
-    } else {
-        o.create(true).truncate(true);
-    }
-    #[cfg(unix)]
-    o.mode(0o600);
-    o.open(path).await
-}
-
-/// What [`purge`] removes.
-#[derive(Clone, Debug)]
-pub struct PurgePolicy {
-    /// Files uploaded at least this long ago (`None`: no file).
-    pub older_than: Option<Duration>,
-    /// The slot timeout: slots never used are removed once twice this old
-    /// (and idle, if an upload into them had begun).
-    pub slot_timeout: Duration,
-    /// Count what would be removed, remove nothing.
-    pub dry_run: bool,
-}
-
-/// What a [`purge`] found and did.
-#[derive(Clone, Debug, Default)]
-pub struct PurgeReport {
-    /// Slot directories looked at.
-    pub scanned: u64,
-    /// Uploaded files removed (or, in a dry run, that would be).
-    pub files_removed: u64,
-    /// Their bytes.
-    pub bytes_removed: u64,
-    /// Slots never used, removed.
-    pub slots_removed: u64,
-    /// Files kept.
-    pub files_kept: u64,
-    /// Their bytes.
-    pub bytes_kept: u64,
-    /// Slot directories that could not be read or removed (logged).
-    pub errors: u64,
-}
-
-/// Removes, from the upload directory `dir`, the files `policy` says have
-/// expired and the slots never used; calls `progress` every 1,000 slots.
-/// Works beside a running server (which notices at its next hourly sweep).
-pub async fn purge(
-    dir: &Path,
-    policy: &PurgePolicy,
-    progress: &mut (dyn FnMut(&PurgeReport) + Send),
-) -> io::Result<PurgeReport> {
-    scan(dir, policy, progress).await.map(|(r, _)| r)
-}
-
-/// [`purge`], also returning the slots kept with their metadata.
-async fn scan(
-    dir: &Path,
-    policy: &PurgePolicy,
-    progress: &mut (dyn FnMut(&PurgeReport) + Send),
-) -> io::Result<(PurgeReport, Vec<(String, Meta)>)> {
-    let mut report = PurgeReport::default();
-    let mut kept = Vec::new();
-    let mut entries = match tokio::fs::read_dir(dir).await {
-        Ok(r) => r,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((report, kept)),
-        Err(e) => return Err(e),
-    };
-    let now = unix_now();
-    let timeout = policy.slot_timeout.as_secs();
-    while let Some(entry) = entries.next_entry().await? {
-        let Some(slot) = entry.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
-        // Only our own directories; anything else is left alone.
-        if !valid_slot_id(&slot) || !entry.file_type().await.is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        report.scanned += 1;
-        if report.scanned % 1000 == 0 {
-            progress(&report);
-        }
-        let path = entry.path();
-        let meta = match read_meta(&path).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Being created now, or left by a crash: old ones go.
-                if age_secs(&path, now).await.is_some_and(|a| a >= 2 * timeout) {
-                    remove(&path, policy.dry_run, &mut report).await;
-                }
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(module = NAME, slot = %path.display(), error = %e, "unreadable upload metadata; left alone");
-                report.errors += 1;
-                continue;
-            }
-        };
-        if meta.v > META_VERSION {
-            // Written by a newer Starling: not ours to judge.
-            continue;
-        }
-        let expired = match meta.uploaded {
-            Some(t) => {
-                file_expires(t, meta.expire_before, policy.older_than).is_some_and(|e| now >= e)
-            }
-            None => {
-                let unused = now.saturating_sub(meta.created) >= 2 * timeout;
-                // An upload still arriving keeps its slot.
-                let idle = age_secs(&path.join(PART_FILE), now)
-                    .await
-                    .is_none_or(|a| a >= timeout);
-                unused && idle
-            }
-        };
-        if expired {
-            if remove(&path, policy.dry_run, &mut report).await {
-                match meta.uploaded {
-                    Some(_) => {
-                        report.files_removed += 1;
-                        report.bytes_removed += meta.size;
-                    }
-                    None => report.slots_removed += 1,
-                }
-            }
-        } else {
-            if meta.uploaded.is_some() {
-                report.files_kept += 1;
-                report.bytes_kept += meta.size;
-            }
-            kept.push((slot, meta));
-        }
-    }
-    Ok((report, kept))
-}
-
-/// Seconds since `path` was last modified (`None` if it does not exist).
-async fn age_secs(path: &Path, now: u64) -> Option<u64> {
-    let modified = tokio::fs::metadata(path).await.ok()?.modified().ok()?;
-    let at = modified.duration_since(UNIX_EPOCH).ok()?.as_secs();
-    Some(now.saturating_sub(at))
-}
-
-/// Removes a slot directory; true if it is gone (or would be).
-async fn remove(path: &Path, dry_run: bool, report: &mut PurgeReport) -> bool {
-    if dry_run {
-        return true;
-    }
-    match tokio::fs::remove_dir_all(path).await {
-        Ok(()) => true,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => true,
-        Err(e) => {
-            tracing::warn!(module = NAME, slot = %path.display(), error = %e, "cannot remove an expired upload");
-            report.errors += 1;
-            false
-        }
-    }
-}
-
-// ---------------------------------------------------------------------
-// HTTP (§7, §8).
-
-fn http_routes(inner: Arc<Inner>) -> Router {
-    Router::new()
-        .route("/", get(index_page))
-        .route(
-            "/{slot}/{name}",
-            get(download).put(upload).options(preflight),
-        )
-        .with_state(inner)
-}
-
-/// CORS for web clients on other origins (§8: "loose CORS headers").
-fn cors(mut r: Response) -> Response {
-    let h = r.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static(
-            "Content-Length, Content-Type, Content-Disposition, Content-Range, Accept-Ranges, ETag, Last-Modified",
-        ),
-    );
-    r
-}
-
-/// A short plain-text answer.
-fn status(code: StatusCode, text: &str) -> Response {
-    cors(
-        (
-            code,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            )],
-            format!("{text}\n"),
-        )
-            .into_response(),
-    )
-}
-
-fn not_found() -> Response {
-    status(StatusCode::NOT_FOUND, "no such file")
-}
-
-async fn index_page() -> Response {
-    status(
-        StatusCode::OK,
-        "This is Starling's HTTP upload endpoint (XEP-0363): XMPP clients get upload slots from the upload service and PUT files here.",
-    )
-}
-
-/// `OPTIONS`: the CORS preflight.
-async fn preflight() -> Response {
-    let mut r = cors(StatusCode::NO_CONTENT.into_response());
-    let h = r.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("OPTIONS, HEAD, GET, PUT"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static(
-            "Authorization, Content-Type, Range, If-Range, If-None-Match, If-Modified-Since",
-        ),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_MAX_AGE,
-        HeaderValue::from_static("86400"),
-    );
-    r
-}
-
-/// The slot of a URL, if the URL is one of ours: a well-formed slot id,
-/// metadata we can read, and the file name it was issued for. Anything
-/// else (`..`, encoded or not, other names) is "not found".
-async fn lookup(inner: &Inner, slot: &str, name: &str) -> Option<(PathBuf, Meta)> {
-    if !valid_slot_id(slot) {
-        return None;
-    }
-    let dir = inner.slot_dir(slot);
-    let meta = read_meta(&dir).await.ok()?;
-    (meta.v <= META_VERSION && meta.filename == name).then_some((dir, meta))
-}
-
-/// `PUT /upload/{slot}/{name}` (§7).
-async fn upload(
-    State(inner): State<Arc<Inner>>,
-    UrlPath((slot, name)): UrlPath<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let r = store(&inner, &slot, &name, &headers, body).await;
-    UploadMetrics::count(&inner.metrics.puts, "status", r.status().as_str());
-    r
-}
-
-/// The work of [`upload`].
-async fn store(inner: &Inner, slot: &str, name: &str, headers: &HeaderMap, body: Body) -> Response {
-    let Some((dir, meta)) = lookup(inner, slot, name).await else {
-        return not_found();
-    };
-    if meta.uploaded.is_some() || tokio::fs::metadata(dir.join(DATA_FILE)).await.is_ok() {
-        return status(StatusCode::CONFLICT, "this slot was already used");
-    }
-    let now = unix_now();
-    if now >= meta.created + inner.slot_timeout.as_secs()
-        || meta.expire_before.is_some_and(|b| now >= b)
-    {
-        return status(
-            StatusCode::FORBIDDEN,
-            "this upload slot expired; request a new one",
-        );
-    }
-    // §7: the service MUST reject a Content-Length other than the size.
-    let length = match headers.get(header::CONTENT_LENGTH) {
-        None => return status(StatusCode::LENGTH_REQUIRED, "Content-Length is required"),
-        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
-            Some(n) => n,
-            None => return status(StatusCode::BAD_REQUEST, "bad Content-Length"),
-        },
-    };
-    if length > meta.size {
-        return status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("this slot is for {} bytes", meta.size),
-        );
-    }
-    if length != meta.size {
-        return status(
-            StatusCode::BAD_REQUEST,
-            &format!("this slot is for {} bytes", meta.size),
-        );
-    }
-    // §7: SHOULD reject another type than the one announced.
-    if let (Some(announced), Some(given)) = (&meta.content_type, headers.get(header::CONTENT_TYPE))
-    {
-        let same = MediaType::parse(announced)
-            .zip(given.to_str().ok().and_then(MediaType::parse))
-            .is_some_and(|(a, g)| a.essence == g.essence);
-        if !same {
-            return status(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                &format!("this slot is for {announced}"),
-            );
-        }
-    }
-    let part = dir.join(PART_FILE);
-    let file = match private_file(&part, true).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            // Another PUT is writing it, or one died long ago.
-            let stale = age_secs(&part, unix_now())
-                .await
-                .is_some_and(|a| a >= inner.slot_timeout.as_secs());
-            if !stale || tokio::fs::remove_file(&part).await.is_err() {
-                return status(
-                    StatusCode::CONFLICT,
-                    "an upload to this slot is in progress",
-                );
-            }
-            match private_file(&part, true).await {
-                Ok(f) => f,
-                Err(_) => {
-                    return status(
-                        StatusCode::CONFLICT,
-                        "an upload to this slot is in progress",
-                    )
-                }
-            }
-        }
-        Err(e) => {
-            tracing::error!(module = NAME, slot = %dir.display(), error = %e, "cannot create an upload file");
-            return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot store the file");
-        }
-    };
-    // Whatever ends this upload (an error, the client going away and the
-    // connection dropping this future), the partial file goes with it.
-    let _part = PartFile(part.clone());
-    let receiving = Held::new(&inner.metrics.receiving);
-    if let Err((code, text)) = receive(inner.slot_timeout, file, body, meta.size).await {
-        return status(code, &text);
-    }
-    drop(receiving);
-    // One PUT per slot: a hard link fails if the file exists, so of two
-    // uploads that both got here, one wins.
-    let data = dir.join(DATA_FILE);
-    if let Err(e) = tokio::fs::hard_link(&part, &data).await {
-        if e.kind() == io::ErrorKind::AlreadyExists {
-            return status(StatusCode::CONFLICT, "this slot was already used");
-        }
-        tracing::error!(module = NAME, slot = %dir.display(), error = %e, "cannot store an upload");
-        return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot store the file");
-    }
-    let now = unix_now();
-    let done = Meta {
-        uploaded: Some(now),
-        ..meta
-    };
-    if let Err(e) = write_meta(&dir, &done).await {
-        tracing::error!(module = NAME, slot = %dir.display(), error = %e, "cannot record an upload");
-        let _ = tokio::fs::remove_file(&data).await;
-        return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot store the file");
-    }
-    {
-        // Under the index's lock, as the sweep that recounts the gauges.
-        let mut idx = inner.lock_index();
-        idx.mark_uploaded(&done.owner, slot, now);
-        inner.metrics.stored_files.inc();
-        inner.metrics.stored_bytes.inc_by(done.size as i64);
-    }
-    inner.metrics.received_bytes.inc_by(done.size);
-    tracing::info!(module = NAME, owner = %done.owner, bytes = done.size, "file uploaded");
-    // §7: 201 means the file is served from the GET URL from now on.
-    cors(StatusCode::CREATED.into_response())
-}
-
-/// A `file.part` being written, removed when dropped (by then it is
-/// either linked into place or incomplete).
-struct PartFile(PathBuf);
-
-impl Drop for PartFile {
-    fn drop(&mut self) {
-        // One unlink: quick enough not to matter to the runtime.
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// The write buffers of [`UPLOAD_BUFFERS`]: a permit per buffer, and the
-/// buffers not lent out. Allocated on first use, freed when the last
-/// upload in flight ends.
-struct UploadBuffers {
-    permits: tokio::sync::Semaphore,
-    free: Mutex<Vec<Vec<u8>>>,
-}
-
-static BUFFERS: UploadBuffers = UploadBuffers {
-    permits: tokio::sync::Semaphore::const_new(UPLOAD_BUFFERS),
-    free: Mutex::new(Vec::new()),
-};
-
-/// Permits for the uploads' `fsync`s ([`UPLOAD_SYNCS`]).
-static SYNCS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(UPLOAD_SYNCS);
-
-/// Uploads receiving their body now, in this process.
-static RECEIVING: AtomicUsize = AtomicUsize::new(0);
-
-/// One upload counted in [`RECEIVING`] while it lives; the last one out
-/// frees the write buffers.
-struct Receiving;
-
-impl Receiving {
-    fn start() -> Receiving {
-        RECEIVING.fetch_add(1, Ordering::Relaxed);
-        Receiving
-    }
-}
-
-impl Drop for Receiving {
-    fn drop(&mut self) {
-        if RECEIVING.fetch_sub(1, Ordering::Relaxed) == 1 {
-            BUFFERS
-                .free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
-        }
-    }
-}
-
-/// A write buffer lent to one upload, with its permit.
-struct Lent {
-    buf: Vec<u8>,
-    _permit: tokio::sync::SemaphorePermit<'static>,
-}
-
-impl UploadBuffers {
-    async fn lend(&'static self) -> Lent {
-        // The semaphore is never closed.
-        let permit = self.permits.acquire().await.expect("never closed");
-        let buf = self
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(UPLOAD_BUFFER));
-        Lent {
-            buf,
-            _permit: permit,
-        }
-    }
-
-    fn give_back(&self, lent: Lent) {
-        // The buffer never grows past [`UPLOAD_BUFFER`] (`receive` fills it
-        // to its room); the permit goes back as `lent` is dropped.
-        let Lent { mut buf, _permit } = lent;
-        buf.clear();
-        self.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(buf);
-    }
-}
-
-/// Streams the request body into `file`: exactly `size` bytes, each read
-/// within the slot timeout, then synced to disk.
-///
-/// Memory per upload in flight is bounded whatever the number of uploads:
-/// the body is read (into hyper's read buffer of the connection, 16 KiB at
-/// most, `transport::http`) and copied into one of the [`UPLOAD_BUFFERS`]
-/// shared write buffers, which takes what else is already there and is
-/// written to the file with one `write` on the blocking pool once full or
-/// once the body pauses ([`UPLOAD_FILL_GAP`]). An upload waits for its next
-/// bytes without a write buffer, so a slow client holds one for at most
-/// that pause after each read; while every
-/// buffer is busy the others are not read, and TCP slows their clients
-/// down to the disk's pace. Before this, each upload kept the body's own
-/// frames (hyper's buffers) until written: ~0.2 MiB per upload in flight
-/// with 100 at once (docs/benchmarks.md 2026-11-27, 2026-11-28).
-async fn receive(
-    slot_timeout: Duration,
-    file: tokio::fs::File,
-    body: Body,
-    size: u64,
-) -> Result<(), (StatusCode, String)> {
-    let _receiving = Receiving::start();
-    // Nothing is in flight on a file just opened: this returns at once.
-    let mut file = file.into_std().await;
-    let mut stream = body.into_data_stream();
-    let mut got = 0u64;
-    // Part of a frame that did not fit in the previous buffer.
-    let mut carried: Option<Bytes> = None;
-    let failed = |e: io::Error| {
-        tracing::error!(module = NAME, error = %e, "writing an upload failed");
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "cannot store the file".to_owned(),
-        )
-    };
-    let broke = |e: axum::Error| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("the upload broke off: {e}"),
-        )
-    };
-    // Every frame is counted against the slot's size as it arrives.
-    let mut counted = |c: Bytes| {
-        got += c.len() as u64;
-        if got > size {
-            return Err((
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("this slot is for {size} bytes"),
-            ));
-        }
-        Ok(c)
-    };
-    let mut ended = false;
-    while !ended {
-        // Wait for the next bytes without holding a buffer.
-        let first = match carried.take() {
-            Some(c) => c,
-            None => match tokio::time::timeout(slot_timeout, stream.next()).await {
-                Err(_) => {
-                    return Err((StatusCode::REQUEST_TIMEOUT, "the upload stalled".to_owned()))
-                }
-                Ok(None) => {
-                    ended = true;
-                    Bytes::new()
-                }
-                Ok(Some(Err(e))) => return Err(broke(e)),
-                Ok(Some(Ok(c))) => counted(c)?,
-            },
-        };
-        if ended {
-            break;
-        }
-        let mut lent = BUFFERS.lend().await;
-        let mut next = Some(first);
-        // Fill the buffer while the body keeps coming: a client that
-        // pauses for more than [`UPLOAD_FILL_GAP`] gets what it sent
-        // written and the buffer goes back.
-        while let Some(chunk) = next.take() {
-            let room = UPLOAD_BUFFER - lent.buf.len();
-            if chunk.len() > room {
-                lent.buf.extend_from_slice(&chunk[..room]);
-                carried = Some(chunk.slice(room..));
-                break;
-            }
-            lent.buf.extend_from_slice(&chunk);
-            if lent.buf.len() == UPLOAD_BUFFER {
-                break;
-            }
-            match tokio::time::timeout(UPLOAD_FILL_GAP, stream.next()).await {
-                Err(_) => {}
-                Ok(None) => ended = true,
-                Ok(Some(Err(e))) => return Err(broke(e)),
-                Ok(Some(Ok(c))) => next = Some(counted(c)?),
-            }
-        }
-        let written = tokio::task::spawn_blocking(move || {
-            let r = file.write_all(&lent.buf);
-            (file, lent, r)
-        })
-        .await;
-        // A panic in the write, or the runtime shutting down.
-        let (f, lent, r) = written.map_err(|e| failed(io::Error::other(e)))?;
-        BUFFERS.give_back(lent);
-        r.map_err(failed)?;
-        file = f;
-    }
-    if got != size {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            format!("{got} bytes received; this slot is for {size}"),
-        ));
-    }
-    // An acknowledged upload must survive a crash (§7's 201 promises the
-    // file): synced before the answer, without holding a buffer.
-    let _sync = SYNCS.acquire().await.expect("never closed");
-    tokio::task::spawn_blocking(move || file.sync_all())
-        .await
-        .map_err(|e| failed(io::Error::other(e)))?
-        .map_err(failed)
-}
-
-/// Whether browsers may show this type in place: images (not SVG, which
-/// can carry scripts), audio and video.
-fn inline_type(essence: &str) -> bool {
-    (essence.starts_with("image/") && essence != "image/svg+xml")
-        || essence.starts_with("audio/")
-        || essence.starts_with("video/")
-}
-
-/// `GET`/`HEAD /upload/{slot}/{name}`: the file, streamed; one byte range
-/// of it when a `GET` asks (RFC 9110 §14: a client resumes a download cut
-/// off), and `304 Not Modified` to a client whose copy is current (§13).
-async fn download(
-    State(inner): State<Arc<Inner>>,
-    UrlPath((slot, name)): UrlPath<(String, String)>,
-    method: Method,
-    request: HeaderMap,
-) -> Response {
-    let r = serve(&inner, &slot, &name, method, &request).await;
-    UploadMetrics::count(&inner.metrics.downloads, "status", r.status().as_str());
-    r
-}
-
-/// The work of [`download`].
-async fn serve(
-    inner: &Inner,
-    slot: &str,
-    name: &str,
-    method: Method,
-    request: &HeaderMap,
-) -> Response {
-    let Some((dir, meta)) = lookup(inner, slot, name).await else {
-        return not_found();
-    };
-    let Some(uploaded) = meta.uploaded else {
-        return not_found();
-    };
-    let now = unix_now();
-    let expires = file_expires(uploaded, meta.expire_before, inner.expire_after);
-    if expires.is_some_and(|e| now >= e) {
-        return not_found();
-    }
-    let file = match tokio::fs::File::open(dir.join(DATA_FILE)).await {
-        Ok(f) => f,
-        Err(_) => return not_found(),
-    };
-    let length = match file.metadata().await {
-        Ok(m) => m.len(),
-        Err(_) => return not_found(),
-    };
-    let media = meta.content_type.as_deref().and_then(MediaType::parse);
-    let (essence, content_type) = match &media {
-        Some(m) => (m.essence.as_str(), m.full.as_str()),
-        None => ("application/octet-stream", "application/octet-stream"),
-    };
-    let disposition = format!(
-        "{}; filename*=UTF-8''{}",
-        if inline_type(essence) {
-            "inline"
-        } else {
-            "attachment"
-        },
-        percent_encode(&meta.filename)
-    );
-    let max_age = expires.map_or(31_536_000, |e| e - now);
-    let value = |s: &str| {
-        HeaderValue::from_str(s)
-            .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
-    };
-    let validators = Validators::new(uploaded, length);
-    let cache_control = value(&format!("private, max-age={max_age}, immutable"));
-    if validators.not_modified(request) {
-        let mut r = StatusCode::NOT_MODIFIED.into_response();
-        validators.insert(r.headers_mut());
-        r.headers_mut().insert(header::CACHE_CONTROL, cache_control);
-        return cors(r);
-    }
-    // §14.2: Range is defined for GET only.
-    let range = request
-        .get(header::RANGE)
-        .filter(|_| method == Method::GET)
-        .and_then(|v| v.to_str().ok())
-        .filter(|_| validators.if_range_holds(request));
-    let (code, first, count) = match wanted(range, length) {
-        Wanted::Whole => (StatusCode::OK, 0, length),
-        Wanted::Part(first, last) => (StatusCode::PARTIAL_CONTENT, first, last - first + 1),
-        Wanted::Unsatisfiable => {
-            let mut r = status(StatusCode::RANGE_NOT_SATISFIABLE, "no such byte range");
-            r.headers_mut()
-                .insert(header::CONTENT_RANGE, value(&format!("bytes */{length}")));
-            return r;
-        }
-    };
-    // Read on the blocking pool straight into the chunk hyper will write
-    // (`tokio::fs::File` would read into a buffer of its own and copy).
-    let mut file = file.into_std().await;
-    if first > 0 {
-        // Only moves the file offset: no I/O to wait for.
-        if io::Seek::seek(&mut file, io::SeekFrom::Start(first)).is_err() {
-            return status(StatusCode::INTERNAL_SERVER_ERROR, "cannot read the file");
-        }
-    }
-    let sent = inner.metrics.sent_bytes.clone();
-    let stream = futures_util::stream::try_unfold((file, count), move |(f, left)| {
-        let sent = sent.clone();
-        async move {
-            if left == 0 {
-                return Ok::<_, io::Error>(None);
-            }
-            let read = tokio::task::spawn_blocking(move || {
-                let want = left.min(IO_CHUNK as u64);
-                let mut chunk = Vec::with_capacity(want as usize);
-                let r = io::Read::read_to_end(&mut io::Read::take(&f, want), &mut chunk);
-                (f, chunk, r)
-            })
-            .await;
-            let (f, chunk, r) = read.map_err(io::Error::other)?;
-            r?;
-            if chunk.is_empty() {
-                Ok(None)
-            } else {
-                let left = left - chunk.len() as u64;
-                sent.inc_by(chunk.len() as u64);
-                Ok(Some((Bytes::from(chunk), (f, left))))
-            }
-        }
-    });
-    let mut r = Response::new(Body::from_stream(stream));
-    *r.status_mut() = code;
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, value(content_type));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
-    if code == StatusCode::PARTIAL_CONTENT {
-        h.insert(
-            header::CONTENT_RANGE,
-            value(&format!("bytes {first}-{}/{length}", first + count - 1)),
-        );
-    }
-    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    validators.insert(h);
-    h.insert(header::CONTENT_DISPOSITION, value(&disposition));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    // §9: nothing in an uploaded file runs, and no page frames it.
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; media-src 'self'; frame-ancestors 'none'"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::CACHE_CONTROL, cache_control);
-    cors(r)
-}
-
-/// A stored file's validators (RFC 9110 §8.8). A slot's file never changes
-/// once uploaded, so its upload time and length identify its content.
-pub(crate) struct Validators {
-    /// Strong entity tag: `"<uploaded>-<length>"` in hex.
-    etag: String,
-    last_modified: std::time::SystemTime,
-}
-
-impl Validators {
-    pub(crate) fn new(uploaded: u64, length: u64) -> Validators {
-        Validators {
-            etag: format!("\"{uploaded:x}-{length:x}\""),
-            // `uploaded` comes from `meta.json`: a value past what the
-            // clock can hold must not panic the download.
-            last_modified: std::time::UNIX_EPOCH
-                .checked_add(Duration::from_secs(uploaded))
-                .unwrap_or(std::time::UNIX_EPOCH),
-        }
-    }
-
-    fn insert(&self, h: &mut HeaderMap) {
-        if let Ok(v) = HeaderValue::from_str(&self.etag) {
-            h.insert(header::ETAG, v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(self.last_modified)) {
-            h.insert(header::LAST_MODIFIED, v);
-        }
-    }
-
-    /// §13.2.2 steps 3–4: `If-None-Match` (weak comparison) when present,
-    /// else `If-Modified-Since`.
-    pub(crate) fn not_modified(&self, request: &HeaderMap) -> bool {
-        let text = |name| {
-            request
-                .get(name)
-                .and_then(|v: &HeaderValue| v.to_str().ok())
-        };
-        if let Some(tags) = text(header::IF_NONE_MATCH) {
-            return tags
-                .split(',')
-                .map(str::trim)
-                .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == self.etag);
-        }
-        text(header::IF_MODIFIED_SINCE)
-            .and_then(|d| httpdate::parse_http_date(d).ok())
-            .is_some_and(|since| self.last_modified <= since)
-    }
-
-    /// §13.1.5: a `Range` applies only if `If-Range`, when present, names
-    /// this content: the same strong entity tag, or exactly its
-    /// modification date.
-    pub(crate) fn if_range_holds(&self, request: &HeaderMap) -> bool {
-        let Some(v) = request.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) else {
-            return true;
-        };
-        let v = v.trim();
-        if v.starts_with('"') {
-            v == self.etag
-        } else {
-            httpdate::parse_http_date(v).is_ok_and(|d| d == self.last_modified)
-        }
-    }
-}
-
-/// What a `Range` header asks of a file of `length` bytes (RFC 9110 §14.1).
-#[derive(Debug, PartialEq)]
-pub(crate) enum Wanted {
-    /// No range, or one to ignore (§14.2: another unit, bad syntax, or
-    /// several ranges, which this server does not serve as multipart).
-    Whole,
-    /// Bytes `first..=last`.
-    Part(u64, u64),
-    /// A range starting past the end, or an empty suffix: 416.
-    Unsatisfiable,
-}
-
-pub(crate) fn wanted(range: Option<&str>, length: u64) -> Wanted {
-    let Some((unit, set)) = range.and_then(|r| r.split_once('=')) else {
-        return Wanted::Whole;
-    };
-    if !unit.trim().eq_ignore_ascii_case("bytes") || set.contains(',') {
-        return Wanted::Whole;
-    }
-    let Some((a, b)) = set.trim().split_once('-') else {
-        return Wanted::Whole;
-    };
-    // Digits only; a position too large for u64 is past any file's end.
-    let number = |s: &str| {
-        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| s.parse().unwrap_or(u64::MAX))
-    };
-    match (number(a), number(b)) {
-        (None, Some(suffix)) if a.is_empty() => {
-            if suffix == 0 || length == 0 {
-                Wanted::Unsatisfiable
-            } else {
-                Wanted::Part(length - suffix.min(length), length - 1)
-            }
-        }
-        (Some(first), None) if b.is_empty() => {
-            if first >= length {
-                Wanted::Unsatisfiable
-            } else {
-                Wanted::Part(first, length - 1)
-            }
-        }
-        (Some(first), Some(last)) if first <= last => {
-            if first >= length {
-                Wanted::Unsatisfiable
-            } else {
-                Wanted::Part(first, last.min(length - 1))
-            }
-        }
-        _ => Wanted::Whole,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn filenames_are_refused_or_made_safe() {
+    pub(super) fn filenames_are_refused_or_made_safe() {
         for bad in [
             "", "   ", "a/b", "../x", "..", ".", "a\\..\\b", "x\u{1}y", "a\u{7f}", "a\nb",
         ] {
@@ -2057,13 +968,13 @@ mod tests {
     }
 
     #[test]
-    fn url_names_are_percent_encoded() {
+    pub(super) fn url_names_are_percent_encoded() {
         assert_eq!(percent_encode("très cool.jpg"), "tr%C3%A8s%20cool.jpg");
         assert_eq!(percent_encode("a%2e%2e?#&/"), "a%252e%252e%3F%23%26%2F");
     }
 
     #[test]
-    fn media_types_and_allowed_types() {
+    pub(super) fn media_types_and_allowed_types() {
         assert_eq!(
             MediaType::parse("Image/JPEG").unwrap().essence,
             "image/jpeg"
@@ -2086,7 +997,7 @@ mod tests {
     }
 
     #[test]
-    fn config_checks_urls_and_who_is_allowed() {
+    pub(super) fn config_checks_urls_and_who_is_allowed() {
         let with = |f: fn(&mut UploadConfig)| {
             let mut c = UploadConfig::default();
             f(&mut c);
@@ -2104,7 +1015,7 @@ mod tests {
     }
 
     #[test]
-    fn enabling_without_http_listeners_is_refused_at_load() {
+    pub(super) fn enabling_without_http_listeners_is_refused_at_load() {
         let parse = |t: &str| crate::Config::parse(t, Path::new("x.toml"));
         let err = parse("[http]\nlisten = []\n[modules.upload]\nenabled = true\n")
             .unwrap_err()
@@ -2120,7 +1031,7 @@ mod tests {
     /// The index's byte count (what `quota_total` compares) follows
     /// inserts, replacements and removals.
     #[test]
-    fn the_index_counts_every_entrys_bytes() {
+    pub(super) fn the_index_counts_every_entrys_bytes() {
         let entry = |slot: &str, size| IndexEntry {
             slot: slot.into(),
             size,
@@ -2148,7 +1059,7 @@ mod tests {
     /// expiry, and holds alone when files are kept forever; other purposes
     /// have none.
     #[test]
-    fn ephemeral_deadlines_bound_a_files_life() {
+    pub(super) fn ephemeral_deadlines_bound_a_files_life() {
         let month = Some(Duration::from_secs(30 * SECS_PER_DAY));
         assert_eq!(
             file_expires(1000, None, month),
@@ -2203,7 +1114,7 @@ mod tests {
     /// RFC 9110 §14.1.2 (byte ranges), §14.1.3 (suffixes), §14.2 (what to
     /// ignore), §15.5.17 (416).
     #[test]
-    fn byte_ranges_are_read_as_rfc_9110_says() {
+    pub(super) fn byte_ranges_are_read_as_rfc_9110_says() {
         use Wanted::*;
         let w = |r: &str| wanted(Some(r), 10_000);
         assert_eq!(wanted(None, 10_000), Whole);
@@ -2250,7 +1161,7 @@ mod tests {
     /// comparison, and its precedence, §13.2.2), §13.1.5 (If-Range: strong
     /// tag or the exact date).
     #[test]
-    fn conditional_requests_compare_the_files_validators() {
+    pub(super) fn conditional_requests_compare_the_files_validators() {
         let v = Validators::new(1_700_000_000, 1234);
         let tag = "\"6553f100-4d2\"";
         assert_eq!(v.etag, tag);
@@ -2292,7 +1203,7 @@ mod tests {
     }
 
     #[test]
-    fn slot_ids_are_long_random_and_checked() {
+    pub(super) fn slot_ids_are_long_random_and_checked() {
         let a = starling_proto::random_id(SLOT_ID_LEN);
         assert!(valid_slot_id(&a));
         assert_ne!(a, starling_proto::random_id(SLOT_ID_LEN));
@@ -2306,7 +1217,7 @@ mod tests {
 
     /// Runs [`receive`] on a body of `frames` into a fresh file; the
     /// file's content, or the error's status.
-    async fn received(frames: Vec<Bytes>, size: u64) -> Result<Vec<u8>, StatusCode> {
+    pub(super) async fn received(frames: Vec<Bytes>, size: u64) -> Result<Vec<u8>, StatusCode> {
         let path = std::env::temp_dir().join(format!(
             "starling-upload-receive-{}",
             starling_proto::random_id(10)
@@ -2322,7 +1233,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn receive_writes_every_byte_in_order_through_the_shared_buffers() {
+    pub(super) async fn receive_writes_every_byte_in_order_through_the_shared_buffers() {
         let _alone = SHARED_BUFFERS.lock().await;
         // Frames of uneven sizes, some larger than a write buffer or than
         // what is left of one (split across two buffers), some empty.
@@ -2375,7 +1286,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_client_that_pauses_holds_no_write_buffer() {
+    pub(super) async fn a_client_that_pauses_holds_no_write_buffer() {
         let _alone = SHARED_BUFFERS.lock().await;
         // As many uploads as there are buffers send a little, then pause
         // (a phone on a slow link); another upload meanwhile goes through.
