@@ -14,6 +14,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SM: &str = "urn:xmpp:sm:3";
+
+// CLOSE_WAIT: at shutdown the server closes a WebSocket stream and waits
+// up to 5 s for the client's close frame (RFC 6455 §5.5.1), which a test
+// client nobody reads never sends: tests drop their WebSocket clients
+// before stopping the server.
 const WS: Transport = Transport::WebSocket { tls: false };
 const WSS: Transport = Transport::WebSocket { tls: true };
 
@@ -125,6 +130,7 @@ async fn upgrade_without_the_xmpp_subprotocol_is_refused() {
     assert!(ok.features.is_some());
     ok.send("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>")
         .await;
+    drop(ok); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -197,6 +203,7 @@ async fn plain_websocket_from_loopback_is_not_trusted_when_configured() {
         .await
         .expect("login over wss");
     c.close().await;
+    drop(s); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -257,6 +264,7 @@ async fn bad_frames_get_their_stream_errors_and_others_keep_working() {
         )
         .await;
     assert_eq!(r.attr("type"), Some("result"));
+    drop((bystander, c)); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -353,6 +361,7 @@ async fn a_tcp_session_resumes_over_websocket() {
         ["one & <only>", "two"],
         "unacked and queued, each once"
     );
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -402,13 +411,15 @@ async fn scram_plus_over_wss_binds_to_the_tls_connection() {
         .await
         .expect_err("bindings of another connection");
     assert!(failure.has_child("not-authorized", ns::SASL), "{failure}");
-    // ws: from loopback is "secure" but has no TLS to bind to.
+    drop(c); // see CLOSE_WAIT
+             // ws: from loopback is "secure" but has no TLS to bind to.
     let c = Client::connect_websocket(server.http_addr(false), false).await;
     assert!(
         !c.mechanisms().iter().any(|m| m.ends_with("-PLUS")),
         "{:?}",
         c.mechanisms()
     );
+    drop((c, other)); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -461,6 +472,7 @@ async fn a_flooding_websocket_client_is_throttled_and_others_unaffected() {
         "the flood was not slowed: {:?}",
         flood_start.elapsed()
     );
+    drop(flooder); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -484,6 +496,7 @@ async fn an_idle_websocket_session_hibernates_its_parser_and_resumes() {
     let m = bob.recv().await;
     assert_eq!(body(&m), "after nap");
     assert!(m.has_child("x", "urn:example:x"));
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -526,6 +539,7 @@ async fn room_messages_reach_a_websocket_occupant_whole() {
         assert_eq!(body(&m), "to all & <you>");
         assert!(m.has_child("stanza-id", "urn:xmpp:sid:0"), "{m}");
     }
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -607,6 +621,7 @@ async fn websocket_preauth_ping_flood_is_throttled_then_closed() {
         closed_within(&mut tcp, Duration::from_secs(15)).await,
         "the flooding connection is still open"
     );
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -669,5 +684,6 @@ async fn websocket_message_over_preauth_limit_is_refused_until_authenticated() {
     ))
     .await;
     assert_eq!(body(&bob.recv_message().await), filler);
+    drop((c, web)); // see CLOSE_WAIT
     server.stop().await;
 }
