@@ -121,15 +121,23 @@ async fn bosh_login_and_chat_with_a_tcp_user_both_ways() {
     let full = b.login("alice").await;
     assert!(full.starts_with("alice@localhost/"), "{full}");
 
-    // Client → server: the payload of a request.
-    b.send(
-        "",
-        &format!(
-            "<message xmlns='jabber:client' to='{}' type='chat'><body>over bosh</body></message>",
-            tcp.jid
-        ),
-    )
-    .await;
+    // Client → server: the payload of a request. (A ping rides along: its
+    // answer ends the request at once instead of after `wait`, and shows
+    // the message before it was handled.)
+    let r = b
+        .send(
+            "",
+            &format!(
+                "<message xmlns='jabber:client' to='{}' type='chat'><body>over bosh</body></message><iq xmlns='jabber:client' type='get' id='p0' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>",
+                tcp.jid
+            ),
+        )
+        .await;
+    assert!(
+        r.children()
+            .any(|c| c.is("iq", ns::CLIENT) && c.attr("id") == Some("p0")),
+        "{r}"
+    );
     let m = tcp.recv_message().await;
     assert_eq!(m.get_child("body", ns::CLIENT).unwrap().text(), "over bosh");
     assert_eq!(m.attr("from"), Some(full.as_str()));
@@ -138,6 +146,8 @@ async fn bosh_login_and_chat_with_a_tcp_user_both_ways() {
     let (rid, poll) = b.body("", "");
     let addr = b.addr;
     let held = tokio::spawn(async move { post(addr, &poll).await });
+    // sleep: the point — the request stays unanswered a while (nothing
+    // outside the BOSH session shows a request being held).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !held.is_finished(),
@@ -230,6 +240,8 @@ async fn bad_sids_rids_bodies_and_overactivity_end_only_their_session() {
     let (e1, e2) = (early.clone(), early.clone());
     let h1 = tokio::spawn(async move { post(addr, &e1).await });
     let h2 = tokio::spawn(async move { post(addr, &e2).await });
+    // sleep: both must be waiting at the server before the third comes,
+    // and nothing outside the BOSH session shows that they are.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = post(addr, &early).await;
     assert_eq!(
@@ -266,7 +278,8 @@ async fn request_and_response_acknowledgements() {
     let (rid_a, a) = b.body("", "");
     let addr = b.addr;
     let held_a = tokio::spawn(async move { post(addr, &a).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // (Whichever reaches the server first, b waits for a's turn: a is
+    // held, then pushed out by b.)
     let (rid_b, bb) = b.body(&format!("ack='{}'", rid_a - 1), "");
     let held_b = tokio::spawn(async move { post(addr, &bb).await });
     let ra = held_a.await.unwrap();
@@ -349,11 +362,25 @@ async fn a_paused_bosh_session_that_never_returns_resumes_over_tcp() {
         None,
         "a pause does not end the session: {r}"
     );
-    tokio::time::sleep(Duration::from_millis(1800)).await;
+    // Past the pause, the session is detached.
+    let detached = server
+        .server
+        .env
+        .metrics
+        .sessions_on(starling_core::SessionTransport::Detached);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while detached.get() != 1 {
+            // sleep: polling a gauge (bounded by the timeout).
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the paused session was detached");
     bob.send(&format!(
         "<message to='{full}' type='chat'><body>while paused</body></message>"
     ))
     .await;
+    bob.barrier().await; // queued in the detached session
 
     let mut tcp = starling_testkit::Client::connect(server.starttls_addr()).await;
     tcp.negotiate_tls().await;
@@ -403,6 +430,8 @@ async fn a_flooding_bosh_client_is_throttled_and_others_unaffected() {
         "<message xmlns='jabber:client' to='nobody@localhost' type='headline'><body>{}</body></message>",
         "z".repeat(12 * 1024)
     );
+    let throttled = std::sync::Arc::new(tokio::sync::Notify::new());
+    let t = throttled.clone();
     let flood = tokio::spawn(async move {
         let start = std::time::Instant::now();
         for i in 0..6 {
@@ -417,10 +446,14 @@ async fn a_flooding_bosh_client_is_throttled_and_others_unaffected() {
                 .get_child("iq", ns::CLIENT)
                 .unwrap_or_else(|| panic!("ping answer in {r}"));
             assert_eq!(pong.attr("id"), Some(format!("f{i}").as_str()), "{r}");
+            if i == 0 {
+                // The burst is spent: the next requests are slowed.
+                t.notify_one();
+            }
         }
         start.elapsed()
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    throttled.notified().await;
     let start = std::time::Instant::now();
     for i in 0..20 {
         a.send(&format!(
@@ -474,19 +507,28 @@ async fn room_messages_reach_a_bosh_occupant_whole() {
     }
     let (mut b, _) = Bosh::create(server.http_addr(false), 2).await;
     let bob = b.login("bob").await;
-    b.send(
-        "",
-        &format!("<presence xmlns='jabber:client' to='{room}/bob'><x xmlns='{MUC}'/></presence>"),
-    )
-    .await;
-    // Until bob has entered (the subject ends the sequence, XEP-0045 §7.2.15).
+    let mut r = b
+        .send(
+            "",
+            &format!(
+                "<presence xmlns='jabber:client' to='{room}/bob'><x xmlns='{MUC}'/></presence>"
+            ),
+        )
+        .await;
+    // Until bob has entered (the subject ends the sequence, XEP-0045
+    // §7.2.15), in this response or a later one.
     for _ in 0..10 {
-        let r = b.send("", "").await;
         if r.children().any(|c| c.has_child("subject", ns::CLIENT)) {
             break;
         }
+        r = b.send("", "").await;
     }
-    alice.drain().await;
+    assert!(
+        r.children().any(|c| c.has_child("subject", ns::CLIENT)),
+        "bob entered: {r}"
+    );
+    // The room answers in order: its broadcasts of bob's join came first.
+    alice.barrier_via(room).await;
     alice
         .send(&format!(
             "<message to='{room}' type='groupchat' id='g1'><body>to all &amp; &lt;you&gt;</body></message>"

@@ -10,7 +10,6 @@ use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const QUIET: Duration = Duration::from_millis(300);
 const NS_DELAY: &str = "urn:xmpp:delay";
 
 fn now_stamp() -> String {
@@ -59,9 +58,24 @@ async fn eventually_stored(server: &TestServer, user: &str, n: u64) {
         if stored(server, user).await == n {
             return;
         }
+        // sleep: polling the store (at most 2 s).
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(stored(server, user).await, n);
+}
+
+/// Waits until `cond` holds (a server-side effect no client sees), polled
+/// every 5 ms; panics after 10 s.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        // sleep: polling (bounded above).
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn body(m: &Element) -> String {
@@ -132,12 +146,14 @@ async fn messages_to_offline_user_are_delivered_at_next_login_in_order_with_dela
         );
     }
     eventually_stored(&server, "bob", 0).await; // delivered messages are deleted
-    alice.expect_silence(QUIET).await;
+    bob.barrier().await;
+    alice.expect_nothing().await;
     bob.close().await;
 
-    // Nothing is delivered twice.
+    // Nothing is delivered twice. (Stored messages are written by a timer
+    // due at the available presence, before the session reads more.)
     let mut bob = server.login("bob").await;
-    bob.expect_silence(QUIET).await;
+    bob.expect_nothing().await;
     server.stop().await;
 }
 
@@ -209,7 +225,8 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
     let mut bob = server.login("bob").await;
     assert_eq!(body(&bob.recv_message().await), "1");
     assert_eq!(body(&bob.recv_message().await), "2");
-    bob.expect_silence(QUIET).await;
+    // All stored messages are written at once, before the session reads on.
+    bob.expect_nothing().await;
     server.stop().await;
 }
 
@@ -249,7 +266,7 @@ async fn hints_chat_states_and_headlines() {
     let mut bob = server.login("bob").await;
     assert_eq!(bob.recv_message().await.attr("id"), Some("np"));
     assert_eq!(bob.recv_message().await.attr("id"), Some("cb"));
-    bob.expect_silence(QUIET).await;
+    bob.expect_nothing().await;
     server.stop().await;
 }
 
@@ -263,13 +280,13 @@ async fn negative_priority_stores_until_non_negative_presence() {
     let mut bob = server.login("bob").await;
     bob.send("<presence><priority>-1</priority></presence>")
         .await;
-    bob.drain().await;
+    bob.barrier().await; // the presence's echo
     alice
         .send("<message to='bob@localhost' type='chat' id='n'><body>later</body></message>")
         .await;
     sync(&mut alice, "p1").await;
     assert_eq!(stored(&server, "bob").await, 1);
-    bob.expect_silence(QUIET).await;
+    bob.expect_nothing().await;
     bob.send("<presence><priority>1</priority></presence>")
         .await;
     let m = bob.recv_message().await;
@@ -284,7 +301,7 @@ async fn negative_priority_stores_until_non_negative_presence() {
     let e = bob.recv_until(|e| e.name() != "presence").await;
     assert_eq!(e.attr("id"), Some("b2"), "{e}");
     assert!(
-        bob.next_event_within(QUIET).await.is_none(),
+        bob.barrier().await.is_empty(),
         "nothing after the presence echo"
     );
     server.stop().await;
@@ -533,13 +550,16 @@ async fn a_message_stored_while_its_recipient_comes_online_is_still_delivered() 
         .await;
     gate.entered.notified().await;
     let mut bob = server.login("bob").await; // available; the queue is empty
-    bob.expect_silence(QUIET).await;
+    bob.expect_nothing().await;
     gate.release.notify_one();
     let m = bob.recv_message().await;
     assert_eq!(body(&m), "held");
     assert!(m.get_child("delay", NS_DELAY).is_some(), "{m}");
     eventually_stored(&server, "bob", 0).await;
-    bob.expect_silence(QUIET).await; // exactly once
+    // Alice's session has finished with the message (stored, then bob
+    // told to read the queue again) once her ping is answered.
+    alice.barrier().await;
+    bob.expect_nothing().await; // exactly once
     server.stop().await;
 }
 
@@ -564,11 +584,12 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
         let mut bob = server.login("bob").await;
         bob.send("<presence><priority>-1</priority></presence>")
             .await;
-        bob.drain().await;
+        bob.barrier().await; // the presence's echo
         let alice = server.login("alice").await;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let sender = {
-            let stop = stop.clone();
+            let (stop, count) = (stop.clone(), count.clone());
             tokio::spawn(async move {
                 let mut alice = alice;
                 let mut n = 0u32;
@@ -579,7 +600,9 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
                         ))
                         .await;
                     n += 1;
+                    count.store(n, std::sync::atomic::Ordering::Relaxed);
                     if n.is_multiple_of(10) {
+                        // sleep: pacing, not a wait.
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
@@ -587,16 +610,46 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
                 n
             })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Some of hers are stored…
+        until("messages are stored for bob", || async {
+            stored(&server, "bob").await >= 20
+        })
+        .await;
         bob.send("<presence><priority>1</priority></presence>")
             .await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // …bob becomes available for bare-JID messages while she sends…
+        let bob_jid = &bare("bob@localhost");
+        until("bob is available", || async {
+            server
+                .server
+                .env
+                .sessions
+                .resources(bob_jid)
+                .iter()
+                .any(|e| e.priority.is_some_and(|p| p >= 0))
+        })
+        .await;
+        // …and she sends on for a while: those come live.
+        let after = count.load(std::sync::atomic::Ordering::Relaxed) + 100;
+        until("alice sent 100 more", || async {
+            count.load(std::sync::atomic::Ordering::Relaxed) >= after
+        })
+        .await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Her ping was answered: all her messages were routed.
         let sent = sender.await.unwrap();
         let mut got = Vec::new();
-        while let Some(starling_testkit::Event::Element(el)) =
-            bob.next_event_within(Duration::from_secs(1)).await
-        {
+        while got.len() < sent as usize {
+            match bob.next_event_within(Duration::from_secs(5)).await {
+                Some(starling_testkit::Event::Element(el)) if el.name() == "message" => {
+                    got.push(body(&el).parse::<u32>().unwrap())
+                }
+                Some(starling_testkit::Event::Element(_)) => {}
+                _ => break,
+            }
+        }
+        // No copy after them.
+        for el in bob.barrier().await {
             if el.name() == "message" {
                 got.push(body(&el).parse::<u32>().unwrap());
             }

@@ -6,8 +6,8 @@ use crate::im_common;
 
 use im_common::*;
 use starling_proto::sasl::Mechanism;
-use starling_testkit::{Client, Event, TestServer};
-use std::time::Duration;
+use starling_testkit::starling_xml::Element;
+use starling_testkit::{Client, TestServer};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn initial_presence_fans_out_to_all_resources_both_ways() {
@@ -114,9 +114,14 @@ async fn unavailable_on_logout_and_on_dropped_connection() {
         .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("unavailable"))
         .await;
     assert_eq!(p.attr("from"), Some(jid2.as_str()));
-    // alice1 (unavailable now) does not get it; bob nothing more.
+    // alice1 (unavailable now) does not get it; bob nothing more. Bob's
+    // message to alice's bare JID waits for the closing session's hand-back
+    // (HandoverGate), which routes its unavailable presences: once bob's
+    // ping is answered, all of them were routed.
     assert!(presences(&sync(&mut alice1).await, Some("unavailable")).is_empty());
-    bob.expect_silence(Duration::from_millis(200)).await;
+    bob.send("<message to='alice@localhost' type='chat'><body>x</body></message>")
+        .await;
+    bob.expect_nothing().await;
     server.stop().await;
 }
 
@@ -172,7 +177,11 @@ async fn directed_presence_is_cleaned_up_when_the_connection_drops() {
         .await;
     assert_eq!(p.attr("from"), Some(jid.as_str()));
     assert_eq!(p.attr("to"), Some(carol.jid.as_str()));
-    dave.expect_silence(Duration::from_millis(300)).await;
+    // Dave's message to alice's bare JID waits for her closing session's
+    // hand-back (HandoverGate), which routes its unavailable presences.
+    dave.send("<message to='alice@localhost' type='chat'><body>x</body></message>")
+        .await;
+    dave.expect_nothing().await;
     server.stop().await;
 }
 
@@ -336,25 +345,28 @@ async fn presence_follows_subscription_changes_in_the_session_cache() {
     server.stop().await;
 }
 
-/// Available presences from `from` among what reaches `c` within `wait`.
-async fn available_from(c: &mut Client, from: &str, wait: Duration) -> usize {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut n = 0;
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match c.next_event_within(left).await {
-            Some(Event::Element(el)) => {
-                if el.name() == "presence"
-                    && el.attr("type").is_none()
-                    && el.attr("from") == Some(from)
-                {
-                    n += 1;
-                }
-            }
-            Some(other) => panic!("stream ended: {other:?}"),
-            None => return n,
-        }
+/// Available presences from `from` among `els`.
+fn available_from(els: &[Element], from: &str) -> usize {
+    els.iter()
+        .filter(|el| {
+            el.name() == "presence" && el.attr("type").is_none() && el.attr("from") == Some(from)
+        })
+        .count()
+}
+
+/// What reaches `a` and `b` once both sessions handled everything sent so
+/// far and what each routed to the other: three rounds of barriers on both
+/// (the first: each one's own stanzas handled; the second: each one's
+/// mailbox, which the other's stanzas filled, handled; the third: what
+/// that routed back).
+async fn settle(a: &mut Client, b: &mut Client) -> (Vec<Element>, Vec<Element>) {
+    let (mut at_a, mut at_b) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (x, y) = tokio::join!(a.barrier(), b.barrier());
+        at_a.extend(x);
+        at_b.extend(y);
     }
+    (at_a, at_b)
 }
 
 /// Logs `user` in the way slixmpp's examples do: bind, roster get, then
@@ -392,9 +404,10 @@ async fn contact_login_delivers_each_presence_once() {
         let mut bob = login_like_slixmpp(&server, &b, roster_first).await;
         let alice_jid = alice.jid.clone();
         let bob_jid = bob.jid.clone();
-        let (at_alice, at_bob) = tokio::join!(
-            available_from(&mut alice, &bob_jid, Duration::from_secs(1)),
-            available_from(&mut bob, &alice_jid, Duration::from_secs(1)),
+        let (at_alice, at_bob) = settle(&mut alice, &mut bob).await;
+        let (at_alice, at_bob) = (
+            available_from(&at_alice, &bob_jid),
+            available_from(&at_bob, &alice_jid),
         );
         assert_eq!((at_alice, at_bob), (1, 1), "roster first: {roster_first}");
         // Later presence of alice's that repeats the login-time one is news
@@ -445,9 +458,10 @@ async fn simultaneous_logins_deliver_each_presence_once() {
             let (mut alice, mut bob) = tokio::join!(connect(a), connect(b));
             let (alice_jid, bob_jid) = (alice.jid.clone(), bob.jid.clone());
             tokio::join!(alice.send("<presence/>"), bob.send("<presence/>"));
-            tokio::join!(
-                available_from(&mut alice, &bob_jid, Duration::from_secs(1)),
-                available_from(&mut bob, &alice_jid, Duration::from_secs(1)),
+            let (at_alice, at_bob) = settle(&mut alice, &mut bob).await;
+            (
+                available_from(&at_alice, &bob_jid),
+                available_from(&at_bob, &alice_jid),
             )
         }));
     }

@@ -1144,7 +1144,16 @@ async fn simultaneous_mutual_subscriptions_end_both_on_both_sides() {
             });
         }
         futures_util::future::join_all(sends).await;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // Every session handled what it sent (its ping is answered after),
+        // then what was routed to it, then what that routed back.
+        for _ in 0..3 {
+            futures_util::future::join_all(
+                clients
+                    .iter_mut()
+                    .flat_map(|(a, b)| [a.barrier(), b.barrier()]),
+            )
+            .await;
+        }
     }
     let roster = server.server.env.storage.roster.clone();
     let mut wrong = Vec::new();

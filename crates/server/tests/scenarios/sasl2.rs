@@ -296,12 +296,20 @@ async fn bind2_can_start_the_session_inactive() {
         .map(|a| a.text())
         .unwrap();
     assert!(full.starts_with("alice@localhost/"), "{full}");
+    // Stream management, for its <r/> → <a/> round trip: a barrier whose
+    // answer is no stanza (a ping's answer would be delivered at once,
+    // after what is held, §6).
+    c.send(&format!("<enable xmlns='{NS_SM}'/>")).await;
+    let enabled = c.recv().await;
+    assert!(enabled.is("enabled", NS_SM), "{enabled}");
     bob.send(&format!(
         "<message to='{full}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>"
     ))
     .await;
-    c.expect_silence(std::time::Duration::from_millis(300))
-        .await;
+    bob.barrier().await; // routed to alice's session, which holds it
+    c.send(&format!("<r xmlns='{NS_SM}'/>")).await;
+    let a = c.recv().await;
+    assert!(a.is("a", NS_SM), "nothing before the ack: {a}");
     c.send("<active xmlns='urn:xmpp:csi:0'/>").await;
     let m = c.recv_until(|e| e.name() == "message").await;
     assert!(

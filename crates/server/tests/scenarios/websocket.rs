@@ -6,6 +6,7 @@
 //! frames, and stream-management resumption from a WebSocket session onto
 //! a TCP connection.
 
+use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, Event, TestServer, Transport};
@@ -13,6 +14,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SM: &str = "urn:xmpp:sm:3";
+
+// CLOSE_WAIT: at shutdown the server closes a WebSocket stream and waits
+// up to 5 s for the client's close frame (RFC 6455 §5.5.1), which a test
+// client nobody reads never sends: tests drop their WebSocket clients
+// before stopping the server.
 const WS: Transport = Transport::WebSocket { tls: false };
 const WSS: Transport = Transport::WebSocket { tls: true };
 
@@ -20,6 +26,24 @@ fn body(m: &Element) -> String {
     m.get_child("body", ns::CLIENT)
         .map(|b| b.text())
         .unwrap_or_default()
+}
+
+/// Waits until the server counts `n` detached sessions (it noticed a
+/// dropped connection of a resumable session).
+async fn until_detached(server: &TestServer, n: i64) {
+    let gauge = server
+        .server
+        .env
+        .metrics
+        .sessions_on(SessionTransport::Detached);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while gauge.get() != n {
+            // sleep: polling a gauge (bounded by the timeout).
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the server noticed the dropped connection");
 }
 
 /// A plain HTTP/1.1 GET; returns the status line and the body.
@@ -106,6 +130,7 @@ async fn upgrade_without_the_xmpp_subprotocol_is_refused() {
     assert!(ok.features.is_some());
     ok.send("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>")
         .await;
+    drop(ok); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -178,6 +203,7 @@ async fn plain_websocket_from_loopback_is_not_trusted_when_configured() {
         .await
         .expect("login over wss");
     c.close().await;
+    drop(s); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -238,6 +264,7 @@ async fn bad_frames_get_their_stream_errors_and_others_keep_working() {
         )
         .await;
     assert_eq!(r.attr("type"), Some("result"));
+    drop((bystander, c)); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -258,11 +285,12 @@ async fn a_websocket_session_resumes_over_tcp() {
     .await;
     assert_eq!(body(&web.recv_message().await), "one");
     drop(web); // the browser tab dies: no <close/>, no ack
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_detached(&server, 1).await;
     bob.send(&format!(
         "<message to='{full}' type='chat' id='m2'><body>two</body></message>"
     ))
     .await;
+    bob.barrier().await; // m2 is queued in the detached session
 
     let mut tcp = Client::connect(server.starttls_addr()).await;
     tcp.negotiate_tls().await;
@@ -273,8 +301,9 @@ async fn a_websocket_session_resumes_over_tcp() {
         .await;
     let resumed = tcp.recv().await;
     assert!(resumed.is("resumed", SM), "{resumed}");
+    // The queue is re-sent with <resumed/>, before any ping's answer.
     let mut bodies = Vec::new();
-    while let Some(Event::Element(el)) = tcp.next_event_within(Duration::from_millis(500)).await {
+    for el in tcp.barrier().await {
         if el.name() == "message" {
             assert_eq!(el.attr("to"), Some(full.as_str()));
             bodies.push(body(&el));
@@ -303,11 +332,12 @@ async fn a_tcp_session_resumes_over_websocket() {
     .await;
     assert_eq!(body(&tcp.recv_message().await), "one & <only>");
     drop(tcp); // no </stream:stream>, no ack
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_detached(&server, 1).await;
     bob.send(&format!(
         "<message to='{full}' type='chat' id='m2'><body>two</body></message>"
     ))
     .await;
+    bob.barrier().await; // m2 is queued in the detached session
 
     let mut web = Client::connect_websocket(server.http_addr(false), false).await;
     web.auth(Mechanism::ScramSha256, "alice", "pw-alice")
@@ -317,8 +347,9 @@ async fn a_tcp_session_resumes_over_websocket() {
         .await;
     let resumed = web.recv().await;
     assert!(resumed.is("resumed", SM), "{resumed}");
+    // The queue is re-sent with <resumed/>, before any ping's answer.
     let mut bodies = Vec::new();
-    while let Some(Event::Element(el)) = web.next_event_within(Duration::from_millis(500)).await {
+    for el in web.barrier().await {
         if el.name() == "message" {
             assert_eq!(el.ns(), "jabber:client", "{el}");
             assert_eq!(el.attr("to"), Some(full.as_str()));
@@ -330,6 +361,7 @@ async fn a_tcp_session_resumes_over_websocket() {
         ["one & <only>", "two"],
         "unacked and queued, each once"
     );
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -379,13 +411,15 @@ async fn scram_plus_over_wss_binds_to_the_tls_connection() {
         .await
         .expect_err("bindings of another connection");
     assert!(failure.has_child("not-authorized", ns::SASL), "{failure}");
-    // ws: from loopback is "secure" but has no TLS to bind to.
+    drop(c); // see CLOSE_WAIT
+             // ws: from loopback is "secure" but has no TLS to bind to.
     let c = Client::connect_websocket(server.http_addr(false), false).await;
     assert!(
         !c.mechanisms().iter().any(|m| m.ends_with("-PLUS")),
         "{:?}",
         c.mechanisms()
     );
+    drop((c, other)); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -408,6 +442,7 @@ async fn a_flooding_websocket_client_is_throttled_and_others_unaffected() {
         "<message xmlns='jabber:client' to='nobody@localhost' type='headline'><body>{}</body></message>",
         "z".repeat(950)
     );
+    let flood_start = std::time::Instant::now();
     for _ in 0..256 {
         flooder.send(&msg).await;
     }
@@ -427,11 +462,17 @@ async fn a_flooding_websocket_client_is_throttled_and_others_unaffected() {
         start.elapsed() < Duration::from_secs(2),
         "others were slowed by the flood"
     );
-    flooder.expect_silence(Duration::from_secs(1)).await;
-    let pong = flooder
-        .recv_until(|e| e.attr("id") == Some("after-flood"))
-        .await;
+    // The flooder is slowed: nothing comes before the ping's answer, and
+    // that comes once 192 KiB past the burst were read at 64 KiB/s (3 s).
+    let pong = flooder.recv().await;
+    assert_eq!(pong.attr("id"), Some("after-flood"), "{pong}");
     assert_eq!(pong.attr("type"), Some("result"));
+    assert!(
+        flood_start.elapsed() >= Duration::from_secs(2),
+        "the flood was not slowed: {:?}",
+        flood_start.elapsed()
+    );
+    drop(flooder); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -443,6 +484,9 @@ async fn an_idle_websocket_session_hibernates_its_parser_and_resumes() {
     let server = TestServer::start_with(|c| c.c2s.hibernate_after_secs = 1).await;
     let mut web = server.login_over("alice", WS).await;
     let mut bob = server.login("bob").await;
+    // sleep: the point — a second and a half of quiet, past
+    // hibernate_after_secs (nothing outside the session shows the parser
+    // hibernated).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     web.send(&format!(
         "<message xmlns='jabber:client' to='{}' type='chat'><body>after nap</body><x xmlns='urn:example:x'/></message>",
@@ -452,6 +496,7 @@ async fn an_idle_websocket_session_hibernates_its_parser_and_resumes() {
     let m = bob.recv().await;
     assert_eq!(body(&m), "after nap");
     assert!(m.has_child("x", "urn:example:x"));
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -479,7 +524,8 @@ async fn room_messages_reach_a_websocket_occupant_whole() {
             assert_eq!(r.attr("type"), Some("result"), "{r}");
         }
     }
-    alice.drain().await;
+    // The room answers in order: its broadcasts of bob's join came first.
+    alice.barrier_via(room).await;
     alice
         .send(&format!(
             "<message to='{room}' type='groupchat' id='g1'><body>to all &amp; &lt;you&gt;</body></message>"
@@ -493,6 +539,7 @@ async fn room_messages_reach_a_websocket_occupant_whole() {
         assert_eq!(body(&m), "to all & <you>");
         assert!(m.has_child("stanza-id", "urn:xmpp:sid:0"), "{m}");
     }
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -574,6 +621,7 @@ async fn websocket_preauth_ping_flood_is_throttled_then_closed() {
         closed_within(&mut tcp, Duration::from_secs(15)).await,
         "the flooding connection is still open"
     );
+    drop(web); // see CLOSE_WAIT
     server.stop().await;
 }
 
@@ -636,5 +684,6 @@ async fn websocket_message_over_preauth_limit_is_refused_until_authenticated() {
     ))
     .await;
     assert_eq!(body(&bob.recv_message().await), filler);
+    drop((c, web)); // see CLOSE_WAIT
     server.stop().await;
 }
