@@ -15,7 +15,7 @@ use std::time::Duration;
 
 const SENDERS: usize = 4;
 /// Archive records written (both ends of each message) before shutdown.
-const LOAD_ARCHIVED: u64 = 1000;
+const LOAD_ARCHIVED: u64 = 1500;
 
 fn jid(s: &str) -> BareJid {
     BareJid::new(s).unwrap()
@@ -97,9 +97,9 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
     let mailbox_full = server.server.env.metrics.mailbox_full.clone();
     let queues = server.server.env.metrics.write_behind.queues();
     assert!(!queues.is_empty());
-    // Shut down in the middle of the load, once it is real: a thousand
-    // records archived (some 500 messages; a counted amount of load rather
-    // than however much a fixed 1.5 s let through).
+    // Shut down in the middle of the load, once it is real: 1,500 records
+    // archived (some 750 messages; about what a fixed 1.5 s let through on
+    // the 2-core test machine, now counted rather than timed).
     let archive = queues
         .iter()
         .find(|(name, _)| name == "archive")
