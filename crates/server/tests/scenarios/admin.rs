@@ -495,7 +495,27 @@ async fn admin_sessions_are_listed_and_kicked() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["kicked"], json!([bob.jid]));
     bob.expect_stream_error("policy-violation").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The session leaves the table after it closed its stream: wait until
+    // the listing no longer has it (at most 10 s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = api(
+            &ts,
+            &token,
+            "GET",
+            "/api/v1/sessions?user=bob@localhost",
+            None,
+        )
+        .await;
+        if v["sessions"] == json!([]) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the kicked session is still listed after 10 s: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
+    }
     let (status, _) = api(
         &ts,
         &token,
@@ -719,7 +739,7 @@ impl CtlBench {
                     exited = true;
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval (30 s bound)
             }
             let said = std::fs::read_to_string(&log).unwrap_or_default();
             if exited && said.contains("Address already in use") && attempt < 5 {
@@ -1071,7 +1091,7 @@ async fn admin_domains_add_serve_disable_enable_and_remove() {
             200 => assert_eq!(v["state"], "removing", "{v}"),
             s => panic!("{s}: {v}"),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval (10 s bound)
     }
     assert!(gone, "the removal did not finish");
     let jid = starling_proto::BareJid::new(&format!("alice@{DYN}")).unwrap();

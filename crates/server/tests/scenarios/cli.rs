@@ -244,7 +244,7 @@ async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
     let addr = format!("127.0.0.1:{p1}").parse().unwrap();
     let mut waited = 0;
     while tokio::net::TcpStream::connect(addr).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
         waited += 1;
         assert!(waited < 1200, "server did not start within 60 s");
     }
@@ -286,7 +286,7 @@ async fn password_changed_by_the_cli_reaches_the_running_servers_auth_cache() {
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
     let mut waited = 0;
     while !answers_a_stream(p1) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
         waited += 1;
         assert!(waited < 1200, "server did not start within 60 s");
     }
@@ -311,7 +311,7 @@ async fn password_changed_by_the_cli_reaches_the_running_servers_auth_cache() {
             start.elapsed() < Duration::from_secs(15),
             "the old password still works 15 s after the change"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await; // sleep: poll interval
     }
     assert!(login("alice", "changed").await);
     assert!(!login("alice", "secret").await);
@@ -333,7 +333,7 @@ fn run_until_ready_then_stop(
     // before anything is written), so an accepted connection does not mean
     // ready: wait until the server answers a stream header.
     while !answers_a_stream(port) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
         waited += 1;
         assert!(waited < 1200, "server did not start within 60 s");
     }
@@ -389,10 +389,11 @@ fn logs_to_a_pipe_are_plain_text_or_json_lines() {
 
 /// A server process, killed if the test fails before stopping it. Its
 /// standard error is read as it comes (a full pipe would stall a server
-/// that logs a lot).
+/// that logs a lot), into `said`.
 struct KillOnDrop {
     child: Option<std::process::Child>,
-    stderr: Option<std::thread::JoinHandle<String>>,
+    said: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stderr: Option<std::thread::JoinHandle<()>>,
 }
 
 impl KillOnDrop {
@@ -403,14 +404,40 @@ impl KillOnDrop {
             .spawn()
             .unwrap();
         let mut pipe = child.stderr.take().unwrap();
+        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let to = said.clone();
         let stderr = std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut pipe, &mut bytes);
-            String::from_utf8_lossy(&bytes).into_owned()
+            let mut chunk = [0u8; 8192];
+            loop {
+                match std::io::Read::read(&mut pipe, &mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => to.lock().unwrap().extend_from_slice(&chunk[..n]),
+                }
+            }
         });
         KillOnDrop {
             child: Some(child),
+            said,
             stderr: Some(stderr),
+        }
+    }
+
+    /// What the server wrote to its standard error so far.
+    fn said(&self) -> String {
+        String::from_utf8_lossy(&self.said.lock().unwrap()).into_owned()
+    }
+
+    /// Waits (at most `within`) until a line of standard error satisfies
+    /// `line`; panics saying `what` otherwise.
+    async fn until_said(&self, what: &str, within: Duration, line: impl Fn(&str) -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.said().lines().any(&line) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server did not log {what} within {within:?}:\n{}",
+                self.said()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
         }
     }
 
@@ -424,7 +451,8 @@ impl KillOnDrop {
             .unwrap()
             .success());
         let status = child.wait().unwrap();
-        (status, self.stderr.take().unwrap().join().unwrap())
+        self.stderr.take().unwrap().join().unwrap();
+        (status, self.said())
     }
 }
 
@@ -475,7 +503,7 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     let addr = format!("127.0.0.1:{p1}").parse().unwrap();
     let mut waited = 0;
     while tokio::net::TcpStream::connect(addr).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
         waited += 1;
         assert!(waited < 1200, "server did not start within 60 s");
     }
@@ -492,7 +520,8 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     // Alice never reads again after this.
     let alice = login("alice").await;
     let mut bob = login("bob").await;
-    bob.drain().await;
+    // (Bob's own available presence.)
+    bob.barrier().await;
     let body = "x".repeat(4000);
     let mut bounced = 0;
     // Small batches: Bob's bounces never fill his own socket buffers.
@@ -503,16 +532,23 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
             ))
             .await;
         }
-        // Bob reads his bounces as they come, so he is not the one dropped.
-        while let Some(ev) = bob.next_event_within(Duration::from_millis(20)).await {
-            if let starling_testkit::Event::Element(el) = ev {
-                bounced += usize::from(el.attr("type") == Some("error"));
-            }
+        // Bob reads his bounces after each batch, so he is not the one
+        // dropped: a bounce is routed to him while his session handles the
+        // message, so all of the batch's are in before his barrier's answer.
+        for el in bob.barrier().await {
+            bounced += usize::from(el.attr("type") == Some("error"));
         }
     }
     assert!(bounced > 100, "the flood bounced: {bounced}");
-    // Alice's session is dropped after the write timeout.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Alice's session is dropped after the write timeout (2 s).
+    let dropped = |l: &str| {
+        l.contains("session closed")
+            && l.contains("jid=alice@localhost/r")
+            && l.contains("reason=write_timeout")
+    };
+    server
+        .until_said("alice's session closed", Duration::from_secs(20), dropped)
+        .await;
     let (_, err) = tokio::task::spawn_blocking(move || server.stop())
         .await
         .unwrap();
@@ -525,12 +561,7 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
         (1..=3).contains(&warnings),
         "{bounced} bounces, {warnings} warning lines:\n{err}"
     );
-    assert!(
-        err.lines().any(|l| l.contains("session closed")
-            && l.contains("jid=alice@localhost/r")
-            && l.contains("reason=write_timeout")),
-        "{bounced} bounces:\n{err}"
-    );
+    assert!(err.lines().any(dropped), "{bounced} bounces:\n{err}");
 }
 
 /// Runs `starling --config cfg ARGS` with `stdin`; (success, stdout, stderr).
@@ -745,7 +776,7 @@ fn listener_on_unspecified_ipv6_accepts_both_stacks() {
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
     let mut waited = 0;
     while !answers_a_stream(p1) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
         waited += 1;
         assert!(waited < 1200, "server did not start on IPv4 within 60 s");
     }
@@ -780,7 +811,7 @@ fn data_dir_and_database_are_private() {
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
     let mut waited = 0;
     while !answers_a_stream(p1) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
         waited += 1;
         assert!(waited < 1200, "server did not start within 60 s");
     }
@@ -795,7 +826,7 @@ fn data_dir_and_database_are_private() {
     ];
     let mut waited = 0;
     while files.iter().filter(|f| data.join(f).exists()).count() < 3 {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
         waited += 1;
         assert!(waited < 600, "the server did not open its WAL within 30 s");
     }
@@ -1169,7 +1200,9 @@ async fn room_create_list_serve_and_destroy() {
             "<presence to='{lobby}/Alice' type='unavailable'/>"
         ))
         .await;
-    alice.drain().await;
+    // The room has handled the leave (and sent alice her unavailable
+    // presence) once it answers her ping.
+    alice.barrier_via(lobby).await;
     let backend = server.backend_config();
     server.server.shutdown().await; // keeps the data directory
 

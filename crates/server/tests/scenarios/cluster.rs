@@ -14,7 +14,7 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{free_port, ns, Client, TestDatabase, TestServer};
+use starling_testkit::{free_port, muc, ns, Client, TestDatabase, TestServer};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -86,9 +86,12 @@ impl Nats {
             {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
         }
-        panic!("nats-server did not start");
+        panic!(
+            "nats-server did not accept connections on port {} within 5 s",
+            self.port
+        );
     }
 
     fn url(&self) -> String {
@@ -182,7 +185,7 @@ async fn wait_for(
         if ok(&c.status()) {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
     }
     panic!("timed out waiting for {what}: {:?}", c.status());
 }
@@ -198,10 +201,60 @@ fn entries_of(s: &[starling_server::cluster::NodeStatus], node: u8) -> u64 {
         .unwrap_or(0)
 }
 
-fn body(m: &Element) -> String {
-    m.get_child("body", ns::CLIENT)
-        .map(|b| b.text())
-        .unwrap_or_default()
+/// Waits (at most 10 s) until every write-behind queue (archive, inbox)
+/// of each of `nodes` has written what it was given: a message's records
+/// are queued while the node routes it, so once its recipients have it,
+/// this says it is in the database.
+async fn until_written(nodes: &[&TestServer]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: Vec<(String, i64)> = nodes
+            .iter()
+            .flat_map(|n| n.server.env.metrics.write_behind.queues())
+            .map(|(name, q)| (name, q.queued.get()))
+            .filter(|(_, queued)| *queued != 0)
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "write-behind queues still hold records after 10 s: {waiting:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
+    }
+}
+
+/// Waits (at most 10 s) until every message `node` sent to another node
+/// has been acknowledged: from then on it sends none of them again.
+async fn until_acked(node: &TestServer) {
+    let c = node.server.cluster.as_ref().expect("a cluster node");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while c.pending_count() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} messages still unacknowledged after 10 s",
+            c.pending_count()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
+    }
+}
+
+/// Routes a message from the server (`localhost`) with `id` to `to`, a
+/// session of another node: it crosses the bus behind every frame `node`
+/// queued for that node before (one subject, taken in order), so once it
+/// has arrived, so has everything `node` sent that session before.
+async fn marker(node: &TestServer, to: &str, id: &str) {
+    let made = starling_proto::Stanza::new(
+        Element::builder("message", ns::CLIENT)
+            .attr("type", "chat")
+            .attr("id", id)
+            .append(Element::builder("body", ns::CLIENT).text("marker").build())
+            .build(),
+        Some(starling_proto::Jid::new("localhost").unwrap()),
+        Some(starling_proto::Jid::new(to).unwrap()),
+    );
+    node.server.env.route(made).await;
 }
 
 fn bare(c: &Client) -> String {
@@ -303,7 +356,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
         ))
         .await;
     let m = bob.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "hi bob");
+    assert_eq!(muc::body(&m), "hi bob");
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
     bob.send(&format!(
         "<message to='{}' type='chat' id='m2'><body>hi alice</body></message>",
@@ -311,7 +364,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     ))
     .await;
     let m = alice.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "hi alice");
+    assert_eq!(muc::body(&m), "hi alice");
     // Node 1 sent one message across and got its acknowledgement
     // (acknowledgements are gathered for a few milliseconds).
     let mut metrics = String::new();
@@ -320,7 +373,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
         if metrics.contains("cluster_ack_seconds_count 1") {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval (1 s bound)
     }
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
@@ -337,6 +390,12 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
 
     // Carbons (XEP-0280) to alice's other resource on node 3.
     let mut alice2 = n3.login("alice").await;
+    // Its initial presence crosses the bus to alice's node-1 session:
+    // received here, so that nothing is left on its way to alice.
+    let alice2_jid = alice2.jid.clone();
+    alice
+        .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(alice2_jid.as_str()))
+        .await;
     for c in [&mut alice, &mut alice2] {
         let r = c
             .iq(
@@ -357,15 +416,15 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
         .await;
     assert!(sent.to_string().contains("carbon me"), "{sent}");
     let m = bob
-        .recv_until(|e| e.name() == "message" && body(e) == "carbon me")
+        .recv_until(|e| e.name() == "message" && muc::body(e) == "carbon me")
         .await;
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
 
     // One archive, whichever node answers (XEP-0313 on the shared
-    // database; archive writes are batched, so wait for them).
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    alice.drain().await;
-    alice2.drain().await;
+    // database; archive and inbox writes are batched, so wait for them).
+    until_written(&[&n1, &n2, &n3]).await;
+    alice.barrier().await;
+    alice2.barrier().await;
     let on_node1 = alice.archived_bodies().await;
     let on_node3 = alice2.archived_bodies().await;
     assert_eq!(on_node1, ["hi bob", "hi alice", "carbon me"]);
@@ -385,7 +444,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
 
     // RFC 6120 §7.7.2.2 across nodes: binding alice's node-1 resource on
     // node 2 closes the node-1 session with <conflict/>.
-    alice.drain().await;
+    alice.barrier().await;
     let resource = alice.jid.split('/').nth(1).unwrap().to_owned();
     let mut again = Client::connect(n2.starttls_addr()).await;
     again.negotiate_tls().await;
@@ -402,7 +461,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     ))
     .await;
     let m = again
-        .recv_until(|e| e.name() == "message" && body(e) == "after conflict")
+        .recv_until(|e| e.name() == "message" && muc::body(e) == "after conflict")
         .await;
     assert_eq!(m.attr("from"), Some(bob.jid.as_str()));
 
@@ -486,7 +545,7 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
 
     // Graceful stop: dan gets system-shutdown, carol sees him leave, and
     // node 1 forgets node 2 at once (no timeout).
-    dan.drain().await;
+    dan.barrier().await;
     let stopping = tokio::spawn(n2.stop());
     // RFC 6120 §4.9.3.17: the client is told, and reconnects elsewhere.
     dan.expect_stream_error("system-shutdown").await;
@@ -502,10 +561,11 @@ async fn a_stopped_node_leaves_and_its_users_messages_go_offline() {
     carol
         .send("<message to='dan@localhost' type='chat'><body>while you were away</body></message>")
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Stored offline while carol's session handled it.
+    carol.barrier().await;
     let mut dan = n1.login("dan").await;
     let m = dan
-        .recv_until(|e| e.name() == "message" && body(e) == "while you were away")
+        .recv_until(|e| e.name() == "message" && muc::body(e) == "while you were away")
         .await;
     assert_eq!(m.attr("from"), Some(carol.jid.as_str()));
     drop(dan);
@@ -568,20 +628,23 @@ async fn a_killed_node_is_declared_dead_and_nothing_sent_to_it_is_lost() {
         "<message to='frank@localhost' type='chat' id='f9'><body>after death</body></message>",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Stored offline while erin's session handled it.
+    erin.barrier().await;
 
     // frank comes back on node 1: everything is there, once, in order.
     let mut frank = n1.login("frank").await;
     let mut got = Vec::new();
     while got.len() < 4 {
         let m = frank.recv_until(|e| e.name() == "message").await;
-        got.push(body(&m));
+        got.push(muc::body(&m));
     }
     assert_eq!(
         got,
         ["in flight 0", "in flight 1", "in flight 2", "after death"]
     );
-    frank.expect_silence(Duration::from_millis(300)).await;
+    // Once each: the offline messages are written in one go, before frank's
+    // next stanza is read.
+    frank.expect_nothing().await;
     // The bus metrics say so too.
     let metrics = n1.server.env.metrics.encode();
     assert!(metrics.contains("cluster_rerouted_total 3"), "{metrics}");
@@ -609,7 +672,21 @@ async fn resumption_on_another_node_is_refused_cleanly() {
     assert!(enabled.is("enabled", SM), "{enabled}");
     let previd = enabled.attr("id").unwrap().to_owned();
     drop(g);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Node 1 noticed the dropped connection: the session is detached.
+    let detached = n1
+        .server
+        .env
+        .metrics
+        .sessions_on(starling_core::SessionTransport::Detached)
+        .clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while detached.get() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 1 did not detach gina's session within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
+    }
 
     let authenticated = |addr| async move {
         let mut c = Client::connect(addr).await;
@@ -664,26 +741,38 @@ async fn nats_restart_loses_nothing_acknowledged() {
     let bin = nats_binary().unwrap();
     let _ = env.nats.child.kill();
     let _ = env.nats.child.wait();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Node 1 no longer hears node 2: the bus is down as node 1 sees it.
+    wait_for(&n1, "node 2 unheard for two heartbeats", |s| {
+        s.iter()
+            .any(|n| n.node == 2 && !n.this_node && n.last_heartbeat_ms_ago > 2 * HEARTBEAT_MS)
+    })
+    .await;
     hank.send(&format!(
         "<message to='{}' type='chat'><body>sent while the bus was down</body></message>",
         ivy.jid
     ))
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Hank's session has routed it (to the bus's queue) before the answer.
+    hank.barrier().await;
     env.nats = Nats::start_on(&bin, port).await;
 
     let m = ivy.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "sent while the bus was down");
+    assert_eq!(muc::body(&m), "sent while the bus was down");
     ivy.send(&format!(
         "<message to='{}' type='chat'><body>back</body></message>",
         hank.jid
     ))
     .await;
     let m = hank.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "back");
-    // Exactly once, though it may have been sent twice.
-    ivy.expect_silence(Duration::from_millis(1_500)).await;
+    assert_eq!(muc::body(&m), "back");
+    // Exactly once, though it may have been sent twice: once node 1 has
+    // its acknowledgement it sends it no more, and a marker it sends after
+    // reaches ivy behind any copy sent before.
+    until_acked(&n1).await;
+    marker(&n1, &ivy.jid, "mark").await;
+    let m = ivy.recv_until(|e| e.name() == "message").await;
+    assert_eq!(m.attr("id"), Some("mark"), "a duplicate: {m}");
+    ivy.expect_nothing().await;
     drop((hank, ivy));
     n2.stop().await;
     n1.stop().await;
@@ -750,18 +839,18 @@ async fn a_stalled_bus_bounds_the_queue_and_loses_nothing_acknowledged() {
         let id = m.attr("id").unwrap_or_default().to_owned();
         assert!(got.insert(id.clone()), "{id} arrived twice");
     }
-    // Exactly once: a ping round trip through both nodes after the last.
+    // Exactly once: chat goes on both ways; once node 1 has every
+    // acknowledgement it sends none of them again, and a marker it sends
+    // after reaches ivy behind any copy sent before.
     ivy.send(&format!(
         "<message to='{}' type='chat' id='back'><body>back</body></message>",
         hank.jid
     ))
     .await;
     hank.recv_until(|e| e.attr("id") == Some("back")).await;
-    ivy.send("<iq type='get' id='b2' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>")
-        .await;
-    let el = ivy
-        .recv_until(|e| e.name() == "message" || e.attr("id") == Some("b2"))
-        .await;
+    until_acked(&n1).await;
+    marker(&n1, &ivy.jid, "b2").await;
+    let el = ivy.recv_until(|e| e.name() == "message").await;
     assert_eq!(el.attr("id"), Some("b2"), "a duplicate: {el}");
     drop((hank, ivy));
     n2.stop().await;
@@ -789,12 +878,12 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
     };
     jack.send(&to_kate("before")).await;
     let m = kate.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "before");
+    assert_eq!(muc::body(&m), "before");
     // A stanza near the size limit (256 KiB) crosses the bus whole.
     let big = "x".repeat(200_000);
     jack.send(&to_kate(&big)).await;
     let m = kate.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m).len(), 200_000);
+    assert_eq!(muc::body(&m).len(), 200_000);
 
     let r = kate
         .iq(
@@ -803,7 +892,14 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
         )
         .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The block's announcement went on the bus to every node before the
+    // answer; a session bound on node 2 after it is announced on the same
+    // subject, behind it: once node 1 has that session, it has the block.
+    let _lucy = n2.login("lucy").await;
+    wait_for(&n1, "lucy's entry, behind the block", |s| {
+        entries_of(s, 2) == 2
+    })
+    .await;
     jack.send(&to_kate("after")).await;
     // §3.5: the blocked sender's message gets service-unavailable ...
     let e = jack
@@ -814,8 +910,11 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
         Some("service-unavailable"),
         "{e}"
     );
-    // ... and kate gets nothing.
-    kate.expect_silence(Duration::from_millis(500)).await;
+    // ... and kate gets nothing: a marker node 1 sends her after it is the
+    // next thing she gets.
+    marker(&n1, &kate.jid, "mark").await;
+    let m = kate.recv().await;
+    assert_eq!(m.attr("id"), Some("mark"), "kate got: {m}");
     drop((jack, kate));
     n2.stop().await;
     n1.stop().await;
@@ -868,7 +967,7 @@ async fn a_node_back_from_a_partition_is_announced_again() {
     ))
     .await;
     let m = mike
-        .recv_until(|e| e.name() == "message" && body(e) == "welcome back")
+        .recv_until(|e| e.name() == "message" && muc::body(e) == "welcome back")
         .await;
     assert_eq!(m.attr("from"), Some(lena.jid.as_str()));
     drop((lena, mike, node2));
@@ -988,7 +1087,7 @@ async fn garbage_on_the_bus_is_dropped_and_counted() {
     ))
     .await;
     let m = quinn.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "still here");
+    assert_eq!(muc::body(&m), "still here");
     let metrics = n1.server.env.metrics.encode();
     let bad: u64 = metrics
         .lines()
@@ -1004,9 +1103,6 @@ async fn garbage_on_the_bus_is_dropped_and_counted() {
 
 // ---- group chat (issue 12): each room runs on one node ----
 
-const MUC_NS: &str = "http://jabber.org/protocol/muc";
-const MUC_USER_NS: &str = "http://jabber.org/protocol/muc#user";
-
 /// A room name whose owner among `nodes` is `owner` (rendezvous hashing,
 /// the rule every node applies).
 fn room_owned_by(owner: u8, nodes: &[u8], prefix: &str) -> String {
@@ -1014,22 +1110,6 @@ fn room_owned_by(owner: u8, nodes: &[u8], prefix: &str) -> String {
         .map(|i| format!("{prefix}{i}@conference.localhost"))
         .find(|r| starling_server::cluster::rendezvous(r, nodes) == Some(owner))
         .unwrap()
-}
-
-/// Enters `room` as `nick`; returns once the subject arrived (the end of
-/// XEP-0045 §7.2's sequence). Panics on an error presence.
-async fn enter(c: &mut Client, room: &str, nick: &str) {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC_NS}'/></presence>"
-    ))
-    .await;
-    loop {
-        let el = c.recv().await;
-        assert_ne!(el.attr("type"), Some("error"), "entering failed: {el}");
-        if el.name() == "message" && el.has_child("subject", ns::CLIENT) {
-            return;
-        }
-    }
 }
 
 /// Rooms of XEP-0045 on three nodes: a room runs on the node rendezvous
@@ -1052,25 +1132,20 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     let mut bob = n2.login("bob").await;
     let mut carol = n3.login("carol").await;
     // Created from node 1 (on node 2), configured as an instant room.
-    enter(&mut alice, &room, "Alice").await;
-    let r = alice
-        .iq(
-            &format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC_NS}#owner'><x xmlns='jabber:x:data' type='submit'/></query></iq>"),
-            "inst",
-        )
-        .await;
-    assert_eq!(r.attr("type"), Some("result"), "{r}");
-    enter(&mut bob, &room, "Bob").await;
-    enter(&mut carol, &room, "Carol").await;
+    muc::join(&mut alice, &room, "Alice").await;
+    muc::instant(&mut alice, &room).await;
+    muc::join(&mut bob, &room, "Bob").await;
+    muc::join(&mut carol, &room, "Carol").await;
     // Alice (node 1) saw both arrive, with their occupant JIDs.
     for nick in ["Bob", "Carol"] {
         let from = format!("{room}/{nick}");
         let p = alice
             .recv_until(|e| e.name() == "presence" && e.attr("from") == Some(from.as_str()))
             .await;
-        assert!(p.has_child("x", MUC_USER_NS), "{p}");
+        assert!(p.has_child("x", muc::MUC_USER), "{p}");
     }
-    bob.drain().await;
+    // (Carol's arrival, sent to bob before the room answers his ping.)
+    bob.barrier_via(&room).await;
     // A message from node 3 reaches node 1 and node 2 (and its sender).
     carol
         .send(&format!(
@@ -1079,7 +1154,7 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
         .await;
     for c in [&mut alice, &mut bob, &mut carol] {
         let m = c.recv_until(|e| e.name() == "message").await;
-        assert_eq!(body(&m), "hello nodes", "{m}");
+        assert_eq!(muc::body(&m), "hello nodes", "{m}");
         assert_eq!(m.attr("from"), Some(format!("{room}/Carol").as_str()));
     }
     // §7.5 across nodes.
@@ -1089,7 +1164,7 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
         ))
         .await;
     let m = carol.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "psst");
+    assert_eq!(muc::body(&m), "psst");
     assert_eq!(m.attr("from"), Some(format!("{room}/Alice").as_str()));
     // XEP-0410 self-ping from any node reaches the one room.
     let p = bob
@@ -1138,16 +1213,20 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
     assert_eq!(starling_server::cluster::rendezvous(&room, &[1]), Some(1));
     let mut dora = n1.login("dora").await;
     let mut ed = n1.login("ed").await;
-    enter(&mut dora, &room, "Dora").await;
-    let c = dora
-        .iq(
-            &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_NS}#owner'><x xmlns='jabber:x:data' type='submit'><field var='muc#roomconfig_persistentroom'><value>1</value></field><field var='muc#roomconfig_roomname'><value>Kept room</value></field></x></query></iq>"),
-            "cfg",
-        )
-        .await;
+    muc::join(&mut dora, &room, "Dora").await;
+    let c = muc::configure(
+        &mut dora,
+        &room,
+        &[
+            ("muc#roomconfig_persistentroom", "1"),
+            ("muc#roomconfig_roomname", "Kept room"),
+        ],
+    )
+    .await;
     assert_eq!(c.attr("type"), Some("result"), "{c}");
-    enter(&mut ed, &room, "Ed").await;
-    dora.drain().await;
+    muc::join(&mut ed, &room, "Ed").await;
+    // Ed's arrival crossed the bus to dora before the room's answer.
+    dora.barrier_via(&room).await;
     drop(node2); // SIGKILL
     wait_for(&n1, "node 2 declared dead", |s| !knows_node(s, 2)).await;
     // XEP-0410 §4: the room (now on node 1) does not know dora.
@@ -1163,20 +1242,20 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
         "{p}"
     );
     // Entering again: the stored room, its name and owner kept.
-    enter(&mut dora, &room, "Dora").await;
-    enter(&mut ed, &room, "Ed").await;
+    muc::join(&mut dora, &room, "Dora").await;
+    muc::join(&mut ed, &room, "Ed").await;
     let info = ed
         .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
         .await;
     assert!(info.to_string().contains("Kept room"), "{info}");
     assert!(info.to_string().contains("muc_persistent"), "{info}");
-    dora.drain().await;
+    dora.barrier_via(&room).await;
     ed.send(&format!(
         "<message to='{room}' type='groupchat' id='g'><body>still here</body></message>"
     ))
     .await;
     let m = dora.recv_until(|e| e.name() == "message").await;
-    assert_eq!(body(&m), "still here");
+    assert_eq!(muc::body(&m), "still here");
     drop(dora);
     drop(ed);
     n1.stop().await;
@@ -1239,14 +1318,15 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
             .contains("urn:xmpp:muclight:0#affiliations"),
         "{note}"
     );
-    gil.drain().await;
+    // (Gil's own affiliation notice, from node 2 before its answer.)
+    gil.barrier_via(&room).await;
     hal.send(&format!(
         "<message to='{room}' type='groupchat' id='x1'><body>over the bus</body></message>"
     ))
     .await;
     for c in [&mut gil, &mut hal] {
         let m = c.recv_until(|e| e.name() == "message").await;
-        assert_eq!(body(&m), "over the bus", "{m}");
+        assert_eq!(muc::body(&m), "over the bus", "{m}");
         assert_eq!(
             m.attr("from"),
             Some(format!("{room}/hal@localhost").as_str())
@@ -1254,9 +1334,11 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
     }
     // One copy each. (The bus is at-least-once: a message node 2 took but
     // had not acknowledged yet when killed is routed again, to the room's
-    // new node — docs/durability.md. Waiting here lets the ack arrive.)
+    // new node — docs/durability.md. Waiting here for node 3 to have the
+    // acknowledgement of hal's message keeps it from going twice.)
+    until_acked(&n3).await;
     for c in [&mut gil, &mut hal] {
-        c.expect_silence(Duration::from_millis(500)).await;
+        c.expect_nothing_via(&room).await;
     }
     let before = light_version(&mut gil, &room).await;
     drop(node2); // SIGKILL
@@ -1274,7 +1356,7 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
     .await;
     for c in [&mut gil, &mut hal] {
         let m = c.recv_until(|e| e.name() == "message").await;
-        assert_eq!(body(&m), "still one group", "{m}");
+        assert_eq!(muc::body(&m), "still one group", "{m}");
     }
     let live = n1.server.env.metrics.encode();
     assert!(
@@ -1300,15 +1382,18 @@ async fn a_joining_node_takes_over_the_rooms_it_wins() {
     let n1 = env.node(1).await;
     let room = room_owned_by(2, &[1, 2], "moving");
     let mut fay = n1.login("fay").await;
-    enter(&mut fay, &room, "Fay").await;
-    let c = fay
-        .iq(
-            &format!("<iq to='{room}' type='set' id='cfg'><query xmlns='{MUC_NS}#owner'><x xmlns='jabber:x:data' type='submit'><field var='muc#roomconfig_persistentroom'><value>1</value></field><field var='muc#roomconfig_roomname'><value>Moving room</value></field></x></query></iq>"),
-            "cfg",
-        )
-        .await;
+    muc::join(&mut fay, &room, "Fay").await;
+    let c = muc::configure(
+        &mut fay,
+        &room,
+        &[
+            ("muc#roomconfig_persistentroom", "1"),
+            ("muc#roomconfig_roomname", "Moving room"),
+        ],
+    )
+    .await;
     assert_eq!(c.attr("type"), Some("result"), "{c}");
-    fay.drain().await;
+    fay.barrier_via(&room).await;
     let n2 = env.node(2).await;
     wait_for(&n1, "node 2", |s| knows_node(s, 2)).await;
     let own = format!("{room}/Fay");
@@ -1317,11 +1402,11 @@ async fn a_joining_node_takes_over_the_rooms_it_wins() {
         .await;
     assert_eq!(gone.attr("type"), Some("unavailable"), "{gone}");
     let codes: Vec<&str> = gone
-        .get_child("x", MUC_USER_NS)
+        .get_child("x", muc::MUC_USER)
         .map(|x| x.children().filter_map(|s| s.attr("code")).collect())
         .unwrap_or_default();
     assert!(codes.contains(&"332") && codes.contains(&"110"), "{gone}");
-    enter(&mut fay, &room, "Fay").await;
+    muc::join(&mut fay, &room, "Fay").await;
     let info = fay
         .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
         .await;
@@ -1404,7 +1489,7 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
             shown = v;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
     }
     assert_eq!(
         (&shown["node"], &shown["loaded"]),
@@ -1420,7 +1505,7 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     );
     // Bob, on node 1, is in the room (on node 2).
     let mut bob = n1.login("bob").await;
-    enter(&mut bob, &room, "bob").await;
+    muc::join(&mut bob, &room, "bob").await;
     // Sessions of every node, from either node's registry; connection
     // details only from the node that runs the session.
     let mut listed = serde_json::Value::Null;
@@ -1430,7 +1515,7 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
             listed = v;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
     }
     let s = &listed["sessions"][0];
     assert_eq!(
@@ -1454,7 +1539,7 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     assert_eq!(status, 202, "{v}");
     let m = bob.recv_until(|e| e.name() == "message").await;
     assert_eq!(
-        (m.attr("from"), body(&m).as_str()),
+        (m.attr("from"), muc::body(&m).as_str()),
         (Some(room.as_str()), "from the operators")
     );
     let (status, v) = admin_api(
@@ -1478,7 +1563,7 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
             gone = true;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
     }
     assert!(gone, "destroyed on node 2");
     drop(bob);
@@ -1513,7 +1598,7 @@ async fn a_domain_added_or_disabled_on_one_node_is_seen_by_every_node() {
                     "after 10 s, served = {} on the other node",
                     !want
                 );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
             }
             t.elapsed()
         }

@@ -21,8 +21,6 @@ const BOT: &str = "bot.localhost";
 const BOT_SECRET: &str = "bot-secret-9876543210";
 /// Long enough for anything the server does at once.
 const WAIT: Duration = Duration::from_secs(10);
-/// How long "nothing arrives" is watched for.
-const QUIET: Duration = Duration::from_millis(400);
 
 fn entry(domain: &str, secret: &str, name: &str) -> ComponentEntry {
     ComponentEntry {
@@ -138,10 +136,39 @@ impl Comp {
         }
     }
 
-    async fn expect_silence(&mut self) {
-        if let Some(ev) = self.next_within(QUIET).await {
-            panic!("expected silence, got {ev:?}");
+    /// A round trip through the server, as `Client::barrier` for users:
+    /// an XEP-0199 ping from component `domain` to the server, whose answer
+    /// is routed into this connection's mailbox behind whatever was routed
+    /// to it before the server handled the ping (the connection handles
+    /// its stanzas in order). Returns the elements that came before it.
+    async fn barrier(&mut self, domain: &str) -> Vec<Element> {
+        let id = format!("barrier-{}", starling_proto::random_id(8));
+        self.send(&format!(
+            "<iq from='{domain}' to='localhost' type='get' id='{id}'><ping xmlns='urn:xmpp:ping'/></iq>"
+        ))
+        .await;
+        let mut before = Vec::new();
+        loop {
+            let el = self.recv().await;
+            if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
+                return before;
+            }
+            before.push(el);
         }
+    }
+
+    /// Asserts that nothing arrived up to a [`barrier`](Self::barrier)
+    /// (after whatever would have caused it has been routed).
+    async fn expect_nothing(&mut self, domain: &str) {
+        let got = self.barrier(domain).await;
+        assert!(
+            got.is_empty(),
+            "expected nothing before the barrier, got: {}",
+            got.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 
     /// §3: our stream header to `to`; returns the server's.
@@ -572,7 +599,9 @@ async fn stanzas_for_a_disconnected_component_get_service_unavailable() {
         assert_eq!(e.attr("type"), Some("error"), "{e}");
         assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
         alice.send("<presence to='x@gw.localhost'/>").await;
-        alice.expect_silence(QUIET).await;
+        // Dropped: no error comes back (it would be routed while alice's
+        // session handles the presence, before her ping).
+        alice.expect_nothing().await;
         if round == 0 {
             // Connected: delivered. Then it goes away.
             let mut gw = Comp::login(addr, GW, GW_SECRET).await;
@@ -581,8 +610,9 @@ async fn stanzas_for_a_disconnected_component_get_service_unavailable() {
                 .await;
             assert_eq!(gw.recv().await.attr("id"), Some("here"));
             drop(gw);
-            // The connection's end is noticed at once (EOF); give it a moment.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The connection's end is noticed at once (EOF): wait until the
+            // registry has let it go.
+            wait_component_on(&server, None).await;
         }
     }
     server.stop().await;
@@ -599,14 +629,15 @@ async fn negotiation_timeout_closes_the_connection() {
     let started = std::time::Instant::now();
     let mut c = Comp::connect(addr).await;
     c.open(GW).await;
+    // An authenticated component has no such deadline: one that logs in
+    // now is still connected after the deadline of a connection opened
+    // after its handshake (`silent`, below) has passed.
+    let mut gw = Comp::login(addr, GW, GW_SECRET).await;
+    // Silent from the first byte: the same as a stream header alone.
+    let mut silent = Comp::connect(addr).await;
     c.expect_stream_error("connection-timeout").await;
     assert!(started.elapsed() >= Duration::from_millis(900));
-    // Silent from the first byte: the same.
-    let mut c = Comp::connect(addr).await;
-    c.expect_stream_error("connection-timeout").await;
-    // An authenticated component has no such deadline.
-    let mut gw = Comp::login(addr, GW, GW_SECRET).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    silent.expect_stream_error("connection-timeout").await;
     let mut alice = server.login("alice").await;
     alice
         .send("<message to='x@gw.localhost' id='late'><body>.</body></message>")
@@ -648,12 +679,14 @@ async fn bad_input_closes_only_that_stream() {
         gw.try_send(&input).await;
         gw.expect_stream_error(condition).await;
     }
-    alice.expect_silence(QUIET).await;
+    // Each stream error came after its input was handled: nothing of it
+    // was routed to alice.
+    alice.expect_nothing().await;
     alice
         .send("<message to='x@bot.localhost' id='ok'><body>still here</body></message>")
         .await;
     assert_eq!(bot.recv().await.attr("id"), Some("ok"));
-    bot.expect_silence().await;
+    bot.expect_nothing(BOT).await;
     server.stop().await;
 }
 
@@ -737,11 +770,13 @@ impl Bus {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start nats-server");
-        for _ in 0..200 {
-            if TcpStream::connect(("127.0.0.1", nats_port)).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", nats_port)).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server did not accept connections on port {nats_port} within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
         }
         let dir = std::env::temp_dir().join(format!(
             "starling-component-cluster-{}",
@@ -790,7 +825,7 @@ async fn wait_component_on(server: &TestServer, node: Option<u8>) {
         if server.server.env.sessions.get(&jid).map(|e| e.session.node) == node {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
     }
     panic!("the registry never said the component is on {node:?}");
 }
@@ -813,11 +848,13 @@ async fn on_a_cluster_a_component_serves_users_of_every_node() {
     let n2 = bus.node(2, a2).await;
     for (n, other) in [(&n1, 2u8), (&n2, 1u8)] {
         let c = n.server.cluster.as_ref().expect("a cluster node");
-        for _ in 0..200 {
-            if c.status().iter().any(|s| s.node == other && !s.this_node) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !c.status().iter().any(|s| s.node == other && !s.this_node) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {other} did not join the cluster within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
         }
     }
     let mut gw = Comp::login(a1, GW, GW_SECRET).await;

@@ -47,7 +47,7 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         if f() {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
     }
     panic!("timed out waiting for: {what}");
 }
@@ -198,7 +198,7 @@ async fn domain_removed_deletes_accounts_roster_and_archive_in_the_background() 
         if archived().await > 0 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval (5 s bound)
     }
     assert!(archived().await > 0, "the message is archived");
     assert_eq!(
@@ -219,7 +219,7 @@ async fn domain_removed_deletes_accounts_roster_and_archive_in_the_background() 
         if env.storage.domains.domain(DYN).await.unwrap().is_none() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval (10 s bound)
     }
     assert!(env.storage.domains.domain(DYN).await.unwrap().is_none());
     assert_eq!(env.storage.accounts.count(DYN).await.unwrap(), 0);

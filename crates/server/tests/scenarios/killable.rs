@@ -29,19 +29,33 @@ pub fn add_user(cfg: &Path, jid: &str, password: &str) {
     assert!(add.wait().unwrap().success());
 }
 
+/// Starts the binary with `cfg` and returns once it accepts connections on
+/// `port` (polled for at most 10 s; an early exit fails at once).
 pub async fn start_binary(cfg: &Path, port: u16) -> std::process::Child {
-    let child = bin()
+    let mut child = bin()
         .arg("--config")
         .arg(cfg)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut waited = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += 1;
-        assert!(waited < 200, "server did not start");
+        let exited = child.try_wait().unwrap();
+        assert!(
+            exited.is_none(),
+            "the server exited before accepting on {addr}: {exited:?}"
+        );
+        let late = tokio::time::Instant::now() >= deadline;
+        if late {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert!(
+            !late,
+            "the server did not accept connections on {addr} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
     }
     child
 }

@@ -48,7 +48,7 @@ async fn until_detached(server: &TestServer, n: i64) {
         .clone();
     tokio::time::timeout(BOUND, async {
         while gauge.get() != n {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
         }
     })
     .await
@@ -98,7 +98,7 @@ async fn bind_beyond_max_resources_per_account_gets_resource_constraint() {
             if ok.attr("type") == Some("result") {
                 return ok;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
         }
     })
     .await

@@ -87,7 +87,7 @@ async fn eventually(server: &TestServer, key: &str, want: f64) {
                 Scrape::of(server).text
             );
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
     }
 }
 
@@ -298,7 +298,7 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
     )) < 1.0
     {
         assert!(tokio::time::Instant::now() < deadline, "no archive batch");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
     }
     let s = Scrape::of(&server);
     assert!(s.get("starling_write_behind_written_total{queue=\"archive\"}") >= 1.0);

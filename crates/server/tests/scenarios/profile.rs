@@ -12,6 +12,32 @@ const VCARD: &str = "vcard-temp";
 const PRIVATE: &str = "jabber:iq:private";
 const LAST: &str = "jabber:iq:last";
 
+/// Waits (at most 10 s) until `user`'s logout is in storage: the session
+/// records it in its `session_closed` hook, after the stream's close has
+/// been written, so a client's view of the close does not say it is done.
+async fn until_logout_recorded(server: &TestServer, user: &str) -> (u64, String) {
+    let jid = BareJid::new(user).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let recorded = server
+            .server
+            .env
+            .storage
+            .last_activity
+            .get(&jid)
+            .await
+            .unwrap();
+        if let Some(r) = recorded {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{user}'s logout was not recorded within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn vcard_set_own_and_fetch_from_anyone() {
     // XEP-0054 §3.1 (retrieve own), §3.2 (update), §3.3 (another user's).
@@ -200,8 +226,8 @@ async fn last_activity_server_uptime_and_contact_logout_time() {
     );
     bob.send("<presence type='unavailable'><status>lunch</status></presence>")
         .await;
-    bob.send("</stream:stream>").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    bob.close().await;
+    until_logout_recorded(&server, "bob@localhost").await;
     let r = alice
         .iq(
             "<iq to='bob@localhost' type='get' id='l2'><query xmlns='jabber:iq:last'/></iq>",
@@ -230,23 +256,8 @@ async fn last_activity_recorded_when_connection_drops() {
     let server = TestServer::start().await;
     let bob = server.login("bob").await;
     drop(bob);
-    let jid = BareJid::new("bob@localhost").unwrap();
-    let mut recorded = None;
-    for _ in 0..50 {
-        recorded = server
-            .server
-            .env
-            .storage
-            .last_activity
-            .get(&jid)
-            .await
-            .unwrap();
-        if recorded.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(recorded.is_some(), "logout time recorded");
+    let (at, _) = until_logout_recorded(&server, "bob@localhost").await;
+    assert!(at > 0, "logout time recorded");
     server.stop().await;
 }
 

@@ -14,6 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 const SENDERS: usize = 4;
+/// Archive records written (both ends of each message) before shutdown.
+const LOAD_ARCHIVED: u64 = 1500;
 
 fn jid(s: &str) -> BareJid {
     BareJid::new(s).unwrap()
@@ -91,12 +93,27 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
         let c = server.login(&format!("sender{i}")).await;
         senders.push(tokio::spawn(blast(c, i, targets.clone())));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-
     let backend = server.backend_config();
     let mailbox_full = server.server.env.metrics.mailbox_full.clone();
     let queues = server.server.env.metrics.write_behind.queues();
     assert!(!queues.is_empty());
+    // Shut down in the middle of the load, once it is real: 1,500 records
+    // archived (some 750 messages; about what a fixed 1.5 s let through on
+    // the 2-core test machine, now counted rather than timed).
+    let archive = queues
+        .iter()
+        .find(|(name, _)| name == "archive")
+        .map(|(_, q)| q.written.clone())
+        .expect("an archive queue");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while archive.get() < LOAD_ARCHIVED {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the load did not reach {LOAD_ARCHIVED} archived records in 30 s ({} so far)",
+            archive.get()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
+    }
     server.server.shutdown().await;
 
     let mut sent_by_client = 0;

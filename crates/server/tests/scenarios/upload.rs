@@ -71,6 +71,33 @@ pub(crate) async fn slot_path(
     path_of(&put)
 }
 
+/// The system clock's whole seconds since the Unix epoch, as the upload
+/// module reads them: a slot is `created` at that second, and expires
+/// once the clock's second reaches `created + slot_timeout_secs`.
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Sleeps until the system clock reaches second `at` since the Unix epoch:
+/// from then on, the server's expiry checks (`now >= deadline`, in whole
+/// seconds of the same clock) see `at` has come.
+async fn until_unix_second(at: u64) {
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let target = Duration::from_secs(at);
+        if now >= target {
+            return;
+        }
+        // sleep: the point — a deadline of the wall clock has to pass.
+        tokio::time::sleep(target - now).await;
+    }
+}
+
 fn path_of(url: &str) -> String {
     let rest = url.split_once("://").expect("absolute URL").1;
     rest[rest.find('/').expect("a path")..].to_owned()
@@ -379,10 +406,8 @@ async fn ephemeral_uploads_are_never_served_after_their_deadline() {
         );
     }
 
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let deadline = now.as_secs() + 3;
+    // Three seconds' time at most to see the file served before it.
+    let deadline = unix_secs() + 3;
     let stamp = starling_proto::datetime::xep0082_datetime(u128::from(deadline) * 1000);
     let ask = |name: &'static str, purpose: String| {
         let id = format!("p-{name}");
@@ -452,9 +477,8 @@ async fn ephemeral_uploads_are_never_served_after_their_deadline() {
             .unwrap();
     assert_eq!(meta["v"].as_u64(), Some(1), "no deadline: the first format");
 
-    // Past the deadline.
-    let wait = std::time::Duration::from_secs(deadline) - now + Duration::from_millis(200);
-    tokio::time::sleep(wait).await;
+    // Past the deadline (its second has begun).
+    until_unix_second(deadline).await;
     assert_eq!(
         get(addr, &story).await.status,
         404,
@@ -719,7 +743,7 @@ async fn a_file_larger_than_any_buffer_is_streamed_to_disk() {
             tokio::time::Instant::now() < deadline,
             "only {on_disk} bytes on disk after half the body was sent"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
     }
     tcp.write_all(&data[half..]).await.unwrap();
     let up = read_reply(&mut tcp).await;
@@ -755,8 +779,8 @@ async fn a_body_sent_in_small_pieces_arrives_whole() {
     for (i, piece) in data.chunks(97).enumerate() {
         tcp.write_all(piece).await.unwrap();
         if i % 64 == 63 {
-            // Let the server read what arrived: separate segments, separate
-            // frames.
+            // sleep: the point — let the server read what arrived, so
+            // separate segments make separate frames.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
@@ -807,6 +831,8 @@ async fn quota_counts_unexpired_files_and_unused_slots() {
     .await;
     let mut alice = server.login("alice").await;
     let first = slot_path(&mut alice, "a.bin", 600, None).await;
+    // The first slot was created at this second or before.
+    let first_expires = unix_secs() + 2;
     let r = request(&mut alice, "b.bin", "600", None).await;
     assert_eq!(
         error_condition(&r).as_deref(),
@@ -830,7 +856,7 @@ async fn quota_counts_unexpired_files_and_unused_slots() {
             .status,
         201
     );
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    until_unix_second(first_expires).await;
     assert_eq!(
         put(addr, &first, "application/octet-stream", &[1; 600])
             .await
@@ -1054,7 +1080,7 @@ async fn put_must_match_its_slot_and_happens_once() {
             tokio::time::Instant::now() < deadline,
             "partial file left behind"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
     }
     assert_eq!(get(addr, &path).await.status, 404);
 
@@ -1076,7 +1102,9 @@ async fn put_after_the_slot_timeout_is_refused() {
     let server = server_with(|u| u.slot_timeout_secs = 1).await;
     let mut alice = server.login("alice").await;
     let path = slot_path(&mut alice, "late.txt", 4, None).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The slot was created at this second or before: its PUT URL is
+    // void from the next one on.
+    until_unix_second(unix_secs() + 1).await;
     let r = put(server.http_addr(false), &path, "text/plain", b"late").await;
     assert_eq!(r.status, 403, "{r:?}");
     assert_eq!(get(server.http_addr(false), &path).await.status, 404);
@@ -1129,11 +1157,7 @@ async fn expired_files_are_not_served_and_purge_removes_them() {
     let meta_path = old_dir.join("meta.json");
     let mut meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    meta["uploaded"] = (now - 31 * 86_400).into();
+    meta["uploaded"] = (unix_secs() - 31 * 86_400).into();
     std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
     assert_eq!(get(addr, &old).await.status, 404, "expired");
     assert_eq!(get(addr, &new).await.status, 200);
