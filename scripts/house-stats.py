@@ -123,7 +123,14 @@ def main():
             if "/target/" in p:
                 continue
             files[os.path.relpath(p, ROOT)] = len(lines(p))
-    src = {p: n for p, n in files.items() if "/tests/" not in p and "/benches/" not in p}
+    # Source files: lines before the unit tests (`#[cfg(test)]`), which
+    # the ~1,200-line rule does not count.
+    src = {}
+    for p in files:
+        if "/tests/" in p or "/benches/" in p:
+            continue
+        text = open(os.path.join(ROOT, p), encoding="utf-8").read()
+        src[p] = strip_tests(text).count("\n")
     modules = {module_of(p) for p in rust_files(SERVER)}
     graph = {module_of(p): imports(p, modules) for p in rust_files(SERVER)}
     cyc = cycles(graph)
@@ -162,7 +169,8 @@ def main():
         print()
         return
     print(f"- Rust files: {report['rust_files']}, lines: {report['rust_lines']}")
-    print(f"- source files over 1,200 lines: {len(report['source_files_over_1200_lines'])}")
+    print(f"- source files over 1,200 lines (unit tests not counted): "
+          f"{len(report['source_files_over_1200_lines'])}")
     for p, n in report["source_files_over_1200_lines"]:
         print(f"  - {p}: {n}")
     print(f"- import cycles between server files: {len(cyc)}"

@@ -1152,7 +1152,9 @@ async def pep_quota(ctx):
                        f"</item></publish></pubsub></iq>", 20)
         if r.get("type") == "error":
             e = r.find(f"{{{NS_CLIENT}}}error")
-            err = show(r if e is None else e)[:160]
+            # The conditions' names (e.g. not-acceptable + payload-too-big).
+            err = " + ".join(local(x) for x in (e if e is not None else r)
+                             if local(x) != "text") or show(r)[:160]
             break
         stored += item
     await ctx.witness()
