@@ -26,7 +26,7 @@
 use super::config::{RoomConfig, Whois, MAX_NAME_CHARS};
 use super::host::{AdminFailure, Host, Listing};
 use super::room::Room;
-use super::{MucKind, NS_MUC_ADMIN, NS_MUC_OWNER};
+use super::{MucKind, NS_ADMIN, NS_MUC_ADMIN, NS_MUC_OWNER};
 use crate::admin::rooms::{
     AffiliationEntry, Affiliations, Applied, OccupantEntry, RoomAdmin, RoomChange, RoomDetails,
     RoomError, RoomSummary,
@@ -36,10 +36,6 @@ use starling_proto::{ns, BareJid, Jid, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// The server's requests that XEP-0045 has no stanza for (creating a
-/// room nobody entered). Taken only from the server ([`Host::is_server_request`]).
-pub(super) const NS_ADMIN: &str = "urn:x-starling:muc-admin:0";
 
 /// A creation request ([`create_request`]).
 pub(super) struct CreateRequest {

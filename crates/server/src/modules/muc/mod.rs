@@ -93,6 +93,10 @@ pub const NS_MODERATE: &str = "urn:xmpp:message-moderate:1";
 pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
 /// vcard-temp (room avatars, as XEP-0486 describes).
 pub const NS_VCARD: &str = "vcard-temp";
+
+/// The server's requests that XEP-0045 has no stanza for (creating a
+/// room nobody entered). Taken only from the server ([`Host::is_server_request`]).
+pub(crate) const NS_ADMIN: &str = "urn:x-starling:muc-admin:0";
 /// XEP-0153 avatar hash in presence.
 pub const NS_VCARD_UPDATE: &str = "vcard-temp:x:update";
 /// XEP-0410 self-ping optimization.

@@ -575,7 +575,7 @@ impl Room {
                             )),
                         }
                     }
-                    Some(q) if q.is("create", super::admin::NS_ADMIN) => Err(err(
+                    Some(q) if q.is("create", super::NS_ADMIN) => Err(err(
                         StanzaErrorCondition::Conflict,
                         "this room exists already",
                     )),
