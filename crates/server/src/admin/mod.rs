@@ -238,7 +238,12 @@ pub(crate) async fn accept_loop(
             .clone()
             .layer(Extension(axum::extract::ConnectInfo(peer)));
         tokio::spawn(async move {
-            if let Err(e) = crate::transport::http::serve_connection(tcp, app, timeouts).await {
+            // The admin listener outlives the sessions at shutdown (health
+            // checks see "stopping"); it is aborted last, not signalled.
+            let (_keep, never) = tokio::sync::watch::channel(false);
+            if let Err(e) =
+                crate::transport::http::serve_connection(tcp, app, timeouts, never).await
+            {
                 tracing::debug!(%peer, error = %e, "admin HTTP connection ended with an error");
             }
             drop(ticket);

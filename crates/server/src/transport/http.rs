@@ -256,11 +256,12 @@ pub(crate) async fn accept_loop(
         let tls = tls.clone();
         let c2s = state.c2s.clone();
         let negotiation = state.c2s.negotiation_timeout;
+        let stop = state.shutdown.clone();
         tokio::spawn(async move {
             let result = match tls {
                 None => {
                     let app = app.layer(Extension(Bindings(None)));
-                    serve_connection(tcp, app, timeouts).await
+                    serve_connection(tcp, app, timeouts, stop).await
                 }
                 Some(acceptor) => {
                     let mut stream =
@@ -277,7 +278,7 @@ pub(crate) async fn accept_loop(
                     // whose requests may come over several connections).
                     let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&mut stream)));
                     let app = app.layer(Extension(Bindings(bindings)));
-                    serve_connection(stream, app, timeouts).await
+                    serve_connection(stream, app, timeouts, stop).await
                 }
             };
             if let Err(e) = result {
@@ -315,10 +316,17 @@ const HTTP_READ_BUFFER: usize = 16 * 1024;
 ///
 /// A BOSH long-poll is a request in flight (neither timer runs while its
 /// handler waits); an upgraded WebSocket leaves hyper altogether.
+///
+/// When `shutdown` turns true the connection is shut down gracefully at
+/// once: an idle one closes, a request in flight is answered first. (The
+/// connection holds the listener's state, and the server's shutdown waits
+/// for that: without this, an idle keep-alive connection held a stop for
+/// up to `keepalive_timeout_secs`.)
 pub(crate) async fn serve_connection<I>(
     io: I,
     app: Router,
     timeouts: HttpTimeouts,
+    mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), hyper::Error>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -354,9 +362,10 @@ where
     tokio::select! {
         r = conn.as_mut() => return r,
         _ = idle_for(&mut idle, timeouts.keepalive) => {}
+        _ = shutdown.wait_for(|stop| *stop) => {}
     }
-    // Idle keep-alive: closes now unless a request slipped in meanwhile,
-    // which is then answered first.
+    // Idle keep-alive or the server stopping: closes now unless a request
+    // is in flight or slipped in meanwhile, which is then answered first.
     conn.as_mut().graceful_shutdown();
     conn.await
 }

@@ -480,3 +480,31 @@ async fn auth_failure_limiter_counts_mapped_ipv4_as_ipv4() {
     assert!(f.has_child("temporary-auth-failure", ns::SASL), "{f}");
     server.stop().await;
 }
+
+/// Stopping the server does not wait for idle HTTP connections: an idle
+/// keep-alive connection (after a request) and a new one that sent
+/// nothing are closed at once, not after `keepalive_timeout_secs` (15 s)
+/// or `request_head_timeout_secs` (20 s), which every stop used to wait
+/// out while a browser held a connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_closes_idle_http_connections_at_once() {
+    let server = TestServer::start().await;
+    let http = server.http_addr(false);
+    let mut kept = TcpStream::connect(http).await.unwrap();
+    assert_eq!(
+        get_keepalive(&mut kept, "/.well-known/host-meta").await,
+        200
+    );
+    let mut fresh = TcpStream::connect(http).await.unwrap();
+    until_open(&server, "http", 2).await;
+    let started = Instant::now();
+    server.stop().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the stop waited {took:?} for idle HTTP connections"
+    );
+    // Both were closed by the server (not left open past the stop).
+    closed_by_server(&mut kept).await;
+    closed_by_server(&mut fresh).await;
+}
