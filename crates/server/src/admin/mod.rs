@@ -240,9 +240,7 @@ pub(crate) async fn accept_loop(
         tokio::spawn(async move {
             // The admin listener outlives the sessions at shutdown (health
             // checks see "stopping"); it is aborted last, not signalled.
-            let (_keep, never) = tokio::sync::watch::channel(false);
-            if let Err(e) =
-                crate::transport::http::serve_connection(tcp, app, timeouts, never).await
+            if let Err(e) = crate::transport::http::serve_connection(tcp, app, timeouts, None).await
             {
                 tracing::debug!(%peer, error = %e, "admin HTTP connection ended with an error");
             }

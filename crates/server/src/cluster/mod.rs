@@ -355,7 +355,7 @@ pub struct Cluster {
     /// Bytes of frames in `out`, not yet taken by the publisher; at most
     /// `max_queue_bytes` (the channel is unbounded in count, bounded here
     /// in bytes, so a sender never waits).
-    out_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    out_bytes: std::sync::atomic::AtomicUsize,
     max_queue_bytes: usize,
     /// The last delivery id used, per destination node.
     next_id: Mutex<HashMap<u8, u64>>,
@@ -494,7 +494,7 @@ impl Cluster {
             seq: Mutex::new(0),
             out,
             out_rx: Mutex::new(Some(out_rx)),
-            out_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            out_bytes: std::sync::atomic::AtomicUsize::new(0),
             max_queue_bytes: cfg.max_queue_mib.max(1) * 1024 * 1024,
             next_id: Mutex::new(HashMap::new()),
             pending: Mutex::new(BTreeMap::new()),

@@ -261,7 +261,7 @@ pub(crate) async fn accept_loop(
             let result = match tls {
                 None => {
                     let app = app.layer(Extension(Bindings(None)));
-                    serve_connection(tcp, app, timeouts, stop).await
+                    serve_connection(tcp, app, timeouts, Some(stop)).await
                 }
                 Some(acceptor) => {
                     let mut stream =
@@ -278,7 +278,7 @@ pub(crate) async fn accept_loop(
                     // whose requests may come over several connections).
                     let bindings = c2s.tls.as_ref().map(|t| Arc::new(t.bindings(&mut stream)));
                     let app = app.layer(Extension(Bindings(bindings)));
-                    serve_connection(stream, app, timeouts, stop).await
+                    serve_connection(stream, app, timeouts, Some(stop)).await
                 }
             };
             if let Err(e) = result {
@@ -317,8 +317,8 @@ const HTTP_READ_BUFFER: usize = 16 * 1024;
 /// A BOSH long-poll is a request in flight (neither timer runs while its
 /// handler waits); an upgraded WebSocket leaves hyper altogether.
 ///
-/// When `shutdown` turns true the connection is shut down gracefully at
-/// once: an idle one closes, a request in flight is answered first. (The
+/// When `shutdown` (if any) turns true the connection is shut down
+/// gracefully at once: an idle one closes, a request in flight is answered first. (The
 /// connection holds the listener's state, and the server's shutdown waits
 /// for that: without this, an idle keep-alive connection held a stop for
 /// up to `keepalive_timeout_secs`.)
@@ -326,7 +326,7 @@ pub(crate) async fn serve_connection<I>(
     io: I,
     app: Router,
     timeouts: HttpTimeouts,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Option<watch::Receiver<bool>>,
 ) -> Result<(), hyper::Error>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -362,12 +362,23 @@ where
     tokio::select! {
         r = conn.as_mut() => return r,
         _ = idle_for(&mut idle, timeouts.keepalive) => {}
-        _ = shutdown.wait_for(|stop| *stop) => {}
+        _ = stopping(shutdown) => {}
     }
     // Idle keep-alive or the server stopping: closes now unless a request
     // is in flight or slipped in meanwhile, which is then answered first.
     conn.as_mut().graceful_shutdown();
     conn.await
+}
+
+/// Returns once `shutdown` turns true; never without a signal (or once
+/// its sender is gone: no stop can be announced any more).
+async fn stopping(shutdown: Option<watch::Receiver<bool>>) {
+    if let Some(mut rx) = shutdown {
+        if rx.wait_for(|stop| *stop).await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 /// What a connection is doing, for the keep-alive timer.

@@ -1707,21 +1707,8 @@ fn ctl_domains_against_a_running_server() {
 
 // ---- Rooms through the API (docs/admin.md "Rooms", XEP-0045)
 
-const MUC: &str = "http://jabber.org/protocol/muc";
-const MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+use starling_testkit::muc::{statuses as muc_statuses, MUC, MUC_USER};
 const LOBBY: &str = "lobby@conference.localhost";
-
-/// The status codes of a MUC presence.
-fn muc_statuses(el: &starling_testkit::starling_xml::Element) -> Vec<String> {
-    el.get_child("x", MUC_USER)
-        .map(|x| {
-            x.children()
-                .filter(|c| c.name() == "status")
-                .filter_map(|c| c.attr("code").map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Enters `room` as `nick` and reads up to the subject (the end of
 /// entering, XEP-0045 §7.2.15); returns what arrived.
