@@ -122,7 +122,7 @@ fn scram_client(mechanism: Mechanism, server_first: &[u8], server_final: &[u8]) 
     }
 }
 
-/// `<auth/>` or a SASL2 `<authenticate/>`, as crates/server/src/c2s/sasl.rs reads it.
+/// `<auth/>` or a SASL2 `<authenticate/>`, as crates/server/src/c2s/session/sasl.rs reads it.
 fn element(text: &str) {
     let Ok(el) = text.parse::<Element>() else {
         return;

@@ -84,6 +84,26 @@ pub trait Module: Send + Sync + 'static {
     const STORAGE: &'static [StorageConcern] = &[];
     /// Modules that must be enabled when this one is.
     const NEEDS: &'static [&'static str] = &[];
+    /// Whether the module is served by the HTTP listeners
+    /// (`[[http.listen]]`): a configuration that enables it without one is
+    /// refused.
+    const HTTP: bool = false;
+
+    /// The label of the service the module runs on each served domain
+    /// (`conference` for `conference.example.org`), if it runs one: no
+    /// other module may claim that address.
+    fn subdomain(cfg: &Self::Config) -> Option<&str> {
+        let _ = cfg;
+        None
+    }
+
+    /// Domains the module serves on its own (an external component's):
+    /// the configuration key that lists them, and the domains. None may
+    /// be another module's service address.
+    fn claimed_domains(cfg: &Self::Config) -> (&'static str, Vec<String>) {
+        let _ = cfg;
+        ("", Vec::new())
+    }
 
     /// Whether the configuration turns the module on. A module that is
     /// off registers nothing and runs no code.

@@ -193,19 +193,6 @@ pub struct HttpSection {
     pub body_min_bytes_per_sec: u64,
 }
 
-impl HttpSection {
-    /// The timeouts of every HTTP listener (the admin listener's too).
-    pub(crate) fn timeouts(&self) -> crate::transport::http::HttpTimeouts {
-        use std::time::Duration;
-        crate::transport::http::HttpTimeouts {
-            head: Duration::from_secs(self.request_head_timeout_secs),
-            keepalive: Duration::from_secs(self.keepalive_timeout_secs),
-            body: Duration::from_secs(self.body_timeout_secs),
-            body_min_rate: self.body_min_bytes_per_sec,
-        }
-    }
-}
-
 impl Default for HttpSection {
     fn default() -> Self {
         HttpSection {
@@ -476,6 +463,21 @@ pub struct ClusterSection {
     pub max_queue_mib: usize,
 }
 
+impl ClusterSection {
+    /// The NATS servers of `nats_url` (a comma-separated list), trimmed,
+    /// empty entries dropped.
+    pub fn servers(&self) -> Vec<String> {
+        self.nats_url
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
 impl Default for ClusterSection {
     fn default() -> Self {
         ClusterSection {
@@ -613,11 +615,12 @@ impl Config {
                 }
             }
         }
-        if let Err((key, message)) = self.modules.validate(&self.server.domains) {
+        if let Err((key, message)) = self
+            .modules
+            .validate(&self.server.domains, !self.http.listen.is_empty())
+        {
             return Err(invalid(&key, message));
         }
-        self.validate_component_domains()
-            .map_err(|(key, message)| invalid(&key, message))?;
         if self.admin.max_body_bytes == 0 {
             return Err(invalid(
                 "admin.max_body_bytes",
@@ -651,13 +654,6 @@ impl Config {
                 return Err(invalid(key, "must be at least 1".into()));
             }
         }
-        let upload = <crate::modules::Upload as starling_core::module::Module>::NAME;
-        if self.http.listen.is_empty() && self.modules.is_enabled(upload) {
-            return Err(invalid(
-                "modules.upload.enabled",
-                "file upload is served by the HTTP listeners: add an [[http.listen]] (tls = true for HTTPS) or set [modules.upload] enabled = false".into(),
-            ));
-        }
         if self.cluster.nats_url.is_some() {
             if self.storage.backend != "postgres" {
                 return Err(invalid(
@@ -666,7 +662,7 @@ impl Config {
                 ));
             }
             let c = &self.cluster;
-            let urls = crate::cluster::server_list(c.nats_url.as_deref().unwrap_or_default());
+            let urls = c.servers();
             if urls.is_empty() {
                 return Err(invalid(
                     "cluster.nats_url",
@@ -824,52 +820,6 @@ impl Config {
                     "storage.backend",
                     format!("unknown backend {other:?}; use \"sqlite\" or \"postgres\""),
                 ))
-            }
-        }
-        Ok(())
-    }
-
-    /// An external component's domain must not be the address of another
-    /// enabled service (`conference.<domain>`…): both would claim its
-    /// stanzas. (Services of modules not listed here are checked at start,
-    /// when every service is registered.)
-    fn validate_component_domains(&self) -> Result<(), (String, String)> {
-        use crate::modules::{component, Component, Muc, MucLight, Proxy65, Upload};
-        use starling_core::module::Module;
-        let m = &self.modules;
-        if !m.is_enabled(Component::NAME) {
-            return Ok(());
-        }
-        let services = [
-            (Muc::NAME, &m.get::<Muc>().subdomain),
-            (MucLight::NAME, &m.get::<MucLight>().subdomain),
-            (Proxy65::NAME, &m.get::<Proxy65>().subdomain),
-            (Upload::NAME, &m.get::<Upload>().subdomain),
-        ];
-        for c in &m.get::<Component>().components {
-            let Some(domain) = component::normalized_domain(&c.domain) else {
-                continue; // the module's own check names it
-            };
-            for (module, label) in services.iter().filter(|(n, _)| m.is_enabled(n)) {
-                let Some(served) = domain
-                    .strip_prefix(label.as_str())
-                    .and_then(|r| r.strip_prefix('.'))
-                else {
-                    continue;
-                };
-                let is_served = self
-                    .server
-                    .domains
-                    .iter()
-                    .any(|d| component::normalized_domain(d).as_deref() == Some(served));
-                if is_served {
-                    return Err((
-                        "modules.component.components".into(),
-                        format!(
-                            "{domain} is the address of the {module} service ({label}.{served}): give the component another domain, or change [modules.{module}] subdomain"
-                        ),
-                    ));
-                }
             }
         }
         Ok(())

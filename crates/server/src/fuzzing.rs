@@ -3,8 +3,9 @@
 //! the server runs on a request; nothing here is an API, and nothing else
 //! in the server uses it.
 
+use crate::listen::http;
 use crate::modules::upload::{self, MediaType, Validators, Wanted};
-use crate::transport::{bosh, http};
+use crate::transport::bosh;
 use axum::http::{header, HeaderMap, HeaderValue};
 use starling_proto::StanzaError;
 use starling_xml::{Element, Limits};

@@ -30,6 +30,7 @@ pub mod domains;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod limiter;
+pub(crate) mod listen;
 pub mod modules;
 pub mod routing;
 pub mod server;

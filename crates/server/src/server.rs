@@ -2,16 +2,19 @@
 //! binds listeners and accepts connections; on shutdown tells every session
 //! to close with `<system-shutdown/>`, waits for them, then closes storage.
 
-use crate::c2s::{session, C2sShared};
+use crate::c2s::C2sShared;
 use crate::cluster::Cluster;
 use crate::config::{Config, TlsMode};
+use crate::listen;
 use crate::routing::router::LocalRouter;
 use crate::routing::sessions::SessionTable;
 use crate::tls::TlsContext;
-use crate::transport::gate::Door;
-use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
+use crate::transport::gate::{Gates, PerSource};
+use crate::transport::http::HttpRoutes;
 use anyhow::Context;
-use starling_core::storage::AuthCache;
+use starling_core::hooks::{HookRegistry, Hooks};
+use starling_core::module::ModuleCtx;
+use starling_core::storage::{ArchiveIds, AuthCache, Storage};
 use starling_core::{Env, Hosts, Metrics, Pressure};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -165,21 +168,51 @@ impl RunningServer {
     }
 }
 
-/// Binds one configured listener. `[::]` on a host without IPv6 falls back
-/// to `0.0.0.0` with a log line; a port in use is reported with what to do.
-fn bind_listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    // A large backlog: connection storms must not overflow the accept queue.
-    let result = crate::transport::tcp::bind(addr, 4096);
-    result.map_err(|(a, e)| {
-        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-            "another process (another Starling?) is listening on this port: stop it, or change the [[listen]] (or [[http.listen]]) address in the configuration"
-        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
-            "ports below 1024 need privileges: use a higher port, or grant CAP_NET_BIND_SERVICE"
-        } else {
-            "check the [[listen]] address in the configuration"
+/// The sockets of the node's own listeners, bound before anything else
+/// happens: a port in use stops start-up before anything is written to
+/// `data_dir`.
+struct Bound {
+    c2s: Vec<(TcpListener, TlsMode)>,
+    http: Vec<(TcpListener, bool)>,
+    admin: Vec<TcpListener>,
+}
+
+impl Bound {
+    /// `[[listen]]`, `[[http.listen]]` and `[admin] listen`. A large
+    /// backlog: connection storms must not overflow the accept queue.
+    fn all(cfg: &Config) -> anyhow::Result<Bound> {
+        let mut bound = Bound {
+            c2s: Vec::new(),
+            http: Vec::new(),
+            admin: Vec::new(),
         };
-        anyhow::anyhow!("cannot listen on {a}: {e}; {hint}")
-    })
+        for l in &cfg.listen {
+            bound
+                .c2s
+                .push((listen::bind(l.address, 4096, "[[listen]]")?, l.tls));
+        }
+        for l in &cfg.http.listen {
+            bound
+                .http
+                .push((listen::bind(l.address, 4096, "[[http.listen]]")?, l.tls));
+        }
+        for a in &cfg.admin.listen {
+            bound
+                .admin
+                .push(listen::bind(*a, 4096, "[admin] listen").map_err(|e| {
+                    anyhow::anyhow!("{e} ([admin] listen = [] turns the admin listener off)")
+                })?);
+        }
+        Ok(bound)
+    }
+
+    /// The HTTP listeners' actual addresses and whether each is HTTPS.
+    fn http_addrs(&self) -> anyhow::Result<Vec<(SocketAddr, bool)>> {
+        self.http
+            .iter()
+            .map(|(l, tls)| Ok((l.local_addr()?, *tls)))
+            .collect()
+    }
 }
 
 /// Starts a server from a validated configuration.
@@ -189,45 +222,19 @@ pub async fn start(cfg: Config) -> anyhow::Result<RunningServer> {
 
 /// Like [`start`], with `extra` registering handlers and services besides
 /// the configured modules (for programs that embed Starling, and tests).
+///
+/// The node's parts, in the order they start: the listeners' sockets,
+/// storage (with the auth cache in front), TLS, the modules (which build
+/// the hooks), the environment and the cluster bus, the stored domains,
+/// the admin listener, and last the client listeners.
 pub async fn start_with(
     cfg: Config,
-    extra: impl FnOnce(&mut starling_core::hooks::HookRegistry),
+    extra: impl FnOnce(&mut HookRegistry),
 ) -> anyhow::Result<RunningServer> {
-    let domains: Vec<String> = cfg
-        .server
-        .domains
-        .iter()
-        .map(|d| {
-            starling_proto::BareJid::new(d)
-                .map(|j| j.domain().as_str().to_owned())
-                .unwrap_or_else(|_| d.clone())
-        })
-        .collect();
-    // Listeners first: a port in use stops start-up before anything is
-    // written to data_dir.
-    let mut bound = Vec::new();
-    for l in &cfg.listen {
-        bound.push((bind_listener(l.address)?, l.tls));
-    }
-    let mut http_bound = Vec::new();
-    for l in &cfg.http.listen {
-        http_bound.push((bind_listener(l.address)?, l.tls));
-    }
-    let mut admin_bound = Vec::new();
-    for a in &cfg.admin.listen {
-        admin_bound.push(bind_listener(*a).map_err(|e| {
-            anyhow::anyhow!("{e} (this is the [admin] listen address; [admin] listen = [] turns the admin listener off)")
-        })?);
-    }
-    starling_storage::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
-        format!(
-            "cannot create data directory {}; set [server] data_dir to a writable place",
-            cfg.server.data_dir.display()
-        )
-    })?;
-    let storage = starling_storage::open(&cfg.backend_config())
-        .await
-        .context("opening storage")?;
+    let domains = configured_domains(&cfg);
+    let bound = Bound::all(&cfg)?;
+    let metrics = Metrics::new();
+    let (storage, auth_cache) = open_storage(&cfg, &metrics).await?;
     let tls = TlsContext::load_or_generate(
         cfg.tls.certificate.as_deref(),
         cfg.tls.private_key.as_deref(),
@@ -236,100 +243,37 @@ pub async fn start_with(
     )
     .context("setting up TLS")?;
     tracing::info!(certificate = %tls.source, "TLS ready");
-    let metrics = Metrics::new();
-    // Every storage call timed (starling_storage_latency_seconds).
-    let mut storage = storage.timed(&metrics);
-    // Credentials and disabled state cached in front of the (timed)
-    // account store; kept coherent by the backend's change log, read
-    // before the listeners accept and then every 2 s.
-    let auth_cache = Arc::new(AuthCache::new(
-        storage.accounts.clone(),
-        cfg.auth.cache_accounts,
-    ));
-    auth_cache
-        .sync()
-        .await
-        .context("reading the accounts change log")?;
-    auth_cache.export(&metrics);
-    storage.accounts = auth_cache.clone();
     let pressure = Arc::new(Pressure::new());
     // The connection gates (transport/gate.rs): one for the client
     // listeners (c2s and HTTP share [server] max_connections), one for the
     // admin listeners; the listening modules make their own from these.
-    let gates = crate::transport::gate::Gates::new(
-        crate::transport::gate::PerSource {
+    let gates = Gates::new(
+        PerSource {
             max: cfg.server.max_connections_per_ip,
             loopback: cfg.server.per_ip_limit_loopback,
         },
         &metrics,
     );
-    let client_gate = gates.gate(cfg.server.max_connections);
-    let http_timeouts = cfg.http.timeouts();
-    let mut http_listeners = Vec::new();
-    for (listener, tls) in &http_bound {
-        http_listeners.push((listener.local_addr()?, *tls));
-    }
-    // The admin API asks session tasks for their facts through a timer
-    // handler of its own (admin/mod.rs, SessionProbe).
-    let probe = Arc::new(crate::admin::SessionProbe::default());
-    let admin_probe = probe.clone();
-    // The group-chat module, when enabled, provides what the admin API's
-    // rooms endpoints use (admin/rooms.rs); it is taken after the modules
-    // started.
-    let mut admin_rooms = None;
-    let with_admin = |reg: &mut starling_core::hooks::HookRegistry| {
-        reg.timer(crate::admin::PROBE_MODULE, admin_probe);
-        admin_rooms = reg
-            .take_provided::<crate::admin::rooms::Provided>()
-            .map(|p| p.0);
-        extra(reg);
-    };
-    let (hooks, http_routes) = crate::modules::build_hooks(
+    let modules = start_modules(
         &cfg,
+        &domains,
         &storage,
         &metrics,
         &pressure,
-        crate::transport::http::HttpRoutes::new(http_listeners),
+        HttpRoutes::new(bound.http_addrs()?),
         gates.clone(),
-        with_admin,
+        extra,
     )
-    .await;
-    // Two services on one address (a component's domain that is another
-    // service's subdomain): the router would pick one silently.
-    for d in &domains {
-        let mut seen = std::collections::HashSet::new();
-        for (jid, _) in hooks.services_of(d, 0) {
-            if !seen.insert(jid.clone()) {
-                anyhow::bail!(
-                    "two services claim {jid}: change a module's subdomain, or the domain of the [modules.component] entry"
-                );
-            }
-        }
-    }
-    for (module, prefix) in http_routes.mounted() {
-        tracing::info!(module, prefix, "module HTTP routes mounted");
-    }
-    let http_routes = Arc::new(http_routes);
+    .await?;
     let table = Arc::new(SessionTable::new(cfg.server.node_id));
     let router = Arc::new(LocalRouter::new(table.clone()));
-    let cluster = match &cfg.cluster.nats_url {
-        Some(url) => {
-            let c = Cluster::connect(&cfg.cluster, cfg.server.node_id, table.clone())
-                .await
-                .context("joining the cluster")?;
-            tracing::info!(nats = %url, node = cfg.server.node_id, "cluster bus connected");
-            router.set_cluster(c.clone());
-            Some(c)
-        }
-        None => None,
-    };
-    let local_router = router.clone();
+    let cluster = join_cluster(&cfg, &table, &router).await?;
     let env = Arc::new(Env {
-        router,
+        router: router.clone(),
         sessions: table.clone(),
         storage,
         hosts: Hosts::new(domains.clone()),
-        hooks,
+        hooks: modules.hooks,
         metrics,
         pressure,
         handover: Arc::new(starling_core::HandoverGate::new()),
@@ -364,48 +308,23 @@ pub async fn start_with(
             .context("joining the cluster")?;
     }
     let health = Arc::new(crate::admin::Health::default());
-    let mut admin_addrs = Vec::new();
-    let mut admin_listeners = Vec::new();
-    if !admin_bound.is_empty() {
-        let state = Arc::new(crate::admin::AdminState {
-            env: env.clone(),
-            router: local_router,
-            table: table.clone(),
-            cluster: cluster.clone(),
-            probe,
-            health: health.clone(),
-            started: std::time::Instant::now(),
-            node: cfg.server.node_id,
-            iterations: cfg.auth.scram_iterations,
-            configured: domains.clone(),
-            domains: domain_service.clone(),
-            web: crate::admin::web::WebState::default(),
-            rooms: admin_rooms,
-        });
-        let app = crate::admin::routes(state, cfg.admin.max_body_bytes);
-        let admin_door = Arc::new(gates.gate(cfg.admin.max_connections).door("admin"));
-        for listener in admin_bound {
-            let local = listener.local_addr()?;
-            if local.ip().is_loopback() {
-                tracing::info!(address = %local, url = %format!("http://{local}/api/v1"), "admin API, metrics and health listening");
-            } else {
-                tracing::warn!(address = %local, "admin API, metrics and health listening on a non-loopback address: /metrics and /health need no token there; restrict access (firewall) or use 127.0.0.1");
-            }
-            admin_addrs.push(local);
-            admin_listeners.push(tokio::spawn(crate::admin::accept_loop(
-                listener,
-                app.clone(),
-                admin_door.clone(),
-                http_timeouts,
-            )));
-        }
-    }
-    let c2s_door = Arc::new(client_gate.door("c2s"));
-    let keepalive = match cfg.c2s.tcp_keepalive_secs {
-        0 => None,
-        s => Some(Duration::from_secs(s)),
+    let admin = crate::admin::AdminState {
+        env: env.clone(),
+        router,
+        table: table.clone(),
+        cluster: cluster.clone(),
+        probe: modules.probe,
+        health: health.clone(),
+        started: std::time::Instant::now(),
+        node: cfg.server.node_id,
+        iterations: cfg.auth.scram_iterations,
+        configured: domains.clone(),
+        domains: domain_service.clone(),
+        web: crate::admin::web::WebState::default(),
+        rooms: modules.rooms,
     };
-    let mut c2s_addrs = Vec::new();
+    let (admin_addrs, admin_listeners) = serve_admin(&cfg, bound.admin, admin, &gates)?;
+    let client_gate = gates.gate(cfg.server.max_connections);
     let mut listeners = Vec::new();
     // Changes by other nodes and the CLI to the domains table and, for
     // the auth cache, to accounts.
@@ -414,11 +333,17 @@ pub async fn start_with(
         auth_cache,
         shutdown_rx.clone(),
     ));
-    for (listener, tls) in bound {
+    let c2s_door = Arc::new(client_gate.door("c2s"));
+    let keepalive = match cfg.c2s.tcp_keepalive_secs {
+        0 => None,
+        s => Some(Duration::from_secs(s)),
+    };
+    let mut c2s_addrs = Vec::new();
+    for (listener, tls) in bound.c2s {
         let local = listener.local_addr()?;
         tracing::info!(address = %local, tls = ?tls, "listening for clients");
         c2s_addrs.push((local, tls));
-        listeners.push(tokio::spawn(accept_loop(
+        listeners.push(tokio::spawn(listen::c2s::serve(
             listener,
             tls,
             shared.clone(),
@@ -428,38 +353,39 @@ pub async fn start_with(
             keepalive,
         )));
     }
-    let web_client = cfg.http.web_client.then(|| {
-        Arc::new(crate::transport::http::WebClient {
-            dir: cfg.http.web_client_dir.clone(),
-            domain: domains.first().cloned().unwrap_or_default(),
-        })
-    });
-    let bosh_sessions = Arc::new(crate::transport::bosh::BoshRegistry::default());
+    let client_http = listen::http::ClientHttp {
+        c2s: shared,
+        shutdown: shutdown_rx,
+        done: done_tx.clone(),
+        gate: client_gate,
+        timeouts: listen::http::timeouts(&cfg.http),
+        secure_loopback: cfg.http.secure_loopback,
+        web_client: cfg.http.web_client.then(|| {
+            Arc::new(listen::http::WebClient {
+                dir: cfg.http.web_client_dir.clone(),
+                domain: domains.first().cloned().unwrap_or_default(),
+            })
+        }),
+        bosh: Arc::new(crate::transport::bosh::BoshRegistry::default()),
+        routes: Arc::new(modules.http_routes),
+    };
     let mut http_addrs = Vec::new();
-    for (listener, tls) in http_bound {
+    for (listener, tls) in bound.http {
         let local = listener.local_addr()?;
         let scheme = if tls { "wss" } else { "ws" };
         tracing::info!(address = %local, url = %format!("{scheme}://{local}{}", crate::transport::http::WEBSOCKET_PATH), "listening for WebSocket clients");
         http_addrs.push((local, tls));
-        if let Some(web) = web_client.as_ref().filter(|_| !tls) {
+        if let Some(web) = client_http.web_client.as_ref().filter(|_| !tls) {
             if web.dir.join("converse.min.js").is_file() {
                 tracing::info!(url = %format!("http://{local}/"), "web chat (Converse.js) served");
             } else {
                 tracing::warn!(dir = %web.dir.display(), "web chat files not found; run scripts/fetch-webclient.sh (needs npm) or set [http] web_client_dir");
             }
         }
-        listeners.push(tokio::spawn(crate::transport::http::accept_loop(
+        listeners.push(tokio::spawn(listen::http::serve(
             listener,
             tls.then(|| http_tls.clone()),
-            shared.clone(),
-            shutdown_rx.clone(),
-            done_tx.clone(),
-            client_gate.clone(),
-            http_timeouts,
-            cfg.http.secure_loopback,
-            web_client.clone(),
-            bosh_sessions.clone(),
-            http_routes.clone(),
+            client_http.clone(),
         )));
     }
     tracing::info!(
@@ -489,36 +415,198 @@ pub async fn start_with(
     })
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    mode: TlsMode,
-    shared: Arc<C2sShared>,
-    shutdown: watch::Receiver<bool>,
-    done: mpsc::Sender<()>,
-    door: Arc<Door>,
-    keepalive: Option<Duration>,
-) {
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        let (tcp, peer) = accept(&listener, &mut backoff, "c2s").await;
-        // Over a limit: closed at once (the client's reconnect backoff
-        // retries later), counted and logged by the gate.
-        let Ok(ticket) = door.admit(peer) else {
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        if let Some(idle) = keepalive {
-            set_keepalive(&tcp, idle);
+/// `[server] domains`, normalised (the first is the default domain).
+fn configured_domains(cfg: &Config) -> Vec<String> {
+    cfg.server
+        .domains
+        .iter()
+        .map(|d| {
+            starling_proto::BareJid::new(d)
+                .map(|j| j.domain().as_str().to_owned())
+                .unwrap_or_else(|_| d.clone())
+        })
+        .collect()
+}
+
+/// Creates `data_dir` and opens the configured storage: every call timed
+/// (`starling_storage_latency_seconds`), credentials and disabled state
+/// cached in front of the account store. The cache is kept coherent by
+/// the backend's change log, read here (before the listeners accept) and
+/// then every 2 s ([`spawn_polls`]).
+async fn open_storage(
+    cfg: &Config,
+    metrics: &Metrics,
+) -> anyhow::Result<(Storage, Arc<AuthCache>)> {
+    starling_storage::fsperm::create_private_dir_all(&cfg.server.data_dir).with_context(|| {
+        format!(
+            "cannot create data directory {}; set [server] data_dir to a writable place",
+            cfg.server.data_dir.display()
+        )
+    })?;
+    let storage = starling_storage::open(&cfg.backend_config())
+        .await
+        .context("opening storage")?;
+    let mut storage = storage.timed(metrics);
+    let auth_cache = Arc::new(AuthCache::new(
+        storage.accounts.clone(),
+        cfg.auth.cache_accounts,
+    ));
+    auth_cache
+        .sync()
+        .await
+        .context("reading the accounts change log")?;
+    auth_cache.export(metrics);
+    storage.accounts = auth_cache.clone();
+    Ok((storage, auth_cache))
+}
+
+/// What starting the modules gives the rest of the node.
+struct Started {
+    hooks: Hooks,
+    /// The routes modules mounted on the HTTP listeners.
+    http_routes: HttpRoutes,
+    /// The admin API's way to ask session tasks for their facts.
+    probe: Arc<crate::admin::SessionProbe>,
+    /// What the admin API's rooms endpoints use, when the group-chat
+    /// module is enabled (`admin/rooms.rs`).
+    rooms: Option<Arc<dyn crate::admin::rooms::RoomAdmin>>,
+}
+
+/// The node's archive id generator, seeded above the greatest id in
+/// storage (a restart after the clock stepped back repeats no id).
+pub async fn archive_ids(storage: &Storage, node: u8) -> Arc<ArchiveIds> {
+    let above = match storage.archive.max_id().await {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::error!(error = %e, "reading the greatest archive id failed; ids start from the clock");
+            None
         }
-        let shared = shared.clone();
-        let shutdown = shutdown.clone();
-        let done = done.clone();
-        tokio::spawn(async move {
-            session::run(shared, tcp, peer, mode == TlsMode::Direct, shutdown).await;
-            drop(ticket);
-            drop(done);
-        });
+    };
+    Arc::new(ArchiveIds::new(node, above))
+}
+
+/// Starts every enabled module (in [`crate::modules::MODULES`] order) and
+/// freezes the hooks. Modules with background writers (archive, inbox)
+/// start them here, so this runs inside the Tokio runtime. `http` is lent
+/// to the modules (and to `extra`) to mount HTTP routes in; `gates` is
+/// provided to the modules that listen. Two services on one address (a
+/// component's domain that is another service's subdomain) stop start-up:
+/// the router would pick one silently.
+#[allow(clippy::too_many_arguments)]
+async fn start_modules(
+    cfg: &Config,
+    domains: &[String],
+    storage: &Storage,
+    metrics: &Metrics,
+    pressure: &Arc<Pressure>,
+    http: HttpRoutes,
+    gates: Arc<Gates>,
+    extra: impl FnOnce(&mut HookRegistry),
+) -> anyhow::Result<Started> {
+    let mut reg = HookRegistry::new();
+    reg.provide(http);
+    reg.provide(gates);
+    let is_enabled = |name: &str| cfg.modules.is_enabled(name);
+    let archive_ids = archive_ids(storage, cfg.server.node_id).await;
+    let ctx = ModuleCtx {
+        domains: &cfg.server.domains,
+        data_dir: &cfg.server.data_dir,
+        node_id: cfg.server.node_id,
+        scram_iterations: cfg.auth.scram_iterations,
+        storage,
+        archive_ids: &archive_ids,
+        metrics,
+        pressure,
+        is_enabled: &is_enabled,
+    };
+    for (m, c) in cfg.modules.iter() {
+        if m.enabled(c) {
+            reg.begin_module(m.name());
+            m.start(c, &ctx, &mut reg).await;
+        }
     }
+    reg.end_module();
+    // The admin API asks session tasks for their facts through a timer
+    // handler of its own (admin/mod.rs, SessionProbe); the group-chat
+    // module, when enabled, provides what its rooms endpoints use.
+    let probe = Arc::new(crate::admin::SessionProbe::default());
+    reg.timer(crate::admin::PROBE_MODULE, probe.clone());
+    let rooms = reg
+        .take_provided::<crate::admin::rooms::Provided>()
+        .map(|p| p.0);
+    extra(&mut reg);
+    let http_routes = reg
+        .take_provided::<HttpRoutes>()
+        .expect("provided above; modules cannot take it");
+    let hooks = reg.build();
+    for d in domains {
+        let mut seen = std::collections::HashSet::new();
+        for (jid, _) in hooks.services_of(d, 0) {
+            if !seen.insert(jid.clone()) {
+                anyhow::bail!(
+                    "two services claim {jid}: change a module's subdomain, or the domain of the [modules.component] entry"
+                );
+            }
+        }
+    }
+    for (module, prefix) in http_routes.mounted() {
+        tracing::info!(module, prefix, "module HTTP routes mounted");
+    }
+    Ok(Started {
+        hooks,
+        http_routes,
+        probe,
+        rooms,
+    })
+}
+
+/// Connects to the cluster bus when `[cluster] nats_url` is set.
+async fn join_cluster(
+    cfg: &Config,
+    table: &Arc<SessionTable>,
+    router: &Arc<LocalRouter>,
+) -> anyhow::Result<Option<Arc<Cluster>>> {
+    let Some(url) = &cfg.cluster.nats_url else {
+        return Ok(None);
+    };
+    let c = Cluster::connect(&cfg.cluster, cfg.server.node_id, table.clone())
+        .await
+        .context("joining the cluster")?;
+    tracing::info!(nats = %url, node = cfg.server.node_id, "cluster bus connected");
+    router.set_cluster(c.clone());
+    Ok(Some(c))
+}
+
+/// Serves the admin API, metrics and health on the bound admin listeners.
+fn serve_admin(
+    cfg: &Config,
+    bound: Vec<TcpListener>,
+    state: crate::admin::AdminState,
+    gates: &Arc<Gates>,
+) -> anyhow::Result<(Vec<SocketAddr>, Vec<JoinHandle<()>>)> {
+    let (mut addrs, mut tasks) = (Vec::new(), Vec::new());
+    if bound.is_empty() {
+        return Ok((addrs, tasks));
+    }
+    let app = crate::admin::routes(Arc::new(state), cfg.admin.max_body_bytes);
+    let door = Arc::new(gates.gate(cfg.admin.max_connections).door("admin"));
+    let timeouts = listen::http::timeouts(&cfg.http);
+    for listener in bound {
+        let local = listener.local_addr()?;
+        if local.ip().is_loopback() {
+            tracing::info!(address = %local, url = %format!("http://{local}/api/v1"), "admin API, metrics and health listening");
+        } else {
+            tracing::warn!(address = %local, "admin API, metrics and health listening on a non-loopback address: /metrics and /health need no token there; restrict access (firewall) or use 127.0.0.1");
+        }
+        addrs.push(local);
+        tasks.push(tokio::spawn(listen::admin::serve(
+            listener,
+            app.clone(),
+            door.clone(),
+            timeouts,
+        )));
+    }
+    Ok((addrs, tasks))
 }
 
 /// Every [`crate::domains::POLL_INTERVAL`], reads what other writers

@@ -24,7 +24,7 @@
 //!
 //! The listener binds with the others (a port in use stops start-up) and
 //! serves connections through the same helpers as the HTTP listeners
-//! (`transport::tcp::accept`, `transport::http::serve_connection`). On
+//! (`listen::admin`, `transport::http::serve_connection`). On
 //! shutdown it stays up while the sessions close, answering
 //! `/health/ready` with 503 and API requests with 503, and closes before
 //! the storage queues drain.
@@ -51,7 +51,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Extension, Router};
+use axum::Router;
 use starling_core::hooks::{HookResult, SessionCtx, SessionState, TimerHandler};
 use starling_core::storage::SCOPE_ADMIN;
 use starling_core::{Env, Flow};
@@ -60,7 +60,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tokio::net::TcpListener;
 
 /// The name under which the session probe's timer handler is registered.
 pub(crate) const PROBE_MODULE: &str = "admin";
@@ -215,38 +214,6 @@ pub(crate) fn routes(state: Shared, max_body: usize) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
-}
-
-/// Serves one admin listener until the task is aborted. Connections are
-/// admitted through the admin gate (`[admin] max_connections`, and
-/// `[server] max_connections_per_ip`) and bounded in time by the `[http]`
-/// timeouts, like every HTTP listener's.
-pub(crate) async fn accept_loop(
-    listener: TcpListener,
-    app: Router,
-    door: Arc<crate::transport::gate::Door>,
-    timeouts: crate::transport::http::HttpTimeouts,
-) {
-    let mut backoff = crate::transport::tcp::AcceptBackoff::default();
-    loop {
-        let (tcp, peer) = crate::transport::tcp::accept(&listener, &mut backoff, "admin").await;
-        let Ok(ticket) = door.admit(peer) else {
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let app = app
-            .clone()
-            .layer(Extension(axum::extract::ConnectInfo(peer)));
-        tokio::spawn(async move {
-            // The admin listener outlives the sessions at shutdown (health
-            // checks see "stopping"); it is aborted last, not signalled.
-            if let Err(e) = crate::transport::http::serve_connection(tcp, app, timeouts, None).await
-            {
-                tracing::debug!(%peer, error = %e, "admin HTTP connection ended with an error");
-            }
-            drop(ticket);
-        });
-    }
 }
 
 /// The name of the token that authenticated a request (a request

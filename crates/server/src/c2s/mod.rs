@@ -8,7 +8,6 @@
 //! (invariant 1): presence, ping, disco, registration… are modules.
 
 pub(crate) mod fast;
-mod sasl;
 pub(crate) mod session;
 
 use crate::config::Config;

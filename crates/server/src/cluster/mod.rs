@@ -421,16 +421,6 @@ pub fn rendezvous(key: &str, nodes: &[u8]) -> Option<u8> {
         .max_by_key(|n| (rendezvous_score(key, *n), *n))
 }
 
-/// The servers of `nats_url` (comma-separated), for the client to try in
-/// turn and fail over between.
-pub fn server_list(url: &str) -> Vec<String> {
-    url.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Connects to the servers of `cfg.nats_url` with `options`, within
 /// `connect_timeout_secs`.
 async fn connect_client(
@@ -440,7 +430,7 @@ async fn connect_client(
     let url = cfg.nats_url.clone().unwrap_or_default();
     options
         .connection_timeout(Duration::from_secs(cfg.connect_timeout_secs.max(1)))
-        .connect(server_list(&url))
+        .connect(cfg.servers())
         .await
         .map_err(|source| ClusterError::Connect { url, source })
 }

@@ -67,7 +67,6 @@
 use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, ReadLimits, XmlStream};
 use crate::transport::gate::{Door, Gates, PerSource, Ticket};
 use crate::transport::tcp::Transport;
-use crate::transport::tcp::{accept, set_keepalive, AcceptBackoff};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
@@ -223,6 +222,14 @@ impl Module for Component {
         "XEP-0114 external components (gateways, bots) on their own domains (opens a TCP port)";
     type Config = ComponentConfig;
 
+    fn claimed_domains(cfg: &Self::Config) -> (&'static str, Vec<String>) {
+        let domains = cfg
+            .components
+            .iter()
+            .filter_map(|c| normalized_domain(&c.domain))
+            .collect();
+        ("components", domains)
+    }
     fn enabled(cfg: &ComponentConfig) -> bool {
         cfg.enabled
     }
@@ -365,7 +372,7 @@ impl Module for Component {
                 local: Mutex::new(None),
             }));
         }
-        let listener = match crate::transport::tcp::bind(cfg.listen, 128).map_err(|(_, e)| e) {
+        let listener = match crate::listen::bind(cfg.listen, 128, "[modules.component] listen") {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::error!(module = NAME, address = %cfg.listen, error = %e,
@@ -641,26 +648,48 @@ async fn not_connected(env: &Env, domain: &str, stanza: Stanza) {
     }
 }
 
-/// Accepts component connections until shutdown.
+/// Our stream header (XEP-0114 §3, `jabber:component:accept`): `from` the
+/// component's domain (none when its header named no domain we serve), no
+/// `version`.
+fn stream_header(id: &str, from: Option<&str>) -> String {
+    // A configured domain; escaped all the same.
+    let from = from
+        .map(|f| {
+            let f = f
+                .replace('&', "&amp;")
+                .replace('\'', "&apos;")
+                .replace('<', "&lt;");
+            format!(" from='{f}'")
+        })
+        .unwrap_or_default();
+    format!(
+        "<?xml version='1.0'?><stream:stream \
+         xmlns:stream='http://etherx.jabber.org/streams' \
+         xmlns='jabber:component:accept' id='{id}'{from}>"
+    )
+}
+
+/// Accepts component connections until shutdown (`crate::listen`).
 async fn accept_loop(hub: Arc<Hub>, listener: TcpListener, tasks: mpsc::Sender<()>) {
-    let mut stop = hub.stop.subscribe();
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            c = accept(&listener, &mut backoff, NAME) => c,
-        };
-        // Over a limit: closed at once, counted and logged by the gate.
-        let Ok(ticket) = hub.door.admit(peer) else {
-            continue;
-        };
+    let stop = hub.stop.subscribe();
+    let keepalive = Some(Duration::from_secs(60));
+    crate::listen::accept_loop(listener, NAME, &hub.door, keepalive, Some(stop), |conn| {
+        // Over a limit the connection was closed at once, counted and
+        // logged by the gate.
+        let Ok(conn) = conn else { return };
         let Some(env) = hub.env.get().and_then(Weak::upgrade) else {
             return;
         };
-        let _ = tcp.set_nodelay(true);
-        set_keepalive(&tcp, Duration::from_secs(60));
-        tokio::spawn(run(hub.clone(), env, tcp, peer, ticket, tasks.clone()));
-    }
+        tokio::spawn(run(
+            hub.clone(),
+            env,
+            conn.tcp,
+            conn.peer,
+            conn.ticket,
+            tasks.clone(),
+        ));
+    })
+    .await
 }
 
 /// How a component stream ends.
@@ -840,8 +869,8 @@ impl Link {
             .and_then(normalized_domain)
             .and_then(|d| self.hub.slot(&d).cloned());
         // Our header whatever the outcome (RFC 6120 §4.9.1.2, XEP-0114 §3).
-        self.conn
-            .open_component_stream(&self.stream_id, slot.as_ref().map(|s| s.domain.as_str()));
+        let header = stream_header(&self.stream_id, slot.as_ref().map(|s| s.domain.as_str()));
+        self.conn.open_stream_with(header.as_bytes());
         if h.default_ns.as_deref() != Some(NS_COMPONENT_ACCEPT) {
             return Err(Exit::error(
                 StreamErrorCondition::InvalidNamespace,
@@ -1091,8 +1120,8 @@ impl Link {
         }
         match &exit {
             Exit::Error(e) => {
-                self.conn
-                    .open_component_stream(&self.stream_id, domain.as_deref());
+                let header = stream_header(&self.stream_id, domain.as_deref());
+                self.conn.open_stream_with(header.as_bytes());
                 self.env.metrics.stream_errors.inc();
                 if !was_live {
                     self.hub.metrics.refused.inc();

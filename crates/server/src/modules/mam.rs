@@ -959,7 +959,7 @@ mod tests {
         let cfg = MamConfig::default();
         let metrics = Metrics::new();
         let pressure = Arc::new(Pressure::new());
-        let ids = super::super::archive_ids(&storage, 3).await;
+        let ids = crate::server::archive_ids(&storage, 3).await;
         let m = Mam::register(&cfg, &[], ids, &storage, &metrics, &pressure, &mut reg).await;
         let ids: Vec<ArchiveId> = (0..1000).map(|_| m.next_id()).collect();
         assert!(ids[0].micros() > future.micros());

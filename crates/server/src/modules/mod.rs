@@ -59,19 +59,14 @@ pub use upload::Upload;
 pub use vcard::Vcard;
 pub use version::Version;
 
-use crate::config::Config;
-use crate::transport::http::HttpRoutes;
 use serde::Deserialize as _;
-use starling_core::hooks::{HookRegistry, Hooks};
+use starling_core::hooks::HookRegistry;
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::{ArchiveIds, Storage};
-use starling_core::{Metrics, Pressure};
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 
 /// Every module the server knows, in registration order (handlers of equal
 /// priority run in this order). Adding a module is one line here.
@@ -138,6 +133,12 @@ pub trait ModuleEntry: Sync {
     fn storage(&self) -> &'static [&'static str];
     /// [`Module::NEEDS`].
     fn needs(&self) -> &'static [&'static str];
+    /// [`Module::HTTP`].
+    fn http(&self) -> bool;
+    /// [`Module::subdomain`].
+    fn subdomain<'c>(&self, cfg: &'c dyn AnyConfig) -> Option<&'c str>;
+    /// [`Module::claimed_domains`].
+    fn claimed_domains(&self, cfg: &dyn AnyConfig) -> (&'static str, Vec<String>);
     /// The default configuration.
     fn default_config(&self) -> Box<dyn AnyConfig>;
     /// Parses the module's `[modules.<name>]` table.
@@ -175,6 +176,15 @@ impl<M: Module> ModuleEntry for Entry<M> {
     }
     fn needs(&self) -> &'static [&'static str] {
         M::NEEDS
+    }
+    fn http(&self) -> bool {
+        M::HTTP
+    }
+    fn subdomain<'c>(&self, cfg: &'c dyn AnyConfig) -> Option<&'c str> {
+        M::subdomain(downcast::<M>(cfg))
+    }
+    fn claimed_domains(&self, cfg: &dyn AnyConfig) -> (&'static str, Vec<String>) {
+        M::claimed_domains(downcast::<M>(cfg))
     }
     fn default_config(&self) -> Box<dyn AnyConfig> {
         Box::new(M::Config::default())
@@ -244,9 +254,16 @@ impl ModulesSection {
             .zip(self.configs.iter().map(|c| &**c))
     }
 
-    /// Checks each module's values and the modules each enabled one needs.
-    /// Errors are `(dotted key, message)`.
-    pub fn validate(&self, domains: &[String]) -> Result<(), (String, String)> {
+    /// Checks each module's values, the modules each enabled one needs,
+    /// that a module served over HTTP has an HTTP listener
+    /// (`http_listeners`), and that no module claims another's service
+    /// address (`domains`: the served domains). Errors are
+    /// `(dotted key, message)`.
+    pub fn validate(
+        &self,
+        domains: &[String],
+        http_listeners: bool,
+    ) -> Result<(), (String, String)> {
         for (m, c) in self.iter() {
             if let Err(p) = m.validate(c, domains) {
                 return Err((format!("modules.{}.{}", m.name(), p.key), p.message));
@@ -264,6 +281,53 @@ impl ModulesSection {
                             m.name()
                         ),
                     ));
+                }
+            }
+            if m.http() && !http_listeners {
+                return Err((
+                    format!("modules.{}.enabled", m.name()),
+                    format!(
+                        "the {0} module is served by the HTTP listeners: add an [[http.listen]] (tls = true for HTTPS) or set [modules.{0}] enabled = false",
+                        m.name()
+                    ),
+                ));
+            }
+        }
+        self.validate_claimed_domains(domains)
+    }
+
+    /// A domain a module claims (an external component's) must not be the
+    /// address of another enabled module's service (`conference.<domain>`
+    /// …): both would claim its stanzas. (Services registered otherwise
+    /// are checked at start, when every service is known.)
+    fn validate_claimed_domains(&self, domains: &[String]) -> Result<(), (String, String)> {
+        let normalized = |d: &str| match starling_proto::BareJid::new(d) {
+            Ok(j) if j.node().is_none() => Some(j.domain().as_str().to_owned()),
+            _ => None,
+        };
+        let served: Vec<String> = domains.iter().filter_map(|d| normalized(d)).collect();
+        let services: Vec<(&str, &str)> = self
+            .iter()
+            .filter(|(m, c)| m.enabled(*c))
+            .filter_map(|(m, c)| Some((m.name(), m.subdomain(c)?)))
+            .collect();
+        for (m, c) in self.iter().filter(|(m, c)| m.enabled(*c)) {
+            let (key, claimed) = m.claimed_domains(c);
+            for domain in claimed {
+                for (module, label) in &services {
+                    let Some(host) = domain.strip_prefix(label).and_then(|r| r.strip_prefix('.'))
+                    else {
+                        continue;
+                    };
+                    if served.iter().any(|d| d == host) {
+                        return Err((
+                            format!("modules.{}.{key}", m.name()),
+                            format!(
+                                "{domain} is the address of the {module} service ({label}.{host}): give the {} another domain, or change [modules.{module}] subdomain",
+                                m.name()
+                            ),
+                        ));
+                    }
                 }
             }
         }
@@ -317,63 +381,4 @@ impl<'de> serde::Deserialize<'de> for ModulesSection {
         }
         Ok(ModulesSection { configs })
     }
-}
-
-/// The node's archive id generator, seeded above the greatest id in
-/// storage (a restart after the clock stepped back repeats no id).
-pub async fn archive_ids(storage: &Storage, node: u8) -> Arc<ArchiveIds> {
-    let above = match storage.archive.max_id().await {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::error!(error = %e, "reading the greatest archive id failed; ids start from the clock");
-            None
-        }
-    };
-    Arc::new(ArchiveIds::new(node, above))
-}
-
-/// Starts every enabled module and freezes the hooks. Modules with
-/// background writers (archive, inbox) start them here, so this runs inside
-/// the Tokio runtime. `http` is lent to the modules (and to `extra`) to
-/// mount HTTP routes in, and handed back filled; `gates` is provided to
-/// the modules that listen.
-pub(crate) async fn build_hooks(
-    cfg: &Config,
-    storage: &Storage,
-    metrics: &Metrics,
-    pressure: &Arc<Pressure>,
-    http: HttpRoutes,
-    gates: Arc<crate::transport::gate::Gates>,
-    extra: impl FnOnce(&mut HookRegistry),
-) -> (Hooks, HttpRoutes) {
-    let mut reg = HookRegistry::new();
-    reg.provide(http);
-    // Listening modules (components, SOCKS5) admit connections through
-    // gates of their own made from these (`transport::gate`).
-    reg.provide(gates);
-    let is_enabled = |name: &str| cfg.modules.is_enabled(name);
-    let archive_ids = archive_ids(storage, cfg.server.node_id).await;
-    let ctx = ModuleCtx {
-        domains: &cfg.server.domains,
-        data_dir: &cfg.server.data_dir,
-        node_id: cfg.server.node_id,
-        scram_iterations: cfg.auth.scram_iterations,
-        storage,
-        archive_ids: &archive_ids,
-        metrics,
-        pressure,
-        is_enabled: &is_enabled,
-    };
-    for (m, c) in cfg.modules.iter() {
-        if m.enabled(c) {
-            reg.begin_module(m.name());
-            m.start(c, &ctx, &mut reg).await;
-        }
-    }
-    reg.end_module();
-    extra(&mut reg);
-    let http = reg
-        .take_provided::<HttpRoutes>()
-        .expect("provided above; modules cannot take it");
-    (reg.build(), http)
 }

@@ -49,7 +49,6 @@
 //! idle_timeout_secs, max_connections, allowed.
 
 use crate::transport::gate::{Door, Gates, PerSource, Ticket};
-use crate::transport::tcp::{accept, AcceptBackoff};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
@@ -165,6 +164,9 @@ impl Module for Proxy65 {
         "XEP-0065 SOCKS5 Bytestreams proxy for file transfers at proxy.<domain> (opens a TCP port)";
     type Config = Proxy65Config;
 
+    fn subdomain(cfg: &Self::Config) -> Option<&str> {
+        Some(&cfg.subdomain)
+    }
     fn enabled(cfg: &Proxy65Config) -> bool {
         cfg.enabled
     }
@@ -209,7 +211,7 @@ impl Module for Proxy65 {
         });
         let (stop, stop_rx) = watch::channel(false);
         let (tasks, tasks_done) = mpsc::channel::<()>(1);
-        let listener = match crate::transport::tcp::bind(cfg.listen, 1024).map_err(|(_, e)| e) {
+        let listener = match crate::listen::bind(cfg.listen, 1024, "[modules.proxy65] listen") {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::error!(module = NAME, address = %cfg.listen, error = %e,
@@ -520,38 +522,39 @@ async fn closed(s: &TcpStream) {
     }
 }
 
+/// Accepts SOCKS5 connections until shutdown (`crate::listen`: over a
+/// limit a connection is closed at once and counted here too).
 async fn accept_loop(
     proxy: Arc<Proxy>,
     listener: TcpListener,
     door: Door,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     tasks: mpsc::Sender<()>,
 ) {
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        let (stream, peer) = tokio::select! {
-            c = accept(&listener, &mut backoff, NAME) => c,
-            _ = stopped(&mut stop) => return,
+    let serving = stop.clone();
+    crate::listen::accept_loop(listener, NAME, &door, None, Some(stop), |conn| {
+        let conn = match conn {
+            Ok(c) => c,
+            Err(_) => {
+                proxy.metrics.refused.inc();
+                return;
+            }
         };
-        // Over max_connections or [server] max_connections_per_ip:
-        // closed at once, logged (throttled) by the gate.
-        let Ok(ticket) = door.admit(peer) else {
-            proxy.metrics.refused.inc();
-            continue;
-        };
+        let peer = conn.peer;
         let conn = Conn {
-            stream,
-            _ticket: ticket,
+            stream: conn.tcp,
+            _ticket: conn.ticket,
             _open: Held::new(&proxy.metrics.connections),
         };
         tokio::spawn(serve(
             proxy.clone(),
             conn,
             peer,
-            stop.clone(),
+            serving.clone(),
             tasks.clone(),
         ));
-    }
+    })
+    .await
 }
 
 /// One connection: handshake, pairing; the first of a pair then waits for

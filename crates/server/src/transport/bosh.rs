@@ -37,7 +37,7 @@
 //! payloads, `send` queues elements for the next response, `close` ends
 //! the BOSH session with `type='terminate'` (and the stream error, if any).
 
-use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
+use super::framing::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use starling_proto::{ns, StreamError};
 use starling_xml::{Element, Limits, Prepared, StreamEvent, StreamHeader, StreamParser};
 use std::collections::{BTreeSet, HashMap, VecDeque};

@@ -26,7 +26,7 @@
 //! buffer is bounded too (see [`server_stream`]), so a client that sends
 //! pings and never reads cannot queue pongs without bound.
 
-use super::connection::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
+use super::framing::{Closing, Inbound, IoEnd, ReadGovernor, ReadLimits};
 use futures_util::{SinkExt, StreamExt};
 use hyper_util::rt::TokioIo;
 use starling_proto::{ns, StreamError, StreamErrorCondition};

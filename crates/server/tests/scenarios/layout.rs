@@ -118,3 +118,105 @@ fn the_rule_sees_an_import() {
     assert_eq!(named_modules("use super::pep::avatar;", true), ["pep"]);
     assert!(named_modules("use super::pep::avatar;", false).is_empty());
 }
+
+/// The `crate::<top>` paths of `text` (the first segment after `crate::`),
+/// outside comments and the unit tests at the end of the file.
+fn crate_paths(text: &str) -> Vec<String> {
+    let code = match text.find("#[cfg(test)]") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let mut rest = line.split("//").next().unwrap_or("");
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Files above every layer: the node, the listeners, the binary and its
+/// commands, the crate root, and the fuzzing harness (which reaches the
+/// parsers wherever they are).
+fn above(rel: &str) -> bool {
+    rel.starts_with("listen/")
+        || rel.starts_with("cli/")
+        || ["server.rs", "main.rs", "lib.rs", "fuzzing.rs"].contains(&rel)
+}
+
+/// The layers (ARCHITECTURE.md, "The layers of the server crate"): the
+/// transports turn bytes into XML events and back and call no session,
+/// listener, module, admin code or configuration; the listeners and the
+/// node (`listen/`, `server.rs`) are above everything else, so nothing
+/// below imports them — except the two functions of `listen/mod.rs`
+/// (bind, accept loop) that listening modules use; `config.rs` names the
+/// modules' registry only (each module parses its own table).
+#[test]
+fn the_layers_import_downwards_only() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut broken = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(f).unwrap();
+        let forbidden: &[&str] = if rel.starts_with("transport/") {
+            &[
+                "c2s", "listen", "modules", "admin", "config", "server", "cluster", "cli",
+            ]
+        } else if above(&rel) {
+            &[]
+        } else {
+            &["server", "cli"]
+        };
+        for top in crate_paths(&text) {
+            if forbidden.contains(&top.as_str()) {
+                broken.push(format!("{rel} names crate::{top}"));
+            }
+            if top == "listen" && !above(&rel) {
+                // Only `crate::listen::{bind, accept_loop, Accepted}`.
+                let ok = text
+                    .lines()
+                    .filter(|l| l.contains("crate::listen"))
+                    .all(|l| {
+                        !l.contains("crate::listen::c2s")
+                            && !l.contains("crate::listen::http")
+                            && !l.contains("crate::listen::admin")
+                    });
+                if !ok {
+                    broken.push(format!("{rel} names a listener of crate::listen"));
+                }
+            }
+        }
+        if rel == "config.rs" {
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            for line in code.lines().filter(|l| l.contains("crate::modules::")) {
+                if !line.contains("crate::modules::ModulesSection") {
+                    broken.push(format!("config.rs names a module: {}", line.trim()));
+                }
+            }
+        }
+    }
+    broken.sort();
+    broken.dedup();
+    assert!(
+        broken.is_empty(),
+        "an import against the layers (ARCHITECTURE.md):\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_layer_rule_sees_an_import() {
+    assert_eq!(
+        crate_paths("use crate::c2s::{session, C2sShared}; // crate::x\n"),
+        ["c2s"]
+    );
+    assert!(crate_paths("#[cfg(test)]\nuse crate::c2s;").is_empty());
+}

@@ -145,6 +145,9 @@ impl Module for MucLight {
     type Config = MucLightConfig;
     const STORAGE: &'static [&'static str] = &["muc", "archive"];
 
+    fn subdomain(cfg: &Self::Config) -> Option<&str> {
+        Some(&cfg.subdomain)
+    }
     fn enabled(cfg: &MucLightConfig) -> bool {
         cfg.enabled
     }

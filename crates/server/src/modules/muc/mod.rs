@@ -209,6 +209,9 @@ impl Module for Muc {
     type Config = MucConfig;
     const STORAGE: &'static [&'static str] = &["muc", "archive"];
 
+    fn subdomain(cfg: &Self::Config) -> Option<&str> {
+        Some(&cfg.subdomain)
+    }
     fn enabled(cfg: &MucConfig) -> bool {
         cfg.enabled
     }

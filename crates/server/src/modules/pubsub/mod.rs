@@ -144,6 +144,9 @@ impl Module for Pubsub {
     type Config = PubsubConfig;
     const STORAGE: &'static [&'static str] = &["pubsub", "roster"];
 
+    fn subdomain(cfg: &Self::Config) -> Option<&str> {
+        Some(&cfg.subdomain)
+    }
     fn enabled(cfg: &PubsubConfig) -> bool {
         cfg.enabled
     }

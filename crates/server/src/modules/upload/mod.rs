@@ -217,6 +217,10 @@ impl Module for Upload {
         "XEP-0363 HTTP file upload at upload.<domain>: slots over XMPP, PUT/GET on the HTTP listeners, quota, expiry";
     type Config = UploadConfig;
 
+    const HTTP: bool = true;
+    fn subdomain(cfg: &Self::Config) -> Option<&str> {
+        Some(&cfg.subdomain)
+    }
     fn enabled(cfg: &UploadConfig) -> bool {
         cfg.enabled
     }

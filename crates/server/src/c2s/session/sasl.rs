@@ -4,8 +4,8 @@
 //! `starling_proto::sasl`; this file adds credential lookup, limits and
 //! logging.
 
-use super::fast::NS_FAST;
-use super::session::{take_sends, Exit, Session};
+use super::{take_sends, Exit, Session};
+use crate::c2s::fast::NS_FAST;
 use starling_core::hooks::{ElementStage, FeatureStage};
 use starling_core::storage::{FastSlot, FastToken};
 use starling_core::{Action, SessionState};
@@ -374,7 +374,7 @@ impl Session {
         let had_current = tokens.iter().any(|t| t.slot == FastSlot::Current);
         // The newer token first (XEP-0484 §6.1).
         tokens.sort_by_key(|t| t.slot != FastSlot::New);
-        let now = super::fast::now_millis();
+        let now = crate::c2s::fast::now_millis();
         let found = tokens.into_iter().find_map(|t| {
             if t.mechanism != mech.name() || t.expires_at <= now {
                 return None;

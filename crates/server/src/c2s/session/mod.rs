@@ -18,11 +18,13 @@
 //! through `user_receive` and then to the socket. Modules request effects
 //! ([`Action`]s) which this task applies; no module ever holds the socket.
 
+mod sasl;
+
 use super::C2sShared;
-use crate::c2s::sasl::SaslState;
 use crate::transport::connection::{Closing, Connection, Inbound, IoEnd, XmlStream};
 use crate::transport::tcp::Transport;
 use crate::transport::websocket::WsConn;
+use sasl::SaslState;
 use starling_core::hooks::{ElementStage, FeatureStage, IqResponse, Outgoing, OwnIqHandler};
 use starling_core::{
     mailbox, run_chain, Action, CloseReason, Extensions, Flow, Handover, HandoverGate, Mailbox,
@@ -602,7 +604,7 @@ impl Session {
             if self.info.secure || !self.shared.require_tls {
                 let mechs = self.offered_mechanisms();
                 if !mechs.is_empty() {
-                    features.push(super::sasl::mechanism_list(
+                    features.push(sasl::mechanism_list(
                         "mechanisms",
                         ns::SASL,
                         mechs.iter().map(|m| m.name()),
