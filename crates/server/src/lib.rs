@@ -25,6 +25,7 @@ pub mod accounts;
 pub mod admin;
 mod c2s;
 pub mod cluster;
+pub mod command;
 pub mod config;
 pub mod domains;
 #[doc(hidden)]

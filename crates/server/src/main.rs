@@ -4,12 +4,8 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use starling_core::storage::Storage;
-use starling_proto::{BareJid, Jid};
+use starling_proto::BareJid;
 use starling_server::config::LogFormat;
-use starling_server::modules::muc::{
-    stored_config_for_cli, stored_config_summary, CliRoom, StoredConfigSummary,
-};
-use starling_server::modules::Muc;
 use starling_server::{accounts, Config};
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
@@ -19,38 +15,14 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Writes a line to standard output without panicking when it is closed:
-/// `starling user list | head` must stop quietly, not die with "failed
-/// printing to stdout". The error ([`StdoutError`]) ends the command; `main`
-/// treats a broken pipe as a clean exit.
-///
-/// Why not restore the default SIGPIPE disposition instead: that needs
-/// `unsafe` (the workspace forbids it), and in the same process a server's
-/// socket writes must get EPIPE, not a fatal signal.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
-    }};
-}
+use starling_server::command::{
+    check_served, open_storage, parse_account, parse_account_quiet, serves, StdoutError,
+};
+use starling_server::{note, out};
 
-/// Writes a line to standard error; a closed stderr is ignored (there is
-/// nowhere left to report it).
-macro_rules! note {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
-}
-
-/// Standard output could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot write to standard output: {0}")]
-struct StdoutError(std::io::Error);
-
-// After the macros above, which the subcommands use.
 mod cli;
-use cli::{admin::*, archive::*, cluster::*, room::*, upload::*, user::*};
+use cli::{admin::*, cluster::*, user::*};
+use starling_server::modules::{mam, muc, upload};
 
 /// Starling: an XMPP instant-messaging server.
 ///
@@ -111,7 +83,7 @@ enum Command {
     Admin(AdminCommand),
     /// Manage message archives (XEP-0313; works while the server runs).
     #[command(subcommand)]
-    Archive(ArchiveCommand),
+    Archive(mam::cli::ArchiveCommand),
     /// Inspect a cluster ([cluster] in the configuration; docs/cluster.md).
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -130,10 +102,10 @@ enum Command {
     /// `room destroy` for rooms nobody is in, or with the server stopped.
     /// Temporary rooms live only in the running server and are not stored.
     #[command(subcommand)]
-    Room(RoomCommand),
+    Room(muc::cli::RoomCommand),
     /// Manage uploaded files (XEP-0363, [modules.upload]; docs/upload.md).
     #[command(subcommand)]
-    Upload(UploadCommand),
+    Upload(upload::cli::UploadCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -252,13 +224,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Admin(AdminCommand::Token(cmd)) => rt.block_on(admin_token(cfg, cmd)),
-        Command::Archive(cmd) => rt.block_on(archive(cfg, cmd)),
+        Command::Archive(cmd) => rt.block_on(mam::cli::run(cfg, cmd)),
         Command::Cluster(cmd) => rt.block_on(cluster(cfg, cmd)),
-        Command::Room(cmd) => rt.block_on(room(cfg, cmd)),
+        Command::Room(cmd) => rt.block_on(muc::cli::run(cfg, cmd)),
         Command::Upload(cmd) => {
             // Files that cannot be read or removed are logged.
             init_logging(&cfg);
-            rt.block_on(upload(cfg, cmd))
+            rt.block_on(upload::cli::run(cfg, cmd))
         }
     }
 }
@@ -383,59 +355,6 @@ impl StopSignal {
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
-    let mut cfg = cfg.clone();
-    cfg.storage.pool_size = 2;
-    Ok(starling_storage::open(&cfg.backend_config()).await?)
-}
-
-/// Parses an existing account's JID, warning when its domain is not
-/// configured (deleting or purging such an account stays possible).
-fn parse_account(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
-    let jid = parse_account_quiet(s)?;
-    if !serves(cfg, jid.domain().as_str()) {
-        note!(
-            "warning: {} is not one of the configured domains ({})",
-            jid.domain(),
-            cfg.server.domains.join(", ")
-        );
-    }
-    Ok(jid)
-}
-
-/// Parses a JID that must have a user part, without the domain warning.
-fn parse_account_quiet(s: &str) -> anyhow::Result<BareJid> {
-    let jid = BareJid::new(s).with_context(|| format!("{s:?} is not a valid JID"))?;
-    if jid.node().is_none() {
-        bail!("{s:?} has no user part; write it as user@domain");
-    }
-    Ok(jid)
-}
-
-fn serves(cfg: &Config, domain: &str) -> bool {
-    cfg.server
-        .domains
-        .iter()
-        .any(|d| d.eq_ignore_ascii_case(domain))
-}
-
-/// Refuses to create an account on a domain the server does not serve
-/// (nobody could log in to it), unless `force`.
-fn check_served(cfg: &Config, domain: &str, force: bool) -> anyhow::Result<()> {
-    if serves(cfg, domain) {
-        return Ok(());
-    }
-    let configured = cfg.server.domains.join(", ");
-    if force {
-        note!("warning: {domain} is not one of the configured domains ({configured}); creating the account anyway (--force)");
-        return Ok(());
-    }
-    bail!(
-        "{domain} is not served by this server (configured domains: {configured}); \
-         add it to [server] domains in the configuration, or pass --force to create the account anyway"
-    )
 }
 
 fn obtain_password(given: Option<String>) -> anyhow::Result<(String, bool)> {

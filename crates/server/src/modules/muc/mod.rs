@@ -52,6 +52,7 @@
 //! Config: `[modules.muc]` ([`MucConfig`]).
 
 mod admin;
+pub mod cli;
 mod config;
 mod host;
 pub mod light;

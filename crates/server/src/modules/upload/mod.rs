@@ -76,6 +76,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::AsyncWriteExt;
 
+pub mod cli;
 mod http;
 mod names;
 mod store;

@@ -65,6 +65,8 @@
 //! Storage: `ArchiveStore`, roster (for the `roster` default).
 //! Config: `[modules.mam]` ([`MamConfig`]), `server.node_id`.
 
+pub mod cli;
+
 use crate::modules::common::archive_query::{self, NS_MAM_EXTENDED};
 use crate::modules::common::write_behind::{BatchSink, Claim, WriteBehind, WriteBehindConfig};
 use starling_core::disco::Scopes;

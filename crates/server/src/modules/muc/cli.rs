@@ -1,9 +1,17 @@
 //! `starling room …`: group-chat rooms in storage (docs/muc.md).
 
-use crate::*;
+use super::{stored_config_for_cli, stored_config_summary, CliRoom, Muc, StoredConfigSummary};
+use crate::command::{open_storage, serves};
+use crate::config::Config;
+use crate::{note, out};
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use starling_core::storage::Storage;
+use starling_proto::{BareJid, Jid};
+use std::io::{BufRead, IsTerminal};
 
 #[derive(Subcommand)]
-pub(crate) enum RoomCommand {
+pub enum RoomCommand {
     /// List the stored (persistent) rooms of a service.
     ///
     /// One line per room, by JID: public (listed in service discovery) or
@@ -69,7 +77,7 @@ pub(crate) enum RoomCommand {
 
 /// The group-chat services of this configuration: [modules.muc]
 /// subdomain under each served domain.
-pub(crate) fn muc_services(cfg: &Config) -> Vec<String> {
+fn muc_services(cfg: &Config) -> Vec<String> {
     let sub = &cfg.modules.get::<Muc>().subdomain;
     cfg.server
         .domains
@@ -79,7 +87,7 @@ pub(crate) fn muc_services(cfg: &Config) -> Vec<String> {
 }
 
 /// Parses a room's JID (name@service, no resource).
-pub(crate) fn parse_room(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
+fn parse_room(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
     let example = muc_services(cfg)
         .first()
         .map_or("lobby@conference.localhost".to_owned(), |s| {
@@ -99,7 +107,7 @@ pub(crate) fn parse_room(s: &str, cfg: &Config) -> anyhow::Result<BareJid> {
 
 /// Refuses (or, for an existing room, only warns about) a room whose
 /// domain is not one of the configured group-chat services.
-pub(crate) fn check_muc_service(cfg: &Config, service: &str, refuse: bool) -> anyhow::Result<()> {
+fn check_muc_service(cfg: &Config, service: &str, refuse: bool) -> anyhow::Result<()> {
     let services = muc_services(cfg);
     if services.iter().any(|s| s == service) {
         return Ok(());
@@ -116,7 +124,7 @@ pub(crate) fn check_muc_service(cfg: &Config, service: &str, refuse: bool) -> an
 }
 
 /// Parses a room owner's JID: bare, with a user part.
-pub(crate) fn parse_owner(s: &str) -> anyhow::Result<BareJid> {
+fn parse_owner(s: &str) -> anyhow::Result<BareJid> {
     let jid = Jid::new(s).with_context(|| format!("--owner {s:?} is not a valid JID"))?;
     if jid.resource().is_some() {
         bail!("--owner {s:?} is a full JID; give the owner's bare JID, e.g. alice@localhost");
@@ -128,7 +136,7 @@ pub(crate) fn parse_owner(s: &str) -> anyhow::Result<BareJid> {
 }
 
 /// A stored room as `room list` shows it.
-pub(crate) struct RoomLine {
+pub struct RoomLine {
     jid: BareJid,
     summary: Option<StoredConfigSummary>,
     owners: Vec<String>,
@@ -186,7 +194,7 @@ impl RoomLine {
 }
 
 /// `room …`.
-pub(crate) async fn room(cfg: Config, cmd: RoomCommand) -> anyhow::Result<()> {
+pub async fn run(cfg: Config, cmd: RoomCommand) -> anyhow::Result<()> {
     let storage = open_storage(&cfg).await?;
     let result = match cmd {
         RoomCommand::List { service, json } => room_list(&storage, &cfg, service, json).await,
@@ -215,7 +223,7 @@ pub(crate) async fn room(cfg: Config, cmd: RoomCommand) -> anyhow::Result<()> {
 /// Rooms read from storage per page by `room list`.
 pub(crate) const ROOM_PAGE: u32 = 500;
 
-pub(crate) async fn room_list(
+async fn room_list(
     storage: &Storage,
     cfg: &Config,
     service: Option<String>,
@@ -295,7 +303,7 @@ pub(crate) async fn room_list(
     Ok(())
 }
 
-pub(crate) async fn room_create(
+async fn room_create(
     storage: &Storage,
     cfg: &Config,
     jid: &str,
@@ -370,12 +378,7 @@ pub(crate) async fn room_create(
     Ok(())
 }
 
-pub(crate) async fn room_destroy(
-    storage: &Storage,
-    cfg: &Config,
-    jid: &str,
-    yes: bool,
-) -> anyhow::Result<()> {
+async fn room_destroy(storage: &Storage, cfg: &Config, jid: &str, yes: bool) -> anyhow::Result<()> {
     let jid = parse_room(jid, cfg)?;
     check_muc_service(cfg, jid.domain().as_str(), false)?;
     if storage.muc.room(&jid).await?.is_none() {

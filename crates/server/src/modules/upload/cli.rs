@@ -1,9 +1,12 @@
 //! `starling upload purge`: expired and over-quota uploads (docs/upload.md).
 
-use crate::*;
+use crate::config::Config;
+use crate::{note, out};
+use anyhow::{bail, Context};
+use clap::Subcommand;
 
 #[derive(Subcommand)]
-pub(crate) enum UploadCommand {
+pub enum UploadCommand {
     /// Remove uploaded files older than --older-than-days (default: the
     /// configured expire_after_days) and upload slots never used, from
     /// [modules.upload] dir. Works while the server runs (the server also
@@ -20,13 +23,13 @@ pub(crate) enum UploadCommand {
 }
 
 /// `upload …`.
-pub(crate) async fn upload(cfg: Config, cmd: UploadCommand) -> anyhow::Result<()> {
-    use starling_server::modules::upload::{purge, upload_dir, PurgePolicy, PurgeReport};
+pub async fn run(cfg: Config, cmd: UploadCommand) -> anyhow::Result<()> {
+    use super::{purge, upload_dir, PurgePolicy, PurgeReport};
     let UploadCommand::Purge {
         older_than_days,
         dry_run,
     } = cmd;
-    let up = cfg.modules.get::<starling_server::modules::Upload>();
+    let up = cfg.modules.get::<super::Upload>();
     let dir = upload_dir(up, &cfg.server.data_dir);
     let days = older_than_days.or((up.expire_after_days > 0).then_some(up.expire_after_days));
     let policy = PurgePolicy {

@@ -1,9 +1,13 @@
 //! `starling archive …`: message archive maintenance (docs/mam.md).
 
-use crate::*;
+use crate::command::{open_storage, parse_account};
+use crate::config::Config;
+use crate::out;
+use anyhow::Context;
+use clap::Subcommand;
 
 #[derive(Subcommand)]
-pub(crate) enum ArchiveCommand {
+pub enum ArchiveCommand {
     /// Delete one user's archived messages: all of them, or those older than
     /// --before.
     Purge {
@@ -20,7 +24,7 @@ pub(crate) enum ArchiveCommand {
     Retention,
 }
 
-pub(crate) async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
+pub async fn run(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<()> {
     use starling_core::storage::ArchiveId;
     let storage = open_storage(&cfg).await?;
     let result = match cmd {
@@ -40,7 +44,7 @@ pub(crate) async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<
             Ok(())
         }
         ArchiveCommand::Retention => {
-            let mam = cfg.modules.get::<starling_server::modules::Mam>();
+            let mam = cfg.modules.get::<super::Mam>();
             for d in &cfg.server.domains {
                 let days = mam
                     .domain_retention_days
@@ -51,9 +55,7 @@ pub(crate) async fn archive(cfg: Config, cmd: ArchiveCommand) -> anyhow::Result<
                     out!("{d}: messages are kept forever (retention_days = 0)")?;
                     continue;
                 }
-                let n =
-                    starling_server::modules::mam::purge_domain(storage.archive.as_ref(), d, days)
-                        .await?;
+                let n = super::purge_domain(storage.archive.as_ref(), d, days).await?;
                 out!("{d}: deleted {n} message(s) older than {days} day(s)")?;
             }
             Ok(())
