@@ -469,7 +469,7 @@ struct Started {
     probe: Arc<crate::admin::SessionProbe>,
     /// What the admin API's rooms endpoints use, when the group-chat
     /// module is enabled (`admin/rooms.rs`).
-    rooms: Option<Arc<dyn crate::admin::rooms::RoomAdmin>>,
+    rooms: Option<Arc<dyn starling_core::admin::RoomAdmin>>,
 }
 
 /// The node's archive id generator, seeded above the greatest id in
@@ -532,7 +532,7 @@ async fn start_modules(
     let probe = Arc::new(crate::admin::SessionProbe::default());
     reg.timer(crate::admin::PROBE_MODULE, probe.clone());
     let rooms = reg
-        .take_provided::<crate::admin::rooms::Provided>()
+        .take_provided::<starling_core::admin::Provided>()
         .map(|p| p.0);
     extra(&mut reg);
     let http_routes = reg

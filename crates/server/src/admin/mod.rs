@@ -191,7 +191,7 @@ pub(crate) struct AdminState {
     pub web: web::WebState,
     /// Group-chat rooms ([`rooms`]), from the MUC module; `None` when it
     /// is disabled.
-    pub rooms: Option<Arc<dyn rooms::RoomAdmin>>,
+    pub rooms: Option<Arc<dyn starling_core::admin::RoomAdmin>>,
 }
 
 /// The admin listeners' shared state.

@@ -4,7 +4,7 @@
 //! MUC admin API offer them.
 //!
 //! The admin knows no room internals: the group-chat module hands it a
-//! [`RoomAdmin`] when it starts, in the hook registry
+//! [`RoomAdmin`] (`starling_core::admin`, the contract) when it starts, in the hook registry
 //! (`reg.provide(Provided(…))`; the server takes it back after the modules
 //! started, `server.rs`). Without the module (`[modules.muc] enabled =
 //! false`) every endpoint here answers 404 saying so.
@@ -27,152 +27,11 @@ use axum::response::Response;
 use axum::Extension;
 use serde::{Deserialize, Serialize};
 use serde_json::json as j;
+use starling_core::admin::{
+    Affiliations, Applied, RoomAdmin, RoomChange, RoomError, RoomSummary,
+};
 use starling_proto::BareJid;
 use std::sync::Arc;
-
-/// What the group-chat module offers the admin API.
-#[starling_core::async_trait]
-pub(crate) trait RoomAdmin: Send + Sync + 'static {
-    /// The service's domains (its subdomain of every served domain),
-    /// sorted.
-    fn services(&self) -> Vec<String>;
-    /// Whether `domain` is the service under a served domain.
-    fn is_service(&self, domain: &str) -> bool;
-    /// Rooms of `service` by name after room name `after`, at most
-    /// `limit`: those live on this node and the stored (persistent) ones.
-    async fn list(
-        &self,
-        service: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<RoomSummary>, RoomError>;
-    /// One room (`None`: neither live on this node nor stored).
-    async fn show(&self, room: &BareJid) -> Result<Option<RoomDetails>, RoomError>;
-    /// Applies a change through the room's rules.
-    async fn change(&self, room: &BareJid, change: RoomChange) -> Result<Applied, RoomError>;
-}
-
-/// The module's [`RoomAdmin`], as it is provided in the hook registry.
-pub(crate) struct Provided(pub Arc<dyn RoomAdmin>);
-
-/// A room in a list.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct RoomSummary {
-    pub jid: String,
-    pub name: String,
-    pub persistent: bool,
-    pub public: bool,
-    pub members_only: bool,
-    /// Not enterable until its owner configures it (XEP-0045 §10.1).
-    pub locked: bool,
-    /// Occupants now (0 for a room not loaded on this node).
-    pub occupants: usize,
-    /// Loaded on this node.
-    pub loaded: bool,
-    /// The cluster node that runs it (this node on a single node).
-    pub node: u8,
-}
-
-/// One affiliation row.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct AffiliationEntry {
-    pub jid: String,
-    /// The nickname registered with it (§7.10).
-    pub nick: Option<String>,
-    pub reason: Option<String>,
-}
-
-/// The affiliation lists (§5.2).
-#[derive(Clone, Debug, Default, Serialize)]
-pub(crate) struct Affiliations {
-    pub owner: Vec<AffiliationEntry>,
-    pub admin: Vec<AffiliationEntry>,
-    pub member: Vec<AffiliationEntry>,
-    pub outcast: Vec<AffiliationEntry>,
-}
-
-/// An occupant of a loaded room.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct OccupantEntry {
-    pub nick: String,
-    pub role: String,
-    pub affiliation: String,
-    /// The real JID (the session that joined last).
-    pub jid: String,
-    /// Every session in the room under this nick.
-    pub sessions: Vec<String>,
-}
-
-/// A room's configuration summary, affiliations and occupants.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct RoomDetails {
-    pub jid: String,
-    pub loaded: bool,
-    pub node: u8,
-    pub name: String,
-    pub description: String,
-    pub subject: String,
-    pub persistent: bool,
-    pub public: bool,
-    pub members_only: bool,
-    pub moderated: bool,
-    pub password_protected: bool,
-    /// Messages archived (`muc#roomconfig_enablelogging`).
-    pub logging: bool,
-    pub locked: bool,
-    pub max_users: u32,
-    /// Who sees real JIDs: `moderators` (semi-anonymous) or `anyone`.
-    pub whois: String,
-    pub created_at: Option<String>,
-    pub affiliations: Affiliations,
-    /// Empty unless the room is loaded on this node.
-    pub occupants: Vec<OccupantEntry>,
-}
-
-/// A change to a room, checked by the API before it is sent.
-#[derive(Clone, Debug)]
-pub(crate) enum RoomChange {
-    /// A new room owned by `owner`, unlocked, nobody in it.
-    Create {
-        owner: BareJid,
-        name: String,
-        persistent: bool,
-        public: Option<bool>,
-        members_only: Option<bool>,
-    },
-    /// §10.9, with the reason occupants are given.
-    Destroy { reason: Option<String> },
-    /// §9–§10: `affiliation` is owner, admin, member, outcast or none.
-    Affiliation {
-        jid: BareJid,
-        affiliation: &'static str,
-        reason: Option<String>,
-    },
-    /// A groupchat message from the room itself.
-    Message { body: String },
-}
-
-/// What became of a change.
-#[derive(Debug)]
-pub(crate) enum Applied {
-    /// The room applied it (`id`: the message's id, for a message).
-    Done { id: Option<String> },
-    /// The room runs on another cluster node, which got the request.
-    Forwarded { node: u8 },
-}
-
-/// Why a room operation failed.
-#[derive(Debug)]
-pub(crate) enum RoomError {
-    /// 404: no such room.
-    NotFound(String),
-    /// 409: the room refuses it in its state (it exists; its last owner).
-    Conflict(String),
-    /// 400: the room or the service refuses the values.
-    Invalid(String),
-    /// 503: storage failed, or the room did not answer.
-    Unavailable(String),
-}
 
 fn room_error(e: RoomError) -> ApiError {
     match e {

@@ -27,7 +27,7 @@ use super::config::{RoomConfig, Whois, MAX_NAME_CHARS};
 use super::host::{AdminFailure, Host, Listing};
 use super::room::Room;
 use super::{MucKind, NS_ADMIN, NS_MUC_ADMIN, NS_MUC_OWNER};
-use crate::admin::rooms::{
+use starling_core::admin::{
     AffiliationEntry, Affiliations, Applied, OccupantEntry, RoomAdmin, RoomChange, RoomDetails,
     RoomError, RoomSummary,
 };

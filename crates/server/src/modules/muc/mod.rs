@@ -251,7 +251,7 @@ impl Module for Muc {
         let host =
             Host::<MucKind>::start(cfg.clone(), settings, &cfg.name, "muc_archive", ctx, reg);
         // The admin API's rooms endpoints (admin/rooms.rs) go through it.
-        reg.provide(crate::admin::rooms::Provided(Arc::new(
+        reg.provide(starling_core::admin::Provided(Arc::new(
             admin::MucAdmin::new(host, ctx.node_id),
         )));
     }
