@@ -193,7 +193,7 @@ pub struct Target {
     pub fast: bool,
     /// After binding (and `<enable/>`), fetch what a client re-fetches at
     /// every fresh session before its initial presence (`resume
-    /// --full-login`): see [`sync_after_bind`].
+    /// --full-login`): see [`resume::sync_after_bind`].
     pub full_login: bool,
 }
 

@@ -23,7 +23,8 @@
 //!      bytes) and deletes the list's other nodes (an earlier run's); a
 //!      refused publication is sent again after a pause, at most 9 times
 //!      (ejabberd's mnesia refuses some of many simultaneous first
-//!      publications: see [`publish_retry_after`]), the retries reported;
+//!      publications: see `publish_retry_after` in `setup.rs`), the
+//!      retries reported;
 //!    - every session closes (`</stream:stream>`).
 //! 2. **The caps warm-up** (not measured; skipped with `--cold-caps`): the
 //!    first user logs in alone, sends the storm's caps presence and
