@@ -41,8 +41,10 @@
 //! 4. Only where the engines really differ (a batch over arrays, an
 //!    advisory lock, a type with no common spelling), add a method to
 //!    `Dialect` and implement it in both `*/dialect.rs`.
-//! 5. Add a function to [`conformance`] and call it from `run_all`; it runs
-//!    on both engines (`tests/conformance_*.rs`).
+//! 5. Add a function to [`conformance`] (the store's file in
+//!    `src/conformance/`, or a new file re-exported from its `mod.rs`) and
+//!    call it from `run_all` in `conformance/mod.rs`; it runs on both
+//!    engines (`tests/conformance_*.rs`).
 
 pub mod buckets;
 pub mod conformance;

@@ -1,0 +1,92 @@
+//! Per-user data: block lists, private documents, last activity, and
+//! account deletion removing every concern's data.
+
+use super::{creds, jid};
+use starling_core::storage::{RosterItem, Storage};
+
+/// Block lists, per-user documents, last activity, and account deletion
+/// removing every concern's data.
+pub async fn user_data(s: &Storage) {
+    let alice = jid("alice@example.org");
+    let b = s.blocking.as_ref();
+    assert_eq!(
+        b.block(&alice, &["x@y".into(), "spam.example".into()])
+            .await
+            .unwrap(),
+        ["x@y", "spam.example"]
+    );
+    assert_eq!(
+        b.block(&alice, &["x@y".into()]).await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(b.blocklist(&alice).await.unwrap(), ["spam.example", "x@y"]);
+    assert_eq!(
+        b.unblock(&alice, &["x@y".into(), "z@y".into()])
+            .await
+            .unwrap(),
+        ["x@y"]
+    );
+    assert_eq!(b.unblock_all(&alice).await.unwrap(), ["spam.example"]);
+    assert!(b.blocklist(&alice).await.unwrap().is_empty());
+
+    let d = s.user_data.as_ref();
+    assert_eq!(d.get(&alice, "vcard", "").await.unwrap(), None);
+    d.set(&alice, "vcard", "", "<vCard xmlns='vcard-temp'/>")
+        .await
+        .unwrap();
+    d.set(
+        &alice,
+        "vcard",
+        "",
+        "<vCard xmlns='vcard-temp'><FN>A</FN></vCard>",
+    )
+    .await
+    .unwrap();
+    d.set(
+        &alice,
+        "private",
+        "{storage:bookmarks}storage",
+        "<storage/>",
+    )
+    .await
+    .unwrap();
+    assert!(d
+        .get(&alice, "vcard", "")
+        .await
+        .unwrap()
+        .unwrap()
+        .contains("<FN>A</FN>"));
+    d.delete(&alice, "private", "{storage:bookmarks}storage")
+        .await
+        .unwrap();
+    assert_eq!(
+        d.get(&alice, "private", "{storage:bookmarks}storage")
+            .await
+            .unwrap(),
+        None
+    );
+
+    let l = s.last_activity.as_ref();
+    assert_eq!(l.get(&alice).await.unwrap(), None);
+    l.set(&alice, 1_700_000_000, "gone fishing").await.unwrap();
+    l.set(&alice, 1_700_000_100, "").await.unwrap();
+    assert_eq!(
+        l.get(&alice).await.unwrap(),
+        Some((1_700_000_100, String::new()))
+    );
+
+    // delete_account removes every concern's rows.
+    s.accounts.create(&alice, &creds("pw")).await.unwrap();
+    s.roster
+        .put_item(&alice, &RosterItem::new(jid("bob@example.org")))
+        .await
+        .unwrap();
+    s.blocking.block(&alice, &["x@y".into()]).await.unwrap();
+    assert!(s.delete_account(&alice).await.unwrap());
+    assert!(!s.accounts.exists(&alice).await.unwrap());
+    assert_eq!(s.roster.count(&alice).await.unwrap(), 0);
+    assert!(s.blocking.blocklist(&alice).await.unwrap().is_empty());
+    assert_eq!(s.user_data.get(&alice, "vcard", "").await.unwrap(), None);
+    assert_eq!(s.last_activity.get(&alice).await.unwrap(), None);
+    assert!(!s.delete_account(&alice).await.unwrap());
+}
