@@ -4,7 +4,7 @@
 //!
 //! - **One task per live room.** The service hands each stanza for a room
 //!   or one of its occupants to that room's bounded queue and returns; the
-//!   room's task applies the rules (`room.rs`, synchronous: a stanza in,
+//!   room's task applies the rules (`room/`, synchronous: a stanza in,
 //!   stanzas to route and rows to store out), stores what must outlive it,
 //!   then routes what it produced, in order. A room is never locked by two
 //!   tasks, a stanza the room sends itself (an error bounced back to it)
