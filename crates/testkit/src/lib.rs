@@ -27,6 +27,7 @@ mod client;
 mod http;
 mod server;
 mod tls;
+mod wait;
 mod ws;
 
 pub mod muc;
@@ -35,6 +36,7 @@ pub use client::*;
 pub use http::*;
 pub use server::*;
 pub use tls::*;
+pub use wait::*;
 pub use ws::*;
 
 /// Namespaces used in assertions.

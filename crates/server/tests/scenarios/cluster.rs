@@ -14,7 +14,9 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{free_port, muc, ns, Client, TestDatabase, TestServer};
+use starling_testkit::{
+    eventually, free_port, muc, ns, poll_for, Client, TestDatabase, TestServer,
+};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -79,16 +81,14 @@ impl Nats {
     }
 
     async fn wait_up(&self) {
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+        let up = poll_for(Duration::from_secs(5), async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
-                .is_ok()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
-        }
-        panic!(
+                .ok()
+        })
+        .await;
+        assert!(
+            up.is_some(),
             "nats-server did not accept connections on port {} within 5 s",
             self.port
         );
@@ -181,13 +181,15 @@ async fn wait_for(
     ok: impl Fn(&[starling_server::cluster::NodeStatus]) -> bool,
 ) {
     let c = server.server.cluster.as_ref().expect("a cluster node");
-    for _ in 0..200 {
-        if ok(&c.status()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
-    panic!("timed out waiting for {what}: {:?}", c.status());
+    let seen = poll_for(Duration::from_secs(5), async || {
+        ok(&c.status()).then_some(())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "timed out waiting for {what}: {:?}",
+        c.status()
+    );
 }
 
 fn knows_node(s: &[starling_server::cluster::NodeStatus], node: u8) -> bool {
@@ -206,38 +208,38 @@ fn entries_of(s: &[starling_server::cluster::NodeStatus], node: u8) -> u64 {
 /// are queued while the node routes it, so once its recipients have it,
 /// this says it is in the database.
 async fn until_written(nodes: &[&TestServer]) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: Vec<(String, i64)> = nodes
+    let waiting = || -> Vec<(String, i64)> {
+        nodes
             .iter()
             .flat_map(|n| n.server.env.metrics.write_behind.queues())
             .map(|(name, q)| (name, q.queued.get()))
             .filter(|(_, queued)| *queued != 0)
-            .collect();
-        if waiting.is_empty() {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "write-behind queues still hold records after 10 s: {waiting:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+            .collect()
+    };
+    let written = poll_for(Duration::from_secs(10), async || {
+        waiting().is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        written.is_some(),
+        "write-behind queues still hold records after 10 s: {:?}",
+        waiting()
+    );
 }
 
 /// Waits (at most 10 s) until every message `node` sent to another node
 /// has been acknowledged: from then on it sends none of them again.
 async fn until_acked(node: &TestServer) {
     let c = node.server.cluster.as_ref().expect("a cluster node");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while c.pending_count() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} messages still unacknowledged after 10 s",
-            c.pending_count()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    let acked = poll_for(Duration::from_secs(10), async || {
+        (c.pending_count() == 0).then_some(())
+    })
+    .await;
+    assert!(
+        acked.is_some(),
+        "{} messages still unacknowledged after 10 s",
+        c.pending_count()
+    );
 }
 
 /// Routes a message from the server (`localhost`) with `id` to `to`, a
@@ -367,14 +369,14 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     assert_eq!(muc::body(&m), "hi alice");
     // Node 1 sent one message across and got its acknowledgement
     // (acknowledgements are gathered for a few milliseconds).
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        metrics = n1.server.env.metrics.encode();
-        if metrics.contains("cluster_ack_seconds_count 1") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval (1 s bound)
-    }
+    let metrics = poll_for(Duration::from_secs(1), async || {
+        let metrics = n1.server.env.metrics.encode();
+        metrics
+            .contains("cluster_ack_seconds_count 1")
+            .then_some(metrics)
+    })
+    .await
+    .unwrap_or_else(|| n1.server.env.metrics.encode());
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
 
@@ -679,14 +681,12 @@ async fn resumption_on_another_node_is_refused_cleanly() {
         .metrics
         .sessions_on(starling_core::SessionTransport::Detached)
         .clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while detached.get() != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node 1 did not detach gina's session within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    eventually(
+        "node 1 detaches gina's session",
+        Duration::from_secs(10),
+        async || (detached.get() == 1).then_some(()),
+    )
+    .await;
 
     let authenticated = |addr| async move {
         let mut c = Client::connect(addr).await;
@@ -1482,15 +1482,12 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     assert_eq!((status, &v["node"]), (202, &serde_json::json!(2)), "{v}");
     // Created on node 2 (stored: node 1 reads it from the database,
     // once its affiliations are written too).
-    let mut shown = serde_json::Value::Null;
-    for _ in 0..200 {
+    let shown = poll_for(Duration::from_secs(5), async || {
         let (status, v) = admin_api(&n1, &token, "GET", &path, None).await;
-        if status == 200 && v["affiliations"]["owner"][0].is_object() {
-            shown = v;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
+        (status == 200 && v["affiliations"]["owner"][0].is_object()).then_some(v)
+    })
+    .await
+    .unwrap_or_default();
     assert_eq!(
         (&shown["node"], &shown["loaded"]),
         (&serde_json::json!(2), &serde_json::json!(false)),
@@ -1508,15 +1505,15 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     muc::join(&mut bob, &room, "bob").await;
     // Sessions of every node, from either node's registry; connection
     // details only from the node that runs the session.
-    let mut listed = serde_json::Value::Null;
-    for _ in 0..200 {
+    let listed = poll_for(Duration::from_secs(5), async || {
         let (_, v) = admin_api(&n2, &token, "GET", "/api/v1/sessions", None).await;
-        if v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
-            listed = v;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
+        v["sessions"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+            .then_some(v)
+    })
+    .await
+    .unwrap_or_default();
     let s = &listed["sessions"][0];
     assert_eq!(
         (&s["jid"], &s["node"]),
@@ -1557,15 +1554,11 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     assert!(p.to_string().contains("code='301'"), "{p}");
     let (status, v) = admin_api(&n1, &token, "DELETE", &path, None).await;
     assert_eq!(status, 202, "{v}");
-    let mut gone = false;
-    for _ in 0..200 {
-        if admin_api(&n1, &token, "GET", &path, None).await.0 == 404 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
-    assert!(gone, "destroyed on node 2");
+    let gone = poll_for(Duration::from_secs(5), async || {
+        (admin_api(&n1, &token, "GET", &path, None).await.0 == 404).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "destroyed on node 2");
     drop(bob);
     n2.stop().await;
     n1.stop().await;
@@ -1592,14 +1585,15 @@ async fn a_domain_added_or_disabled_on_one_node_is_seen_by_every_node() {
         let hosts = n.server.env.clone();
         async move {
             let t = std::time::Instant::now();
-            while hosts.hosts.is_local(domain) != want {
-                assert!(
-                    t.elapsed() < Duration::from_secs(10),
-                    "after 10 s, served = {} on the other node",
-                    !want
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
-            }
+            let seen = poll_for(Duration::from_secs(10), async || {
+                (hosts.hosts.is_local(domain) == want).then_some(())
+            })
+            .await;
+            assert!(
+                seen.is_some(),
+                "after 10 s, served = {} on the other node",
+                !want
+            );
             t.elapsed()
         }
     };

@@ -8,7 +8,7 @@
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
 
 const SM: &str = "urn:xmpp:sm:3";
@@ -46,13 +46,12 @@ async fn until_detached(server: &TestServer, n: i64) {
         .metrics
         .sessions_on(SessionTransport::Detached)
         .clone();
-    tokio::time::timeout(BOUND, async {
-        while gauge.get() != n {
-            tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-        }
-    })
-    .await
-    .expect("the server noticed the dropped connection");
+    eventually(
+        "the server noticed the dropped connection",
+        BOUND,
+        async || (gauge.get() == n).then_some(()),
+    )
+    .await;
 }
 
 async fn enable_resume(c: &mut Client) -> String {
@@ -92,17 +91,15 @@ async fn bind_beyond_max_resources_per_account_gets_resource_constraint() {
     a2.close().await;
     // (a2's end may still be on its way to the session table: ask again
     // until it is, within the failure bound.)
-    let ok = tokio::time::timeout(BOUND, async {
-        loop {
+    let ok = eventually(
+        "the bind succeeds once a resource left",
+        BOUND,
+        async || {
             let ok = try_bind(&mut a3, "third").await;
-            if ok.attr("type") == Some("result") {
-                return ok;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
-        }
-    })
-    .await
-    .expect("the bind succeeds once a resource left");
+            (ok.attr("type") == Some("result")).then_some(ok)
+        },
+    )
+    .await;
     assert_eq!(ok.attr("type"), Some("result"), "{ok}");
     // Other accounts are not affected.
     let _b = server.login("bob").await;

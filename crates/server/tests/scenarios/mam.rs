@@ -5,7 +5,7 @@
 //! the errors each XEP prescribes for bad queries.
 
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
 
 const MAM: &str = "urn:xmpp:mam:2";
@@ -666,14 +666,12 @@ async fn spoofed_stanza_ids_are_removed_and_offline_messages_are_archived() {
     chat(&mut alice, &b, "off", "while away").await;
     let bob_jid = starling_proto::BareJid::new(&b).unwrap();
     let offline = &server.server.env.storage.offline;
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while offline.count(&bob_jid).await.unwrap() != 1 {
-            // sleep: polling the store (bounded by the timeout).
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the message was stored offline");
+    eventually(
+        "the message is stored offline",
+        Duration::from_secs(10),
+        async || (offline.count(&bob_jid).await.unwrap() == 1).then_some(()),
+    )
+    .await;
     let mut bob = server.login("bob").await;
     let m = bob.recv_message().await;
     assert_eq!(

@@ -11,7 +11,7 @@ use starling_testkit::muc::{
     statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
 };
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::time::Duration;
 
 /// The `jid`s of `to`'s disco#items (XEP-0030 §4).
@@ -1632,15 +1632,12 @@ async fn room_archives_are_purged_after_the_retention() {
     };
     // The purge runs in a task of its own started with the server, and
     // tells nobody when it is done: its effect is polled, up to 5 s.
-    let mut left = Vec::new();
-    for _ in 0..250 {
-        left = storage.archive.query(&room_jid, &q).await.unwrap().messages;
-        if left.len() == 1 {
-            break;
-        }
-        // sleep: the poll's interval (the purge has no event to wait on).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let left = poll_for(Duration::from_secs(5), async || {
+        let left = storage.archive.query(&room_jid, &q).await.unwrap().messages;
+        (left.len() == 1).then_some(left)
+    })
+    .await
+    .unwrap_or_default();
     assert_eq!(left.len(), 1, "the old message is purged at start");
     assert!(left[0].stanza.contains("an hour old"));
     server.stop().await;

@@ -4,7 +4,7 @@
 
 use starling_testkit::muc::{body, room_on};
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
 
 const CREATE: &str = "urn:xmpp:muclight:0#create";
@@ -1073,22 +1073,21 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     let v = my_rooms(&mut bob).await[0].2.clone();
     // Its task ends after idle_unload_secs (1 s) without stanzas: the
     // service's gauge of loaded rooms says when.
-    let started = std::time::Instant::now();
-    while !server
-        .server
-        .env
-        .metrics
-        .encode()
-        .lines()
-        .any(|l| l.ends_with("muc_light_rooms_live 0"))
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the idle room was never unloaded"
-        );
-        // sleep: the poll's interval (the unloading has no event to wait on).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the idle room is unloaded",
+        Duration::from_secs(10),
+        async || {
+            server
+                .server
+                .env
+                .metrics
+                .encode()
+                .lines()
+                .any(|l| l.ends_with("muc_light_rooms_live 0"))
+                .then_some(())
+        },
+    )
+    .await;
     let r = iq_get(
         &mut bob,
         &room("team"),

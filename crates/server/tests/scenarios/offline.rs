@@ -7,7 +7,9 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::modules;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
+use starling_testkit::{
+    error_condition, eventually, free_port, ns, poll_for, write_binary_config, Client, TestServer,
+};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const NS_DELAY: &str = "urn:xmpp:delay";
@@ -54,28 +56,20 @@ async fn stored(server: &TestServer, user: &str) -> u64 {
 /// Waits until `user` has `n` stored messages (deletion after delivery
 /// runs once the session flushed its writes).
 async fn eventually_stored(server: &TestServer, user: &str, n: u64) {
-    for _ in 0..100 {
-        if stored(server, user).await == n {
-            return;
-        }
-        // sleep: polling the store (at most 2 s).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_for(Duration::from_secs(2), async || {
+        (stored(server, user).await == n).then_some(())
+    })
+    .await;
     assert_eq!(stored(server, user).await, n);
 }
 
-/// Waits until `cond` holds (a server-side effect no client sees), polled
-/// every 5 ms; panics after 10 s.
+/// Waits until `cond` holds (a server-side effect no client sees);
+/// panics after 10 s.
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        // sleep: polling (bounded above).
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(what, Duration::from_secs(10), async || {
+        cond().await.then_some(())
+    })
+    .await;
 }
 
 fn body(m: &Element) -> String {

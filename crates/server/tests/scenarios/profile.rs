@@ -5,7 +5,7 @@
 use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::BareJid;
 use starling_server::modules;
-use starling_testkit::{error_condition, TestServer};
+use starling_testkit::{error_condition, eventually, TestServer};
 use std::time::Duration;
 
 const VCARD: &str = "vcard-temp";
@@ -17,25 +17,21 @@ const LAST: &str = "jabber:iq:last";
 /// been written, so a client's view of the close does not say it is done.
 async fn until_logout_recorded(server: &TestServer, user: &str) -> (u64, String) {
     let jid = BareJid::new(user).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let recorded = server
-            .server
-            .env
-            .storage
-            .last_activity
-            .get(&jid)
-            .await
-            .unwrap();
-        if let Some(r) = recorded {
-            return r;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{user}'s logout was not recorded within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    eventually(
+        &format!("{user}'s logout is recorded"),
+        Duration::from_secs(10),
+        async || {
+            server
+                .server
+                .env
+                .storage
+                .last_activity
+                .get(&jid)
+                .await
+                .unwrap()
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]

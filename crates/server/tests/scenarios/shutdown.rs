@@ -9,7 +9,7 @@
 use starling_proto::BareJid;
 use starling_server::modules;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{Client, Event, TestServer};
+use starling_testkit::{poll_for, Client, Event, TestServer};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -105,15 +105,15 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
         .find(|(name, _)| name == "archive")
         .map(|(_, q)| q.written.clone())
         .expect("an archive queue");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while archive.get() < LOAD_ARCHIVED {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the load did not reach {LOAD_ARCHIVED} archived records in 30 s ({} so far)",
-            archive.get()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    let loaded = poll_for(Duration::from_secs(30), async || {
+        (archive.get() >= LOAD_ARCHIVED).then_some(())
+    })
+    .await;
+    assert!(
+        loaded.is_some(),
+        "the load did not reach {LOAD_ARCHIVED} archived records in 30 s ({} so far)",
+        archive.get()
+    );
     server.server.shutdown().await;
 
     let mut sent_by_client = 0;

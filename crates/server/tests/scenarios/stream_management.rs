@@ -10,7 +10,7 @@ use starling_proto::sasl::Mechanism;
 use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
-    error_condition, free_port, ns, write_binary_config, Client, Event, TestServer,
+    error_condition, eventually, free_port, ns, write_binary_config, Client, Event, TestServer,
 };
 use std::time::Duration;
 
@@ -93,18 +93,10 @@ async fn sm_expect_nothing(c: &mut Client) -> u32 {
     h
 }
 
-/// Waits until `cond` holds: a server-side effect no client sees, polled
-/// every 5 ms; panics after [`BOUND`].
+/// Waits until `cond` holds: a server-side effect no client sees;
+/// panics after [`BOUND`].
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        // sleep: polling (bounded by BOUND).
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(what, BOUND, async || cond().await.then_some(())).await;
 }
 
 /// Waits until the server counts `n` detached sessions (it noticed a
