@@ -9,7 +9,6 @@ use starling_server::modules::pubsub::PubsubConfig;
 use starling_server::modules::Pubsub;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
-use std::time::Duration;
 
 const SVC: &str = "pubsub.localhost";
 const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
@@ -20,7 +19,6 @@ const SHIM: &str = "http://jabber.org/protocol/shim";
 const RSM: &str = "http://jabber.org/protocol/rsm";
 const NODE_CONFIG: &str = "http://jabber.org/protocol/pubsub#node_config";
 const SUB_OPTIONS: &str = "http://jabber.org/protocol/pubsub#subscribe_options";
-const QUIET: Duration = Duration::from_millis(400);
 
 async fn server() -> TestServer {
     server_with(|_| {}).await
@@ -175,15 +173,34 @@ fn subids(m: &Element) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Asserts that no notification reached `c` up to its barrier: sound for
+/// what `c` itself sent (the service runs in the sender's session, so a
+/// later ping from `c` is answered after everything it caused was routed).
+/// For what another client sent, [`no_event_after`].
 async fn no_event(c: &mut Client) {
-    while let Some(ev) = c.next_event_within(QUIET).await {
-        if let starling_testkit::Event::Element(el) = ev {
-            assert!(
-                !el.has_child("event", EVENT),
-                "unexpected notification {el}"
-            );
-        }
+    for el in c.barrier().await {
+        assert!(
+            !el.has_child("event", EVENT),
+            "unexpected notification {el}"
+        );
     }
+}
+
+/// Asserts that `c` got no notification from what `cause` sent (its
+/// answer already read). The service handles a stanza in its sender's
+/// session and routes the answer, then the notifications: once `cause`
+/// has the answer to a later ping (its barrier), every one of them is in
+/// its recipient's mailbox, and `c`'s barrier shows whether one was for
+/// `c`. The cause's barrier must not swallow a notification of its own.
+async fn no_event_after(cause: &mut Client, c: &mut Client) {
+    for el in cause.barrier().await {
+        assert!(
+            !el.has_child("event", EVENT),
+            "a notification to {} before its barrier: {el}",
+            cause.jid
+        );
+    }
+    no_event(c).await;
 }
 
 /// The values of field `var` in the first form under `el`.
@@ -693,10 +710,10 @@ async fn subscribers_get_notifications_and_the_others_do_not() {
         assert_eq!(item.attr("id"), Some(id.as_str()));
         assert!(item.to_string().contains("Soliloquy"), "{m}");
         assert!(subids(&m).is_empty(), "one subscription, no SHIM: {m}");
-        no_event(c).await;
+        no_event_after(&mut alice, c).await;
     }
-    no_event(&mut dave).await;
-    no_event(&mut erin).await;
+    no_event_after(&mut alice, &mut dave).await;
+    no_event_after(&mut alice, &mut erin).await;
     no_event(&mut alice).await;
     // §7.2: retract with notify.
     ok(&ps(
@@ -713,7 +730,7 @@ async fn subscribers_get_notifications_and_the_others_do_not() {
         Some(id.as_str())
     );
     event(&mut carol).await;
-    no_event(&mut erin).await;
+    no_event_after(&mut alice, &mut erin).await;
     // §8.5: purge, one notification.
     ok(&publish(&mut alice, "feed", "p1", &entry("a")).await);
     ok(&publish(&mut alice, "feed", "p2", &entry("b")).await);
@@ -1009,7 +1026,7 @@ async fn multiple_subscriptions_have_subids_and_shim_headers() {
     ok(&publish(&mut alice, "feed", "i1", &entry("x")).await);
     let m = event(&mut bob).await;
     assert_eq!(subids(&m), std::slice::from_ref(&s1), "{m}");
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     // §6.2.3.1, §6.3.4.4: the subid is required now.
     is_err(
         &ps(
@@ -1076,7 +1093,7 @@ async fn multiple_subscriptions_have_subids_and_shim_headers() {
     )
     .await);
     ok(&publish(&mut alice, "feed", "i2", &entry("y")).await);
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     // §5.7: the requester's affiliations.
     let r = ps(&mut alice, "get", "<affiliations/>").await;
     ok(&r);
@@ -1315,10 +1332,10 @@ async fn access_models_decide_who_subscribes_and_reads() {
         (s.attr("node"), s.attr("jid"), s.attr("subscription")),
         (Some("o"), Some("carol@localhost"), Some("none"))
     );
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     ok(&publish(&mut alice, "o", "1", &entry("x")).await);
     event(&mut bob).await;
-    no_event(&mut carol).await;
+    no_event_after(&mut alice, &mut carol).await;
     server.stop().await;
 }
 
@@ -1388,7 +1405,7 @@ async fn owners_manage_subscriptions_and_affiliations() {
     }
     ok(&publish(&mut alice, "n", "1", &entry("x")).await);
     event(&mut carol).await;
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     // §8.9.1, §8.9.2: affiliations.
     ok(&own(
         &mut alice,
