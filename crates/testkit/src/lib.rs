@@ -31,6 +31,7 @@ mod wait;
 mod ws;
 
 pub mod muc;
+pub mod pubsub;
 
 pub use client::*;
 pub use http::*;

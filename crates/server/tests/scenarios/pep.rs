@@ -10,14 +10,11 @@ use base64::Engine;
 use sha1::Digest;
 use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::BareJid;
+use starling_testkit::pubsub::{self, app_error, item_ids, no_event, EVENT, OWNER, PUBSUB};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
 
-const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
-const OWNER: &str = "http://jabber.org/protocol/pubsub#owner";
-const EVENT: &str = "http://jabber.org/protocol/pubsub#event";
-const ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
 const AVATAR: &str = "urn:xmpp:avatar:metadata";
 const NICK: &str = "http://jabber.org/protocol/nick";
 const QUIET: Duration = Duration::from_millis(400);
@@ -125,76 +122,32 @@ async fn announce_seen(c: &mut Client, features: &[&str], lie: bool) -> (bool, V
     (asked, seen)
 }
 
+/// XEP-0163 §4.1 (XEP-0060 §7.1): publishes to `c`'s own `node`, with
+/// publish options `options` (`<field/>`s, XEP-0060 §7.1.5).
 async fn publish(c: &mut Client, node: &str, id: &str, payload: &str, options: &str) -> Element {
-    let opts = if options.is_empty() {
-        String::new()
-    } else {
-        format!("<publish-options><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>http://jabber.org/protocol/pubsub#publish-options</value></field>{options}</x></publish-options>")
-    };
-    let rid = format!("pub-{}", starling_proto::random_id(6));
-    c.iq(
-        &format!("<iq type='set' id='{rid}'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'>{payload}</item></publish>{opts}</pubsub></iq>"),
-        &rid,
-    )
-    .await
+    pubsub::publish(c, "", node, id, payload, options).await
 }
 
 fn field(var: &str, v: &str) -> String {
     format!("<field var='{var}'><value>{v}</value></field>")
 }
 
+/// XEP-0060 §6.5: the items of `node` of `owner`'s account (empty: `c`'s
+/// own).
 async fn items(c: &mut Client, owner: &str, node: &str, extra: &str) -> Element {
-    let rid = format!("items-{}", starling_proto::random_id(6));
     let to = if owner.is_empty() {
         String::new()
     } else {
-        format!(" to='{owner}@localhost'")
+        format!("{owner}@localhost")
     };
-    c.iq(
-        &format!("<iq type='get' id='{rid}'{to}><pubsub xmlns='{PUBSUB}'><items node='{node}' {extra}/></pubsub></iq>"),
-        &rid,
-    )
-    .await
-}
-
-fn item_ids(r: &Element) -> Vec<String> {
-    r.get_child("pubsub", PUBSUB)
-        .and_then(|p| p.get_child("items", PUBSUB))
-        .map(|i| {
-            i.children()
-                .filter_map(|c| c.attr("id").map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn app_error(r: &Element) -> Option<String> {
-    r.get_child("error", ns::CLIENT)?
-        .children()
-        .find(|c| c.ns() == ERRORS)
-        .map(|c| c.name().to_owned())
+    pubsub::items(c, &to, node, extra, "").await
 }
 
 /// The next pubsub event notification from `from`.
 async fn event(c: &mut Client, from: &str) -> Element {
-    let m = c
-        .recv_until(|e| e.name() == "message" && e.has_child("event", EVENT))
-        .await;
-    assert_eq!(m.attr("from"), Some(from), "{m}");
+    let m = pubsub::next_event(c, from).await;
     assert_eq!(m.attr("type"), Some("headline"), "{m}");
     m.get_child("event", EVENT).unwrap().clone()
-}
-
-/// Asserts that no event notification came for `c` up to a
-/// [`Client::barrier`]. Notifications are routed before the publisher's
-/// answer: call it once the publisher has that answer.
-async fn no_event(c: &mut Client) {
-    for el in c.barrier().await {
-        assert!(
-            !el.has_child("event", EVENT),
-            "unexpected notification {el}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
