@@ -30,6 +30,7 @@ mod tls;
 mod wait;
 mod ws;
 
+pub mod mam;
 pub mod muc;
 pub mod pubsub;
 

@@ -939,86 +939,9 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
 /// version 1.1.3).
 mod room_archive {
     use super::*;
+    use starling_testkit::mam::{form, max, query, MAM};
 
-    const MAM: &str = "urn:xmpp:mam:2";
-    const RSM: &str = "http://jabber.org/protocol/rsm";
-    const FWD: &str = "urn:xmpp:forward:0";
     const SID: &str = "urn:xmpp:sid:0";
-
-    /// The forwarded messages of one query (with their result ids) and
-    /// the final iq.
-    struct Page {
-        items: Vec<(String, Element)>,
-        fin: Element,
-    }
-
-    impl Page {
-        fn bodies(&self) -> Vec<String> {
-            self.items.iter().map(|(_, m)| body(m)).collect()
-        }
-        fn complete(&self) -> bool {
-            self.fin
-                .get_child("fin", MAM)
-                .and_then(|f| f.attr("complete"))
-                == Some("true")
-        }
-        fn rsm(&self, name: &str) -> Option<String> {
-            self.fin
-                .get_child("fin", MAM)?
-                .get_child("set", RSM)?
-                .get_child(name, RSM)
-                .map(|e| e.text())
-        }
-        fn error(&self) -> Option<String> {
-            (self.fin.attr("type") == Some("error"))
-                .then(|| error_condition(&self.fin).unwrap_or_default())
-        }
-    }
-
-    fn form(fields: &[(&str, &str)]) -> String {
-        let mut x = format!(
-            "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>{MAM}</value></field>"
-        );
-        for (var, value) in fields {
-            x.push_str(&format!(
-                "<field var='{var}'><value>{value}</value></field>"
-            ));
-        }
-        x + "</x>"
-    }
-
-    fn max(n: u32, extra: &str) -> String {
-        format!("<set xmlns='{RSM}'><max>{n}</max>{extra}</set>")
-    }
-
-    /// §4: a query to the room's bare JID (§3.3.2); results come from it.
-    async fn query(c: &mut Client, room: &str, qid: &str, inner: &str) -> Page {
-        let id = format!("mam-{qid}");
-        c.send(&format!(
-            "<iq to='{room}' type='set' id='{id}'><query xmlns='{MAM}' queryid='{qid}'>{inner}</query></iq>"
-        ))
-        .await;
-        let mut items = Vec::new();
-        loop {
-            let el = c.recv().await;
-            if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
-                if el.attr("type") == Some("result") {
-                    assert_eq!(el.attr("from"), Some(room), "{el}");
-                }
-                return Page { items, fin: el };
-            }
-            if let Some(r) = el.get_child("result", MAM) {
-                assert_eq!(el.attr("from"), Some(room), "{el}");
-                assert_eq!(r.attr("queryid"), Some(qid), "{el}");
-                let m = r
-                    .get_child("forwarded", FWD)
-                    .and_then(|f| f.get_child("message", ns::CLIENT))
-                    .unwrap_or_else(|| panic!("no forwarded message: {el}"))
-                    .clone();
-                items.push((r.attr("id").unwrap().to_owned(), m));
-            }
-        }
-    }
 
     fn real_jid(m: &Element) -> Option<String> {
         m.get_child("x", MUC_USER)

@@ -8,7 +8,8 @@ use starling_proto::BareJid;
 use starling_server::modules;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
-    error_condition, eventually, free_port, ns, poll_for, write_binary_config, Client, TestServer,
+    error_condition, eventually, free_port, mam, ns, poll_for, write_binary_config, Client,
+    TestServer,
 };
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -423,26 +424,12 @@ async fn stored_message_survives_sigkill() {
 /// Ids of the messages in the user's own archive (XEP-0313 §4), oldest
 /// first, with the XEP-0359 stanza id each result carries.
 async fn archive_ids(c: &mut Client) -> Vec<(String, String)> {
-    c.send("<iq type='set' id='mamq'><query xmlns='urn:xmpp:mam:2' queryid='q'/></iq>")
-        .await;
-    let mut out = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some("mamq") {
-            assert_eq!(el.attr("type"), Some("result"), "{el}");
-            return out;
-        }
-        if let Some(r) = el.get_child("result", "urn:xmpp:mam:2") {
-            let m = r
-                .get_child("forwarded", "urn:xmpp:forward:0")
-                .and_then(|f| f.get_child("message", ns::CLIENT))
-                .expect("forwarded message");
-            out.push((
-                r.attr("id").unwrap_or_default().to_owned(),
-                m.attr("id").unwrap_or_default().to_owned(),
-            ));
-        }
-    }
+    mam::ok_query(c, "", "q", "")
+        .await
+        .items
+        .iter()
+        .map(|(id, m)| (id.clone(), m.attr("id").unwrap_or_default().to_owned()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
