@@ -33,6 +33,7 @@ mod ws;
 pub mod mam;
 pub mod muc;
 pub mod pubsub;
+pub mod roster;
 
 pub use client::*;
 pub use http::*;

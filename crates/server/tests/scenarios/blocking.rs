@@ -1,7 +1,6 @@
 //! Blocking Command (XEP-0191) over real sockets.
 
-use starling_core::storage::{RosterItem, Subscription};
-use starling_proto::BareJid;
+use starling_testkit::roster::{self, Subscription};
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -217,11 +216,7 @@ async fn block_and_unblock_send_presence_to_subscribed_contact() {
     // XEP-0191 §3.3: unavailable presence to the blocked JID if it receives
     // the user's presence; §3.4: current presence again on unblock.
     let server = TestServer::start().await;
-    let roster = server.server.env.storage.roster.clone();
-    let alice_jid = BareJid::new("alice@localhost").unwrap();
-    let mut item = RosterItem::new(BareJid::new("bob@localhost").unwrap());
-    item.subscription = Subscription::Both;
-    roster.put_item(&alice_jid, &item).await.unwrap();
+    roster::put(&server, "alice", "bob", Subscription::Both, &[]).await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice.send("<presence><show>chat</show></presence>").await;

@@ -9,13 +9,12 @@
 
 use crate::killable;
 
-use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
-    eventually, free_port, muc, ns, poll_for, Client, TestDatabase, TestServer,
+    eventually, free_port, muc, ns, poll_for, roster::befriend, Client, TestDatabase, TestServer,
 };
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -261,27 +260,6 @@ async fn marker(node: &TestServer, to: &str, id: &str) {
 
 fn bare(c: &Client) -> String {
     c.jid.split('/').next().unwrap().to_owned()
-}
-
-/// Makes `a` and `b` subscribed to each other (subscription both), as if
-/// they had gone through RFC 6121 §3.
-async fn befriend(server: &TestServer, a: &str, b: &str) {
-    let roster = &server.server.env.storage.roster;
-    for (owner, contact) in [(a, b), (b, a)] {
-        let item = RosterItem {
-            jid: BareJid::new(&format!("{contact}@localhost")).unwrap(),
-            name: None,
-            subscription: Subscription::Both,
-            ask: false,
-            pending_in: false,
-            approved: false,
-            groups: Vec::new(),
-        };
-        roster
-            .put_item(&BareJid::new(&format!("{owner}@localhost")).unwrap(), &item)
-            .await
-            .unwrap();
-    }
 }
 
 /// The XEP-0430 inbox of `c`: (conversation, unread, entry id) each.

@@ -28,21 +28,6 @@ fn bare(s: &str) -> BareJid {
     BareJid::new(s).unwrap()
 }
 
-/// A ping round trip: the router handles a session's stanzas in order, so
-/// when the answer arrives every earlier stanza has been routed (and
-/// stored). Asserts that nothing (no error) arrives before the answer.
-async fn sync(c: &mut Client, id: &str) {
-    c.send(&format!(
-        "<iq type='get' id='{id}' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
-    ))
-    .await;
-    let e = c.recv().await;
-    assert!(
-        e.name() == "iq" && e.attr("id") == Some(id) && e.attr("type") == Some("result"),
-        "expected the ping answer first, got {e}"
-    );
-}
-
 async fn stored(server: &TestServer, user: &str) -> u64 {
     server
         .server
@@ -120,7 +105,7 @@ async fn messages_to_offline_user_are_delivered_at_next_login_in_order_with_dela
     alice
         .send("<message to='bob@localhost/gone' type='normal' id='m3'><body>three</body></message>")
         .await;
-    sync(&mut alice, "p1").await; // no error before the answer: stored
+    alice.expect_nothing().await; // no error before the answer: stored
     let after = now_stamp();
     assert_eq!(stored(&server, "bob").await, 3);
 
@@ -161,7 +146,7 @@ async fn unknown_payload_survives_storage() {
     alice
         .send("<message to='bob@localhost' id='u'><body>x</body><x xmlns='urn:example:unknown'><y a='1'>deep</y></x></message>")
         .await;
-    sync(&mut alice, "p").await;
+    alice.expect_nothing().await;
     let mut bob = server.login("bob").await;
     let m = bob.recv_message().await;
     let x = m
@@ -192,7 +177,7 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
             ))
             .await;
     }
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     alice
         .send("<message to='bob@localhost' type='chat' id='q3'><body>3</body></message>")
         .await;
@@ -207,7 +192,7 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
         .map(|t| t.text())
         .unwrap_or_default();
     assert!(text.contains("full"), "{text}");
-    sync(&mut alice, "p2").await; // exactly one error
+    alice.expect_nothing().await; // exactly one error
     assert_eq!(stored(&server, "bob").await, 2);
     // Counted by the metric (the log line is throttled: issue 31, item 4).
     let metrics = server.server.env.metrics.encode();
@@ -246,7 +231,7 @@ async fn hints_chat_states_and_headlines() {
     alice
         .send("<message to='bob@localhost' type='headline' id='h'><body>news</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 0);
     // XEP-0334 §3 (sensitive messages): no-permanent-store still allows
     // temporary storage for delivery; chat state plus body is stored.
@@ -256,7 +241,7 @@ async fn hints_chat_states_and_headlines() {
     alice
         .send("<message to='bob@localhost' type='chat' id='cb'><body>hey</body><active xmlns='http://jabber.org/protocol/chatstates'/></message>")
         .await;
-    sync(&mut alice, "p2").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 2);
     let mut bob = server.login("bob").await;
     assert_eq!(bob.recv_message().await.attr("id"), Some("np"));
@@ -279,7 +264,7 @@ async fn negative_priority_stores_until_non_negative_presence() {
     alice
         .send("<message to='bob@localhost' type='chat' id='n'><body>later</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 1);
     bob.expect_nothing().await;
     bob.send("<presence><priority>1</priority></presence>")
@@ -332,7 +317,7 @@ async fn account_deletion_removes_offline_messages() {
     alice
         .send("<message to='carol@localhost' id='2'><body>b</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 1);
     assert_eq!(stored(&server, "carol").await, 1);
     let r = bob
@@ -367,7 +352,7 @@ async fn stored_messages_survive_a_restart() {
     alice
         .send("<message to='bob@localhost' type='chat' id='r'><body>persist</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     server.server.shutdown().await; // keeps the data directory
 
     let d = dir.clone();
@@ -400,7 +385,7 @@ async fn stored_message_survives_sigkill() {
     alice
         .send("<message to='bob@localhost' type='chat' id='k1'><body>before the crash</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     server.kill().unwrap(); // SIGKILL
     let status = tokio::task::spawn_blocking(move || server.wait())
         .await
@@ -458,7 +443,7 @@ async fn offline_message_and_its_archive_copy_survive_sigkill_together() {
             ))
             .await;
     }
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     server.0.kill().unwrap(); // SIGKILL
     let _ = server.0.wait();
     drop(alice);
@@ -587,7 +572,7 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
-                sync(&mut alice, "done").await;
+                alice.expect_nothing().await;
                 n
             })
         };

@@ -8,9 +8,8 @@
 
 use base64::Engine;
 use sha1::Digest;
-use starling_core::storage::{RosterItem, Subscription};
-use starling_proto::BareJid;
 use starling_testkit::pubsub::{self, app_error, item_ids, no_event, EVENT, OWNER, PUBSUB};
+use starling_testkit::roster::{self, Subscription};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
@@ -19,25 +18,10 @@ const AVATAR: &str = "urn:xmpp:avatar:metadata";
 const NICK: &str = "http://jabber.org/protocol/nick";
 const QUIET: Duration = Duration::from_millis(400);
 
-/// `owner` has `contact` in its roster with `sub`.
-async fn roster(server: &TestServer, owner: &str, contact: &str, sub: Subscription) {
-    let mut item = RosterItem::new(BareJid::new(&format!("{contact}@localhost")).unwrap());
-    item.subscription = sub;
-    item.groups = vec!["Friends".into()];
-    server
-        .server
-        .env
-        .storage
-        .roster
-        .put_item(&BareJid::new(&format!("{owner}@localhost")).unwrap(), &item)
-        .await
-        .unwrap();
-}
-
-/// Mutual presence subscription.
+/// Mutual presence subscription, in group Friends.
 async fn contacts(server: &TestServer, a: &str, b: &str) {
-    roster(server, a, b, Subscription::Both).await;
-    roster(server, b, a, Subscription::Both).await;
+    roster::put(server, a, b, Subscription::Both, &["Friends"]).await;
+    roster::put(server, b, a, Subscription::Both, &["Friends"]).await;
 }
 
 /// A client's disco#info: identity and `features`.
@@ -253,7 +237,7 @@ async fn notifications_follow_capabilities_and_the_last_item_arrives_at_login() 
     );
     // §5.4: an answer whose hash does not match is not believed.
     let mut erin = server.login("erin").await;
-    roster(&server, "alice", "erin", Subscription::From).await;
+    roster::put(&server, "alice", "erin", Subscription::From, &["Friends"]).await;
     assert!(announce(&mut erin, &[&format!("{NICK}+notify")], true).await);
     erin.barrier().await;
     let r = publish(
@@ -942,9 +926,9 @@ async fn last_items_at_login_follow_every_access_model_of_every_contact() {
     // both; dave has no item for alice; erin has one without subscription.
     contacts(&server, "alice", "bob").await;
     contacts(&server, "alice", "carol").await;
-    roster(&server, "alice", "dave", Subscription::To).await;
-    roster(&server, "alice", "erin", Subscription::Both).await;
-    roster(&server, "erin", "alice", Subscription::None).await;
+    roster::put(&server, "alice", "dave", Subscription::To, &["Friends"]).await;
+    roster::put(&server, "alice", "erin", Subscription::Both, &["Friends"]).await;
+    roster::put(&server, "erin", "alice", Subscription::None, &["Friends"]).await;
     let nodes = [
         "urn:x:status",
         "urn:x:open",

@@ -1140,8 +1140,7 @@ async fn items_are_retrieved_whole_by_id_or_by_page() {
 /// longer admits, telling the subscribers (§12.8).
 #[tokio::test(flavor = "multi_thread")]
 async fn access_models_decide_who_subscribes_and_reads() {
-    use starling_core::storage::{RosterItem, Subscription};
-    use starling_proto::BareJid;
+    use starling_testkit::roster::{self, Subscription};
     let server = server().await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
@@ -1152,17 +1151,7 @@ async fn access_models_decide_who_subscribes_and_reads() {
         ("bob", Subscription::From, "Friends"),
         ("carol", Subscription::None, "Work"),
     ] {
-        let mut item = RosterItem::new(BareJid::new(&format!("{who}@localhost")).unwrap());
-        item.subscription = sub;
-        item.groups = vec![group.into()];
-        server
-            .server
-            .env
-            .storage
-            .roster
-            .put_item(&BareJid::new("alice@localhost").unwrap(), &item)
-            .await
-            .unwrap();
+        roster::put(&server, "alice", who, sub, &[group]).await;
     }
     ok(&create(&mut alice, "p", &[("pubsub#access_model", "presence")]).await);
     ok(&publish(&mut alice, "p", "1", &entry("x")).await);
