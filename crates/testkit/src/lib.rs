@@ -34,6 +34,7 @@ pub mod mam;
 pub mod muc;
 pub mod pubsub;
 pub mod roster;
+pub mod stanza;
 
 pub use client::*;
 pub use http::*;

@@ -1,6 +1,7 @@
 //! Blocking Command (XEP-0191) over real sockets.
 
 use starling_testkit::roster::{self, Subscription};
+use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -94,11 +95,8 @@ async fn blocked_contact_cannot_reach_user_by_message_presence_or_iq() {
     let mut bob = server.login("bob").await;
     block(&mut alice, &["bob@localhost"]).await;
     alice.barrier().await; // the push
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='m'><body>hi</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().id("m").body("hi").to_string())
+        .await;
     let e = bob.recv().await;
     assert_eq!(
         error_condition(&e).as_deref(),
@@ -136,10 +134,7 @@ async fn user_sending_to_blocked_jid_gets_not_acceptable_blocked() {
     block(&mut alice, &["bob@localhost"]).await;
     alice.barrier().await; // the push
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='x'><body>psst</body></message>",
-            bob.jid
-        ))
+        .send(&msg(&bob.jid).chat().id("x").body("psst").to_string())
         .await;
     let e = alice.recv().await;
     assert_eq!(error_condition(&e).as_deref(), Some("not-acceptable"));
@@ -170,11 +165,8 @@ async fn unblock_restores_delivery_and_block_persists_across_sessions() {
     unblock(&mut alice, &["bob@localhost"]).await;
     alice.barrier().await; // the push
     bob.barrier().await;
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>back</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().body("back").to_string())
+        .await;
     assert_eq!(body(&alice.recv_message().await), "back");
     server.stop().await;
 }
@@ -193,20 +185,13 @@ async fn domain_block_never_blocks_own_resources() {
     a1.barrier().await;
     a2.barrier().await;
     bob.barrier().await;
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='d'><body>x</body></message>",
-        a1.jid
-    ))
-    .await;
+    bob.send(&msg(&a1.jid).chat().id("d").body("x").to_string())
+        .await;
     assert_eq!(
         error_condition(&bob.recv().await).as_deref(),
         Some("service-unavailable")
     );
-    a2.send(&format!(
-        "<message to='{}' type='chat'><body>self</body></message>",
-        a1.jid
-    ))
-    .await;
+    a2.send(&msg(&a1.jid).chat().body("self").to_string()).await;
     assert_eq!(body(&a1.recv_message().await), "self");
     server.stop().await;
 }

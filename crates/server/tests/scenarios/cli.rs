@@ -2,6 +2,7 @@
 //! real process that shuts down gracefully on SIGTERM.
 
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::msg;
 use starling_testkit::{
     eventually, eventually_blocking, free_port, poll_for, write_binary_config, Client,
 };
@@ -1159,9 +1160,7 @@ async fn room_create_list_serve_and_destroy() {
         .recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
         .await;
     alice
-        .send(&format!(
-            "<message to='{lobby}' type='groupchat' id='m1'><body>hello</body></message>"
-        ))
+        .send(&msg(&lobby).groupchat().id("m1").body("hello").to_string())
         .await;
     alice
         .recv_until(|e| e.name() == "message" && e.attr("id") == Some("m1"))

@@ -12,6 +12,7 @@ use crate::killable;
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
     eventually, free_port, muc, ns, poll_for, roster::befriend, Client, TestDatabase, TestServer,
@@ -330,19 +331,13 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
 
     // One-to-one chat both ways: to the bare JID and to the full JID.
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m1'><body>hi bob</body></message>",
-            bare(&bob)
-        ))
+        .send(&msg(&bare(&bob)).chat().id("m1").body("hi bob").to_string())
         .await;
     let m = bob.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "hi bob");
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='m2'><body>hi alice</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().id("m2").body("hi alice").to_string())
+        .await;
     let m = alice.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "hi alice");
     // Node 1 sent one message across and got its acknowledgement
@@ -386,10 +381,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
         assert_eq!(r.attr("type"), Some("result"), "{r}");
     }
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m3'><body>carbon me</body></message>",
-            bob.jid
-        ))
+        .send(&msg(&bob.jid).chat().id("m3").body("carbon me").to_string())
         .await;
     let sent = alice2
         .recv_until(|e| e.name() == "message" && e.has_child("sent", "urn:xmpp:carbons:2"))
@@ -435,11 +427,8 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     again.bind(Some(&resource)).await;
     alice.expect_stream_error("conflict").await;
     // Messages to that full JID now reach the node-2 session.
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>after conflict</body></message>",
-        again.jid
-    ))
-    .await;
+    bob.send(&msg(&again.jid).chat().body("after conflict").to_string())
+        .await;
     let m = again
         .recv_until(|e| e.name() == "message" && muc::body(e) == "after conflict")
         .await;
@@ -586,9 +575,13 @@ async fn a_killed_node_is_declared_dead_and_nothing_sent_to_it_is_lost() {
         .unwrap()
         .success());
     for i in 0..3 {
-        erin.send(&format!(
-            "<message to='{frank_jid}' type='chat' id='f{i}'><body>in flight {i}</body></message>"
-        ))
+        erin.send(
+            &msg(&frank_jid)
+                .chat()
+                .id(&format!("f{i}"))
+                .body(&format!("in flight {i}"))
+                .to_string(),
+        )
         .await;
     }
     // Then kill it.
@@ -725,10 +718,12 @@ async fn nats_restart_loses_nothing_acknowledged() {
             .any(|n| n.node == 2 && !n.this_node && n.last_heartbeat_ms_ago > 2 * HEARTBEAT_MS)
     })
     .await;
-    hank.send(&format!(
-        "<message to='{}' type='chat'><body>sent while the bus was down</body></message>",
-        ivy.jid
-    ))
+    hank.send(
+        &msg(&ivy.jid)
+            .chat()
+            .body("sent while the bus was down")
+            .to_string(),
+    )
     .await;
     // Hank's session has routed it (to the bus's queue) before the answer.
     hank.barrier().await;
@@ -736,11 +731,8 @@ async fn nats_restart_loses_nothing_acknowledged() {
 
     let m = ivy.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "sent while the bus was down");
-    ivy.send(&format!(
-        "<message to='{}' type='chat'><body>back</body></message>",
-        hank.jid
-    ))
-    .await;
+    ivy.send(&msg(&hank.jid).chat().body("back").to_string())
+        .await;
     let m = hank.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "back");
     // Exactly once, though it may have been sent twice: once node 1 has
@@ -788,10 +780,13 @@ async fn a_stalled_bus_bounds_the_queue_and_loses_nothing_acknowledged() {
     const N: usize = 400;
     let filler = "q".repeat(10 * 1024);
     for i in 0..N {
-        hank.send(&format!(
-            "<message to='{}' type='chat' id='s{i}'><body>{i} {filler}</body></message>",
-            ivy.jid
-        ))
+        hank.send(
+            &msg(&ivy.jid)
+                .chat()
+                .id(&format!("s{i}"))
+                .body(&format!("{i} {filler}"))
+                .to_string(),
+        )
         .await;
     }
     // Barrier: hank's session has routed all of them.
@@ -820,11 +815,8 @@ async fn a_stalled_bus_bounds_the_queue_and_loses_nothing_acknowledged() {
     // Exactly once: chat goes on both ways; once node 1 has every
     // acknowledgement it sends none of them again, and a marker it sends
     // after reaches ivy behind any copy sent before.
-    ivy.send(&format!(
-        "<message to='{}' type='chat' id='back'><body>back</body></message>",
-        hank.jid
-    ))
-    .await;
+    ivy.send(&msg(&hank.jid).chat().id("back").body("back").to_string())
+        .await;
     hank.recv_until(|e| e.attr("id") == Some("back")).await;
     until_acked(&n1).await;
     marker(&n1, &ivy.jid, "b2").await;
@@ -851,9 +843,7 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
     let mut jack = n1.login("jack").await;
     let mut kate = n2.login("kate").await;
     wait_for(&n1, "kate's entry", |s| entries_of(s, 2) == 1).await;
-    let to_kate = |text: &str| {
-        format!("<message to='kate@localhost' type='chat'><body>{text}</body></message>")
-    };
+    let to_kate = |text: &str| msg("kate@localhost").chat().body(&text).to_string();
     jack.send(&to_kate("before")).await;
     let m = kate.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "before");
@@ -940,10 +930,8 @@ async fn a_node_back_from_a_partition_is_announced_again() {
     let p = lena.recv_until(from_mike).await;
     assert_eq!(p.attr("type"), None, "mike is announced again: {p}");
     wait_for(&n1, "mike's entry", |s| entries_of(s, 2) == 1).await;
-    lena.send(&format!(
-        "<message to='{mike_jid}' type='chat'><body>welcome back</body></message>"
-    ))
-    .await;
+    lena.send(&msg(&mike_jid).chat().body("welcome back").to_string())
+        .await;
     let m = mike
         .recv_until(|e| e.name() == "message" && muc::body(e) == "welcome back")
         .await;
@@ -1059,11 +1047,8 @@ async fn garbage_on_the_bus_is_dropped_and_counted() {
     rogue.flush().await.unwrap();
     drop(rogue);
 
-    pat.send(&format!(
-        "<message to='{}' type='chat'><body>still here</body></message>",
-        quinn.jid
-    ))
-    .await;
+    pat.send(&msg(&quinn.jid).chat().body("still here").to_string())
+        .await;
     let m = quinn.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "still here");
     let metrics = n1.server.env.metrics.encode();
@@ -1126,9 +1111,13 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     bob.barrier_via(&room).await;
     // A message from node 3 reaches node 1 and node 2 (and its sender).
     carol
-        .send(&format!(
-            "<message to='{room}' type='groupchat' id='g1'><body>hello nodes</body></message>"
-        ))
+        .send(
+            &msg(&room)
+                .groupchat()
+                .id("g1")
+                .body("hello nodes")
+                .to_string(),
+        )
         .await;
     for c in [&mut alice, &mut bob, &mut carol] {
         let m = c.recv_until(|e| e.name() == "message").await;
@@ -1137,9 +1126,13 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     }
     // §7.5 across nodes.
     alice
-        .send(&format!(
-            "<message to='{room}/Carol' type='chat' id='p1'><body>psst</body></message>"
-        ))
+        .send(
+            &msg(&format!("{room}/Carol"))
+                .chat()
+                .id("p1")
+                .body("psst")
+                .to_string(),
+        )
         .await;
     let m = carol.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "psst");
@@ -1228,9 +1221,13 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
     assert!(info.to_string().contains("Kept room"), "{info}");
     assert!(info.to_string().contains("muc_persistent"), "{info}");
     dora.barrier_via(&room).await;
-    ed.send(&format!(
-        "<message to='{room}' type='groupchat' id='g'><body>still here</body></message>"
-    ))
+    ed.send(
+        &msg(&room)
+            .groupchat()
+            .id("g")
+            .body("still here")
+            .to_string(),
+    )
     .await;
     let m = dora.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "still here");
@@ -1298,9 +1295,13 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
     );
     // (Gil's own affiliation notice, from node 2 before its answer.)
     gil.barrier_via(&room).await;
-    hal.send(&format!(
-        "<message to='{room}' type='groupchat' id='x1'><body>over the bus</body></message>"
-    ))
+    hal.send(
+        &msg(&room)
+            .groupchat()
+            .id("x1")
+            .body("over the bus")
+            .to_string(),
+    )
     .await;
     for c in [&mut gil, &mut hal] {
         let m = c.recv_until(|e| e.name() == "message").await;
@@ -1328,9 +1329,13 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
         before,
         "the stored room, unchanged"
     );
-    gil.send(&format!(
-        "<message to='{room}' type='groupchat' id='x2'><body>still one group</body></message>"
-    ))
+    gil.send(
+        &msg(&room)
+            .groupchat()
+            .id("x2")
+            .body("still one group")
+            .to_string(),
+    )
     .await;
     for c in [&mut gil, &mut hal] {
         let m = c.recv_until(|e| e.name() == "message").await;

@@ -8,6 +8,7 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::domains::{apply_setting, validate_name, DomainError};
 use starling_server::tls::CertificateFacts;
+use starling_testkit::stanza::msg;
 use starling_testkit::{eventually, ns, poll_for, Client, TestServer};
 use std::time::Duration;
 
@@ -99,10 +100,13 @@ async fn domain_added_at_run_time_serves_its_users_with_its_own_certificate() {
     // Chat across domains.
     let mut bob = login_to(&server, "bob", "localhost").await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m1'><body>hello from {DYN}</body></message>",
-            bob.jid
-        ))
+        .send(
+            &msg(&bob.jid)
+                .chat()
+                .id("m1")
+                .body(&format!("hello from {DYN}"))
+                .to_string(),
+        )
         .await;
     let m = bob.recv_message().await;
     assert_eq!(

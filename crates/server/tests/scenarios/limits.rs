@@ -7,6 +7,7 @@
 
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
@@ -166,10 +167,8 @@ async fn bind_at_the_limit_evicts_the_longest_detached_session_and_reroutes_its_
     let mut a2 = server.login("alice").await;
     enable_resume(&mut a1).await;
     let full1 = a1.jid.clone();
-    bob.send(&format!(
-        "<message to='{full1}' type='chat' id='u1'><body>unacked</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full1).chat().id("u1").body("unacked").to_string())
+        .await;
     assert_eq!(body(&a1.recv_message().await), "unacked"); // never acked
     drop(a1); // the phone lost its connection
     until_detached(&server, 1).await;
@@ -317,9 +316,13 @@ async fn iq_flood_of_archive_queries_runs_one_at_a_time_and_others_are_answered_
     let mut bob = server.login("bob").await;
     for i in 0..20 {
         alice
-            .send(&format!(
-                "<message to='bob@localhost' type='chat' id='m{i}'><body>m{i}</body></message>"
-            ))
+            .send(
+                &msg("bob@localhost")
+                    .chat()
+                    .id(&format!("m{i}"))
+                    .body(&format!("m{i}"))
+                    .to_string(),
+            )
             .await;
     }
     // A barrier: bob got them all, so all are archived for both.

@@ -5,6 +5,7 @@
 //! the errors each XEP prescribes for bad queries.
 
 use starling_testkit::mam::{err_query, form, ok_query, rsm, FORWARD as FWD, MAM};
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
@@ -17,10 +18,8 @@ fn bare_of(c: &Client) -> String {
 }
 
 async fn chat(from: &mut Client, to: &str, id: &str, body: &str) {
-    from.send(&format!(
-        "<message to='{to}' type='chat' id='{id}'><body>{body}</body></message>"
-    ))
-    .await;
+    from.send(&msg(&to).chat().id(&id).body(&body).to_string())
+        .await;
 }
 
 /// Waits for the wall clock's next millisecond and returns it, as an
@@ -299,9 +298,7 @@ async fn what_is_not_archived_and_preferences() {
     alice.send(&format!("<message to='{b}' type='chat'><body>secret2</body><no-permanent-store xmlns='urn:xmpp:hints'/></message>")).await;
     alice.send(&format!("<message to='{b}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>")).await;
     alice
-        .send(&format!(
-            "<message to='{b}' type='headline'><body>news</body></message>"
-        ))
+        .send(&msg(&b).headline().body("news").to_string())
         .await;
     for _ in 0..4 {
         let m = bob.recv_message().await;

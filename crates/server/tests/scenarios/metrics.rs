@@ -11,6 +11,7 @@
 use base64::Engine;
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{eventually, free_port, ns, poll_for, Client, TestServer, Transport};
 use std::collections::{BTreeMap, BTreeSet};
@@ -173,10 +174,7 @@ async fn login_plain_tcp(server: &TestServer, user: &str) -> Client {
 }
 
 async fn chat(from: &mut Client, to: &str, body: &str) {
-    from.send(&format!(
-        "<message to='{to}' type='chat'><body>{body}</body></message>"
-    ))
-    .await;
+    from.send(&msg(&to).chat().body(&body).to_string()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

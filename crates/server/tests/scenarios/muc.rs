@@ -10,6 +10,7 @@ use starling_testkit::muc::{
     admin_set, body, configure, instant, item, join, join_error, join_with, open_room, room,
     statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
 };
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::time::Duration;
@@ -143,10 +144,8 @@ async fn messages_subject_and_history_on_entering() {
     // §7.4: non-occupants cannot send; §7.3: participants may not change
     // the subject by default.
     let mut dave = server.login("dave").await;
-    dave.send(&format!(
-        "<message to='{r}' type='groupchat' id='x'><body>hi</body></message>"
-    ))
-    .await;
+    dave.send(&msg(&r).groupchat().id("x").body("hi").to_string())
+        .await;
     let e = dave.recv_message().await;
     assert_eq!(
         error_condition(&e).as_deref(),
@@ -175,25 +174,37 @@ async fn private_messages_nick_changes_and_leaving() {
     alice.barrier_via(&r).await;
 
     // §7.5: a private message arrives from the sender's occupant JID.
-    bob.send(&format!(
-        "<message to='{r}/Alice' type='chat' id='p1'><body>psst</body></message>"
-    ))
+    bob.send(
+        &msg(&format!("{r}/Alice"))
+            .chat()
+            .id("p1")
+            .body("psst")
+            .to_string(),
+    )
     .await;
     let m = alice.recv_message().await;
     assert_eq!(m.attr("from"), Some(format!("{r}/Bob").as_str()));
     assert_eq!(body(&m), "psst");
     assert!(m.has_child("x", MUC_USER));
     // To a nick nobody has: item-not-found.
-    bob.send(&format!(
-        "<message to='{r}/Nobody' type='chat' id='p2'><body>?</body></message>"
-    ))
+    bob.send(
+        &msg(&format!("{r}/Nobody"))
+            .chat()
+            .id("p2")
+            .body("?")
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("item-not-found"));
     // groupchat to an occupant: bad-request.
-    bob.send(&format!(
-        "<message to='{r}/Alice' type='groupchat' id='p3'><body>?</body></message>"
-    ))
+    bob.send(
+        &msg(&format!("{r}/Alice"))
+            .groupchat()
+            .id("p3")
+            .body("?")
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"));
@@ -372,10 +383,8 @@ async fn moderated_rooms_visitors_voice_and_kick() {
     let own = got.iter().rfind(|e| e.name() == "presence").unwrap();
     assert_eq!(item(own).attr("role"), Some("visitor"), "{own}");
     // §7.4: visitors may not speak.
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='v1'><body>hi</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&r).groupchat().id("v1").body("hi").to_string())
+        .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
     // §8.5: the voice list is for moderators.
@@ -397,10 +406,8 @@ async fn moderated_rooms_visitors_voice_and_kick() {
         .await;
     let p = bob.recv_until(|e| e.name() == "presence").await;
     assert_eq!(item(&p).attr("role"), Some("participant"), "{p}");
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='v2'><body>thanks</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&r).groupchat().id("v2").body("thanks").to_string())
+        .await;
     assert_eq!(body(&bob.recv_message().await), "thanks");
     // §8.4: revoking voice, §8.3 granting it with the admin iq.
     let a = admin_set(&mut alice, &r, "<item nick='Bob' role='visitor'/>").await;
@@ -806,9 +813,13 @@ async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
         .await;
     for i in 1..=3 {
         alice
-            .send(&format!(
-                "<message to='{r}' type='groupchat' id='m{i}'><body>old {i}</body></message>"
-            ))
+            .send(
+                &msg(&r)
+                    .groupchat()
+                    .id(&format!("m{i}"))
+                    .body(&format!("old {i}"))
+                    .to_string(),
+            )
             .await;
     }
     // The room handled the subject and the three messages.
@@ -877,9 +888,13 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     let calm = open_room(&mut bob, "calm", "Bob").await;
     let mut burst = String::new();
     for i in 0..400 {
-        burst.push_str(&format!(
-            "<message to='{busy}' type='groupchat' id='f{i}'><body>{i}</body></message>"
-        ));
+        burst.push_str(
+            &msg(&busy)
+                .groupchat()
+                .id(&format!("f{i}"))
+                .body(&i.to_string())
+                .to_string(),
+        );
     }
     let mut carol = server.login("carol").await;
     join(&mut carol, &busy, "Carol").await;
@@ -889,10 +904,8 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     carol
         .send(&format!("<presence to='{busy}/Carol' type='unavailable'/>"))
         .await;
-    bob.send(&format!(
-        "<message to='{calm}' type='groupchat' id='c'><body>fine</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&calm).groupchat().id("c").body("fine").to_string())
+        .await;
     assert_eq!(body(&bob.recv_message().await), "fine");
     let mut delivered = 0;
     let mut refused = 0;
@@ -1137,9 +1150,7 @@ mod room_archive {
         )
         .await;
         alice
-            .send(&format!(
-                "<message to='{r}' type='groupchat' id='x'><body>members only</body></message>"
-            ))
+            .send(&msg(&r).groupchat().id("x").body("members only").to_string())
             .await;
         // The room handled the message before carol's query.
         alice.barrier_via(&r).await;
@@ -1177,17 +1188,19 @@ mod room_archive {
         configure(&mut alice, &r, &[("muc#roomconfig_persistentroom", "1")]).await;
         for i in 1..=2 {
             alice
-                .send(&format!(
-                    "<message to='{r}' type='groupchat' id='k{i}'><body>kept {i}</body></message>"
-                ))
+                .send(
+                    &msg(&r)
+                        .groupchat()
+                        .id(&format!("k{i}"))
+                        .body(&format!("kept {i}"))
+                        .to_string(),
+                )
                 .await;
         }
         // A temporary room that ends with its last occupant.
         let gone = open_room(&mut alice, "fleeting", "Alice").await;
         alice
-            .send(&format!(
-                "<message to='{gone}' type='groupchat' id='s'><body>secret</body></message>"
-            ))
+            .send(&msg(&gone).groupchat().id("s").body("secret").to_string())
             .await;
         // Both rooms handled their messages.
         alice.barrier_via(&r).await;
@@ -1228,9 +1241,13 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
     alice.barrier_via(&r).await;
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='spam'><body>buy potions</body></message>"
-    ))
+    bob.send(
+        &msg(&r)
+            .groupchat()
+            .id("spam")
+            .body("buy potions")
+            .to_string(),
+    )
     .await;
     let m = alice.recv_message().await;
     let sid = m
@@ -1338,9 +1355,13 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     join(&mut carol, &r, "Carol").await;
     for (i, text) in ["one", "two"].iter().enumerate() {
         carol
-            .send(&format!(
-                "<message to='{r}' type='groupchat' id='c{i}'><body>{text}</body></message>"
-            ))
+            .send(
+                &msg(&r)
+                    .groupchat()
+                    .id(&format!("c{i}"))
+                    .body(&text)
+                    .to_string(),
+            )
             .await;
         carol.recv_message().await;
     }
@@ -1356,10 +1377,8 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     );
     assert!(carol.inbox_entries().await.is_empty());
     // Writing in the room reads it: bob's count goes to 0, alice's grows.
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='b1'><body>three</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&r).groupchat().id("b1").body("three").to_string())
+        .await;
     bob.recv_message().await;
     assert_eq!(
         bob.inbox_entries().await,

@@ -6,6 +6,7 @@ use starling_proto::datetime::xep0082_datetime;
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
     error_condition, eventually, free_port, mam, ns, poll_for, write_binary_config, Client,
@@ -172,9 +173,13 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
     let mut alice = server.login("alice").await;
     for i in 1..=2 {
         alice
-            .send(&format!(
-                "<message to='bob@localhost' type='chat' id='q{i}'><body>{i}</body></message>"
-            ))
+            .send(
+                &msg("bob@localhost")
+                    .chat()
+                    .id(&format!("q{i}"))
+                    .body(&i.to_string())
+                    .to_string(),
+            )
             .await;
     }
     alice.expect_nothing().await;
@@ -438,9 +443,13 @@ async fn offline_message_and_its_archive_copy_survive_sigkill_together() {
     let mut alice = connect(p1, "alice", "secret-a").await;
     for i in 0..3 {
         alice
-            .send(&format!(
-                "<message to='bob@localhost' type='chat' id='a{i}'><body>offline {i}</body></message>"
-            ))
+            .send(
+                &msg("bob@localhost")
+                    .chat()
+                    .id(&format!("a{i}"))
+                    .body(&format!("offline {i}"))
+                    .to_string(),
+            )
             .await;
     }
     alice.expect_nothing().await;

@@ -8,6 +8,7 @@
 
 use starling_proto::BareJid;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{poll_for, Client, Event, TestServer};
 use std::collections::{HashMap, HashSet};
@@ -32,9 +33,11 @@ async fn blast(mut c: Client, me: usize, targets: Vec<String>) -> u64 {
     let mut n = 0u64;
     loop {
         let to = &targets[n as usize % targets.len()];
-        let xml = format!(
-            "<message to='{to}' type='chat' id='s{me}-{n}'><body>load {n}</body></message>"
-        );
+        let xml = msg(&to)
+            .chat()
+            .id(&format!("s{me}-{n}"))
+            .body(&format!("load {n}"))
+            .to_string();
         if !c.try_send_raw(xml.as_bytes()).await {
             return n;
         }

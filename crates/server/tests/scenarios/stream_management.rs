@@ -8,6 +8,7 @@
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
     error_condition, eventually, free_port, ns, write_binary_config, Client, Event, TestServer,
@@ -41,10 +42,8 @@ async fn enable(c: &mut Client, attrs: &str) -> Element {
 }
 
 async fn message(c: &mut Client, to: &str, body: &str) {
-    c.send(&format!(
-        "<message to='{to}' type='chat' id='{body}'><body>{body}</body></message>"
-    ))
-    .await;
+    c.send(&msg(&to).chat().id(&body).body(&body).to_string())
+        .await;
 }
 
 fn body(m: &Element) -> String {
