@@ -113,10 +113,14 @@ async fn received_carbons_go_to_other_enabled_resources_only() {
     let (mut a1, mut a2, mut a3, mut bob) = setup(&server).await;
     // §7: bob writes to a1's full JID; a1 gets the original, a2 (enabled)
     // a <received/> copy, a3 (not enabled) nothing.
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='m1'><body>hi a1</body><thread>t1</thread></message>",
-        a1.jid
-    ))
+    bob.send(
+        &msg(&a1.jid)
+            .chat()
+            .id("m1")
+            .body("hi a1")
+            .child("<thread>t1</thread>")
+            .to_string(),
+    )
     .await;
     let m = a1.recv_message().await;
     assert_eq!(body(&m), "hi a1");
@@ -240,18 +244,15 @@ async fn only_eligible_message_types_are_copied() {
         a2.expect_nothing().await;
     }
     // Type normal with a body, and a body-less receipt, are copied.
-    bob.send(&format!(
-        "<message to='{}'><body>normal</body></message>",
-        a1.jid
-    ))
-    .await;
+    bob.send(&msg(&a1.jid).body("normal").to_string()).await;
     a1.recv_message().await;
     let c = a2.recv_message().await;
     assert_eq!(body(unwrap_carbon(&a2, &c, "received")), "normal");
-    bob.send(&format!(
-        "<message to='{}'><received xmlns='urn:xmpp:receipts' id='x'/></message>",
-        a1.jid
-    ))
+    bob.send(
+        &msg(&a1.jid)
+            .child("<received xmlns='urn:xmpp:receipts' id='x'/>")
+            .to_string(),
+    )
     .await;
     a1.recv_message().await;
     let c = a2.recv_message().await;

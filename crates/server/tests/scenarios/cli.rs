@@ -529,9 +529,13 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     // Small batches: Bob's bounces never fill his own socket buffers.
     for batch in 0..200 {
         for i in 0..20 {
-            bob.send(&format!(
-                "<message to='alice@localhost/r' id='m{batch}-{i}' type='chat'><body>{body}</body></message>"
-            ))
+            bob.send(
+                &msg("alice@localhost/r")
+                    .id(&format!("m{batch}-{i}"))
+                    .chat()
+                    .body(&body)
+                    .to_string(),
+            )
             .await;
         }
         // Bob reads his bounces after each batch, so he is not the one

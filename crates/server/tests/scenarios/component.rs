@@ -8,6 +8,7 @@
 use sha1::Digest as _;
 use starling_server::modules::component::{ComponentEntry, NS_COMPONENT_ACCEPT};
 use starling_server::modules::Component;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
 use starling_testkit::{error_condition, eventually, free_port, ns, Client, TestServer};
 use std::net::SocketAddr;
@@ -582,9 +583,12 @@ async fn stanzas_for_a_disconnected_component_get_service_unavailable() {
     let mut alice = server.login("alice").await;
     for round in 0..2 {
         alice
-            .send(&format!(
-                "<message to='x@gw.localhost' id='m{round}'><body>anyone?</body></message>"
-            ))
+            .send(
+                &msg("x@gw.localhost")
+                    .id(&format!("m{round}"))
+                    .body("anyone?")
+                    .to_string(),
+            )
             .await;
         let e = alice.recv_until(|e| e.name() == "message").await;
         assert_eq!(e.attr("type"), Some("error"), "{e}");

@@ -294,9 +294,32 @@ async fn what_is_not_archived_and_preferences() {
     let mut bob = server.login("bob").await;
     let b = bare_of(&bob);
     // XEP-0334: no-store and no-permanent-store; chat states alone.
-    alice.send(&format!("<message to='{b}' type='chat'><body>secret</body><no-store xmlns='urn:xmpp:hints'/></message>")).await;
-    alice.send(&format!("<message to='{b}' type='chat'><body>secret2</body><no-permanent-store xmlns='urn:xmpp:hints'/></message>")).await;
-    alice.send(&format!("<message to='{b}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>")).await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .body("secret")
+                .child("<no-store xmlns='urn:xmpp:hints'/>")
+                .to_string(),
+        )
+        .await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .body("secret2")
+                .child("<no-permanent-store xmlns='urn:xmpp:hints'/>")
+                .to_string(),
+        )
+        .await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .child("<composing xmlns='http://jabber.org/protocol/chatstates'/>")
+                .to_string(),
+        )
+        .await;
     alice
         .send(&msg(&b).headline().body("news").to_string())
         .await;
@@ -311,14 +334,31 @@ async fn what_is_not_archived_and_preferences() {
     // the convergence rule).
     chat(&mut alice, &bare_of(&bob), "orig", "helo").await;
     bob.recv_message().await;
-    alice.send(&format!("<message to='{b}' type='chat' id='fix'><body>hello</body><replace xmlns='urn:xmpp:message-correct:0' id='orig'/></message>")).await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .id("fix")
+                .body("hello")
+                .child("<replace xmlns='urn:xmpp:message-correct:0' id='orig'/>")
+                .to_string(),
+        )
+        .await;
     bob.recv_message().await;
-    bob.send(&format!(
-        "<message to='{}' type='chat'><received xmlns='urn:xmpp:receipts' id='orig'/></message>",
-        bare_of(&alice)
-    ))
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .child("<received xmlns='urn:xmpp:receipts' id='orig'/>")
+            .to_string(),
+    )
     .await;
-    bob.send(&format!("<message to='{}' type='chat'><displayed xmlns='urn:xmpp:chat-markers:0' id='fix'/></message>", bare_of(&alice))).await;
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .child("<displayed xmlns='urn:xmpp:chat-markers:0' id='fix'/>")
+            .to_string(),
+    )
+    .await;
     alice.recv_message().await;
     alice.recv_message().await;
     let p = ok_query(&mut bob, "", "all", "").await;

@@ -94,9 +94,13 @@ async fn messages_subject_and_history_on_entering() {
 
     // §8.1: the moderator sets the subject; everyone gets it.
     alice
-        .send(&format!(
-            "<message to='{r}' type='groupchat' id='s1'><subject>Plans</subject></message>"
-        ))
+        .send(
+            &msg(&r)
+                .groupchat()
+                .id("s1")
+                .child("<subject>Plans</subject>")
+                .to_string(),
+        )
         .await;
     let s = alice.recv_message().await;
     assert_eq!(s.get_child("subject", ns::CLIENT).unwrap().text(), "Plans");
@@ -104,7 +108,14 @@ async fn messages_subject_and_history_on_entering() {
     // the room and the sender's id kept.
     for i in 1..=3 {
         alice
-            .send(&format!("<message to='{r}' type='groupchat' id='m{i}'><body>hello {i}</body><occupant-id xmlns='urn:xmpp:occupant-id:0' id='forged'/></message>"))
+            .send(
+                &msg(&r)
+                    .groupchat()
+                    .id(&format!("m{i}"))
+                    .body(&format!("hello {i}"))
+                    .child("<occupant-id xmlns='urn:xmpp:occupant-id:0' id='forged'/>")
+                    .to_string(),
+            )
             .await;
         let m = alice.recv_message().await;
         assert_eq!(m.attr("from"), Some(format!("{r}/Alice").as_str()));
@@ -155,9 +166,13 @@ async fn messages_subject_and_history_on_entering() {
     // Carol's presence came while her entering was handled, before the room
     // took this ping.
     bob.barrier_via(&r).await;
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='s2'><subject>mine</subject></message>"
-    ))
+    bob.send(
+        &msg(&r)
+            .groupchat()
+            .id("s2")
+            .child("<subject>mine</subject>")
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
@@ -397,12 +412,12 @@ async fn moderated_rooms_visitors_voice_and_kick() {
     assert_eq!(error_condition(&l).as_deref(), Some("forbidden"));
     // §7.13: a voice request reaches the moderator, §8.6 approving it
     // gives voice.
-    bob.send(&format!("<message to='{r}' id='vr'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#role'><value>participant</value></field></x></message>"))
+    bob.send(&msg(&r).id("vr").child("<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#role'><value>participant</value></field></x>").to_string())
         .await;
     let req = alice.recv_message().await;
     assert!(req.has_child("x", "jabber:x:data"), "{req}");
     alice
-        .send(&format!("<message to='{r}' id='ok'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#roomnick'><value>Bob</value></field><field var='muc#request_allow'><value>true</value></field></x></message>"))
+        .send(&msg(&r).id("ok").child("<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#roomnick'><value>Bob</value></field><field var='muc#request_allow'><value>true</value></field></x>").to_string())
         .await;
     let p = bob.recv_until(|e| e.name() == "presence").await;
     assert_eq!(item(&p).attr("role"), Some("participant"), "{p}");
@@ -807,9 +822,13 @@ async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
     )
     .await;
     alice
-        .send(&format!(
-            "<message to='{r}' type='groupchat' id='s'><subject>Kept</subject></message>"
-        ))
+        .send(
+            &msg(&r)
+                .groupchat()
+                .id("s")
+                .child("<subject>Kept</subject>")
+                .to_string(),
+        )
         .await;
     for i in 1..=3 {
         alice

@@ -11,6 +11,7 @@ use starling_testkit::pubsub::{
     self, app_error, event_items, form, item_ids, no_event, no_event_after, request, subids, EVENT,
     NODE_CONFIG, OWNER, PUBSUB, SUB_OPTIONS,
 };
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
@@ -1862,11 +1863,7 @@ async fn bad_input_is_refused_or_stored_as_given() {
         "bad-request",
         None,
     );
-    alice
-        .send(&format!(
-            "<message to='{SVC}' id='m1'><body>hi</body></message>"
-        ))
-        .await;
+    alice.send(&msg(SVC).id("m1").body("hi").to_string()).await;
     let m = alice
         .recv_until(|e| e.name() == "message" && e.attr("id") == Some("m1"))
         .await;

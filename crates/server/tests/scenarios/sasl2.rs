@@ -306,9 +306,12 @@ async fn bind2_can_start_the_session_inactive() {
     c.send(&format!("<enable xmlns='{NS_SM}'/>")).await;
     let enabled = c.recv().await;
     assert!(enabled.is("enabled", NS_SM), "{enabled}");
-    bob.send(&format!(
-        "<message to='{full}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>"
-    ))
+    bob.send(
+        &msg(&full)
+            .chat()
+            .child("<composing xmlns='http://jabber.org/protocol/chatstates'/>")
+            .to_string(),
+    )
     .await;
     bob.barrier().await; // routed to alice's session, which holds it
     c.send(&format!("<r xmlns='{NS_SM}'/>")).await;
