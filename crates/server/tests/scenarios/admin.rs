@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::iq_set;
 use starling_testkit::{
     eventually, free_port, http_request as http, poll_for, poll_for_blocking,
     write_binary_config_with_admin, Client, TestServer,
@@ -1839,8 +1840,10 @@ async fn admin_rooms_create_join_affiliate_message_and_destroy() {
     assert!(m.to_string().contains("Welcome, all"), "{m}");
     assert!(m.get_child("stanza-id", "urn:xmpp:sid:0").is_some(), "{m}");
     // Archived (the room logs by default) and in the history.
-    bob.send(&format!(
-        "<iq to='{LOBBY}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
+    bob.send(&iq_set(
+        LOBBY,
+        "mq",
+        "<query xmlns='urn:xmpp:mam:2' queryid='t'/>",
     ))
     .await;
     let mut pages = String::new();

@@ -1,6 +1,7 @@
 //! Blocking Command (XEP-0191) over real sockets.
 
 use starling_testkit::roster::{self, Subscription};
+use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
@@ -111,10 +112,7 @@ async fn blocked_contact_cannot_reach_user_by_message_presence_or_iq() {
     );
     let r = bob
         .iq(
-            &format!(
-                "<iq to='{}' type='get' id='q'><query xmlns='urn:example:q'/></iq>",
-                alice.jid
-            ),
+            &iq_get(&alice.jid, "q", "<query xmlns='urn:example:q'/>"),
             "q",
         )
         .await;

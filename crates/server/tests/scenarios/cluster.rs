@@ -13,6 +13,7 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
 use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq_get, iq_set};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
     eventually, free_port, muc, ns, poll_for, roster::befriend, Client, TestDatabase, TestServer,
@@ -1140,7 +1141,11 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     // XEP-0410 self-ping from any node reaches the one room.
     let p = bob
         .iq(
-            &format!("<iq to='{room}/Bob' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(
+                &format!("{room}/Bob"),
+                "sp",
+                "<ping xmlns='urn:xmpp:ping'/>",
+            ),
             "sp",
         )
         .await;
@@ -1203,7 +1208,11 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
     // XEP-0410 §4: the room (now on node 1) does not know dora.
     let p = dora
         .iq(
-            &format!("<iq to='{room}/Dora' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(
+                &format!("{room}/Dora"),
+                "sp",
+                "<ping xmlns='urn:xmpp:ping'/>",
+            ),
             "sp",
         )
         .await;
@@ -1216,7 +1225,14 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
     muc::join(&mut dora, &room, "Dora").await;
     muc::join(&mut ed, &room, "Ed").await;
     let info = ed
-        .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
+        .iq(
+            &iq_get(
+                &room,
+                "di",
+                "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+            ),
+            "di",
+        )
         .await;
     assert!(info.to_string().contains("Kept room"), "{info}");
     assert!(info.to_string().contains("muc_persistent"), "{info}");
@@ -1282,7 +1298,7 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
     let mut hal = n3.login("hal").await;
     let r = gil
         .iq(
-            &format!("<iq to='{room}' type='set' id='mk'><query xmlns='urn:xmpp:muclight:0#create'><configuration><roomname>Across</roomname></configuration><occupants><user affiliation='member'>hal@localhost</user></occupants></query></iq>"),
+            &iq_set(&room, "mk", "<query xmlns='urn:xmpp:muclight:0#create'><configuration><roomname>Across</roomname></configuration><occupants><user affiliation='member'>hal@localhost</user></occupants></query>"),
             "mk",
         )
         .await;
@@ -1391,7 +1407,14 @@ async fn a_joining_node_takes_over_the_rooms_it_wins() {
     assert!(codes.contains(&"332") && codes.contains(&"110"), "{gone}");
     muc::join(&mut fay, &room, "Fay").await;
     let info = fay
-        .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
+        .iq(
+            &iq_get(
+                &room,
+                "di",
+                "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+            ),
+            "di",
+        )
         .await;
     assert!(info.to_string().contains("Moving room"), "{info}");
     let m2 = n2.server.env.metrics.encode();

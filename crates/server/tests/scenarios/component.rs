@@ -8,6 +8,7 @@
 use sha1::Digest as _;
 use starling_server::modules::component::{ComponentEntry, NS_COMPONENT_ACCEPT};
 use starling_server::modules::Component;
+use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
 use starling_testkit::{error_condition, eventually, free_port, ns, Client, TestServer};
@@ -596,7 +597,11 @@ async fn stanzas_for_a_disconnected_component_get_service_unavailable() {
         assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
         let e = alice
             .iq(
-                &format!("<iq type='get' id='q{round}' to='gw.localhost'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+                &iq_get(
+                    "gw.localhost",
+                    &format!("q{round}"),
+                    "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+                ),
                 &format!("q{round}"),
             )
             .await;

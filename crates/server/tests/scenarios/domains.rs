@@ -8,6 +8,7 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::domains::{apply_setting, validate_name, DomainError};
 use starling_server::tls::CertificateFacts;
+use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
 use starling_testkit::{eventually, ns, poll_for, Client, TestServer};
 use std::time::Duration;
@@ -559,7 +560,11 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
 /// The server's disco#items answer for `to`, as text.
 async fn disco_items(c: &mut Client, to: &str) -> String {
     c.iq(
-        &format!("<iq to='{to}' type='get' id='items'><query xmlns='http://jabber.org/protocol/disco#items'/></iq>"),
+        &iq_get(
+            &to,
+            "items",
+            "<query xmlns='http://jabber.org/protocol/disco#items'/>",
+        ),
         "items",
     )
     .await
@@ -626,7 +631,11 @@ async fn domain_disabled_modules_are_off_for_that_domain_only_and_back_at_once()
     // unknown domain is (no server-to-server: remote-server-not-found).
     let r = alice
         .iq(
-            &format!("<iq to='conference.{DYN}' type='get' id='ci'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+            &iq_get(
+                &format!("conference.{DYN}"),
+                "ci",
+                "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+            ),
             "ci",
         )
         .await;

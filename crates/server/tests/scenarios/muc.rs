@@ -11,6 +11,7 @@ use starling_testkit::muc::{
     statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
 };
 use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq_get, iq_set};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::time::Duration;
@@ -689,7 +690,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     // XEP-0410: self-ping answered by the room; not joined: not-acceptable.
     let p = bob
         .iq(
-            &format!("<iq to='{r}/Bob' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(&format!("{r}/Bob"), "sp", "<ping xmlns='urn:xmpp:ping'/>"),
             "sp",
         )
         .await;
@@ -697,7 +698,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     let mut carol = server.login("carol").await;
     let p = carol
         .iq(
-            &format!("<iq to='{r}/Carol' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(&format!("{r}/Carol"), "sp", "<ping xmlns='urn:xmpp:ping'/>"),
             "sp",
         )
         .await;
@@ -763,13 +764,13 @@ async fn registering_a_nickname_reserves_it() {
     // §7.10
     let f = bob
         .iq(
-            &format!("<iq to='{r}' type='get' id='rg'><query xmlns='jabber:iq:register'/></iq>"),
+            &iq_get(&r, "rg", "<query xmlns='jabber:iq:register'/>"),
             "rg",
         )
         .await;
     assert!(f.to_string().contains("muc#register_roomnick"), "{f}");
     let s = bob
-        .iq(&format!("<iq to='{r}' type='set' id='rs'><query xmlns='jabber:iq:register'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#register</value></field><field var='muc#register_roomnick'><value>Bobby</value></field></x></query></iq>"), "rs")
+        .iq(&iq_set(&r, "rs", "<query xmlns='jabber:iq:register'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#register</value></field><field var='muc#register_roomnick'><value>Bobby</value></field></x></query>"), "rs")
         .await;
     assert_eq!(s.attr("type"), Some("result"), "{s}");
     // §7.12: discovering the reserved nick.
@@ -1326,8 +1327,10 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     // room's answer, not among the archive's results.
     alice.barrier_via(&r).await;
     alice
-        .send(&format!(
-            "<iq to='{r}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
+        .send(&iq_set(
+            &r,
+            "mq",
+            "<query xmlns='urn:xmpp:mam:2' queryid='t'/>",
         ))
         .await;
     let mut pages = String::new();
@@ -1449,10 +1452,7 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
     );
     // Anyone reads it back; the room info form carries the hash.
     let v = bob
-        .iq(
-            &format!("<iq to='{r}' type='get' id='v3'><vCard xmlns='vcard-temp'/></iq>"),
-            "v3",
-        )
+        .iq(&iq_get(&r, "v3", "<vCard xmlns='vcard-temp'/>"), "v3")
         .await;
     assert!(v.to_string().contains("aGVsbG8="), "{v}");
     let i = bob
@@ -1471,7 +1471,14 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
     );
     // Not base64: bad-request; too large: not-acceptable.
     let e = alice
-        .iq(&format!("<iq to='{r}' type='set' id='v5'><vCard xmlns='vcard-temp'><PHOTO><BINVAL>***</BINVAL></PHOTO></vCard></iq>"), "v5")
+        .iq(
+            &iq_set(
+                &r,
+                "v5",
+                "<vCard xmlns='vcard-temp'><PHOTO><BINVAL>***</BINVAL></PHOTO></vCard>",
+            ),
+            "v5",
+        )
         .await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
     server.stop().await;

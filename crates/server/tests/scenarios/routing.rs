@@ -2,6 +2,7 @@
 //! (server rules), RFC 6121 §8.5 (local user delivery rules).
 
 use starling_server::modules;
+use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, TestServer};
 
@@ -236,10 +237,7 @@ async fn iq_between_full_jids_and_result_routed_back() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<iq to='{}' type='get' id='q1'><query xmlns='urn:example:q'/></iq>",
-            bob.jid
-        ))
+        .send(&iq_get(&bob.jid, "q1", "<query xmlns='urn:example:q'/>"))
         .await;
     let q = bob.recv().await;
     assert_eq!(q.attr("from"), Some(alice.jid.as_str()));

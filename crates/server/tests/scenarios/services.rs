@@ -8,6 +8,7 @@
 use starling_core::hooks::{Service, ServiceAddress};
 use starling_core::{async_trait, Env};
 use starling_proto::Stanza;
+use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, TestServer};
 use std::sync::Arc;
@@ -158,8 +159,10 @@ async fn other_domains_are_still_remote() {
         let id = format!("r{i}");
         let r = alice
             .iq(
-                &format!(
-                    "<iq type='get' to='{to}' id='{id}'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"
+                &iq_get(
+                    &to,
+                    &id,
+                    "<query xmlns='http://jabber.org/protocol/disco#info'/>",
                 ),
                 &id,
             )

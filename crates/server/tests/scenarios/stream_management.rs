@@ -8,6 +8,7 @@
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
@@ -534,10 +535,8 @@ async fn without_resumption_unacked_messages_go_to_another_resource_or_offline()
     // An iq request that was never acknowledged is answered for the client.
     enable(&mut a2, "").await;
     let full2 = a2.jid.clone();
-    bob.send(&format!(
-        "<iq type='get' id='v1' to='{full2}'><query xmlns='jabber:iq:version'/></iq>"
-    ))
-    .await;
+    bob.send(&iq_get(&full2, "v1", "<query xmlns='jabber:iq:version'/>"))
+        .await;
     a2.recv_until(|e| e.name() == "iq").await;
     drop(a2);
     let err = bob
