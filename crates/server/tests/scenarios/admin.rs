@@ -4,8 +4,10 @@
 
 use serde_json::{json, Value};
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::iq_set;
 use starling_testkit::{
-    free_port, http_request as http, write_binary_config_with_admin, Client, TestServer,
+    eventually, free_port, http_request as http, poll_for, poll_for_blocking,
+    write_binary_config_with_admin, Client, TestServer,
 };
 use std::net::SocketAddr;
 use std::process::Command;
@@ -497,25 +499,22 @@ async fn admin_sessions_are_listed_and_kicked() {
     bob.expect_stream_error("policy-violation").await;
     // The session leaves the table after it closed its stream: wait until
     // the listing no longer has it (at most 10 s).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, v) = api(
-            &ts,
-            &token,
-            "GET",
-            "/api/v1/sessions?user=bob@localhost",
-            None,
-        )
-        .await;
-        if v["sessions"] == json!([]) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the kicked session is still listed after 10 s: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    eventually(
+        "the kicked session leaves the listing",
+        Duration::from_secs(10),
+        async || {
+            let (_, v) = api(
+                &ts,
+                &token,
+                "GET",
+                "/api/v1/sessions?user=bob@localhost",
+                None,
+            )
+            .await;
+            (v["sessions"] == json!([])).then_some(())
+        },
+    )
+    .await;
     let (status, _) = api(
         &ts,
         &token,
@@ -728,19 +727,19 @@ impl CtlBench {
                 .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
                 .unwrap();
-            let mut ready = false;
-            let mut exited = false;
-            for _ in 0..600 {
+            // Ready (`ctl status` answers) or exited, within 30 s; neither:
+            // not ready (the check below shows what the server said).
+            let outcome = poll_for_blocking(Duration::from_secs(30), || {
                 if self.ctl(&["status"]).0 == 0 {
-                    ready = true;
-                    break;
+                    Some(true)
+                } else if matches!(server.try_wait(), Ok(Some(_))) {
+                    Some(false)
+                } else {
+                    None
                 }
-                if matches!(server.try_wait(), Ok(Some(_))) {
-                    exited = true;
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval (30 s bound)
-            }
+            });
+            let ready = outcome == Some(true);
+            let exited = outcome == Some(false);
             let said = std::fs::read_to_string(&log).unwrap_or_default();
             if exited && said.contains("Address already in use") && attempt < 5 {
                 // Same file (and database), new ports.
@@ -1080,20 +1079,19 @@ async fn admin_domains_add_serve_disable_enable_and_remove() {
     .await;
     assert_eq!((status, &v["state"]), (202, &json!("removing")), "{v}");
     alice.expect_stream_error("host-gone").await;
-    let mut gone = false;
-    for _ in 0..200 {
+    let gone = poll_for(Duration::from_secs(10), async || {
         let (status, v) = api(&ts, &token, "GET", &format!("/api/v1/domains/{DYN}"), None).await;
         match status {
-            404 => {
-                gone = true;
-                break;
+            404 => Some(()),
+            200 => {
+                assert_eq!(v["state"], "removing", "{v}");
+                None
             }
-            200 => assert_eq!(v["state"], "removing", "{v}"),
             s => panic!("{s}: {v}"),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval (10 s bound)
-    }
-    assert!(gone, "the removal did not finish");
+    })
+    .await;
+    assert!(gone.is_some(), "the removal did not finish");
     let jid = starling_proto::BareJid::new(&format!("alice@{DYN}")).unwrap();
     assert!(!ts.server.env.storage.accounts.exists(&jid).await.unwrap());
     let (status, _) = api(
@@ -1842,8 +1840,10 @@ async fn admin_rooms_create_join_affiliate_message_and_destroy() {
     assert!(m.to_string().contains("Welcome, all"), "{m}");
     assert!(m.get_child("stanza-id", "urn:xmpp:sid:0").is_some(), "{m}");
     // Archived (the room logs by default) and in the history.
-    bob.send(&format!(
-        "<iq to='{LOBBY}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
+    bob.send(&iq_set(
+        LOBBY,
+        "mq",
+        "<query xmlns='urn:xmpp:mam:2' queryid='t'/>",
     ))
     .await;
     let mut pages = String::new();

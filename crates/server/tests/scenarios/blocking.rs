@@ -1,7 +1,8 @@
 //! Blocking Command (XEP-0191) over real sockets.
 
-use starling_core::storage::{RosterItem, Subscription};
-use starling_proto::BareJid;
+use starling_testkit::roster::{self, Subscription};
+use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -95,11 +96,8 @@ async fn blocked_contact_cannot_reach_user_by_message_presence_or_iq() {
     let mut bob = server.login("bob").await;
     block(&mut alice, &["bob@localhost"]).await;
     alice.barrier().await; // the push
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='m'><body>hi</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().id("m").body("hi").to_string())
+        .await;
     let e = bob.recv().await;
     assert_eq!(
         error_condition(&e).as_deref(),
@@ -114,10 +112,7 @@ async fn blocked_contact_cannot_reach_user_by_message_presence_or_iq() {
     );
     let r = bob
         .iq(
-            &format!(
-                "<iq to='{}' type='get' id='q'><query xmlns='urn:example:q'/></iq>",
-                alice.jid
-            ),
+            &iq_get(&alice.jid, "q", "<query xmlns='urn:example:q'/>"),
             "q",
         )
         .await;
@@ -137,10 +132,7 @@ async fn user_sending_to_blocked_jid_gets_not_acceptable_blocked() {
     block(&mut alice, &["bob@localhost"]).await;
     alice.barrier().await; // the push
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='x'><body>psst</body></message>",
-            bob.jid
-        ))
+        .send(&msg(&bob.jid).chat().id("x").body("psst").to_string())
         .await;
     let e = alice.recv().await;
     assert_eq!(error_condition(&e).as_deref(), Some("not-acceptable"));
@@ -171,11 +163,8 @@ async fn unblock_restores_delivery_and_block_persists_across_sessions() {
     unblock(&mut alice, &["bob@localhost"]).await;
     alice.barrier().await; // the push
     bob.barrier().await;
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>back</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().body("back").to_string())
+        .await;
     assert_eq!(body(&alice.recv_message().await), "back");
     server.stop().await;
 }
@@ -194,20 +183,13 @@ async fn domain_block_never_blocks_own_resources() {
     a1.barrier().await;
     a2.barrier().await;
     bob.barrier().await;
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='d'><body>x</body></message>",
-        a1.jid
-    ))
-    .await;
+    bob.send(&msg(&a1.jid).chat().id("d").body("x").to_string())
+        .await;
     assert_eq!(
         error_condition(&bob.recv().await).as_deref(),
         Some("service-unavailable")
     );
-    a2.send(&format!(
-        "<message to='{}' type='chat'><body>self</body></message>",
-        a1.jid
-    ))
-    .await;
+    a2.send(&msg(&a1.jid).chat().body("self").to_string()).await;
     assert_eq!(body(&a1.recv_message().await), "self");
     server.stop().await;
 }
@@ -217,11 +199,7 @@ async fn block_and_unblock_send_presence_to_subscribed_contact() {
     // XEP-0191 §3.3: unavailable presence to the blocked JID if it receives
     // the user's presence; §3.4: current presence again on unblock.
     let server = TestServer::start().await;
-    let roster = server.server.env.storage.roster.clone();
-    let alice_jid = BareJid::new("alice@localhost").unwrap();
-    let mut item = RosterItem::new(BareJid::new("bob@localhost").unwrap());
-    item.subscription = Subscription::Both;
-    roster.put_item(&alice_jid, &item).await.unwrap();
+    roster::put(&server, "alice", "bob", Subscription::Both, &[]).await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice.send("<presence><show>chat</show></presence>").await;

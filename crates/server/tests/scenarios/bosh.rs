@@ -8,7 +8,7 @@
 
 use base64::Engine;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{ns, TestServer};
+use starling_testkit::{eventually, ns, TestServer};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -368,14 +368,12 @@ async fn a_paused_bosh_session_that_never_returns_resumes_over_tcp() {
         .env
         .metrics
         .sessions_on(starling_core::SessionTransport::Detached);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while detached.get() != 1 {
-            // sleep: polling a gauge (bounded by the timeout).
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the paused session was detached");
+    eventually(
+        "the paused session is detached",
+        Duration::from_secs(10),
+        async || (detached.get() == 1).then_some(()),
+    )
+    .await;
     bob.send(&format!(
         "<message to='{full}' type='chat'><body>while paused</body></message>"
     ))

@@ -3,6 +3,7 @@
 //! no duplicates when a bare-JID message reaches several resources, the
 //! `<private/>` exclusion, the §6.1 eligibility rules and forged carbons.
 
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
 
@@ -112,10 +113,14 @@ async fn received_carbons_go_to_other_enabled_resources_only() {
     let (mut a1, mut a2, mut a3, mut bob) = setup(&server).await;
     // §7: bob writes to a1's full JID; a1 gets the original, a2 (enabled)
     // a <received/> copy, a3 (not enabled) nothing.
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='m1'><body>hi a1</body><thread>t1</thread></message>",
-        a1.jid
-    ))
+    bob.send(
+        &msg(&a1.jid)
+            .chat()
+            .id("m1")
+            .body("hi a1")
+            .child("<thread>t1</thread>")
+            .to_string(),
+    )
     .await;
     let m = a1.recv_message().await;
     assert_eq!(body(&m), "hi a1");
@@ -142,11 +147,8 @@ async fn sent_carbons_go_to_other_enabled_resources_only() {
     let (mut a1, mut a2, mut a3, mut bob) = setup(&server).await;
     // §8: a1 writes to bob; a2 gets a <sent/> copy, the sender none (even
     // though it enabled carbons), a3 nothing.
-    a1.send(&format!(
-        "<message to='{}' type='chat' id='s1'><body>hi bob</body></message>",
-        bob.jid
-    ))
-    .await;
+    a1.send(&msg(&bob.jid).chat().id("s1").body("hi bob").to_string())
+        .await;
     assert_eq!(body(&bob.recv_message().await), "hi bob");
     let c = a2.recv_message().await;
     let inner = unwrap_carbon(&a2, &c, "sent");
@@ -156,11 +158,8 @@ async fn sent_carbons_go_to_other_enabled_resources_only() {
     a1.expect_nothing().await;
     a3.expect_nothing().await;
     // §8: also when the sender has not enabled carbons.
-    a3.send(&format!(
-        "<message to='{}' type='chat'><body>from a3</body></message>",
-        bob.jid
-    ))
-    .await;
+    a3.send(&msg(&bob.jid).chat().body("from a3").to_string())
+        .await;
     assert_eq!(body(&bob.recv_message().await), "from a3");
     for c in [&mut a1, &mut a2] {
         let m = c.recv_message().await;
@@ -245,18 +244,15 @@ async fn only_eligible_message_types_are_copied() {
         a2.expect_nothing().await;
     }
     // Type normal with a body, and a body-less receipt, are copied.
-    bob.send(&format!(
-        "<message to='{}'><body>normal</body></message>",
-        a1.jid
-    ))
-    .await;
+    bob.send(&msg(&a1.jid).body("normal").to_string()).await;
     a1.recv_message().await;
     let c = a2.recv_message().await;
     assert_eq!(body(unwrap_carbon(&a2, &c, "received")), "normal");
-    bob.send(&format!(
-        "<message to='{}'><received xmlns='urn:xmpp:receipts' id='x'/></message>",
-        a1.jid
-    ))
+    bob.send(
+        &msg(&a1.jid)
+            .child("<received xmlns='urn:xmpp:receipts' id='x'/>")
+            .to_string(),
+    )
     .await;
     a1.recv_message().await;
     let c = a2.recv_message().await;
@@ -299,27 +295,16 @@ async fn disabled_resources_get_nothing() {
     // §5: after disabling, a2 gets no more copies.
     let r = set_carbons(&mut a2, false, "d1").await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>in</body></message>",
-        a1.jid
-    ))
-    .await;
+    bob.send(&msg(&a1.jid).chat().body("in").to_string()).await;
     assert_eq!(body(&a1.recv_message().await), "in");
-    a1.send(&format!(
-        "<message to='{}' type='chat'><body>out</body></message>",
-        bob.jid
-    ))
-    .await;
+    a1.send(&msg(&bob.jid).chat().body("out").to_string()).await;
     assert_eq!(body(&bob.recv_message().await), "out");
     a2.expect_nothing().await;
     a3.expect_nothing().await;
     // Enabling again resumes copies (§9.1).
     enable(&mut a2).await;
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>again</body></message>",
-        a1.jid
-    ))
-    .await;
+    bob.send(&msg(&a1.jid).chat().body("again").to_string())
+        .await;
     let c = a2.recv_message().await;
     assert_eq!(body(unwrap_carbon(&a2, &c, "received")), "again");
     server.stop().await;

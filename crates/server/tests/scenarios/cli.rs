@@ -2,7 +2,10 @@
 //! real process that shuts down gracefully on SIGTERM.
 
 use starling_proto::sasl::Mechanism;
-use starling_testkit::{free_port, write_binary_config, Client};
+use starling_testkit::stanza::msg;
+use starling_testkit::{
+    eventually, eventually_blocking, free_port, poll_for, write_binary_config, Client,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -242,12 +245,7 @@ async fn binary_serves_clients_and_stops_gracefully_on_sigterm() {
         .spawn()
         .unwrap();
     let addr = format!("127.0.0.1:{p1}").parse().unwrap();
-    let mut waited = 0;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
-        waited += 1;
-        assert!(waited < 1200, "server did not start within 60 s");
-    }
+    until_accepting(addr).await;
     let mut c = Client::connect(addr).await;
     c.negotiate_tls().await;
     c.auth(Mechanism::ScramSha256, "alice", "secret")
@@ -284,12 +282,10 @@ async fn password_changed_by_the_cli_reaches_the_running_servers_auth_cache() {
     add_user(&cfg, "alice", "secret");
     add_user(&cfg, "bob", "secret");
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
-    let mut waited = 0;
-    while !answers_a_stream(p1) {
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
-        waited += 1;
-        assert!(waited < 1200, "server did not start within 60 s");
-    }
+    eventually("the server answers a stream header", STARTUP, async || {
+        answers_a_stream(p1).then_some(())
+    })
+    .await;
     let addr: std::net::SocketAddr = format!("127.0.0.1:{p1}").parse().unwrap();
     let login = |user: &'static str, password: &'static str| async move {
         let mut c = Client::connect(addr).await;
@@ -305,14 +301,12 @@ async fn password_changed_by_the_cli_reaches_the_running_servers_auth_cache() {
     assert!(ok, "{err}");
     let (ok, _, err) = run_cli(&cfg, &["user", "del", "bob@localhost"], "");
     assert!(ok, "{err}");
-    let start = std::time::Instant::now();
-    while login("alice", "secret").await || login("bob", "secret").await {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "the old password still works 15 s after the change"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await; // sleep: poll interval
-    }
+    eventually(
+        "the old password and the deleted account stop working",
+        Duration::from_secs(15),
+        async || (!login("alice", "secret").await && !login("bob", "secret").await).then_some(()),
+    )
+    .await;
     assert!(login("alice", "changed").await);
     assert!(!login("alice", "secret").await);
     assert!(!login("bob", "secret").await);
@@ -328,16 +322,29 @@ fn run_until_ready_then_stop(
     port: u16,
 ) -> (std::process::ExitStatus, String) {
     let server = KillOnDrop::spawn(bin().arg("--config").arg(cfg));
-    let mut waited = 0;
-    // Listeners are bound before storage opens (a busy port is reported
-    // before anything is written), so an accepted connection does not mean
-    // ready: wait until the server answers a stream header.
-    while !answers_a_stream(port) {
-        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
-        waited += 1;
-        assert!(waited < 1200, "server did not start within 60 s");
-    }
+    until_serving(port);
     server.stop()
+}
+
+/// How long the binary may take to start (a loaded 2-core machine).
+const STARTUP: Duration = Duration::from_secs(60);
+
+/// Waits (at most [`STARTUP`]) until the binary answers a stream header
+/// on `port` of 127.0.0.1. Listeners are bound before storage opens (a
+/// busy port is reported before anything is written), so an accepted
+/// connection does not mean ready.
+fn until_serving(port: u16) {
+    eventually_blocking("the server answers a stream header", STARTUP, || {
+        answers_a_stream(port).then_some(())
+    });
+}
+
+/// Waits (at most [`STARTUP`]) until `addr` accepts TCP connections.
+async fn until_accepting(addr: std::net::SocketAddr) {
+    eventually("the server accepts connections", STARTUP, async || {
+        tokio::net::TcpStream::connect(addr).await.ok().map(drop)
+    })
+    .await;
 }
 
 /// Whether the server on `port` answers a client stream header.
@@ -430,15 +437,15 @@ impl KillOnDrop {
     /// Waits (at most `within`) until a line of standard error satisfies
     /// `line`; panics saying `what` otherwise.
     async fn until_said(&self, what: &str, within: Duration, line: impl Fn(&str) -> bool) {
-        let deadline = tokio::time::Instant::now() + within;
-        while !self.said().lines().any(&line) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the server did not log {what} within {within:?}:\n{}",
-                self.said()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
-        }
+        let said = poll_for(within, async || {
+            self.said().lines().any(&line).then_some(())
+        })
+        .await;
+        assert!(
+            said.is_some(),
+            "the server did not log {what} within {within:?}:\n{}",
+            self.said()
+        );
     }
 
     /// SIGTERM, then the exit status and standard error.
@@ -501,12 +508,7 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     add_user(&cfg, "bob", "secret");
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
     let addr = format!("127.0.0.1:{p1}").parse().unwrap();
-    let mut waited = 0;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
-        waited += 1;
-        assert!(waited < 1200, "server did not start within 60 s");
-    }
+    until_accepting(addr).await;
     let login = |user: &'static str| async move {
         let mut c = Client::connect(addr).await;
         c.negotiate_tls().await;
@@ -527,9 +529,13 @@ async fn flood_to_a_client_that_stops_reading_logs_little_and_says_why() {
     // Small batches: Bob's bounces never fill his own socket buffers.
     for batch in 0..200 {
         for i in 0..20 {
-            bob.send(&format!(
-                "<message to='alice@localhost/r' id='m{batch}-{i}' type='chat'><body>{body}</body></message>"
-            ))
+            bob.send(
+                &msg("alice@localhost/r")
+                    .id(&format!("m{batch}-{i}"))
+                    .chat()
+                    .body(&body)
+                    .to_string(),
+            )
             .await;
         }
         // Bob reads his bounces after each batch, so he is not the one
@@ -774,12 +780,7 @@ fn listener_on_unspecified_ipv6_accepts_both_stacks() {
     )
     .unwrap();
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
-    let mut waited = 0;
-    while !answers_a_stream(p1) {
-        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
-        waited += 1;
-        assert!(waited < 1200, "server did not start on IPv4 within 60 s");
-    }
+    until_serving(p1);
     for addr in [
         format!("[::1]:{p1}"),
         format!("[::1]:{p2}"),
@@ -809,12 +810,7 @@ fn data_dir_and_database_are_private() {
     assert_eq!(mode(&data), 0o700);
     assert_eq!(mode(&data.join("starling.db")), 0o600);
     let server = KillOnDrop::spawn(bin().arg("--config").arg(&cfg));
-    let mut waited = 0;
-    while !answers_a_stream(p1) {
-        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
-        waited += 1;
-        assert!(waited < 1200, "server did not start within 60 s");
-    }
+    until_serving(p1);
     // The WAL files appear with the first write after start-up, which
     // may come a moment after the first stream is answered on a loaded
     // machine: wait for them (bounded), then check every file.
@@ -824,12 +820,9 @@ fn data_dir_and_database_are_private() {
         "starling.db-shm",
         "tls/key.pem",
     ];
-    let mut waited = 0;
-    while files.iter().filter(|f| data.join(f).exists()).count() < 3 {
-        std::thread::sleep(Duration::from_millis(50)); // sleep: poll interval
-        waited += 1;
-        assert!(waited < 600, "the server did not open its WAL within 30 s");
-    }
+    eventually_blocking("the server opens its WAL", Duration::from_secs(30), || {
+        (files.iter().filter(|f| data.join(f).exists()).count() >= 3).then_some(())
+    });
     for f in files {
         let p = data.join(f);
         if p.exists() {
@@ -1171,9 +1164,7 @@ async fn room_create_list_serve_and_destroy() {
         .recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
         .await;
     alice
-        .send(&format!(
-            "<message to='{lobby}' type='groupchat' id='m1'><body>hello</body></message>"
-        ))
+        .send(&msg(&lobby).groupchat().id("m1").body("hello").to_string())
         .await;
     alice
         .recv_until(|e| e.name() == "message" && e.attr("id") == Some("m1"))

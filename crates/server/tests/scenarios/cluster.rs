@@ -9,12 +9,15 @@
 
 use crate::killable;
 
-use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
+use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq_get, iq_set};
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{free_port, muc, ns, Client, TestDatabase, TestServer};
+use starling_testkit::{
+    eventually, free_port, muc, ns, poll_for, roster::befriend, Client, TestDatabase, TestServer,
+};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -79,16 +82,14 @@ impl Nats {
     }
 
     async fn wait_up(&self) {
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+        let up = poll_for(Duration::from_secs(5), async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
-                .is_ok()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
-        }
-        panic!(
+                .ok()
+        })
+        .await;
+        assert!(
+            up.is_some(),
             "nats-server did not accept connections on port {} within 5 s",
             self.port
         );
@@ -181,13 +182,15 @@ async fn wait_for(
     ok: impl Fn(&[starling_server::cluster::NodeStatus]) -> bool,
 ) {
     let c = server.server.cluster.as_ref().expect("a cluster node");
-    for _ in 0..200 {
-        if ok(&c.status()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
-    panic!("timed out waiting for {what}: {:?}", c.status());
+    let seen = poll_for(Duration::from_secs(5), async || {
+        ok(&c.status()).then_some(())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "timed out waiting for {what}: {:?}",
+        c.status()
+    );
 }
 
 fn knows_node(s: &[starling_server::cluster::NodeStatus], node: u8) -> bool {
@@ -206,38 +209,38 @@ fn entries_of(s: &[starling_server::cluster::NodeStatus], node: u8) -> u64 {
 /// are queued while the node routes it, so once its recipients have it,
 /// this says it is in the database.
 async fn until_written(nodes: &[&TestServer]) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: Vec<(String, i64)> = nodes
+    let waiting = || -> Vec<(String, i64)> {
+        nodes
             .iter()
             .flat_map(|n| n.server.env.metrics.write_behind.queues())
             .map(|(name, q)| (name, q.queued.get()))
             .filter(|(_, queued)| *queued != 0)
-            .collect();
-        if waiting.is_empty() {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "write-behind queues still hold records after 10 s: {waiting:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+            .collect()
+    };
+    let written = poll_for(Duration::from_secs(10), async || {
+        waiting().is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        written.is_some(),
+        "write-behind queues still hold records after 10 s: {:?}",
+        waiting()
+    );
 }
 
 /// Waits (at most 10 s) until every message `node` sent to another node
 /// has been acknowledged: from then on it sends none of them again.
 async fn until_acked(node: &TestServer) {
     let c = node.server.cluster.as_ref().expect("a cluster node");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while c.pending_count() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} messages still unacknowledged after 10 s",
-            c.pending_count()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    let acked = poll_for(Duration::from_secs(10), async || {
+        (c.pending_count() == 0).then_some(())
+    })
+    .await;
+    assert!(
+        acked.is_some(),
+        "{} messages still unacknowledged after 10 s",
+        c.pending_count()
+    );
 }
 
 /// Routes a message from the server (`localhost`) with `id` to `to`, a
@@ -259,27 +262,6 @@ async fn marker(node: &TestServer, to: &str, id: &str) {
 
 fn bare(c: &Client) -> String {
     c.jid.split('/').next().unwrap().to_owned()
-}
-
-/// Makes `a` and `b` subscribed to each other (subscription both), as if
-/// they had gone through RFC 6121 §3.
-async fn befriend(server: &TestServer, a: &str, b: &str) {
-    let roster = &server.server.env.storage.roster;
-    for (owner, contact) in [(a, b), (b, a)] {
-        let item = RosterItem {
-            jid: BareJid::new(&format!("{contact}@localhost")).unwrap(),
-            name: None,
-            subscription: Subscription::Both,
-            ask: false,
-            pending_in: false,
-            approved: false,
-            groups: Vec::new(),
-        };
-        roster
-            .put_item(&BareJid::new(&format!("{owner}@localhost")).unwrap(), &item)
-            .await
-            .unwrap();
-    }
 }
 
 /// The XEP-0430 inbox of `c`: (conversation, unread, entry id) each.
@@ -350,31 +332,25 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
 
     // One-to-one chat both ways: to the bare JID and to the full JID.
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m1'><body>hi bob</body></message>",
-            bare(&bob)
-        ))
+        .send(&msg(&bare(&bob)).chat().id("m1").body("hi bob").to_string())
         .await;
     let m = bob.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "hi bob");
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='m2'><body>hi alice</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().id("m2").body("hi alice").to_string())
+        .await;
     let m = alice.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "hi alice");
     // Node 1 sent one message across and got its acknowledgement
     // (acknowledgements are gathered for a few milliseconds).
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        metrics = n1.server.env.metrics.encode();
-        if metrics.contains("cluster_ack_seconds_count 1") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval (1 s bound)
-    }
+    let metrics = poll_for(Duration::from_secs(1), async || {
+        let metrics = n1.server.env.metrics.encode();
+        metrics
+            .contains("cluster_ack_seconds_count 1")
+            .then_some(metrics)
+    })
+    .await
+    .unwrap_or_else(|| n1.server.env.metrics.encode());
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
     assert!(metrics.contains("cluster_ack_seconds_count 1"), "{metrics}");
 
@@ -406,10 +382,7 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
         assert_eq!(r.attr("type"), Some("result"), "{r}");
     }
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m3'><body>carbon me</body></message>",
-            bob.jid
-        ))
+        .send(&msg(&bob.jid).chat().id("m3").body("carbon me").to_string())
         .await;
     let sent = alice2
         .recv_until(|e| e.name() == "message" && e.has_child("sent", "urn:xmpp:carbons:2"))
@@ -455,11 +428,8 @@ async fn three_nodes_chat_presence_carbons_archive_and_conflict() {
     again.bind(Some(&resource)).await;
     alice.expect_stream_error("conflict").await;
     // Messages to that full JID now reach the node-2 session.
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>after conflict</body></message>",
-        again.jid
-    ))
-    .await;
+    bob.send(&msg(&again.jid).chat().body("after conflict").to_string())
+        .await;
     let m = again
         .recv_until(|e| e.name() == "message" && muc::body(e) == "after conflict")
         .await;
@@ -606,9 +576,13 @@ async fn a_killed_node_is_declared_dead_and_nothing_sent_to_it_is_lost() {
         .unwrap()
         .success());
     for i in 0..3 {
-        erin.send(&format!(
-            "<message to='{frank_jid}' type='chat' id='f{i}'><body>in flight {i}</body></message>"
-        ))
+        erin.send(
+            &msg(&frank_jid)
+                .chat()
+                .id(&format!("f{i}"))
+                .body(&format!("in flight {i}"))
+                .to_string(),
+        )
         .await;
     }
     // Then kill it.
@@ -679,14 +653,12 @@ async fn resumption_on_another_node_is_refused_cleanly() {
         .metrics
         .sessions_on(starling_core::SessionTransport::Detached)
         .clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while detached.get() != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node 1 did not detach gina's session within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    eventually(
+        "node 1 detaches gina's session",
+        Duration::from_secs(10),
+        async || (detached.get() == 1).then_some(()),
+    )
+    .await;
 
     let authenticated = |addr| async move {
         let mut c = Client::connect(addr).await;
@@ -747,10 +719,12 @@ async fn nats_restart_loses_nothing_acknowledged() {
             .any(|n| n.node == 2 && !n.this_node && n.last_heartbeat_ms_ago > 2 * HEARTBEAT_MS)
     })
     .await;
-    hank.send(&format!(
-        "<message to='{}' type='chat'><body>sent while the bus was down</body></message>",
-        ivy.jid
-    ))
+    hank.send(
+        &msg(&ivy.jid)
+            .chat()
+            .body("sent while the bus was down")
+            .to_string(),
+    )
     .await;
     // Hank's session has routed it (to the bus's queue) before the answer.
     hank.barrier().await;
@@ -758,11 +732,8 @@ async fn nats_restart_loses_nothing_acknowledged() {
 
     let m = ivy.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "sent while the bus was down");
-    ivy.send(&format!(
-        "<message to='{}' type='chat'><body>back</body></message>",
-        hank.jid
-    ))
-    .await;
+    ivy.send(&msg(&hank.jid).chat().body("back").to_string())
+        .await;
     let m = hank.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "back");
     // Exactly once, though it may have been sent twice: once node 1 has
@@ -810,10 +781,13 @@ async fn a_stalled_bus_bounds_the_queue_and_loses_nothing_acknowledged() {
     const N: usize = 400;
     let filler = "q".repeat(10 * 1024);
     for i in 0..N {
-        hank.send(&format!(
-            "<message to='{}' type='chat' id='s{i}'><body>{i} {filler}</body></message>",
-            ivy.jid
-        ))
+        hank.send(
+            &msg(&ivy.jid)
+                .chat()
+                .id(&format!("s{i}"))
+                .body(&format!("{i} {filler}"))
+                .to_string(),
+        )
         .await;
     }
     // Barrier: hank's session has routed all of them.
@@ -842,11 +816,8 @@ async fn a_stalled_bus_bounds_the_queue_and_loses_nothing_acknowledged() {
     // Exactly once: chat goes on both ways; once node 1 has every
     // acknowledgement it sends none of them again, and a marker it sends
     // after reaches ivy behind any copy sent before.
-    ivy.send(&format!(
-        "<message to='{}' type='chat' id='back'><body>back</body></message>",
-        hank.jid
-    ))
-    .await;
+    ivy.send(&msg(&hank.jid).chat().id("back").body("back").to_string())
+        .await;
     hank.recv_until(|e| e.attr("id") == Some("back")).await;
     until_acked(&n1).await;
     marker(&n1, &ivy.jid, "b2").await;
@@ -873,9 +844,7 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
     let mut jack = n1.login("jack").await;
     let mut kate = n2.login("kate").await;
     wait_for(&n1, "kate's entry", |s| entries_of(s, 2) == 1).await;
-    let to_kate = |text: &str| {
-        format!("<message to='kate@localhost' type='chat'><body>{text}</body></message>")
-    };
+    let to_kate = |text: &str| msg("kate@localhost").chat().body(&text).to_string();
     jack.send(&to_kate("before")).await;
     let m = kate.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "before");
@@ -962,10 +931,8 @@ async fn a_node_back_from_a_partition_is_announced_again() {
     let p = lena.recv_until(from_mike).await;
     assert_eq!(p.attr("type"), None, "mike is announced again: {p}");
     wait_for(&n1, "mike's entry", |s| entries_of(s, 2) == 1).await;
-    lena.send(&format!(
-        "<message to='{mike_jid}' type='chat'><body>welcome back</body></message>"
-    ))
-    .await;
+    lena.send(&msg(&mike_jid).chat().body("welcome back").to_string())
+        .await;
     let m = mike
         .recv_until(|e| e.name() == "message" && muc::body(e) == "welcome back")
         .await;
@@ -1081,11 +1048,8 @@ async fn garbage_on_the_bus_is_dropped_and_counted() {
     rogue.flush().await.unwrap();
     drop(rogue);
 
-    pat.send(&format!(
-        "<message to='{}' type='chat'><body>still here</body></message>",
-        quinn.jid
-    ))
-    .await;
+    pat.send(&msg(&quinn.jid).chat().body("still here").to_string())
+        .await;
     let m = quinn.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "still here");
     let metrics = n1.server.env.metrics.encode();
@@ -1148,9 +1112,13 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     bob.barrier_via(&room).await;
     // A message from node 3 reaches node 1 and node 2 (and its sender).
     carol
-        .send(&format!(
-            "<message to='{room}' type='groupchat' id='g1'><body>hello nodes</body></message>"
-        ))
+        .send(
+            &msg(&room)
+                .groupchat()
+                .id("g1")
+                .body("hello nodes")
+                .to_string(),
+        )
         .await;
     for c in [&mut alice, &mut bob, &mut carol] {
         let m = c.recv_until(|e| e.name() == "message").await;
@@ -1159,9 +1127,13 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     }
     // §7.5 across nodes.
     alice
-        .send(&format!(
-            "<message to='{room}/Carol' type='chat' id='p1'><body>psst</body></message>"
-        ))
+        .send(
+            &msg(&format!("{room}/Carol"))
+                .chat()
+                .id("p1")
+                .body("psst")
+                .to_string(),
+        )
         .await;
     let m = carol.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "psst");
@@ -1169,7 +1141,11 @@ async fn a_room_runs_on_one_node_and_serves_occupants_on_every_node() {
     // XEP-0410 self-ping from any node reaches the one room.
     let p = bob
         .iq(
-            &format!("<iq to='{room}/Bob' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(
+                &format!("{room}/Bob"),
+                "sp",
+                "<ping xmlns='urn:xmpp:ping'/>",
+            ),
             "sp",
         )
         .await;
@@ -1232,7 +1208,11 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
     // XEP-0410 §4: the room (now on node 1) does not know dora.
     let p = dora
         .iq(
-            &format!("<iq to='{room}/Dora' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(
+                &format!("{room}/Dora"),
+                "sp",
+                "<ping xmlns='urn:xmpp:ping'/>",
+            ),
             "sp",
         )
         .await;
@@ -1245,14 +1225,25 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
     muc::join(&mut dora, &room, "Dora").await;
     muc::join(&mut ed, &room, "Ed").await;
     let info = ed
-        .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
+        .iq(
+            &iq_get(
+                &room,
+                "di",
+                "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+            ),
+            "di",
+        )
         .await;
     assert!(info.to_string().contains("Kept room"), "{info}");
     assert!(info.to_string().contains("muc_persistent"), "{info}");
     dora.barrier_via(&room).await;
-    ed.send(&format!(
-        "<message to='{room}' type='groupchat' id='g'><body>still here</body></message>"
-    ))
+    ed.send(
+        &msg(&room)
+            .groupchat()
+            .id("g")
+            .body("still here")
+            .to_string(),
+    )
     .await;
     let m = dora.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "still here");
@@ -1307,7 +1298,7 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
     let mut hal = n3.login("hal").await;
     let r = gil
         .iq(
-            &format!("<iq to='{room}' type='set' id='mk'><query xmlns='urn:xmpp:muclight:0#create'><configuration><roomname>Across</roomname></configuration><occupants><user affiliation='member'>hal@localhost</user></occupants></query></iq>"),
+            &iq_set(&room, "mk", "<query xmlns='urn:xmpp:muclight:0#create'><configuration><roomname>Across</roomname></configuration><occupants><user affiliation='member'>hal@localhost</user></occupants></query>"),
             "mk",
         )
         .await;
@@ -1320,9 +1311,13 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
     );
     // (Gil's own affiliation notice, from node 2 before its answer.)
     gil.barrier_via(&room).await;
-    hal.send(&format!(
-        "<message to='{room}' type='groupchat' id='x1'><body>over the bus</body></message>"
-    ))
+    hal.send(
+        &msg(&room)
+            .groupchat()
+            .id("x1")
+            .body("over the bus")
+            .to_string(),
+    )
     .await;
     for c in [&mut gil, &mut hal] {
         let m = c.recv_until(|e| e.name() == "message").await;
@@ -1350,9 +1345,13 @@ async fn a_muc_light_rooms_node_dies_and_the_room_goes_on_elsewhere() {
         before,
         "the stored room, unchanged"
     );
-    gil.send(&format!(
-        "<message to='{room}' type='groupchat' id='x2'><body>still one group</body></message>"
-    ))
+    gil.send(
+        &msg(&room)
+            .groupchat()
+            .id("x2")
+            .body("still one group")
+            .to_string(),
+    )
     .await;
     for c in [&mut gil, &mut hal] {
         let m = c.recv_until(|e| e.name() == "message").await;
@@ -1408,7 +1407,14 @@ async fn a_joining_node_takes_over_the_rooms_it_wins() {
     assert!(codes.contains(&"332") && codes.contains(&"110"), "{gone}");
     muc::join(&mut fay, &room, "Fay").await;
     let info = fay
-        .iq(&format!("<iq to='{room}' type='get' id='di'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"), "di")
+        .iq(
+            &iq_get(
+                &room,
+                "di",
+                "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+            ),
+            "di",
+        )
         .await;
     assert!(info.to_string().contains("Moving room"), "{info}");
     let m2 = n2.server.env.metrics.encode();
@@ -1482,15 +1488,12 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     assert_eq!((status, &v["node"]), (202, &serde_json::json!(2)), "{v}");
     // Created on node 2 (stored: node 1 reads it from the database,
     // once its affiliations are written too).
-    let mut shown = serde_json::Value::Null;
-    for _ in 0..200 {
+    let shown = poll_for(Duration::from_secs(5), async || {
         let (status, v) = admin_api(&n1, &token, "GET", &path, None).await;
-        if status == 200 && v["affiliations"]["owner"][0].is_object() {
-            shown = v;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
+        (status == 200 && v["affiliations"]["owner"][0].is_object()).then_some(v)
+    })
+    .await
+    .unwrap_or_default();
     assert_eq!(
         (&shown["node"], &shown["loaded"]),
         (&serde_json::json!(2), &serde_json::json!(false)),
@@ -1508,15 +1511,15 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     muc::join(&mut bob, &room, "bob").await;
     // Sessions of every node, from either node's registry; connection
     // details only from the node that runs the session.
-    let mut listed = serde_json::Value::Null;
-    for _ in 0..200 {
+    let listed = poll_for(Duration::from_secs(5), async || {
         let (_, v) = admin_api(&n2, &token, "GET", "/api/v1/sessions", None).await;
-        if v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
-            listed = v;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
+        v["sessions"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+            .then_some(v)
+    })
+    .await
+    .unwrap_or_default();
     let s = &listed["sessions"][0];
     assert_eq!(
         (&s["jid"], &s["node"]),
@@ -1557,15 +1560,11 @@ async fn admin_api_room_changes_reach_the_node_that_runs_the_room() {
     assert!(p.to_string().contains("code='301'"), "{p}");
     let (status, v) = admin_api(&n1, &token, "DELETE", &path, None).await;
     assert_eq!(status, 202, "{v}");
-    let mut gone = false;
-    for _ in 0..200 {
-        if admin_api(&n1, &token, "GET", &path, None).await.0 == 404 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
-    assert!(gone, "destroyed on node 2");
+    let gone = poll_for(Duration::from_secs(5), async || {
+        (admin_api(&n1, &token, "GET", &path, None).await.0 == 404).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "destroyed on node 2");
     drop(bob);
     n2.stop().await;
     n1.stop().await;
@@ -1592,14 +1591,15 @@ async fn a_domain_added_or_disabled_on_one_node_is_seen_by_every_node() {
         let hosts = n.server.env.clone();
         async move {
             let t = std::time::Instant::now();
-            while hosts.hosts.is_local(domain) != want {
-                assert!(
-                    t.elapsed() < Duration::from_secs(10),
-                    "after 10 s, served = {} on the other node",
-                    !want
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
-            }
+            let seen = poll_for(Duration::from_secs(10), async || {
+                (hosts.hosts.is_local(domain) == want).then_some(())
+            })
+            .await;
+            assert!(
+                seen.is_some(),
+                "after 10 s, served = {} on the other node",
+                !want
+            );
             t.elapsed()
         }
     };

@@ -8,8 +8,10 @@
 use sha1::Digest as _;
 use starling_server::modules::component::{ComponentEntry, NS_COMPONENT_ACCEPT};
 use starling_server::modules::Component;
+use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
-use starling_testkit::{error_condition, free_port, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, free_port, ns, Client, TestServer};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -582,9 +584,12 @@ async fn stanzas_for_a_disconnected_component_get_service_unavailable() {
     let mut alice = server.login("alice").await;
     for round in 0..2 {
         alice
-            .send(&format!(
-                "<message to='x@gw.localhost' id='m{round}'><body>anyone?</body></message>"
-            ))
+            .send(
+                &msg("x@gw.localhost")
+                    .id(&format!("m{round}"))
+                    .body("anyone?")
+                    .to_string(),
+            )
             .await;
         let e = alice.recv_until(|e| e.name() == "message").await;
         assert_eq!(e.attr("type"), Some("error"), "{e}");
@@ -592,7 +597,11 @@ async fn stanzas_for_a_disconnected_component_get_service_unavailable() {
         assert_eq!(error_condition(&e).as_deref(), Some("service-unavailable"));
         let e = alice
             .iq(
-                &format!("<iq type='get' id='q{round}' to='gw.localhost'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+                &iq_get(
+                    "gw.localhost",
+                    &format!("q{round}"),
+                    "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+                ),
                 &format!("q{round}"),
             )
             .await;
@@ -770,14 +779,12 @@ impl Bus {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start nats-server");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(("127.0.0.1", nats_port)).await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "nats-server did not accept connections on port {nats_port} within 5 s"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
-        }
+        eventually(
+            &format!("nats-server accepts connections on port {nats_port}"),
+            Duration::from_secs(5),
+            async || TcpStream::connect(("127.0.0.1", nats_port)).await.ok(),
+        )
+        .await;
         let dir = std::env::temp_dir().join(format!(
             "starling-component-cluster-{}",
             starling_proto::random_id(10)
@@ -821,13 +828,14 @@ impl Bus {
 /// (`Some(node)`) or not (`None`).
 async fn wait_component_on(server: &TestServer, node: Option<u8>) {
     let jid = starling_proto::FullJid::new(&format!("{GW}/component")).unwrap();
-    for _ in 0..200 {
-        if server.server.env.sessions.get(&jid).map(|e| e.session.node) == node {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval (5 s bound)
-    }
-    panic!("the registry never said the component is on {node:?}");
+    eventually(
+        &format!("the registry says the component is on {node:?}"),
+        Duration::from_secs(5),
+        async || {
+            (server.server.env.sessions.get(&jid).map(|e| e.session.node) == node).then_some(())
+        },
+    )
+    .await;
 }
 
 /// A component connects to one node; users of the other node reach it
@@ -848,14 +856,17 @@ async fn on_a_cluster_a_component_serves_users_of_every_node() {
     let n2 = bus.node(2, a2).await;
     for (n, other) in [(&n1, 2u8), (&n2, 1u8)] {
         let c = n.server.cluster.as_ref().expect("a cluster node");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !c.status().iter().any(|s| s.node == other && !s.this_node) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "node {other} did not join the cluster within 5 s"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await; // sleep: poll interval
-        }
+        eventually(
+            &format!("node {other} joins the cluster"),
+            Duration::from_secs(5),
+            async || {
+                c.status()
+                    .iter()
+                    .any(|s| s.node == other && !s.this_node)
+                    .then_some(())
+            },
+        )
+        .await;
     }
     let mut gw = Comp::login(a1, GW, GW_SECRET).await;
     wait_component_on(&n2, Some(1)).await;

@@ -8,6 +8,7 @@ use crate::im_common;
 use im_common::{login_full, set_state, sync, St};
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::iq_get;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
 
@@ -144,9 +145,10 @@ async fn iqs_are_never_held_and_what_is_held_is_bounded() {
     // Bob's available presence is held (one sender key).
     assert!(from_bob(&quiet_sync(&mut alice).await).is_empty());
     // An iq goes through at once, after the held presence.
-    bob.send(&format!(
-        "<iq type='get' id='v1' to='{}'><query xmlns='jabber:iq:version'/></iq>",
-        alice.jid
+    bob.send(&iq_get(
+        &alice.jid,
+        "v1",
+        "<query xmlns='jabber:iq:version'/>",
     ))
     .await;
     sync(&mut bob).await;

@@ -8,7 +8,9 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::domains::{apply_setting, validate_name, DomainError};
 use starling_server::tls::CertificateFacts;
-use starling_testkit::{ns, Client, TestServer};
+use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::msg;
+use starling_testkit::{eventually, ns, poll_for, Client, TestServer};
 use std::time::Duration;
 
 const DYN: &str = "dyn.example";
@@ -42,14 +44,8 @@ async fn login_to(server: &TestServer, user: &str, domain: &str) -> Client {
 }
 
 /// Polls `f` until it is true (at most 10 s).
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval
-    }
-    panic!("timed out waiting for: {what}");
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    eventually(what, Duration::from_secs(10), async || f().then_some(())).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -105,10 +101,13 @@ async fn domain_added_at_run_time_serves_its_users_with_its_own_certificate() {
     // Chat across domains.
     let mut bob = login_to(&server, "bob", "localhost").await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m1'><body>hello from {DYN}</body></message>",
-            bob.jid
-        ))
+        .send(
+            &msg(&bob.jid)
+                .chat()
+                .id("m1")
+                .body(&format!("hello from {DYN}"))
+                .to_string(),
+        )
         .await;
     let m = bob.recv_message().await;
     assert_eq!(
@@ -194,13 +193,11 @@ async fn domain_removed_deletes_accounts_roster_and_archive_in_the_background() 
             .map(|p| p.messages.len())
             .unwrap_or(0)
     };
-    for _ in 0..100 {
-        if archived().await > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval (5 s bound)
-    }
-    assert!(archived().await > 0, "the message is archived");
+    let n = poll_for(Duration::from_secs(5), async || {
+        Some(archived().await).filter(|n| *n > 0)
+    })
+    .await;
+    assert!(n.is_some(), "the message is archived");
     assert_eq!(
         env.storage
             .roster
@@ -215,13 +212,17 @@ async fn domain_removed_deletes_accounts_roster_and_archive_in_the_background() 
     domains.remove(DYN).await.unwrap();
     alice.expect_stream_error("host-gone").await;
     // The background removal deletes everything, then the row.
-    for _ in 0..200 {
-        if env.storage.domains.domain(DYN).await.unwrap().is_none() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await; // sleep: poll interval (10 s bound)
-    }
-    assert!(env.storage.domains.domain(DYN).await.unwrap().is_none());
+    let removed = poll_for(Duration::from_secs(10), async || {
+        env.storage
+            .domains
+            .domain(DYN)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(removed.is_some(), "the domain's row is removed");
     assert_eq!(env.storage.accounts.count(DYN).await.unwrap(), 0);
     assert!(env
         .storage
@@ -332,7 +333,7 @@ async fn domain_max_sessions_refuses_a_bind_beyond_it_with_resource_constraint()
     // The first session leaves: a new one fits.
     first.close().await;
     let host = server.server.env.hosts.get(DYN).unwrap();
-    eventually("the session is uncounted", || host.sessions() == 0).await;
+    until("the session is uncounted", || host.sessions() == 0).await;
     second.bind(None).await;
     server.stop().await;
 }
@@ -416,7 +417,7 @@ async fn domain_written_to_the_database_elsewhere_is_served_within_seconds() {
         .await
         .unwrap();
     let env = server.server.env.clone();
-    eventually("the server serves the new domain", || {
+    until("the server serves the new domain", || {
         env.hosts.is_local(DYN)
     })
     .await;
@@ -559,7 +560,11 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
 /// The server's disco#items answer for `to`, as text.
 async fn disco_items(c: &mut Client, to: &str) -> String {
     c.iq(
-        &format!("<iq to='{to}' type='get' id='items'><query xmlns='http://jabber.org/protocol/disco#items'/></iq>"),
+        &iq_get(
+            &to,
+            "items",
+            "<query xmlns='http://jabber.org/protocol/disco#items'/>",
+        ),
         "items",
     )
     .await
@@ -626,7 +631,11 @@ async fn domain_disabled_modules_are_off_for_that_domain_only_and_back_at_once()
     // unknown domain is (no server-to-server: remote-server-not-found).
     let r = alice
         .iq(
-            &format!("<iq to='conference.{DYN}' type='get' id='ci'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+            &iq_get(
+                &format!("conference.{DYN}"),
+                "ci",
+                "<query xmlns='http://jabber.org/protocol/disco#info'/>",
+            ),
             "ci",
         )
         .await;

@@ -2,36 +2,17 @@
 #![allow(dead_code)]
 
 use starling_core::storage::{RosterItem, Subscription};
-use starling_proto::BareJid;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const ROSTER: &str = "jabber:iq:roster";
+pub use starling_testkit::roster::{bare, get as roster_get, set_item, ROSTER};
 
-static SYNC: AtomicU64 = AtomicU64::new(0);
-
-pub fn bare(user: &str) -> BareJid {
-    BareJid::new(&format!("{user}@localhost")).unwrap()
-}
-
-/// Everything the server sends `c` until a ping round trip completes. The
-/// session serves its mailbox before reading the socket, so whatever was
-/// queued for it before the ping arrives comes first.
+/// Everything the server sends `c` until a ping round trip completes
+/// ([`Client::barrier`]). The session serves its mailbox before reading
+/// the socket, so whatever was queued for it before the ping arrives
+/// comes first.
 pub async fn sync(c: &mut Client) -> Vec<Element> {
-    let id = format!("sync-{}", SYNC.fetch_add(1, Ordering::Relaxed));
-    c.send(&format!(
-        "<iq type='get' id='{id}' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
-    ))
-    .await;
-    let mut got = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
-            return got;
-        }
-        got.push(el);
-    }
+    c.barrier().await
 }
 
 /// Logs in, requests the roster (becoming an interested resource) and
@@ -41,16 +22,6 @@ pub async fn login_full(server: &TestServer, user: &str) -> Client {
     roster_get(&mut c).await;
     sync(&mut c).await;
     c
-}
-
-/// A roster get; returns the result.
-pub async fn roster_get(c: &mut Client) -> Element {
-    let id = format!("rg-{}", SYNC.fetch_add(1, Ordering::Relaxed));
-    c.iq(
-        &format!("<iq type='get' id='{id}'><query xmlns='{ROSTER}'/></iq>"),
-        &id,
-    )
-    .await
 }
 
 /// Roster pushes among `els`.

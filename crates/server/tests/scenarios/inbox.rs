@@ -3,6 +3,7 @@
 //! (XEP-0333) and by MongooseIM's reset iq, filters, paging and totals,
 //! corrections, retractions, and the errors for bad requests.
 
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
@@ -93,10 +94,14 @@ async fn ok_inbox(c: &mut Client, id: &str, attrs: &str, inner: &str) -> Inbox {
 }
 
 async fn say(from: &mut Client, to: &mut Client, id: &str, body: &str) -> Element {
-    from.send(&format!(
-        "<message to='{}' type='chat' id='{id}'><body>{body}</body><markable xmlns='urn:xmpp:chat-markers:0'/></message>",
-        bare_of(to)
-    ))
+    from.send(
+        &msg(&bare_of(to))
+            .chat()
+            .id(&id)
+            .body(&body)
+            .child("<markable xmlns='urn:xmpp:chat-markers:0'/>")
+            .to_string(),
+    )
     .await;
     to.recv_message().await
 }
@@ -131,26 +136,32 @@ async fn unread_counts_follow_messages_and_markers() {
 
     // XEP-0333 displayed for the middle message: one unread remains (§4).
     alice
-        .send(&format!(
-            "<message to='{}' type='chat'><displayed xmlns='urn:xmpp:chat-markers:0' id='b1'/></message>",
-            bare_of(&bob)
-        ))
+        .send(
+            &msg(&bare_of(&bob))
+                .chat()
+                .child("<displayed xmlns='urn:xmpp:chat-markers:0' id='b1'/>")
+                .to_string(),
+        )
         .await;
     bob.recv_message().await;
     let i = ok_inbox(&mut alice, "i2", "", "").await;
     assert_eq!(i.summary(), [(bare_of(&carol), 1), (bare_of(&bob), 1)]);
     // Displayed for the newest: zero. Receipts change nothing.
     alice
-        .send(&format!(
-            "<message to='{}' type='chat'><received xmlns='urn:xmpp:receipts' id='b2'/></message>",
-            bare_of(&bob)
-        ))
+        .send(
+            &msg(&bare_of(&bob))
+                .chat()
+                .child("<received xmlns='urn:xmpp:receipts' id='b2'/>")
+                .to_string(),
+        )
         .await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat'><displayed xmlns='urn:xmpp:chat-markers:0' id='b2'/></message>",
-            bare_of(&bob)
-        ))
+        .send(
+            &msg(&bare_of(&bob))
+                .chat()
+                .child("<displayed xmlns='urn:xmpp:chat-markers:0' id='b2'/>")
+                .to_string(),
+        )
         .await;
     let i = ok_inbox(&mut alice, "i3", "", "").await;
     assert_eq!(i.summary(), [(bare_of(&carol), 1), (bare_of(&bob), 0)]);
@@ -187,10 +198,14 @@ async fn corrections_retractions_paging_and_errors() {
     let mut bob = server.login("bob").await;
     say(&mut bob, &mut alice, "o1", "helo").await;
     // XEP-0308: the correction becomes the last message, not a new unread.
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='o2'><body>hello</body><replace xmlns='urn:xmpp:message-correct:0' id='o1'/></message>",
-        bare_of(&alice)
-    ))
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .id("o2")
+            .body("hello")
+            .child("<replace xmlns='urn:xmpp:message-correct:0' id='o1'/>")
+            .to_string(),
+    )
     .await;
     alice.recv_message().await;
     let i = ok_inbox(&mut alice, "c", "", "").await;

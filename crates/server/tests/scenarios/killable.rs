@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use starling_proto::sasl::Mechanism;
-use starling_testkit::Client;
+use starling_testkit::{poll_for, Client};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -39,24 +39,26 @@ pub async fn start_binary(cfg: &Path, port: u16) -> std::process::Child {
         .spawn()
         .unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
+    let accepted = poll_for(Duration::from_secs(10), async || {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Some(());
+        }
         let exited = child.try_wait().unwrap();
         assert!(
             exited.is_none(),
             "the server exited before accepting on {addr}: {exited:?}"
         );
-        let late = tokio::time::Instant::now() >= deadline;
-        if late {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        assert!(
-            !late,
-            "the server did not accept connections on {addr} within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
+        None
+    })
+    .await;
+    if accepted.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
+    assert!(
+        accepted.is_some(),
+        "the server did not accept connections on {addr} within 10 s"
+    );
     child
 }
 

@@ -7,8 +7,9 @@
 
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
 
 const SM: &str = "urn:xmpp:sm:3";
@@ -46,13 +47,12 @@ async fn until_detached(server: &TestServer, n: i64) {
         .metrics
         .sessions_on(SessionTransport::Detached)
         .clone();
-    tokio::time::timeout(BOUND, async {
-        while gauge.get() != n {
-            tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-        }
-    })
-    .await
-    .expect("the server noticed the dropped connection");
+    eventually(
+        "the server noticed the dropped connection",
+        BOUND,
+        async || (gauge.get() == n).then_some(()),
+    )
+    .await;
 }
 
 async fn enable_resume(c: &mut Client) -> String {
@@ -92,17 +92,15 @@ async fn bind_beyond_max_resources_per_account_gets_resource_constraint() {
     a2.close().await;
     // (a2's end may still be on its way to the session table: ask again
     // until it is, within the failure bound.)
-    let ok = tokio::time::timeout(BOUND, async {
-        loop {
+    let ok = eventually(
+        "the bind succeeds once a resource left",
+        BOUND,
+        async || {
             let ok = try_bind(&mut a3, "third").await;
-            if ok.attr("type") == Some("result") {
-                return ok;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
-        }
-    })
-    .await
-    .expect("the bind succeeds once a resource left");
+            (ok.attr("type") == Some("result")).then_some(ok)
+        },
+    )
+    .await;
     assert_eq!(ok.attr("type"), Some("result"), "{ok}");
     // Other accounts are not affected.
     let _b = server.login("bob").await;
@@ -169,10 +167,8 @@ async fn bind_at_the_limit_evicts_the_longest_detached_session_and_reroutes_its_
     let mut a2 = server.login("alice").await;
     enable_resume(&mut a1).await;
     let full1 = a1.jid.clone();
-    bob.send(&format!(
-        "<message to='{full1}' type='chat' id='u1'><body>unacked</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full1).chat().id("u1").body("unacked").to_string())
+        .await;
     assert_eq!(body(&a1.recv_message().await), "unacked"); // never acked
     drop(a1); // the phone lost its connection
     until_detached(&server, 1).await;
@@ -320,9 +316,13 @@ async fn iq_flood_of_archive_queries_runs_one_at_a_time_and_others_are_answered_
     let mut bob = server.login("bob").await;
     for i in 0..20 {
         alice
-            .send(&format!(
-                "<message to='bob@localhost' type='chat' id='m{i}'><body>m{i}</body></message>"
-            ))
+            .send(
+                &msg("bob@localhost")
+                    .chat()
+                    .id(&format!("m{i}"))
+                    .body(&format!("m{i}"))
+                    .to_string(),
+            )
             .await;
     }
     // A barrier: bob got them all, so all are archived for both.

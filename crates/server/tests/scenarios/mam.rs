@@ -4,128 +4,22 @@
 //! corrections, XEP-0184 receipts and XEP-0333 markers in the archive, and
 //! the errors each XEP prescribes for bad queries.
 
+use starling_testkit::mam::{err_query, form, ok_query, rsm, FORWARD as FWD, MAM};
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
 
-const MAM: &str = "urn:xmpp:mam:2";
-const RSM: &str = "http://jabber.org/protocol/rsm";
 const SID: &str = "urn:xmpp:sid:0";
-const FWD: &str = "urn:xmpp:forward:0";
 const RETRACT: &str = "urn:xmpp:message-retract:1";
 
 fn bare_of(c: &Client) -> String {
     c.jid.split('/').next().unwrap().to_owned()
 }
 
-/// The result of a MAM query: the forwarded messages (with their archive
-/// ids) and the final iq.
-struct Page {
-    items: Vec<(String, Element)>,
-    fin: Element,
-}
-
-impl Page {
-    fn bodies(&self) -> Vec<String> {
-        self.items
-            .iter()
-            .map(|(_, m)| {
-                m.get_child("body", ns::CLIENT)
-                    .map(|b| b.text())
-                    .unwrap_or_default()
-            })
-            .collect()
-    }
-    fn ids(&self) -> Vec<String> {
-        self.items.iter().map(|(id, _)| id.clone()).collect()
-    }
-    fn complete(&self) -> bool {
-        self.fin
-            .get_child("fin", MAM)
-            .and_then(|f| f.attr("complete"))
-            == Some("true")
-    }
-    fn rsm(&self, name: &str) -> Option<String> {
-        self.fin
-            .get_child("fin", MAM)?
-            .get_child("set", RSM)?
-            .get_child(name, RSM)
-            .map(|e| e.text())
-    }
-}
-
-fn form(fields: &[(&str, &str)]) -> String {
-    let mut x = format!(
-        "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>{MAM}</value></field>"
-    );
-    for (var, value) in fields {
-        x.push_str(&format!(
-            "<field var='{var}'><value>{value}</value></field>"
-        ));
-    }
-    x.push_str("</x>");
-    x
-}
-
-fn rsm(inner: &str) -> String {
-    format!("<set xmlns='{RSM}'>{inner}</set>")
-}
-
-/// Sends a query with `inner` (form / RSM / flip-page) and collects the
-/// results; the returned iq may be an error.
-async fn query(c: &mut Client, qid: &str, inner: &str) -> Page {
-    let id = format!("iq-{qid}");
-    c.send(&format!(
-        "<iq type='set' id='{id}'><query xmlns='{MAM}' queryid='{qid}'>{inner}</query></iq>"
-    ))
-    .await;
-    let mut items = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
-            return Page { items, fin: el };
-        }
-        if let Some(r) = el.get_child("result", MAM) {
-            assert_eq!(r.attr("queryid"), Some(qid), "{el}");
-            assert_eq!(
-                el.attr("from"),
-                Some(bare_of(c).as_str()),
-                "results come from the archive: {el}"
-            );
-            let fwd = r.get_child("forwarded", FWD).expect("forwarded");
-            assert!(
-                fwd.get_child("delay", "urn:xmpp:delay")
-                    .and_then(|d| d.attr("stamp"))
-                    .is_some(),
-                "XEP-0313 §4.2: a delay stamp: {el}"
-            );
-            let m = fwd
-                .get_child("message", ns::CLIENT)
-                .expect("forwarded message")
-                .clone();
-            items.push((r.attr("id").unwrap().to_owned(), m));
-        }
-    }
-}
-
-async fn ok_query(c: &mut Client, qid: &str, inner: &str) -> Page {
-    let p = query(c, qid, inner).await;
-    assert_eq!(p.fin.attr("type"), Some("result"), "{}", p.fin);
-    p
-}
-
-async fn err_query(c: &mut Client, qid: &str, inner: &str) -> String {
-    let p = query(c, qid, inner).await;
-    assert_eq!(p.fin.attr("type"), Some("error"), "{}", p.fin);
-    assert!(p.items.is_empty());
-    error_condition(&p.fin).unwrap()
-}
-
 async fn chat(from: &mut Client, to: &str, id: &str, body: &str) {
-    from.send(&format!(
-        "<message to='{to}' type='chat' id='{id}'><body>{body}</body></message>"
-    ))
-    .await;
+    from.send(&msg(&to).chat().id(&id).body(&body).to_string())
+        .await;
 }
 
 /// Waits for the wall clock's next millisecond and returns it, as an
@@ -182,7 +76,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     assert_eq!(sid.attr("by"), Some(bare_of(&bob).as_str()));
     let first_id = sid.attr("id").unwrap().to_owned();
     // Bob's archive holds all 12 in order, ids equal to the stanza ids.
-    let all = ok_query(&mut bob, "all", "").await;
+    let all = ok_query(&mut bob, "", "all", "").await;
     assert_eq!(
         all.bodies(),
         (0..12).map(|i| format!("msg {i}")).collect::<Vec<_>>()
@@ -193,7 +87,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     sorted.sort();
     assert_eq!(sorted, all.ids(), "ids are time-ordered strings");
     // Alice's archive has her outgoing copies (without a stanza-id by bob).
-    let a = ok_query(&mut alice, "a", "").await;
+    let a = ok_query(&mut alice, "", "a", "").await;
     assert_eq!(a.items.len(), 12);
     assert_eq!(a.items[3].1.attr("to"), Some(bare_of(&bob).as_str()));
     assert!(
@@ -202,13 +96,14 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     );
 
     // RSM forward paging (§4.3.2 and XEP-0059 §2.2).
-    let p1 = ok_query(&mut bob, "p1", &rsm("<max>5</max>")).await;
+    let p1 = ok_query(&mut bob, "", "p1", &rsm("<max>5</max>")).await;
     assert_eq!(p1.items.len(), 5);
     assert!(!p1.complete());
     assert_eq!(p1.rsm("first").as_deref(), Some(all.items[0].0.as_str()));
     assert_eq!(p1.rsm("last").as_deref(), Some(all.items[4].0.as_str()));
     let p2 = ok_query(
         &mut bob,
+        "",
         "p2",
         &rsm(&format!(
             "<max>5</max><after>{}</after>",
@@ -219,6 +114,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     assert_eq!(p2.bodies()[0], "msg 5");
     let p3 = ok_query(
         &mut bob,
+        "",
         "p3",
         &rsm(&format!(
             "<max>5</max><after>{}</after>",
@@ -229,7 +125,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     assert_eq!(p3.bodies(), ["msg 10", "msg 11"]);
     assert!(p3.complete());
     // The last page (§4.3.3: empty <before/>), then backwards.
-    let l1 = ok_query(&mut bob, "l1", &rsm("<max>5</max><before/>")).await;
+    let l1 = ok_query(&mut bob, "", "l1", &rsm("<max>5</max><before/>")).await;
     assert_eq!(
         l1.bodies(),
         (7..12).map(|i| format!("msg {i}")).collect::<Vec<_>>(),
@@ -238,6 +134,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     assert!(!l1.complete());
     let l2 = ok_query(
         &mut bob,
+        "",
         "l2",
         &rsm(&format!(
             "<max>10</max><before>{}</before>",
@@ -250,6 +147,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     // Flip-page (§4.3.4): same page, reversed.
     let f = ok_query(
         &mut bob,
+        "",
         "f",
         &format!("{}<flip-page/>", rsm("<max>5</max><before/>")),
     )
@@ -260,6 +158,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     // Extended: after-id / before-id / ids (§4.1.3, §4.1.4).
     let between = ok_query(
         &mut bob,
+        "",
         "b",
         &form(&[
             ("after-id", &all.items[2].0),
@@ -268,10 +167,10 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     )
     .await;
     assert_eq!(between.bodies(), ["msg 3", "msg 4", "msg 5"]);
-    let picked = ok_query(&mut bob, "ids", &form(&[("ids", &all.items[9].0)])).await;
+    let picked = ok_query(&mut bob, "", "ids", &form(&[("ids", &all.items[9].0)])).await;
     assert_eq!(picked.bodies(), ["msg 9"]);
     // RSM max=0: the count only.
-    let count = ok_query(&mut bob, "c", &rsm("<max>0</max>")).await;
+    let count = ok_query(&mut bob, "", "c", &rsm("<max>0</max>")).await;
     assert!(count.items.is_empty());
     assert_eq!(count.rsm("count").as_deref(), Some("12"));
     // Metadata (§6).
@@ -359,25 +258,27 @@ async fn with_and_time_filters() {
     chat(&mut alice, &bare_of(&bob), "late", "late alice").await;
     bob.recv_message().await;
     // §4.1.1: with a bare JID matches every resource of it.
-    let w = ok_query(&mut bob, "w", &form(&[("with", &bare_of(&alice))])).await;
+    let w = ok_query(&mut bob, "", "w", &form(&[("with", &bare_of(&alice))])).await;
     assert_eq!(w.bodies(), ["msg 0", "msg 1", "late alice"]);
     // With a full JID, only that resource.
-    let wf = ok_query(&mut bob, "wf", &form(&[("with", &carol.jid)])).await;
+    let wf = ok_query(&mut bob, "", "wf", &form(&[("with", &carol.jid)])).await;
     assert_eq!(wf.bodies(), ["from carol"]);
     let wf2 = ok_query(
         &mut bob,
+        "",
         "wf2",
         &form(&[("with", &format!("{}/other", bare_of(&carol)))]),
     )
     .await;
     assert!(wf2.items.is_empty());
     // §4.1.2: start and end, inclusive.
-    let after = ok_query(&mut bob, "s", &form(&[("start", &t)])).await;
+    let after = ok_query(&mut bob, "", "s", &form(&[("start", &t)])).await;
     assert_eq!(after.bodies(), ["from carol", "late alice"]);
-    let before = ok_query(&mut bob, "e", &form(&[("end", &t)])).await;
+    let before = ok_query(&mut bob, "", "e", &form(&[("end", &t)])).await;
     assert_eq!(before.bodies(), ["msg 0", "msg 1"]);
     let both = ok_query(
         &mut bob,
+        "",
         "se",
         &form(&[("start", &t), ("with", &bare_of(&alice))]),
     )
@@ -393,13 +294,34 @@ async fn what_is_not_archived_and_preferences() {
     let mut bob = server.login("bob").await;
     let b = bare_of(&bob);
     // XEP-0334: no-store and no-permanent-store; chat states alone.
-    alice.send(&format!("<message to='{b}' type='chat'><body>secret</body><no-store xmlns='urn:xmpp:hints'/></message>")).await;
-    alice.send(&format!("<message to='{b}' type='chat'><body>secret2</body><no-permanent-store xmlns='urn:xmpp:hints'/></message>")).await;
-    alice.send(&format!("<message to='{b}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>")).await;
     alice
-        .send(&format!(
-            "<message to='{b}' type='headline'><body>news</body></message>"
-        ))
+        .send(
+            &msg(&b)
+                .chat()
+                .body("secret")
+                .child("<no-store xmlns='urn:xmpp:hints'/>")
+                .to_string(),
+        )
+        .await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .body("secret2")
+                .child("<no-permanent-store xmlns='urn:xmpp:hints'/>")
+                .to_string(),
+        )
+        .await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .child("<composing xmlns='http://jabber.org/protocol/chatstates'/>")
+                .to_string(),
+        )
+        .await;
+    alice
+        .send(&msg(&b).headline().body("news").to_string())
         .await;
     for _ in 0..4 {
         let m = bob.recv_message().await;
@@ -412,17 +334,34 @@ async fn what_is_not_archived_and_preferences() {
     // the convergence rule).
     chat(&mut alice, &bare_of(&bob), "orig", "helo").await;
     bob.recv_message().await;
-    alice.send(&format!("<message to='{b}' type='chat' id='fix'><body>hello</body><replace xmlns='urn:xmpp:message-correct:0' id='orig'/></message>")).await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .id("fix")
+                .body("hello")
+                .child("<replace xmlns='urn:xmpp:message-correct:0' id='orig'/>")
+                .to_string(),
+        )
+        .await;
     bob.recv_message().await;
-    bob.send(&format!(
-        "<message to='{}' type='chat'><received xmlns='urn:xmpp:receipts' id='orig'/></message>",
-        bare_of(&alice)
-    ))
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .child("<received xmlns='urn:xmpp:receipts' id='orig'/>")
+            .to_string(),
+    )
     .await;
-    bob.send(&format!("<message to='{}' type='chat'><displayed xmlns='urn:xmpp:chat-markers:0' id='fix'/></message>", bare_of(&alice))).await;
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .child("<displayed xmlns='urn:xmpp:chat-markers:0' id='fix'/>")
+            .to_string(),
+    )
+    .await;
     alice.recv_message().await;
     alice.recv_message().await;
-    let p = ok_query(&mut bob, "all", "").await;
+    let p = ok_query(&mut bob, "", "all", "").await;
     assert_eq!(p.items.len(), 4, "{:?}", p.bodies());
     assert_eq!(p.bodies()[..2], ["helo".to_owned(), "hello".to_owned()]);
     assert!(p.items[1]
@@ -469,7 +408,7 @@ async fn what_is_not_archived_and_preferences() {
     chat(&mut carol, &bare_of(&bob), "k1", "kept").await;
     let m = bob.recv_message().await;
     assert!(m.get_child("stanza-id", SID).is_some());
-    let p = ok_query(&mut bob, "after-prefs", &rsm("<max>2</max><before/>")).await;
+    let p = ok_query(&mut bob, "", "after-prefs", &rsm("<max>2</max><before/>")).await;
     assert_eq!(p.bodies().last().map(String::as_str), Some("kept"));
     assert!(!p.bodies().contains(&"not kept".to_owned()));
     // Roster mode: carol is not in bob's roster, so nothing is kept.
@@ -513,7 +452,7 @@ async fn retraction_leaves_tombstones_and_only_the_author_may_retract() {
         Some("oops-origin")
     );
     for c in [&mut alice, &mut bob] {
-        let p = ok_query(c, "h", "").await;
+        let p = ok_query(c, "", "h", "").await;
         assert_eq!(p.items.len(), 3, "original, second message, retraction");
         let t = &p.items[0].1;
         let retracted = t
@@ -544,14 +483,14 @@ async fn retraction_leaves_tombstones_and_only_the_author_may_retract() {
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"));
     // (Handled: bob has the error.)
     alice.expect_nothing().await;
-    let p = ok_query(&mut alice, "h2", "").await;
+    let p = ok_query(&mut alice, "", "h2", "").await;
     assert_eq!(p.bodies()[1], "fine");
     // A forged retraction from carol cannot touch alice's message in bob's
     // archive: only messages from the same bare JID are matched (§6).
     let mut carol = server.login("carol").await;
     carol.send(&format!("<message to='{b}' type='chat' id='r3'><retract xmlns='{RETRACT}' id='keep'/><body>x</body></message>")).await;
     bob.recv_message().await;
-    let p = ok_query(&mut bob, "h3", &form(&[("with", &bare_of(&alice))])).await;
+    let p = ok_query(&mut bob, "", "h3", &form(&[("with", &bare_of(&alice))])).await;
     assert_eq!(p.bodies()[1], "fine");
     server.stop().await;
 }
@@ -574,37 +513,40 @@ async fn bad_queries_get_their_errors() {
         ("bogus-ids", form(&[("ids", "00000000000001")])),
     ] {
         assert_eq!(
-            err_query(&mut bob, q, &inner).await,
+            err_query(&mut bob, "", q, &inner).await,
             "item-not-found",
             "{q}"
         );
     }
     // §4.1.5: unknown fields → feature-not-implemented.
     assert_eq!(
-        err_query(&mut bob, "f", &form(&[("{urn:x}mood", "lonely")])).await,
+        err_query(&mut bob, "", "f", &form(&[("{urn:x}mood", "lonely")])).await,
         "feature-not-implemented"
     );
     assert_eq!(
-        err_query(&mut bob, "g", &form(&[("include-groupchat", "true")])).await,
+        err_query(&mut bob, "", "g", &form(&[("include-groupchat", "true")])).await,
         "feature-not-implemented"
     );
     // Malformed forms and values → bad-request (jid-malformed for JIDs).
     assert_eq!(
-        err_query(&mut bob, "d", &form(&[("start", "yesterday")])).await,
+        err_query(&mut bob, "", "d", &form(&[("start", "yesterday")])).await,
         "bad-request"
     );
     assert_eq!(
-        err_query(&mut bob, "m", &rsm("<max>lots</max>")).await,
+        err_query(&mut bob, "", "m", &rsm("<max>lots</max>")).await,
         "bad-request"
     );
     assert_eq!(
-        err_query(&mut bob, "w", &form(&[("with", "@@")])).await,
+        err_query(&mut bob, "", "w", &form(&[("with", "@@")])).await,
         "jid-malformed"
     );
     let wrong_type = "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>urn:xmpp:mam:1</value></field></x>";
-    assert_eq!(err_query(&mut bob, "t", wrong_type).await, "bad-request");
     assert_eq!(
-        err_query(&mut bob, "i", &rsm("<index>3</index>")).await,
+        err_query(&mut bob, "", "t", wrong_type).await,
+        "bad-request"
+    );
+    assert_eq!(
+        err_query(&mut bob, "", "i", &rsm("<index>3</index>")).await,
         "feature-not-implemented"
     );
     // More ids than a page holds: refused before any SQL.
@@ -613,7 +555,7 @@ async fn bad_queries_get_their_errors() {
         "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>{MAM}</value></field><field var='ids'>{many}</field></x>"
     );
     assert_eq!(
-        err_query(&mut bob, "n", &too_many).await,
+        err_query(&mut bob, "", "n", &too_many).await,
         "policy-violation"
     );
     // §8: someone else's archive → forbidden.
@@ -638,7 +580,7 @@ async fn bad_queries_get_their_errors() {
         .await;
     assert_eq!(error_condition(&p).as_deref(), Some("forbidden"), "{p}");
     // The session survives all of it.
-    let ok = ok_query(&mut bob, "ok", "").await;
+    let ok = ok_query(&mut bob, "", "ok", "").await;
     assert_eq!(ok.items.len(), 2);
     server.stop().await;
 }
@@ -666,14 +608,12 @@ async fn spoofed_stanza_ids_are_removed_and_offline_messages_are_archived() {
     chat(&mut alice, &b, "off", "while away").await;
     let bob_jid = starling_proto::BareJid::new(&b).unwrap();
     let offline = &server.server.env.storage.offline;
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while offline.count(&bob_jid).await.unwrap() != 1 {
-            // sleep: polling the store (bounded by the timeout).
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the message was stored offline");
+    eventually(
+        "the message is stored offline",
+        Duration::from_secs(10),
+        async || (offline.count(&bob_jid).await.unwrap() == 1).then_some(()),
+    )
+    .await;
     let mut bob = server.login("bob").await;
     let m = bob.recv_message().await;
     assert_eq!(
@@ -686,7 +626,7 @@ async fn spoofed_stanza_ids_are_removed_and_offline_messages_are_archived() {
         .attr("id")
         .unwrap()
         .to_owned();
-    let p = ok_query(&mut bob, "q", &rsm("<max>1</max><before/>")).await;
+    let p = ok_query(&mut bob, "", "q", &rsm("<max>1</max><before/>")).await;
     assert_eq!(p.ids(), [sid]);
     server.stop().await;
 }
@@ -764,7 +704,7 @@ async fn sent_carbons_carry_the_senders_archive_id_and_recipients_never_see_it()
         .collect();
     assert_eq!(ids.len(), 1, "{fwd}");
     // XEP-0313 §3.1: it is the id in alice's archive.
-    let p = ok_query(&mut a2, "own", "").await;
+    let p = ok_query(&mut a2, "", "own", "").await;
     assert_eq!(p.ids(), [ids[0].to_owned()]);
     server.stop().await;
 }
@@ -809,6 +749,6 @@ async fn large_stanzas_fill_the_archive_queue_by_bytes_not_count() {
         "queued bytes {} within queue_max_mib",
         archive.bytes.get()
     );
-    let page = ok_query(&mut alice, "q1", "").await;
+    let page = ok_query(&mut alice, "", "q1", "").await;
     assert_eq!(page.items.len(), 24, "every message archived");
 }

@@ -11,8 +11,9 @@
 use base64::Engine;
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{free_port, ns, Client, TestServer, Transport};
+use starling_testkit::{eventually, free_port, ns, poll_for, Client, TestServer, Transport};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -74,20 +75,18 @@ impl Scrape {
 /// Waits (up to 10 s) until `key` has the value `want`: a sample is
 /// recorded just after the event a client sees (a routed stanza is timed
 /// once it is in the mailbox, before the sender's task goes on).
-async fn eventually(server: &TestServer, key: &str, want: f64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = Scrape::of(server).samples.get(key).copied();
-        if got == Some(want) {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "{key} is {got:?}, expected {want}:\n{}",
-                Scrape::of(server).text
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
+async fn until_sample(server: &TestServer, key: &str, want: f64) {
+    let seen = poll_for(Duration::from_secs(10), async || {
+        (Scrape::of(server).samples.get(key).copied() == Some(want)).then_some(())
+    })
+    .await;
+    if seen.is_none() {
+        let scrape = Scrape::of(server);
+        panic!(
+            "{key} is {:?}, expected {want}:\n{}",
+            scrape.samples.get(key),
+            scrape.text
+        );
     }
 }
 
@@ -175,10 +174,7 @@ async fn login_plain_tcp(server: &TestServer, user: &str) -> Client {
 }
 
 async fn chat(from: &mut Client, to: &str, body: &str) {
-    from.send(&format!(
-        "<message to='{to}' type='chat'><body>{body}</body></message>"
-    ))
-    .await;
+    from.send(&msg(&to).chat().body(&body).to_string()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -265,8 +261,8 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
     assert!(r.get_child("message", ns::CLIENT).is_some(), "{r}");
     chat(&mut alice, "dave@localhost", "offline").await;
 
-    eventually(&server, &routed, routed_before + 7.0).await;
-    eventually(
+    until_sample(&server, &routed, routed_before + 7.0).await;
+    until_sample(
         &server,
         &count(
             "starling_storage_latency_seconds",
@@ -291,15 +287,13 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
         s.get(&routed),
     );
     // The archive's write-behind queue committed the copies in batches.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while Scrape::of(&server).get(&count(
-        "starling_write_behind_commit_seconds",
-        "queue=\"archive\"",
-    )) < 1.0
-    {
-        assert!(tokio::time::Instant::now() < deadline, "no archive batch");
-        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
-    }
+    let commits = count("starling_write_behind_commit_seconds", "queue=\"archive\"");
+    eventually(
+        "an archive batch is committed",
+        Duration::from_secs(10),
+        async || (Scrape::of(&server).get(&commits) >= 1.0).then_some(()),
+    )
+    .await;
     let s = Scrape::of(&server);
     assert!(s.get("starling_write_behind_written_total{queue=\"archive\"}") >= 1.0);
     assert!(
@@ -317,7 +311,7 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
     let enabled = alice.recv_until(|e| e.is("enabled", SM)).await;
     let previd = enabled.attr("id").expect("resumption id").to_owned();
     drop(alice);
-    eventually(&server, &transport("detached"), 1.0).await;
+    until_sample(&server, &transport("detached"), 1.0).await;
     let s = Scrape::of(&server);
     assert_eq!(s.get(&transport("tls")), 0.0);
     assert_eq!(s.get("starling_c2s_sessions"), 4.0);
@@ -332,7 +326,7 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
         .await;
     let resumed = alice.recv_until(|e| !e.is("r", SM)).await;
     assert!(resumed.is("resumed", SM), "{resumed}");
-    eventually(&server, &transport("detached"), 0.0).await;
+    until_sample(&server, &transport("detached"), 0.0).await;
     assert_eq!(Scrape::of(&server).get(&transport("tls")), 1.0);
 
     // Everyone leaves: the gauges return to 0.
@@ -347,8 +341,8 @@ async fn sessions_logins_stanzas_routing_and_storage_are_measured_on_every_trans
         .await;
     assert_eq!(r.attr("type"), Some("terminate"), "{r}");
     drop(intruder);
-    eventually(&server, "starling_c2s_sessions", 0.0).await;
-    eventually(&server, "starling_c2s_connections", 0.0).await;
+    until_sample(&server, "starling_c2s_sessions", 0.0).await;
+    until_sample(&server, "starling_c2s_connections", 0.0).await;
     let s = Scrape::of(&server);
     for t in ["tcp", "tls", "websocket", "bosh", "detached"] {
         assert_eq!(s.get(&transport(t)), 0.0, "{t}");
@@ -384,7 +378,7 @@ async fn auth_cache_lookups_and_size_are_exported() {
     let s = Scrape::of(&server);
     assert_eq!(s.get(miss), misses + 2.0);
     assert_eq!(s.get(hit), hits + 4.0);
-    eventually(&server, "starling_auth_cache_accounts", 1.0).await;
+    until_sample(&server, "starling_auth_cache_accounts", 1.0).await;
 }
 
 /// A session's block list (XEP-0191) is read when the session opens, not
@@ -409,7 +403,7 @@ async fn block_lists_are_read_when_sessions_open_not_at_their_first_stanza() {
     let before = reads().await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
-    eventually(&server, &key, before + 2.0).await;
+    until_sample(&server, &key, before + 2.0).await;
     for i in 0..3 {
         chat(&mut alice, &bob.jid, &format!("a{i}")).await;
         bob.recv_message().await;

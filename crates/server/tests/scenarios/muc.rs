@@ -10,8 +10,10 @@ use starling_testkit::muc::{
     admin_set, body, configure, instant, item, join, join_error, join_with, open_room, room,
     statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
 };
+use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq_get, iq_set};
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::time::Duration;
 
 /// The `jid`s of `to`'s disco#items (XEP-0030 §4).
@@ -93,9 +95,13 @@ async fn messages_subject_and_history_on_entering() {
 
     // §8.1: the moderator sets the subject; everyone gets it.
     alice
-        .send(&format!(
-            "<message to='{r}' type='groupchat' id='s1'><subject>Plans</subject></message>"
-        ))
+        .send(
+            &msg(&r)
+                .groupchat()
+                .id("s1")
+                .child("<subject>Plans</subject>")
+                .to_string(),
+        )
         .await;
     let s = alice.recv_message().await;
     assert_eq!(s.get_child("subject", ns::CLIENT).unwrap().text(), "Plans");
@@ -103,7 +109,14 @@ async fn messages_subject_and_history_on_entering() {
     // the room and the sender's id kept.
     for i in 1..=3 {
         alice
-            .send(&format!("<message to='{r}' type='groupchat' id='m{i}'><body>hello {i}</body><occupant-id xmlns='urn:xmpp:occupant-id:0' id='forged'/></message>"))
+            .send(
+                &msg(&r)
+                    .groupchat()
+                    .id(&format!("m{i}"))
+                    .body(&format!("hello {i}"))
+                    .child("<occupant-id xmlns='urn:xmpp:occupant-id:0' id='forged'/>")
+                    .to_string(),
+            )
             .await;
         let m = alice.recv_message().await;
         assert_eq!(m.attr("from"), Some(format!("{r}/Alice").as_str()));
@@ -143,10 +156,8 @@ async fn messages_subject_and_history_on_entering() {
     // §7.4: non-occupants cannot send; §7.3: participants may not change
     // the subject by default.
     let mut dave = server.login("dave").await;
-    dave.send(&format!(
-        "<message to='{r}' type='groupchat' id='x'><body>hi</body></message>"
-    ))
-    .await;
+    dave.send(&msg(&r).groupchat().id("x").body("hi").to_string())
+        .await;
     let e = dave.recv_message().await;
     assert_eq!(
         error_condition(&e).as_deref(),
@@ -156,9 +167,13 @@ async fn messages_subject_and_history_on_entering() {
     // Carol's presence came while her entering was handled, before the room
     // took this ping.
     bob.barrier_via(&r).await;
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='s2'><subject>mine</subject></message>"
-    ))
+    bob.send(
+        &msg(&r)
+            .groupchat()
+            .id("s2")
+            .child("<subject>mine</subject>")
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
@@ -175,25 +190,37 @@ async fn private_messages_nick_changes_and_leaving() {
     alice.barrier_via(&r).await;
 
     // §7.5: a private message arrives from the sender's occupant JID.
-    bob.send(&format!(
-        "<message to='{r}/Alice' type='chat' id='p1'><body>psst</body></message>"
-    ))
+    bob.send(
+        &msg(&format!("{r}/Alice"))
+            .chat()
+            .id("p1")
+            .body("psst")
+            .to_string(),
+    )
     .await;
     let m = alice.recv_message().await;
     assert_eq!(m.attr("from"), Some(format!("{r}/Bob").as_str()));
     assert_eq!(body(&m), "psst");
     assert!(m.has_child("x", MUC_USER));
     // To a nick nobody has: item-not-found.
-    bob.send(&format!(
-        "<message to='{r}/Nobody' type='chat' id='p2'><body>?</body></message>"
-    ))
+    bob.send(
+        &msg(&format!("{r}/Nobody"))
+            .chat()
+            .id("p2")
+            .body("?")
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("item-not-found"));
     // groupchat to an occupant: bad-request.
-    bob.send(&format!(
-        "<message to='{r}/Alice' type='groupchat' id='p3'><body>?</body></message>"
-    ))
+    bob.send(
+        &msg(&format!("{r}/Alice"))
+            .groupchat()
+            .id("p3")
+            .body("?")
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"));
@@ -372,10 +399,8 @@ async fn moderated_rooms_visitors_voice_and_kick() {
     let own = got.iter().rfind(|e| e.name() == "presence").unwrap();
     assert_eq!(item(own).attr("role"), Some("visitor"), "{own}");
     // §7.4: visitors may not speak.
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='v1'><body>hi</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&r).groupchat().id("v1").body("hi").to_string())
+        .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
     // §8.5: the voice list is for moderators.
@@ -388,19 +413,17 @@ async fn moderated_rooms_visitors_voice_and_kick() {
     assert_eq!(error_condition(&l).as_deref(), Some("forbidden"));
     // §7.13: a voice request reaches the moderator, §8.6 approving it
     // gives voice.
-    bob.send(&format!("<message to='{r}' id='vr'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#role'><value>participant</value></field></x></message>"))
+    bob.send(&msg(&r).id("vr").child("<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#role'><value>participant</value></field></x>").to_string())
         .await;
     let req = alice.recv_message().await;
     assert!(req.has_child("x", "jabber:x:data"), "{req}");
     alice
-        .send(&format!("<message to='{r}' id='ok'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#roomnick'><value>Bob</value></field><field var='muc#request_allow'><value>true</value></field></x></message>"))
+        .send(&msg(&r).id("ok").child("<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#request</value></field><field var='muc#roomnick'><value>Bob</value></field><field var='muc#request_allow'><value>true</value></field></x>").to_string())
         .await;
     let p = bob.recv_until(|e| e.name() == "presence").await;
     assert_eq!(item(&p).attr("role"), Some("participant"), "{p}");
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='v2'><body>thanks</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&r).groupchat().id("v2").body("thanks").to_string())
+        .await;
     assert_eq!(body(&bob.recv_message().await), "thanks");
     // §8.4: revoking voice, §8.3 granting it with the admin iq.
     let a = admin_set(&mut alice, &r, "<item nick='Bob' role='visitor'/>").await;
@@ -667,7 +690,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     // XEP-0410: self-ping answered by the room; not joined: not-acceptable.
     let p = bob
         .iq(
-            &format!("<iq to='{r}/Bob' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(&format!("{r}/Bob"), "sp", "<ping xmlns='urn:xmpp:ping'/>"),
             "sp",
         )
         .await;
@@ -675,7 +698,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     let mut carol = server.login("carol").await;
     let p = carol
         .iq(
-            &format!("<iq to='{r}/Carol' type='get' id='sp'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            &iq_get(&format!("{r}/Carol"), "sp", "<ping xmlns='urn:xmpp:ping'/>"),
             "sp",
         )
         .await;
@@ -741,13 +764,13 @@ async fn registering_a_nickname_reserves_it() {
     // §7.10
     let f = bob
         .iq(
-            &format!("<iq to='{r}' type='get' id='rg'><query xmlns='jabber:iq:register'/></iq>"),
+            &iq_get(&r, "rg", "<query xmlns='jabber:iq:register'/>"),
             "rg",
         )
         .await;
     assert!(f.to_string().contains("muc#register_roomnick"), "{f}");
     let s = bob
-        .iq(&format!("<iq to='{r}' type='set' id='rs'><query xmlns='jabber:iq:register'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#register</value></field><field var='muc#register_roomnick'><value>Bobby</value></field></x></query></iq>"), "rs")
+        .iq(&iq_set(&r, "rs", "<query xmlns='jabber:iq:register'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#register</value></field><field var='muc#register_roomnick'><value>Bobby</value></field></x></query>"), "rs")
         .await;
     assert_eq!(s.attr("type"), Some("result"), "{s}");
     // §7.12: discovering the reserved nick.
@@ -800,15 +823,23 @@ async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
     )
     .await;
     alice
-        .send(&format!(
-            "<message to='{r}' type='groupchat' id='s'><subject>Kept</subject></message>"
-        ))
+        .send(
+            &msg(&r)
+                .groupchat()
+                .id("s")
+                .child("<subject>Kept</subject>")
+                .to_string(),
+        )
         .await;
     for i in 1..=3 {
         alice
-            .send(&format!(
-                "<message to='{r}' type='groupchat' id='m{i}'><body>old {i}</body></message>"
-            ))
+            .send(
+                &msg(&r)
+                    .groupchat()
+                    .id(&format!("m{i}"))
+                    .body(&format!("old {i}"))
+                    .to_string(),
+            )
             .await;
     }
     // The room handled the subject and the three messages.
@@ -877,9 +908,13 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     let calm = open_room(&mut bob, "calm", "Bob").await;
     let mut burst = String::new();
     for i in 0..400 {
-        burst.push_str(&format!(
-            "<message to='{busy}' type='groupchat' id='f{i}'><body>{i}</body></message>"
-        ));
+        burst.push_str(
+            &msg(&busy)
+                .groupchat()
+                .id(&format!("f{i}"))
+                .body(&i.to_string())
+                .to_string(),
+        );
     }
     let mut carol = server.login("carol").await;
     join(&mut carol, &busy, "Carol").await;
@@ -889,10 +924,8 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     carol
         .send(&format!("<presence to='{busy}/Carol' type='unavailable'/>"))
         .await;
-    bob.send(&format!(
-        "<message to='{calm}' type='groupchat' id='c'><body>fine</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&calm).groupchat().id("c").body("fine").to_string())
+        .await;
     assert_eq!(body(&bob.recv_message().await), "fine");
     let mut delivered = 0;
     let mut refused = 0;
@@ -939,86 +972,9 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
 /// version 1.1.3).
 mod room_archive {
     use super::*;
+    use starling_testkit::mam::{form, max, query, MAM};
 
-    const MAM: &str = "urn:xmpp:mam:2";
-    const RSM: &str = "http://jabber.org/protocol/rsm";
-    const FWD: &str = "urn:xmpp:forward:0";
     const SID: &str = "urn:xmpp:sid:0";
-
-    /// The forwarded messages of one query (with their result ids) and
-    /// the final iq.
-    struct Page {
-        items: Vec<(String, Element)>,
-        fin: Element,
-    }
-
-    impl Page {
-        fn bodies(&self) -> Vec<String> {
-            self.items.iter().map(|(_, m)| body(m)).collect()
-        }
-        fn complete(&self) -> bool {
-            self.fin
-                .get_child("fin", MAM)
-                .and_then(|f| f.attr("complete"))
-                == Some("true")
-        }
-        fn rsm(&self, name: &str) -> Option<String> {
-            self.fin
-                .get_child("fin", MAM)?
-                .get_child("set", RSM)?
-                .get_child(name, RSM)
-                .map(|e| e.text())
-        }
-        fn error(&self) -> Option<String> {
-            (self.fin.attr("type") == Some("error"))
-                .then(|| error_condition(&self.fin).unwrap_or_default())
-        }
-    }
-
-    fn form(fields: &[(&str, &str)]) -> String {
-        let mut x = format!(
-            "<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>{MAM}</value></field>"
-        );
-        for (var, value) in fields {
-            x.push_str(&format!(
-                "<field var='{var}'><value>{value}</value></field>"
-            ));
-        }
-        x + "</x>"
-    }
-
-    fn max(n: u32, extra: &str) -> String {
-        format!("<set xmlns='{RSM}'><max>{n}</max>{extra}</set>")
-    }
-
-    /// §4: a query to the room's bare JID (§3.3.2); results come from it.
-    async fn query(c: &mut Client, room: &str, qid: &str, inner: &str) -> Page {
-        let id = format!("mam-{qid}");
-        c.send(&format!(
-            "<iq to='{room}' type='set' id='{id}'><query xmlns='{MAM}' queryid='{qid}'>{inner}</query></iq>"
-        ))
-        .await;
-        let mut items = Vec::new();
-        loop {
-            let el = c.recv().await;
-            if el.name() == "iq" && el.attr("id") == Some(id.as_str()) {
-                if el.attr("type") == Some("result") {
-                    assert_eq!(el.attr("from"), Some(room), "{el}");
-                }
-                return Page { items, fin: el };
-            }
-            if let Some(r) = el.get_child("result", MAM) {
-                assert_eq!(el.attr("from"), Some(room), "{el}");
-                assert_eq!(r.attr("queryid"), Some(qid), "{el}");
-                let m = r
-                    .get_child("forwarded", FWD)
-                    .and_then(|f| f.get_child("message", ns::CLIENT))
-                    .unwrap_or_else(|| panic!("no forwarded message: {el}"))
-                    .clone();
-                items.push((r.attr("id").unwrap().to_owned(), m));
-            }
-        }
-    }
 
     fn real_jid(m: &Element) -> Option<String> {
         m.get_child("x", MUC_USER)
@@ -1214,9 +1170,7 @@ mod room_archive {
         )
         .await;
         alice
-            .send(&format!(
-                "<message to='{r}' type='groupchat' id='x'><body>members only</body></message>"
-            ))
+            .send(&msg(&r).groupchat().id("x").body("members only").to_string())
             .await;
         // The room handled the message before carol's query.
         alice.barrier_via(&r).await;
@@ -1254,17 +1208,19 @@ mod room_archive {
         configure(&mut alice, &r, &[("muc#roomconfig_persistentroom", "1")]).await;
         for i in 1..=2 {
             alice
-                .send(&format!(
-                    "<message to='{r}' type='groupchat' id='k{i}'><body>kept {i}</body></message>"
-                ))
+                .send(
+                    &msg(&r)
+                        .groupchat()
+                        .id(&format!("k{i}"))
+                        .body(&format!("kept {i}"))
+                        .to_string(),
+                )
                 .await;
         }
         // A temporary room that ends with its last occupant.
         let gone = open_room(&mut alice, "fleeting", "Alice").await;
         alice
-            .send(&format!(
-                "<message to='{gone}' type='groupchat' id='s'><body>secret</body></message>"
-            ))
+            .send(&msg(&gone).groupchat().id("s").body("secret").to_string())
             .await;
         // Both rooms handled their messages.
         alice.barrier_via(&r).await;
@@ -1305,9 +1261,13 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
     alice.barrier_via(&r).await;
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='spam'><body>buy potions</body></message>"
-    ))
+    bob.send(
+        &msg(&r)
+            .groupchat()
+            .id("spam")
+            .body("buy potions")
+            .to_string(),
+    )
     .await;
     let m = alice.recv_message().await;
     let sid = m
@@ -1367,8 +1327,10 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     // room's answer, not among the archive's results.
     alice.barrier_via(&r).await;
     alice
-        .send(&format!(
-            "<iq to='{r}' type='set' id='mq'><query xmlns='urn:xmpp:mam:2' queryid='t'/></iq>"
+        .send(&iq_set(
+            &r,
+            "mq",
+            "<query xmlns='urn:xmpp:mam:2' queryid='t'/>",
         ))
         .await;
     let mut pages = String::new();
@@ -1415,9 +1377,13 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     join(&mut carol, &r, "Carol").await;
     for (i, text) in ["one", "two"].iter().enumerate() {
         carol
-            .send(&format!(
-                "<message to='{r}' type='groupchat' id='c{i}'><body>{text}</body></message>"
-            ))
+            .send(
+                &msg(&r)
+                    .groupchat()
+                    .id(&format!("c{i}"))
+                    .body(&text)
+                    .to_string(),
+            )
             .await;
         carol.recv_message().await;
     }
@@ -1433,10 +1399,8 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
     );
     assert!(carol.inbox_entries().await.is_empty());
     // Writing in the room reads it: bob's count goes to 0, alice's grows.
-    bob.send(&format!(
-        "<message to='{r}' type='groupchat' id='b1'><body>three</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&r).groupchat().id("b1").body("three").to_string())
+        .await;
     bob.recv_message().await;
     assert_eq!(
         bob.inbox_entries().await,
@@ -1488,10 +1452,7 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
     );
     // Anyone reads it back; the room info form carries the hash.
     let v = bob
-        .iq(
-            &format!("<iq to='{r}' type='get' id='v3'><vCard xmlns='vcard-temp'/></iq>"),
-            "v3",
-        )
+        .iq(&iq_get(&r, "v3", "<vCard xmlns='vcard-temp'/>"), "v3")
         .await;
     assert!(v.to_string().contains("aGVsbG8="), "{v}");
     let i = bob
@@ -1510,7 +1471,14 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
     );
     // Not base64: bad-request; too large: not-acceptable.
     let e = alice
-        .iq(&format!("<iq to='{r}' type='set' id='v5'><vCard xmlns='vcard-temp'><PHOTO><BINVAL>***</BINVAL></PHOTO></vCard></iq>"), "v5")
+        .iq(
+            &iq_set(
+                &r,
+                "v5",
+                "<vCard xmlns='vcard-temp'><PHOTO><BINVAL>***</BINVAL></PHOTO></vCard>",
+            ),
+            "v5",
+        )
         .await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
     server.stop().await;
@@ -1632,15 +1600,12 @@ async fn room_archives_are_purged_after_the_retention() {
     };
     // The purge runs in a task of its own started with the server, and
     // tells nobody when it is done: its effect is polled, up to 5 s.
-    let mut left = Vec::new();
-    for _ in 0..250 {
-        left = storage.archive.query(&room_jid, &q).await.unwrap().messages;
-        if left.len() == 1 {
-            break;
-        }
-        // sleep: the poll's interval (the purge has no event to wait on).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let left = poll_for(Duration::from_secs(5), async || {
+        let left = storage.archive.query(&room_jid, &q).await.unwrap().messages;
+        (left.len() == 1).then_some(left)
+    })
+    .await
+    .unwrap_or_default();
     assert_eq!(left.len(), 1, "the old message is purged at start");
     assert!(left[0].stanza.contains("an hour old"));
     server.stop().await;

@@ -3,8 +3,9 @@
 //! each test's comments) and its error cases.
 
 use starling_testkit::muc::{body, room_on};
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
 
 const CREATE: &str = "urn:xmpp:muclight:0#create";
@@ -389,10 +390,13 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
     // get item-not-found; a chat message gets bad-request; presence is
     // ignored.
     let mut dave = server.login("dave").await;
-    dave.send(&format!(
-        "<message to='{}' type='groupchat' id='u1'><body>let me in</body></message>",
-        room("chat")
-    ))
+    dave.send(
+        &msg(&room("chat"))
+            .groupchat()
+            .id("u1")
+            .body("let me in")
+            .to_string(),
+    )
     .await;
     let e = dave.recv_message().await;
     assert_eq!(
@@ -422,11 +426,8 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
     }
     // bob2's available presence; the room's copies were received above.
     bob.barrier_via(&room("chat")).await;
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='bad2'><body>x</body></message>",
-        room("chat")
-    ))
-    .await;
+    bob.send(&msg(&room("chat")).chat().id("bad2").body("x").to_string())
+        .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
     bob.send(&format!("<presence to='{}/bob'/>", room("chat")))
@@ -703,11 +704,8 @@ async fn the_occupant_list_changes_by_the_rules() {
     assert!(x.get_child("version", AFF).is_none());
     assert!(my_rooms(&mut carol).await.is_empty());
     // Carol is out: her messages are refused, she gets no more messages.
-    bob.send(&format!(
-        "<message to='{}' type='groupchat'><body>hi</body></message>",
-        room("crew")
-    ))
-    .await;
+    bob.send(&msg(&room("crew")).groupchat().body("hi").to_string())
+        .await;
     assert_eq!(body(&dave.recv_message().await), "hi");
     // The room handled bob's message (dave has it) before carol's ping,
     // which it answers as to a stranger.
@@ -956,10 +954,12 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
     create(&mut alice, "doomed", "Doomed", &["bob"]).await;
     alice.barrier_via(&room("doomed")).await;
     bob.barrier_via(&room("doomed")).await;
-    bob.send(&format!(
-        "<message to='{}' type='groupchat'><body>last words</body></message>",
-        room("doomed")
-    ))
+    bob.send(
+        &msg(&room("doomed"))
+            .groupchat()
+            .body("last words")
+            .to_string(),
+    )
     .await;
     // Bob's ping first: the room handled his message before either answer.
     bob.barrier_via(&room("doomed")).await;
@@ -1051,10 +1051,7 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     alice.barrier_via(&room("team")).await;
     for text in ["one", "two"] {
         alice
-            .send(&format!(
-                "<message to='{}' type='groupchat'><body>{text}</body></message>",
-                room("team")
-            ))
+            .send(&msg(&room("team")).groupchat().body(&text).to_string())
             .await;
     }
     // The room handled both messages (and queued their inbox rows, which
@@ -1073,22 +1070,21 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     let v = my_rooms(&mut bob).await[0].2.clone();
     // Its task ends after idle_unload_secs (1 s) without stanzas: the
     // service's gauge of loaded rooms says when.
-    let started = std::time::Instant::now();
-    while !server
-        .server
-        .env
-        .metrics
-        .encode()
-        .lines()
-        .any(|l| l.ends_with("muc_light_rooms_live 0"))
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the idle room was never unloaded"
-        );
-        // sleep: the poll's interval (the unloading has no event to wait on).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the idle room is unloaded",
+        Duration::from_secs(10),
+        async || {
+            server
+                .server
+                .env
+                .metrics
+                .encode()
+                .lines()
+                .any(|l| l.ends_with("muc_light_rooms_live 0"))
+                .then_some(())
+        },
+    )
+    .await;
     let r = iq_get(
         &mut bob,
         &room("team"),
@@ -1101,11 +1097,8 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
         r.children().next().is_none(),
         "same version after reloading: {r}"
     );
-    bob.send(&format!(
-        "<message to='{}' type='groupchat'><body>three</body></message>",
-        room("team")
-    ))
-    .await;
+    bob.send(&msg(&room("team")).groupchat().body("three").to_string())
+        .await;
     let m = alice.recv_message().await;
     assert_eq!(body(&m), "three");
     server.stop().await;

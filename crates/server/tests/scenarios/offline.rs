@@ -6,8 +6,12 @@ use starling_proto::datetime::xep0082_datetime;
 use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, free_port, ns, write_binary_config, Client, TestServer};
+use starling_testkit::{
+    error_condition, eventually, free_port, mam, ns, poll_for, write_binary_config, Client,
+    TestServer,
+};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const NS_DELAY: &str = "urn:xmpp:delay";
@@ -25,21 +29,6 @@ fn bare(s: &str) -> BareJid {
     BareJid::new(s).unwrap()
 }
 
-/// A ping round trip: the router handles a session's stanzas in order, so
-/// when the answer arrives every earlier stanza has been routed (and
-/// stored). Asserts that nothing (no error) arrives before the answer.
-async fn sync(c: &mut Client, id: &str) {
-    c.send(&format!(
-        "<iq type='get' id='{id}' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
-    ))
-    .await;
-    let e = c.recv().await;
-    assert!(
-        e.name() == "iq" && e.attr("id") == Some(id) && e.attr("type") == Some("result"),
-        "expected the ping answer first, got {e}"
-    );
-}
-
 async fn stored(server: &TestServer, user: &str) -> u64 {
     server
         .server
@@ -54,28 +43,20 @@ async fn stored(server: &TestServer, user: &str) -> u64 {
 /// Waits until `user` has `n` stored messages (deletion after delivery
 /// runs once the session flushed its writes).
 async fn eventually_stored(server: &TestServer, user: &str, n: u64) {
-    for _ in 0..100 {
-        if stored(server, user).await == n {
-            return;
-        }
-        // sleep: polling the store (at most 2 s).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_for(Duration::from_secs(2), async || {
+        (stored(server, user).await == n).then_some(())
+    })
+    .await;
     assert_eq!(stored(server, user).await, n);
 }
 
-/// Waits until `cond` holds (a server-side effect no client sees), polled
-/// every 5 ms; panics after 10 s.
+/// Waits until `cond` holds (a server-side effect no client sees);
+/// panics after 10 s.
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        // sleep: polling (bounded above).
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(what, Duration::from_secs(10), async || {
+        cond().await.then_some(())
+    })
+    .await;
 }
 
 fn body(m: &Element) -> String {
@@ -125,7 +106,7 @@ async fn messages_to_offline_user_are_delivered_at_next_login_in_order_with_dela
     alice
         .send("<message to='bob@localhost/gone' type='normal' id='m3'><body>three</body></message>")
         .await;
-    sync(&mut alice, "p1").await; // no error before the answer: stored
+    alice.expect_nothing().await; // no error before the answer: stored
     let after = now_stamp();
     assert_eq!(stored(&server, "bob").await, 3);
 
@@ -166,7 +147,7 @@ async fn unknown_payload_survives_storage() {
     alice
         .send("<message to='bob@localhost' id='u'><body>x</body><x xmlns='urn:example:unknown'><y a='1'>deep</y></x></message>")
         .await;
-    sync(&mut alice, "p").await;
+    alice.expect_nothing().await;
     let mut bob = server.login("bob").await;
     let m = bob.recv_message().await;
     let x = m
@@ -192,12 +173,16 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
     let mut alice = server.login("alice").await;
     for i in 1..=2 {
         alice
-            .send(&format!(
-                "<message to='bob@localhost' type='chat' id='q{i}'><body>{i}</body></message>"
-            ))
+            .send(
+                &msg("bob@localhost")
+                    .chat()
+                    .id(&format!("q{i}"))
+                    .body(&i.to_string())
+                    .to_string(),
+            )
             .await;
     }
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     alice
         .send("<message to='bob@localhost' type='chat' id='q3'><body>3</body></message>")
         .await;
@@ -212,7 +197,7 @@ async fn full_quota_bounces_service_unavailable_and_changes_nothing() {
         .map(|t| t.text())
         .unwrap_or_default();
     assert!(text.contains("full"), "{text}");
-    sync(&mut alice, "p2").await; // exactly one error
+    alice.expect_nothing().await; // exactly one error
     assert_eq!(stored(&server, "bob").await, 2);
     // Counted by the metric (the log line is throttled: issue 31, item 4).
     let metrics = server.server.env.metrics.encode();
@@ -251,7 +236,7 @@ async fn hints_chat_states_and_headlines() {
     alice
         .send("<message to='bob@localhost' type='headline' id='h'><body>news</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 0);
     // XEP-0334 §3 (sensitive messages): no-permanent-store still allows
     // temporary storage for delivery; chat state plus body is stored.
@@ -261,7 +246,7 @@ async fn hints_chat_states_and_headlines() {
     alice
         .send("<message to='bob@localhost' type='chat' id='cb'><body>hey</body><active xmlns='http://jabber.org/protocol/chatstates'/></message>")
         .await;
-    sync(&mut alice, "p2").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 2);
     let mut bob = server.login("bob").await;
     assert_eq!(bob.recv_message().await.attr("id"), Some("np"));
@@ -284,7 +269,7 @@ async fn negative_priority_stores_until_non_negative_presence() {
     alice
         .send("<message to='bob@localhost' type='chat' id='n'><body>later</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 1);
     bob.expect_nothing().await;
     bob.send("<presence><priority>1</priority></presence>")
@@ -337,7 +322,7 @@ async fn account_deletion_removes_offline_messages() {
     alice
         .send("<message to='carol@localhost' id='2'><body>b</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     assert_eq!(stored(&server, "bob").await, 1);
     assert_eq!(stored(&server, "carol").await, 1);
     let r = bob
@@ -372,7 +357,7 @@ async fn stored_messages_survive_a_restart() {
     alice
         .send("<message to='bob@localhost' type='chat' id='r'><body>persist</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     server.server.shutdown().await; // keeps the data directory
 
     let d = dir.clone();
@@ -405,7 +390,7 @@ async fn stored_message_survives_sigkill() {
     alice
         .send("<message to='bob@localhost' type='chat' id='k1'><body>before the crash</body></message>")
         .await;
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     server.kill().unwrap(); // SIGKILL
     let status = tokio::task::spawn_blocking(move || server.wait())
         .await
@@ -429,26 +414,12 @@ async fn stored_message_survives_sigkill() {
 /// Ids of the messages in the user's own archive (XEP-0313 §4), oldest
 /// first, with the XEP-0359 stanza id each result carries.
 async fn archive_ids(c: &mut Client) -> Vec<(String, String)> {
-    c.send("<iq type='set' id='mamq'><query xmlns='urn:xmpp:mam:2' queryid='q'/></iq>")
-        .await;
-    let mut out = Vec::new();
-    loop {
-        let el = c.recv().await;
-        if el.name() == "iq" && el.attr("id") == Some("mamq") {
-            assert_eq!(el.attr("type"), Some("result"), "{el}");
-            return out;
-        }
-        if let Some(r) = el.get_child("result", "urn:xmpp:mam:2") {
-            let m = r
-                .get_child("forwarded", "urn:xmpp:forward:0")
-                .and_then(|f| f.get_child("message", ns::CLIENT))
-                .expect("forwarded message");
-            out.push((
-                r.attr("id").unwrap_or_default().to_owned(),
-                m.attr("id").unwrap_or_default().to_owned(),
-            ));
-        }
-    }
+    mam::ok_query(c, "", "q", "")
+        .await
+        .items
+        .iter()
+        .map(|(id, m)| (id.clone(), m.attr("id").unwrap_or_default().to_owned()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -472,12 +443,16 @@ async fn offline_message_and_its_archive_copy_survive_sigkill_together() {
     let mut alice = connect(p1, "alice", "secret-a").await;
     for i in 0..3 {
         alice
-            .send(&format!(
-                "<message to='bob@localhost' type='chat' id='a{i}'><body>offline {i}</body></message>"
-            ))
+            .send(
+                &msg("bob@localhost")
+                    .chat()
+                    .id(&format!("a{i}"))
+                    .body(&format!("offline {i}"))
+                    .to_string(),
+            )
             .await;
     }
-    sync(&mut alice, "p1").await;
+    alice.expect_nothing().await;
     server.0.kill().unwrap(); // SIGKILL
     let _ = server.0.wait();
     drop(alice);
@@ -606,7 +581,7 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
-                sync(&mut alice, "done").await;
+                alice.expect_nothing().await;
                 n
             })
         };

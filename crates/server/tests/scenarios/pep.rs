@@ -8,39 +8,20 @@
 
 use base64::Engine;
 use sha1::Digest;
-use starling_core::storage::{RosterItem, Subscription};
-use starling_proto::BareJid;
+use starling_testkit::pubsub::{self, app_error, item_ids, no_event, EVENT, OWNER, PUBSUB};
+use starling_testkit::roster::{self, Subscription};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
 
-const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
-const OWNER: &str = "http://jabber.org/protocol/pubsub#owner";
-const EVENT: &str = "http://jabber.org/protocol/pubsub#event";
-const ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
 const AVATAR: &str = "urn:xmpp:avatar:metadata";
 const NICK: &str = "http://jabber.org/protocol/nick";
 const QUIET: Duration = Duration::from_millis(400);
 
-/// `owner` has `contact` in its roster with `sub`.
-async fn roster(server: &TestServer, owner: &str, contact: &str, sub: Subscription) {
-    let mut item = RosterItem::new(BareJid::new(&format!("{contact}@localhost")).unwrap());
-    item.subscription = sub;
-    item.groups = vec!["Friends".into()];
-    server
-        .server
-        .env
-        .storage
-        .roster
-        .put_item(&BareJid::new(&format!("{owner}@localhost")).unwrap(), &item)
-        .await
-        .unwrap();
-}
-
-/// Mutual presence subscription.
+/// Mutual presence subscription, in group Friends.
 async fn contacts(server: &TestServer, a: &str, b: &str) {
-    roster(server, a, b, Subscription::Both).await;
-    roster(server, b, a, Subscription::Both).await;
+    roster::put(server, a, b, Subscription::Both, &["Friends"]).await;
+    roster::put(server, b, a, Subscription::Both, &["Friends"]).await;
 }
 
 /// A client's disco#info: identity and `features`.
@@ -125,76 +106,32 @@ async fn announce_seen(c: &mut Client, features: &[&str], lie: bool) -> (bool, V
     (asked, seen)
 }
 
+/// XEP-0163 §4.1 (XEP-0060 §7.1): publishes to `c`'s own `node`, with
+/// publish options `options` (`<field/>`s, XEP-0060 §7.1.5).
 async fn publish(c: &mut Client, node: &str, id: &str, payload: &str, options: &str) -> Element {
-    let opts = if options.is_empty() {
-        String::new()
-    } else {
-        format!("<publish-options><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>http://jabber.org/protocol/pubsub#publish-options</value></field>{options}</x></publish-options>")
-    };
-    let rid = format!("pub-{}", starling_proto::random_id(6));
-    c.iq(
-        &format!("<iq type='set' id='{rid}'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'>{payload}</item></publish>{opts}</pubsub></iq>"),
-        &rid,
-    )
-    .await
+    pubsub::publish(c, "", node, id, payload, options).await
 }
 
 fn field(var: &str, v: &str) -> String {
     format!("<field var='{var}'><value>{v}</value></field>")
 }
 
+/// XEP-0060 §6.5: the items of `node` of `owner`'s account (empty: `c`'s
+/// own).
 async fn items(c: &mut Client, owner: &str, node: &str, extra: &str) -> Element {
-    let rid = format!("items-{}", starling_proto::random_id(6));
     let to = if owner.is_empty() {
         String::new()
     } else {
-        format!(" to='{owner}@localhost'")
+        format!("{owner}@localhost")
     };
-    c.iq(
-        &format!("<iq type='get' id='{rid}'{to}><pubsub xmlns='{PUBSUB}'><items node='{node}' {extra}/></pubsub></iq>"),
-        &rid,
-    )
-    .await
-}
-
-fn item_ids(r: &Element) -> Vec<String> {
-    r.get_child("pubsub", PUBSUB)
-        .and_then(|p| p.get_child("items", PUBSUB))
-        .map(|i| {
-            i.children()
-                .filter_map(|c| c.attr("id").map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn app_error(r: &Element) -> Option<String> {
-    r.get_child("error", ns::CLIENT)?
-        .children()
-        .find(|c| c.ns() == ERRORS)
-        .map(|c| c.name().to_owned())
+    pubsub::items(c, &to, node, extra, "").await
 }
 
 /// The next pubsub event notification from `from`.
 async fn event(c: &mut Client, from: &str) -> Element {
-    let m = c
-        .recv_until(|e| e.name() == "message" && e.has_child("event", EVENT))
-        .await;
-    assert_eq!(m.attr("from"), Some(from), "{m}");
+    let m = pubsub::next_event(c, from).await;
     assert_eq!(m.attr("type"), Some("headline"), "{m}");
     m.get_child("event", EVENT).unwrap().clone()
-}
-
-/// Asserts that no event notification came for `c` up to a
-/// [`Client::barrier`]. Notifications are routed before the publisher's
-/// answer: call it once the publisher has that answer.
-async fn no_event(c: &mut Client) {
-    for el in c.barrier().await {
-        assert!(
-            !el.has_child("event", EVENT),
-            "unexpected notification {el}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -300,7 +237,7 @@ async fn notifications_follow_capabilities_and_the_last_item_arrives_at_login() 
     );
     // §5.4: an answer whose hash does not match is not believed.
     let mut erin = server.login("erin").await;
-    roster(&server, "alice", "erin", Subscription::From).await;
+    roster::put(&server, "alice", "erin", Subscription::From, &["Friends"]).await;
     assert!(announce(&mut erin, &[&format!("{NICK}+notify")], true).await);
     erin.barrier().await;
     let r = publish(
@@ -989,9 +926,9 @@ async fn last_items_at_login_follow_every_access_model_of_every_contact() {
     // both; dave has no item for alice; erin has one without subscription.
     contacts(&server, "alice", "bob").await;
     contacts(&server, "alice", "carol").await;
-    roster(&server, "alice", "dave", Subscription::To).await;
-    roster(&server, "alice", "erin", Subscription::Both).await;
-    roster(&server, "erin", "alice", Subscription::None).await;
+    roster::put(&server, "alice", "dave", Subscription::To, &["Friends"]).await;
+    roster::put(&server, "alice", "erin", Subscription::Both, &["Friends"]).await;
+    roster::put(&server, "erin", "alice", Subscription::None, &["Friends"]).await;
     let nodes = [
         "urn:x:status",
         "urn:x:open",

@@ -8,6 +8,7 @@
 //! and after SASL2 (which has none). WebSocket: `websocket.rs`.
 
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::msg;
 use starling_testkit::{bosh_post, ns, Client, TestServer};
 
 const BIND: &str = "http://jabber.org/protocol/httpbind";
@@ -46,11 +47,7 @@ async fn tcp_element_over_preauth_limit_is_refused_until_authenticated() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat'><body>{}</body></message>",
-            bob.jid,
-            filler()
-        ))
+        .send(&msg(&bob.jid).chat().body(&(filler())).to_string())
         .await;
     assert_eq!(body_text(&bob.recv_message().await), filler());
     // After SASL2, on the same stream (no restart).
@@ -63,11 +60,7 @@ async fn tcp_element_over_preauth_limit_is_refused_until_authenticated() {
         .expect("SASL2 succeeds");
     carol.bind(None).await;
     carol
-        .send(&format!(
-            "<message to='{}' type='chat'><body>{}</body></message>",
-            bob.jid,
-            filler()
-        ))
+        .send(&msg(&bob.jid).chat().body(&(filler())).to_string())
         .await;
     assert_eq!(body_text(&bob.recv_message().await), filler());
     server.stop().await;

@@ -2,10 +2,10 @@
 //! (XEP-0054), private XML storage (XEP-0049), last activity (XEP-0012),
 //! software version (XEP-0092), entity time (XEP-0202).
 
-use starling_core::storage::{RosterItem, Subscription};
 use starling_proto::BareJid;
 use starling_server::modules;
-use starling_testkit::{error_condition, TestServer};
+use starling_testkit::roster::{self, Subscription};
+use starling_testkit::{error_condition, eventually, TestServer};
 use std::time::Duration;
 
 const VCARD: &str = "vcard-temp";
@@ -17,25 +17,21 @@ const LAST: &str = "jabber:iq:last";
 /// been written, so a client's view of the close does not say it is done.
 async fn until_logout_recorded(server: &TestServer, user: &str) -> (u64, String) {
     let jid = BareJid::new(user).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let recorded = server
-            .server
-            .env
-            .storage
-            .last_activity
-            .get(&jid)
-            .await
-            .unwrap();
-        if let Some(r) = recorded {
-            return r;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{user}'s logout was not recorded within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    eventually(
+        &format!("{user}'s logout is recorded"),
+        Duration::from_secs(10),
+        async || {
+            server
+                .server
+                .env
+                .storage
+                .last_activity
+                .get(&jid)
+                .await
+                .unwrap()
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -190,11 +186,8 @@ async fn private_storage_roundtrip_and_errors() {
 async fn last_activity_server_uptime_and_contact_logout_time() {
     // XEP-0012 §5 (server), §4 (offline user, authorised requester).
     let server = TestServer::start().await;
-    let storage = server.server.env.storage.clone();
-    let bob_jid = BareJid::new("bob@localhost").unwrap();
-    let mut item = RosterItem::new(BareJid::new("alice@localhost").unwrap());
-    item.subscription = Subscription::From; // alice may see bob's presence
-    storage.roster.put_item(&bob_jid, &item).await.unwrap();
+    // Alice may see bob's presence.
+    roster::put(&server, "bob", "alice", Subscription::From, &[]).await;
 
     let mut alice = server.login("alice").await;
     let r = alice

@@ -7,20 +7,16 @@
 
 use starling_server::modules::pubsub::PubsubConfig;
 use starling_server::modules::Pubsub;
+use starling_testkit::pubsub::{
+    self, app_error, event_items, form, item_ids, no_event, no_event_after, request, subids, EVENT,
+    NODE_CONFIG, OWNER, PUBSUB, SUB_OPTIONS,
+};
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
-use std::time::Duration;
 
 const SVC: &str = "pubsub.localhost";
-const PUBSUB: &str = "http://jabber.org/protocol/pubsub";
-const OWNER: &str = "http://jabber.org/protocol/pubsub#owner";
-const EVENT: &str = "http://jabber.org/protocol/pubsub#event";
-const ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
-const SHIM: &str = "http://jabber.org/protocol/shim";
 const RSM: &str = "http://jabber.org/protocol/rsm";
-const NODE_CONFIG: &str = "http://jabber.org/protocol/pubsub#node_config";
-const SUB_OPTIONS: &str = "http://jabber.org/protocol/pubsub#subscribe_options";
-const QUIET: Duration = Duration::from_millis(400);
 
 async fn server() -> TestServer {
     server_with(|_| {}).await
@@ -35,28 +31,14 @@ async fn server_with(f: impl FnOnce(&mut PubsubConfig)) -> TestServer {
     .await
 }
 
-/// An iq of type `ty` to the service with `inner` in a `<pubsub/>` of
-/// namespace `ns` (the empty string: `inner` as the iq's child).
-async fn iq_ns(c: &mut Client, ty: &str, ns: &str, inner: &str) -> Element {
-    let id = format!("ps-{}", starling_proto::random_id(8));
-    let body = if ns.is_empty() {
-        inner.to_owned()
-    } else {
-        format!("<pubsub xmlns='{ns}'>{inner}</pubsub>")
-    };
-    c.iq(
-        &format!("<iq to='{SVC}' type='{ty}' id='{id}'>{body}</iq>"),
-        &id,
-    )
-    .await
-}
-
+/// A `<pubsub/>` request to the service.
 async fn ps(c: &mut Client, ty: &str, inner: &str) -> Element {
-    iq_ns(c, ty, PUBSUB, inner).await
+    request(c, SVC, ty, PUBSUB, inner).await
 }
 
+/// A `<pubsub/>` request of an owner (§8) to the service.
 async fn own(c: &mut Client, ty: &str, inner: &str) -> Element {
-    iq_ns(c, ty, OWNER, inner).await
+    request(c, SVC, ty, OWNER, inner).await
 }
 
 #[track_caller]
@@ -68,11 +50,7 @@ fn ok(r: &Element) {
 #[track_caller]
 fn err(r: &Element) -> (String, Option<String>) {
     assert_eq!(r.attr("type"), Some("error"), "{r}");
-    let app = r
-        .get_child("error", ns::CLIENT)
-        .and_then(|e| e.children().find(|c| c.ns() == ERRORS))
-        .map(|c| c.name().to_owned());
-    (error_condition(r).unwrap_or_default(), app)
+    (error_condition(r).unwrap_or_default(), app_error(r))
 }
 
 #[track_caller]
@@ -80,46 +58,35 @@ fn is_err(r: &Element, cond: &str, app: Option<&str>) {
     assert_eq!(err(r), (cond.to_owned(), app.map(str::to_owned)), "{r}");
 }
 
-/// A submitted form of `form_type` with `fields`.
-fn form(form_type: &str, fields: &[(&str, &str)]) -> String {
-    let mut x = format!("<x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>{form_type}</value></field>");
-    for (var, v) in fields {
-        x.push_str(&format!("<field var='{var}'><value>{v}</value></field>"));
-    }
-    x.push_str("</x>");
-    x
-}
+// testkit::pubsub's requests, to the service (SVC).
 
-/// Creates `node`, configured with `config` if not empty.
+/// §8.1: creates `node` at the service.
 async fn create(c: &mut Client, node: &str, config: &[(&str, &str)]) -> Element {
-    let configure = if config.is_empty() {
-        String::new()
-    } else {
-        format!("<configure>{}</configure>", form(NODE_CONFIG, config))
-    };
-    ps(c, "set", &format!("<create node='{node}'/>{configure}")).await
+    pubsub::create(c, SVC, node, config).await
 }
 
+/// §7.1: publishes item `id` (empty: named by the service) to `node`.
 async fn publish(c: &mut Client, node: &str, id: &str, payload: &str) -> Element {
-    let id = if id.is_empty() {
-        String::new()
-    } else {
-        format!(" id='{id}'")
-    };
-    ps(
-        c,
-        "set",
-        &format!("<publish node='{node}'><item{id}>{payload}</item></publish>"),
-    )
-    .await
+    pubsub::publish(c, SVC, node, id, payload, "").await
+}
+
+/// §6.1: subscribes `jid` to `node`.
+async fn subscribe(c: &mut Client, node: &str, jid: &str) -> Element {
+    pubsub::subscribe(c, SVC, node, jid).await
+}
+
+/// §6.5: the items of `node`.
+async fn items(c: &mut Client, node: &str, attrs: &str, inner: &str) -> Element {
+    pubsub::items(c, SVC, node, attrs, inner).await
+}
+
+/// The next notification from the service.
+async fn event(c: &mut Client) -> Element {
+    pubsub::next_event(c, SVC).await
 }
 
 fn entry(text: &str) -> String {
     format!("<entry xmlns='http://www.w3.org/2005/Atom'><title>{text}</title></entry>")
-}
-
-async fn subscribe(c: &mut Client, node: &str, jid: &str) -> Element {
-    ps(c, "set", &format!("<subscribe node='{node}' jid='{jid}'/>")).await
 }
 
 /// The `<subscription/>` of a subscribe or unsubscribe answer.
@@ -128,62 +95,6 @@ fn subscription(r: &Element) -> Element {
         .and_then(|p| p.get_child("subscription", PUBSUB))
         .unwrap_or_else(|| panic!("no subscription in {r}"))
         .clone()
-}
-
-fn item_ids(r: &Element) -> Vec<String> {
-    r.get_child("pubsub", PUBSUB)
-        .and_then(|p| p.get_child("items", PUBSUB))
-        .unwrap_or_else(|| panic!("no items in {r}"))
-        .children()
-        .filter_map(|c| c.attr("id").map(str::to_owned))
-        .collect()
-}
-
-async fn items(c: &mut Client, node: &str, extra: &str, inner: &str) -> Element {
-    ps(
-        c,
-        "get",
-        &format!("<items node='{node}' {extra}>{inner}</items>"),
-    )
-    .await
-}
-
-/// The next notification from the service.
-async fn event(c: &mut Client) -> Element {
-    let m = c
-        .recv_until(|e| e.name() == "message" && e.has_child("event", EVENT))
-        .await;
-    assert_eq!(m.attr("from"), Some(SVC), "{m}");
-    m
-}
-
-fn event_items(m: &Element) -> Element {
-    m.get_child("event", EVENT)
-        .and_then(|e| e.get_child("items", EVENT))
-        .unwrap_or_else(|| panic!("no items event: {m}"))
-        .clone()
-}
-
-fn subids(m: &Element) -> Vec<String> {
-    m.get_child("headers", SHIM)
-        .map(|h| {
-            h.children()
-                .filter(|c| c.attr("name") == Some("SubID"))
-                .map(|c| c.text())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-async fn no_event(c: &mut Client) {
-    while let Some(ev) = c.next_event_within(QUIET).await {
-        if let starling_testkit::Event::Element(el) = ev {
-            assert!(
-                !el.has_child("event", EVENT),
-                "unexpected notification {el}"
-            );
-        }
-    }
 }
 
 /// The values of field `var` in the first form under `el`.
@@ -225,8 +136,9 @@ async fn set_affiliation(c: &mut Client, node: &str, jid: &str, aff: &str) -> El
 
 async fn disco(c: &mut Client, ns: &str, node: Option<&str>, inner: &str) -> Element {
     let node = node.map(|n| format!(" node='{n}'")).unwrap_or_default();
-    let r = iq_ns(
+    let r = request(
         c,
+        SVC,
         "get",
         "",
         &format!("<query xmlns='{ns}'{node}>{inner}</query>"),
@@ -369,16 +281,18 @@ async fn discovery_of_the_service_its_nodes_and_items() {
     assert_eq!(field(&q, "pubsub#owner").unwrap(), ["alice@localhost"]);
     assert_eq!(field(&q, "pubsub#access_model").unwrap(), ["open"]);
     assert!(field(&q, "pubsub#creation_date").unwrap()[0].ends_with('Z'));
-    let r = iq_ns(
+    let r = request(
         &mut bob,
+        SVC,
         "get",
         "",
         &format!("<query xmlns='{}' node='secret'/>", ns::DISCO_INFO),
     )
     .await;
     is_err(&r, "not-allowed", Some("closed-node"));
-    let r = iq_ns(
+    let r = request(
         &mut bob,
+        SVC,
         "get",
         "",
         &format!("<query xmlns='{}' node='nope'/>", ns::DISCO_INFO),
@@ -693,10 +607,10 @@ async fn subscribers_get_notifications_and_the_others_do_not() {
         assert_eq!(item.attr("id"), Some(id.as_str()));
         assert!(item.to_string().contains("Soliloquy"), "{m}");
         assert!(subids(&m).is_empty(), "one subscription, no SHIM: {m}");
-        no_event(c).await;
+        no_event_after(&mut alice, c).await;
     }
-    no_event(&mut dave).await;
-    no_event(&mut erin).await;
+    no_event_after(&mut alice, &mut dave).await;
+    no_event_after(&mut alice, &mut erin).await;
     no_event(&mut alice).await;
     // §7.2: retract with notify.
     ok(&ps(
@@ -713,7 +627,7 @@ async fn subscribers_get_notifications_and_the_others_do_not() {
         Some(id.as_str())
     );
     event(&mut carol).await;
-    no_event(&mut erin).await;
+    no_event_after(&mut alice, &mut erin).await;
     // §8.5: purge, one notification.
     ok(&publish(&mut alice, "feed", "p1", &entry("a")).await);
     ok(&publish(&mut alice, "feed", "p2", &entry("b")).await);
@@ -1009,7 +923,7 @@ async fn multiple_subscriptions_have_subids_and_shim_headers() {
     ok(&publish(&mut alice, "feed", "i1", &entry("x")).await);
     let m = event(&mut bob).await;
     assert_eq!(subids(&m), std::slice::from_ref(&s1), "{m}");
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     // §6.2.3.1, §6.3.4.4: the subid is required now.
     is_err(
         &ps(
@@ -1076,7 +990,7 @@ async fn multiple_subscriptions_have_subids_and_shim_headers() {
     )
     .await);
     ok(&publish(&mut alice, "feed", "i2", &entry("y")).await);
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     // §5.7: the requester's affiliations.
     let r = ps(&mut alice, "get", "<affiliations/>").await;
     ok(&r);
@@ -1227,8 +1141,7 @@ async fn items_are_retrieved_whole_by_id_or_by_page() {
 /// longer admits, telling the subscribers (§12.8).
 #[tokio::test(flavor = "multi_thread")]
 async fn access_models_decide_who_subscribes_and_reads() {
-    use starling_core::storage::{RosterItem, Subscription};
-    use starling_proto::BareJid;
+    use starling_testkit::roster::{self, Subscription};
     let server = server().await;
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
@@ -1239,17 +1152,7 @@ async fn access_models_decide_who_subscribes_and_reads() {
         ("bob", Subscription::From, "Friends"),
         ("carol", Subscription::None, "Work"),
     ] {
-        let mut item = RosterItem::new(BareJid::new(&format!("{who}@localhost")).unwrap());
-        item.subscription = sub;
-        item.groups = vec![group.into()];
-        server
-            .server
-            .env
-            .storage
-            .roster
-            .put_item(&BareJid::new("alice@localhost").unwrap(), &item)
-            .await
-            .unwrap();
+        roster::put(&server, "alice", who, sub, &[group]).await;
     }
     ok(&create(&mut alice, "p", &[("pubsub#access_model", "presence")]).await);
     ok(&publish(&mut alice, "p", "1", &entry("x")).await);
@@ -1315,10 +1218,10 @@ async fn access_models_decide_who_subscribes_and_reads() {
         (s.attr("node"), s.attr("jid"), s.attr("subscription")),
         (Some("o"), Some("carol@localhost"), Some("none"))
     );
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     ok(&publish(&mut alice, "o", "1", &entry("x")).await);
     event(&mut bob).await;
-    no_event(&mut carol).await;
+    no_event_after(&mut alice, &mut carol).await;
     server.stop().await;
 }
 
@@ -1388,7 +1291,7 @@ async fn owners_manage_subscriptions_and_affiliations() {
     }
     ok(&publish(&mut alice, "n", "1", &entry("x")).await);
     event(&mut carol).await;
-    no_event(&mut bob).await;
+    no_event_after(&mut alice, &mut bob).await;
     // §8.9.1, §8.9.2: affiliations.
     ok(&own(
         &mut alice,
@@ -1945,7 +1848,14 @@ async fn bad_input_is_refused_or_stored_as_given() {
         )
         .await;
     assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
-    let r = iq_ns(&mut alice, "get", "", "<query xmlns='jabber:iq:version'/>").await;
+    let r = request(
+        &mut alice,
+        SVC,
+        "get",
+        "",
+        "<query xmlns='jabber:iq:version'/>",
+    )
+    .await;
     assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
     is_err(&ps(&mut alice, "get", "").await, "bad-request", None);
     is_err(
@@ -1953,11 +1863,7 @@ async fn bad_input_is_refused_or_stored_as_given() {
         "bad-request",
         None,
     );
-    alice
-        .send(&format!(
-            "<message to='{SVC}' id='m1'><body>hi</body></message>"
-        ))
-        .await;
+    alice.send(&msg(SVC).id("m1").body("hi").to_string()).await;
     let m = alice
         .recv_until(|e| e.name() == "message" && e.attr("id") == Some("m1"))
         .await;
@@ -1966,8 +1872,9 @@ async fn bad_input_is_refused_or_stored_as_given() {
 
     let server = TestServer::start().await;
     let mut alice = server.login("alice").await;
-    let r = iq_ns(
+    let r = request(
         &mut alice,
+        SVC,
         "get",
         "",
         &format!("<query xmlns='{}'/>", ns::DISCO_INFO),

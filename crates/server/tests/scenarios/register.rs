@@ -2,6 +2,7 @@
 
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::iq_set;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
 async fn tls_stream(server: &TestServer) -> Client {
@@ -228,7 +229,14 @@ async fn register_requests_to_another_account_or_domain_refused() {
     let bob = server.login("bob").await;
     for (to, id) in [("bob@localhost", "a"), ("example.org", "b")] {
         let r = alice
-            .iq(&format!("<iq type='set' to='{to}' id='{id}'><query xmlns='jabber:iq:register'><remove/></query></iq>"), id)
+            .iq(
+                &iq_set(
+                    &to,
+                    &id,
+                    "<query xmlns='jabber:iq:register'><remove/></query>",
+                ),
+                id,
+            )
             .await;
         assert_eq!(
             error_condition(&r).as_deref(),
@@ -236,7 +244,7 @@ async fn register_requests_to_another_account_or_domain_refused() {
             "{to}: {r}"
         );
         let r = alice
-            .iq(&format!("<iq type='set' to='{to}' id='{id}2'><query xmlns='jabber:iq:register'><username>alice</username><password>brand-new</password></query></iq>"), &format!("{id}2"))
+            .iq(&iq_set(&to, &format!("{id}2"), "<query xmlns='jabber:iq:register'><username>alice</username><password>brand-new</password></query>"), &format!("{id}2"))
             .await;
         assert_eq!(
             error_condition(&r).as_deref(),

@@ -956,16 +956,6 @@ async fn roster_size_limit() {
     server.stop().await;
 }
 
-async fn set_item(c: &mut starling_testkit::Client, jid: &str, id: &str) {
-    let r = c
-        .iq(
-            &format!("<iq type='set' id='{id}'><query xmlns='jabber:iq:roster'><item jid='{jid}'/></query></iq>"),
-            id,
-        )
-        .await;
-    assert_eq!(r.attr("type"), Some("result"));
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn roster_versioning() {
     // RFC 6121 §2.6, XEP-0237.

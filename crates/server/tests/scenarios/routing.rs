@@ -2,6 +2,8 @@
 //! (server rules), RFC 6121 §8.5 (local user delivery rules).
 
 use starling_server::modules;
+use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, TestServer};
 
 fn body(el: &starling_testkit::starling_xml::Element) -> String {
@@ -17,21 +19,15 @@ async fn chat_to_full_jid_delivered_with_stamped_from() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat' id='m1'><body>hi bob</body></message>",
-            bob.jid
-        ))
+        .send(&msg(&bob.jid).chat().id("m1").body("hi bob").to_string())
         .await;
     let m = bob.recv().await;
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
     assert_eq!(m.attr("id"), Some("m1"));
     assert_eq!(body(&m), "hi bob");
     // And back.
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>hi alice</body></message>",
-        alice.jid
-    ))
-    .await;
+    bob.send(&msg(&alice.jid).chat().body("hi alice").to_string())
+        .await;
     assert_eq!(body(&alice.recv().await), "hi alice");
     server.stop().await;
 }
@@ -241,10 +237,7 @@ async fn iq_between_full_jids_and_result_routed_back() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<iq to='{}' type='get' id='q1'><query xmlns='urn:example:q'/></iq>",
-            bob.jid
-        ))
+        .send(&iq_get(&bob.jid, "q1", "<query xmlns='urn:example:q'/>"))
         .await;
     let q = bob.recv().await;
     assert_eq!(q.attr("from"), Some(alice.jid.as_str()));

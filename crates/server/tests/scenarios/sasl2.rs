@@ -6,6 +6,7 @@
 //! `<failure/>` with RFC 6120 §6.5 conditions.
 
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::msg;
 use starling_testkit::{ns, Client, TestServer, SASL2_USER_AGENT};
 
 const NS2: &str = "urn:xmpp:sasl:2";
@@ -261,10 +262,13 @@ async fn bind2_binds_a_tagged_resource_and_enables_sm_and_carbons_inline() {
     assert_eq!(echo.attr("from"), Some(full.as_str()), "{echo}");
     // Carbons are on: bob's message to the other device is copied here.
     other.recv_until(|e| e.name() == "presence").await;
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='c1'><body>to the other device</body></message>",
-        other.jid
-    ))
+    bob.send(
+        &msg(&other.jid)
+            .chat()
+            .id("c1")
+            .body("to the other device")
+            .to_string(),
+    )
     .await;
     let copy = c.recv_until(|e| e.name() == "message").await;
     assert!(copy.has_child("received", "urn:xmpp:carbons:2"), "{copy}");
@@ -302,9 +306,12 @@ async fn bind2_can_start_the_session_inactive() {
     c.send(&format!("<enable xmlns='{NS_SM}'/>")).await;
     let enabled = c.recv().await;
     assert!(enabled.is("enabled", NS_SM), "{enabled}");
-    bob.send(&format!(
-        "<message to='{full}' type='chat'><composing xmlns='http://jabber.org/protocol/chatstates'/></message>"
-    ))
+    bob.send(
+        &msg(&full)
+            .chat()
+            .child("<composing xmlns='http://jabber.org/protocol/chatstates'/>")
+            .to_string(),
+    )
     .await;
     bob.barrier().await; // routed to alice's session, which holds it
     c.send(&format!("<r xmlns='{NS_SM}'/>")).await;
@@ -399,10 +406,8 @@ async fn inline_resumption_takes_over_the_detached_session_in_one_exchange() {
     server.create_user("alice", "pw-alice").await;
     let mut bob = server.login("bob").await;
     let (mut c, full, id) = resumable(&server, "alice").await;
-    bob.send(&format!(
-        "<message to='{full}' type='chat' id='u1'><body>unacked</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().id("u1").body("unacked").to_string())
+        .await;
     c.recv_until(|e| e.name() == "message").await; // never acknowledged
     drop(c); // the connection is lost; the session waits
 
@@ -444,10 +449,8 @@ async fn inline_resumption_takes_over_the_detached_session_in_one_exchange() {
     // The presence echo (h=1 acknowledged it) is not resent; the message is.
     let again = c2.recv_until(|e| e.name() == "message").await;
     assert_eq!(again.attr("id"), Some("u1"), "{again}");
-    bob.send(&format!(
-        "<message to='{full}' type='chat' id='u2'><body>after</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().id("u2").body("after").to_string())
+        .await;
     let m = c2.recv_until(|e| e.name() == "message").await;
     assert_eq!(m.attr("id"), Some("u2"), "{m}");
     server.stop().await;
@@ -796,9 +799,13 @@ async fn bound_carries_the_archive_metadata() {
     drop(c);
     let mut bob = server.login("bob").await;
     for i in 0..2 {
-        bob.send(&format!(
-            "<message to='alice@localhost' type='chat' id='m{i}'><body>{i}</body></message>"
-        ))
+        bob.send(
+            &msg("alice@localhost")
+                .chat()
+                .id(&format!("m{i}"))
+                .body(&i.to_string())
+                .to_string(),
+        )
         .await;
     }
     bob.iq(

@@ -8,6 +8,8 @@
 use starling_core::hooks::{Service, ServiceAddress};
 use starling_core::{async_trait, Env};
 use starling_proto::Stanza;
+use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, TestServer};
 use std::sync::Arc;
 
@@ -75,9 +77,13 @@ async fn a_service_gets_the_stanzas_of_its_subdomain_and_jids_in_it() {
         "fixed.example",
     ] {
         alice
-            .send(&format!(
-                "<message to='{to}' type='chat' id='e1'><body>ping {to}</body></message>"
-            ))
+            .send(
+                &msg(&to)
+                    .chat()
+                    .id("e1")
+                    .body(&format!("ping {to}"))
+                    .to_string(),
+            )
             .await;
         let m = alice.recv().await;
         assert_eq!(m.attr("from"), Some(to), "{m}");
@@ -153,8 +159,10 @@ async fn other_domains_are_still_remote() {
         let id = format!("r{i}");
         let r = alice
             .iq(
-                &format!(
-                    "<iq type='get' to='{to}' id='{id}'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"
+                &iq_get(
+                    &to,
+                    &id,
+                    "<query xmlns='http://jabber.org/protocol/disco#info'/>",
                 ),
                 &id,
             )

@@ -8,8 +8,9 @@
 
 use starling_proto::BareJid;
 use starling_server::modules;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{Client, Event, TestServer};
+use starling_testkit::{poll_for, Client, Event, TestServer};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -32,9 +33,11 @@ async fn blast(mut c: Client, me: usize, targets: Vec<String>) -> u64 {
     let mut n = 0u64;
     loop {
         let to = &targets[n as usize % targets.len()];
-        let xml = format!(
-            "<message to='{to}' type='chat' id='s{me}-{n}'><body>load {n}</body></message>"
-        );
+        let xml = msg(&to)
+            .chat()
+            .id(&format!("s{me}-{n}"))
+            .body(&format!("load {n}"))
+            .to_string();
         if !c.try_send_raw(xml.as_bytes()).await {
             return n;
         }
@@ -105,15 +108,15 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
         .find(|(name, _)| name == "archive")
         .map(|(_, q)| q.written.clone())
         .expect("an archive queue");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while archive.get() < LOAD_ARCHIVED {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the load did not reach {LOAD_ARCHIVED} archived records in 30 s ({} so far)",
-            archive.get()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await; // sleep: poll interval
-    }
+    let loaded = poll_for(Duration::from_secs(30), async || {
+        (archive.get() >= LOAD_ARCHIVED).then_some(())
+    })
+    .await;
+    assert!(
+        loaded.is_some(),
+        "the load did not reach {LOAD_ARCHIVED} archived records in 30 s ({} so far)",
+        archive.get()
+    );
     server.server.shutdown().await;
 
     let mut sent_by_client = 0;

@@ -8,9 +8,11 @@
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
+use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
-    error_condition, free_port, ns, write_binary_config, Client, Event, TestServer,
+    error_condition, eventually, free_port, ns, write_binary_config, Client, Event, TestServer,
 };
 use std::time::Duration;
 
@@ -41,10 +43,8 @@ async fn enable(c: &mut Client, attrs: &str) -> Element {
 }
 
 async fn message(c: &mut Client, to: &str, body: &str) {
-    c.send(&format!(
-        "<message to='{to}' type='chat' id='{body}'><body>{body}</body></message>"
-    ))
-    .await;
+    c.send(&msg(&to).chat().id(&body).body(&body).to_string())
+        .await;
 }
 
 fn body(m: &Element) -> String {
@@ -93,18 +93,10 @@ async fn sm_expect_nothing(c: &mut Client) -> u32 {
     h
 }
 
-/// Waits until `cond` holds: a server-side effect no client sees, polled
-/// every 5 ms; panics after [`BOUND`].
+/// Waits until `cond` holds: a server-side effect no client sees;
+/// panics after [`BOUND`].
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        // sleep: polling (bounded by BOUND).
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(what, BOUND, async || cond().await.then_some(())).await;
 }
 
 /// Waits until the server counts `n` detached sessions (it noticed a
@@ -543,10 +535,8 @@ async fn without_resumption_unacked_messages_go_to_another_resource_or_offline()
     // An iq request that was never acknowledged is answered for the client.
     enable(&mut a2, "").await;
     let full2 = a2.jid.clone();
-    bob.send(&format!(
-        "<iq type='get' id='v1' to='{full2}'><query xmlns='jabber:iq:version'/></iq>"
-    ))
-    .await;
+    bob.send(&iq_get(&full2, "v1", "<query xmlns='jabber:iq:version'/>"))
+        .await;
     a2.recv_until(|e| e.name() == "iq").await;
     drop(a2);
     let err = bob

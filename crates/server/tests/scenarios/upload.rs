@@ -7,7 +7,7 @@
 use starling_server::modules::upload::UploadConfig;
 use starling_server::modules::Upload;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{error_condition, ns, Client, TestServer};
+use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -733,18 +733,16 @@ async fn a_file_larger_than_any_buffer_is_streamed_to_disk() {
     let half = SIZE / 2;
     tcp.write_all(&data[..half]).await.unwrap();
     let part = slot_dir(&server, &path).join("file.part");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let on_disk = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
-        if on_disk >= 4 * 1024 * 1024 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "only {on_disk} bytes on disk after half the body was sent"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
-    }
+    let on_disk = || std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
+    let written = poll_for(Duration::from_secs(20), async || {
+        (on_disk() >= 4 * 1024 * 1024).then_some(())
+    })
+    .await;
+    assert!(
+        written.is_some(),
+        "only {} bytes on disk after half the body was sent",
+        on_disk()
+    );
     tcp.write_all(&data[half..]).await.unwrap();
     let up = read_reply(&mut tcp).await;
     assert_eq!(up.status, 201, "{up:?}");
@@ -1074,14 +1072,11 @@ async fn put_must_match_its_slot_and_happens_once() {
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut rest)).await;
     let dir = slot_dir(&server, &path);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while dir.join("file.part").exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "partial file left behind"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await; // sleep: poll interval
-    }
+    let removed = poll_for(Duration::from_secs(5), async || {
+        (!dir.join("file.part").exists()).then_some(())
+    })
+    .await;
+    assert!(removed.is_some(), "partial file left behind");
     assert_eq!(get(addr, &path).await.status, 404);
 
     // A Content-Type with parameters is the same type.

@@ -9,7 +9,7 @@
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
 use starling_testkit::starling_xml::Element;
-use starling_testkit::{ns, Client, Event, TestServer, Transport};
+use starling_testkit::{eventually, ns, Client, Event, TestServer, Transport};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -36,14 +36,12 @@ async fn until_detached(server: &TestServer, n: i64) {
         .env
         .metrics
         .sessions_on(SessionTransport::Detached);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while gauge.get() != n {
-            // sleep: polling a gauge (bounded by the timeout).
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the server noticed the dropped connection");
+    eventually(
+        "the server noticed the dropped connection",
+        Duration::from_secs(10),
+        async || (gauge.get() == n).then_some(()),
+    )
+    .await;
 }
 
 /// A plain HTTP/1.1 GET; returns the status line and the body.
