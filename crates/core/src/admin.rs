@@ -156,4 +156,3 @@ pub enum RoomError {
     /// 503: storage failed, or the room did not answer.
     Unavailable(String),
 }
-

@@ -25,11 +25,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json as j;
-use starling_core::admin::{
-    Affiliations, Applied, RoomAdmin, RoomChange, RoomError, RoomSummary,
-};
+use starling_core::admin::{Applied, RoomAdmin, RoomChange, RoomError, RoomSummary};
 use starling_proto::BareJid;
 use std::sync::Arc;
 

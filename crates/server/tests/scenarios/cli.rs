@@ -1164,7 +1164,7 @@ async fn room_create_list_serve_and_destroy() {
         .recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
         .await;
     alice
-        .send(&msg(&lobby).groupchat().id("m1").body("hello").to_string())
+        .send(&msg(lobby).groupchat().id("m1").body("hello").to_string())
         .await;
     alice
         .recv_until(|e| e.name() == "message" && e.attr("id") == Some("m1"))

@@ -844,7 +844,7 @@ async fn a_block_made_on_one_node_is_enforced_by_the_others() {
     let mut jack = n1.login("jack").await;
     let mut kate = n2.login("kate").await;
     wait_for(&n1, "kate's entry", |s| entries_of(s, 2) == 1).await;
-    let to_kate = |text: &str| msg("kate@localhost").chat().body(&text).to_string();
+    let to_kate = |text: &str| msg("kate@localhost").chat().body(text).to_string();
     jack.send(&to_kate("before")).await;
     let m = kate.recv_until(|e| e.name() == "message").await;
     assert_eq!(muc::body(&m), "before");

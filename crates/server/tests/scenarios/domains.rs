@@ -561,7 +561,7 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
 async fn disco_items(c: &mut Client, to: &str) -> String {
     c.iq(
         &iq_get(
-            &to,
+            to,
             "items",
             "<query xmlns='http://jabber.org/protocol/disco#items'/>",
         ),

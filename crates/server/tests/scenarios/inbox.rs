@@ -97,8 +97,8 @@ async fn say(from: &mut Client, to: &mut Client, id: &str, body: &str) -> Elemen
     from.send(
         &msg(&bare_of(to))
             .chat()
-            .id(&id)
-            .body(&body)
+            .id(id)
+            .body(body)
             .child("<markable xmlns='urn:xmpp:chat-markers:0'/>")
             .to_string(),
     )

@@ -18,7 +18,7 @@ fn bare_of(c: &Client) -> String {
 }
 
 async fn chat(from: &mut Client, to: &str, id: &str, body: &str) {
-    from.send(&msg(&to).chat().id(&id).body(&body).to_string())
+    from.send(&msg(to).chat().id(id).body(body).to_string())
         .await;
 }
 

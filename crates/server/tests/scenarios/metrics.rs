@@ -174,7 +174,7 @@ async fn login_plain_tcp(server: &TestServer, user: &str) -> Client {
 }
 
 async fn chat(from: &mut Client, to: &str, body: &str) {
-    from.send(&msg(&to).chat().body(&body).to_string()).await;
+    from.send(&msg(to).chat().body(body).to_string()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

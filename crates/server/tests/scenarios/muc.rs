@@ -1381,7 +1381,7 @@ async fn members_see_the_room_in_their_inbox_with_unread_counts() {
                 &msg(&r)
                     .groupchat()
                     .id(&format!("c{i}"))
-                    .body(&text)
+                    .body(text)
                     .to_string(),
             )
             .await;

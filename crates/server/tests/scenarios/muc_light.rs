@@ -1051,7 +1051,7 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
     alice.barrier_via(&room("team")).await;
     for text in ["one", "two"] {
         alice
-            .send(&msg(&room("team")).groupchat().body(&text).to_string())
+            .send(&msg(&room("team")).groupchat().body(text).to_string())
             .await;
     }
     // The room handled both messages (and queued their inbox rows, which

@@ -231,8 +231,8 @@ async fn register_requests_to_another_account_or_domain_refused() {
         let r = alice
             .iq(
                 &iq_set(
-                    &to,
-                    &id,
+                    to,
+                    id,
                     "<query xmlns='jabber:iq:register'><remove/></query>",
                 ),
                 id,
@@ -244,7 +244,7 @@ async fn register_requests_to_another_account_or_domain_refused() {
             "{to}: {r}"
         );
         let r = alice
-            .iq(&iq_set(&to, &format!("{id}2"), "<query xmlns='jabber:iq:register'><username>alice</username><password>brand-new</password></query>"), &format!("{id}2"))
+            .iq(&iq_set(to, &format!("{id}2"), "<query xmlns='jabber:iq:register'><username>alice</username><password>brand-new</password></query>"), &format!("{id}2"))
             .await;
         assert_eq!(
             error_condition(&r).as_deref(),

@@ -78,7 +78,7 @@ async fn a_service_gets_the_stanzas_of_its_subdomain_and_jids_in_it() {
     ] {
         alice
             .send(
-                &msg(&to)
+                &msg(to)
                     .chat()
                     .id("e1")
                     .body(&format!("ping {to}"))
@@ -160,7 +160,7 @@ async fn other_domains_are_still_remote() {
         let r = alice
             .iq(
                 &iq_get(
-                    &to,
+                    to,
                     &id,
                     "<query xmlns='http://jabber.org/protocol/disco#info'/>",
                 ),

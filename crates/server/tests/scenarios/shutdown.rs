@@ -33,7 +33,7 @@ async fn blast(mut c: Client, me: usize, targets: Vec<String>) -> u64 {
     let mut n = 0u64;
     loop {
         let to = &targets[n as usize % targets.len()];
-        let xml = msg(&to)
+        let xml = msg(to)
             .chat()
             .id(&format!("s{me}-{n}"))
             .body(&format!("load {n}"))

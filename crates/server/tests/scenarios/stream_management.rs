@@ -43,7 +43,7 @@ async fn enable(c: &mut Client, attrs: &str) -> Element {
 }
 
 async fn message(c: &mut Client, to: &str, body: &str) {
-    c.send(&msg(&to).chat().id(&body).body(&body).to_string())
+    c.send(&msg(to).chat().id(body).body(body).to_string())
         .await;
 }
 

@@ -25,7 +25,8 @@
 //!   `api::domain_remove`, …): the same checks, the same effects, the same
 //!   `admin action` log line with the token's name. Actions answer with a
 //!   redirect (POST/redirect/GET) and a one-time message kept in the
-//!   server-side session (a generated password is shown there once).//!
+//!   server-side session (a generated password is shown there once).
+//!
 //! This file holds the web sessions' state and the routes; the rest by
 //! concern: `html.rs` (escaping, the page frame, forms, cookies, the
 //! origin check), `login.rs` (the session check, login, logout),
