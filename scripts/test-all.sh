@@ -64,7 +64,7 @@ cargo test --workspace --test conformance_postgres
 # one scenario binary, crates/server/tests/scenarios/main.rs).
 STARLING_TEST_BACKEND=postgres cargo test --workspace --test scenarios -- \
   offline:: roster:: blocking:: profile:: register:: carbons:: presence:: \
-  cli:: mam:: inbox:: shutdown:: muc:: muc_light:: pubsub::
+  cli:: mam:: inbox:: shutdown:: muc:: muc_light:: pubsub:: stores::
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 

@@ -88,6 +88,20 @@ pub trait Module: Send + Sync + 'static {
     /// (`[[http.listen]]`): a configuration that enables it without one is
     /// refused.
     const HTTP: bool = false;
+    /// The schema steps of the module's own store (its tables), applied
+    /// with the backend's when the storage opens, whether the module is
+    /// enabled or not (so turning it on later needs no migration).
+    const SCHEMA: &'static [crate::storage::SchemaStep] = &[];
+
+    /// What the module stores on its own, for account and domain deletion;
+    /// asked once when the storage opens, whether the module is enabled or
+    /// not (an account's data outlives a module turned off).
+    fn owned_data(
+        storage: &crate::storage::Storage,
+    ) -> Option<std::sync::Arc<dyn crate::storage::OwnedData>> {
+        let _ = storage;
+        None
+    }
 
     /// The label of the service the module runs on each served domain
     /// (`conference` for `conference.example.org`), if it runs one: no

@@ -46,7 +46,7 @@ pub struct StdoutError(pub std::io::Error);
 pub async fn open_storage(cfg: &Config) -> anyhow::Result<Storage> {
     let mut cfg = cfg.clone();
     cfg.storage.pool_size = 2;
-    Ok(starling_storage::open(&cfg.backend_config()).await?)
+    Ok(crate::modules::open_storage(&cfg.backend_config()).await?)
 }
 
 /// Parses an existing account's JID, warning when its domain is not

@@ -717,15 +717,8 @@ async fn purge(
         after = page.last().cloned();
     }
     for service in services {
-        loop {
-            let rooms = storage.muc.rooms(service, None, PAGE).await?;
-            if rooms.is_empty() {
-                break;
-            }
-            for r in &rooms {
-                storage.archive.purge_user(&r.jid, None).await?;
-                storage.muc.delete_room(&r.jid).await?;
-            }
+        for owned in storage.owned.iter() {
+            owned.remove_service(service).await?;
         }
         for node in storage.pubsub.nodes(service).await? {
             storage.pubsub.delete_node(service, &node.node).await?;

@@ -443,7 +443,7 @@ async fn open_storage(
             cfg.server.data_dir.display()
         )
     })?;
-    let storage = starling_storage::open(&cfg.backend_config())
+    let storage = crate::modules::open_storage(&cfg.backend_config())
         .await
         .context("opening storage")?;
     let mut storage = storage.timed(metrics);

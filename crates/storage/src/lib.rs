@@ -6,8 +6,9 @@
 //!   a database; same traits, same semantics, same migrations (by version and
 //!   name) and the same [`conformance`] suite.
 //!
-//! Architecture invariant: SQL appears only in this crate, always with bound
-//! parameters, never with values formatted into the statement text.
+//! Architecture invariant: SQL appears only in this crate and in modules'
+//! own stores written with [`kit`], always with bound parameters, never
+//! with values formatted into the statement text.
 //!
 //! # Layout
 //!
@@ -24,6 +25,10 @@
 //!   pages), from fixed fragments, for both engines.
 //!
 //! # How to add a store
+//!
+//! A store that one module alone uses lives in that module's folder
+//! instead ([`kit`] says how; the group-chat store of the server's
+//! `modules/muc/store/` is the model). A store several modules share:
 //!
 //! 1. Declare the trait in `starling_core::storage` and add its handle to
 //!    `Storage` (and to `into_storage` in `shared/mod.rs`).
@@ -51,6 +56,7 @@ pub mod conformance;
 mod dialect;
 mod dynsql;
 pub mod fsperm;
+pub mod kit;
 mod migrate;
 pub mod postgres;
 pub mod sqlite;
@@ -60,7 +66,6 @@ use starling_proto::sasl::ScramHash;
 use starling_proto::BareJid;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// An account's key columns: `(domain, username)`.
 /// An inbox row from its stored columns (`unread` as either engine's
 /// integer, clamped).
 pub(crate) fn inbox_row(
@@ -75,7 +80,8 @@ pub(crate) fn inbox_row(
     }
 }
 
-pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
+/// An account's (or a room's) key columns: `(domain, node)`.
+pub fn split(jid: &BareJid) -> (&str, &str) {
     (
         jid.domain().as_str(),
         jid.node().map(|n| n.as_str()).unwrap_or(""),
@@ -83,7 +89,7 @@ pub(crate) fn split(jid: &BareJid) -> (&str, &str) {
 }
 
 /// A driver error as a [`StorageError`] (the message is for logs).
-pub(crate) fn backend(e: sqlx::Error) -> StorageError {
+pub fn backend(e: sqlx::Error) -> StorageError {
     StorageError::Backend(e.to_string())
 }
 
@@ -201,6 +207,9 @@ pub struct OpenOptions {
     pub inbox_merge_secs: u64,
     /// SQLite: merge after every batch (tests of the merged table).
     pub inbox_merge_inline: bool,
+    /// The schema steps of modules' own stores (`Module::SCHEMA`), applied with the backend's (the server passes
+    /// every module's: `starling_server::open_storage`).
+    pub schema: Vec<starling_core::storage::SchemaStep>,
 }
 
 /// Default [`OpenOptions::inbox_merge_rows`]: ~30 MB of pending changes at
@@ -221,6 +230,7 @@ impl Default for OpenOptions {
             inbox_merge_rows: INBOX_MERGE_ROWS,
             inbox_merge_secs: INBOX_MERGE_SECS,
             inbox_merge_inline: false,
+            schema: Vec::new(),
         }
     }
 }

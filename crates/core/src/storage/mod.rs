@@ -1,20 +1,24 @@
 //! Storage interfaces, one trait per concern (DESIGN.md invariant 6).
 //!
-//! Modules use these traits; only backends (the `starling-storage` crate)
-//! see SQL. Every backend runs the same conformance suite. Later concerns
-//! (roster, offline, archive, inbox…) add a trait here and a field to
-//! [`Storage`].
+//! The concerns several modules share (accounts, rosters, archive, inbox,
+//! offline, pubsub…) have their trait here and their SQL in the
+//! `starling-storage` crate; every backend runs the same conformance suite.
+//! A concern that belongs to one module lives in that module's folder
+//! instead — its trait, its SQL (written once against
+//! `starling_storage::kit`), its [`SchemaStep`]s — and reaches account and
+//! domain deletion through [`OwnedData`] (see `modules/muc/store/` for the
+//! first one).
 
 mod admin;
 mod archive;
 mod auth_cache;
 mod domains;
 mod im;
-mod muc;
 mod offline;
 mod pubsub;
 mod timed;
 pub use auth_cache::AuthCache;
+pub use timed::Timed;
 
 pub use admin::{AdminToken, AdminTokenStore, SCOPE_ADMIN, SCOPE_READ};
 pub use archive::{apply_inbox_update, coalesce_inbox_updates, InboxRow};
@@ -28,7 +32,6 @@ pub use im::{
     BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
     UserDataStore,
 };
-pub use muc::{MucStore, RoomAffiliation, StoredRoom};
 pub use offline::{OfflineMessage, OfflineStore, OfflineStoreError};
 pub use pubsub::{PubsubStore, PubsubSubscription, StoredItem, StoredNode};
 
@@ -184,6 +187,9 @@ pub trait StorageBackend: Send + Sync + 'static {
     async fn close(&self);
     /// A short description for logs, e.g. `sqlite:./data/starling.db`.
     fn describe(&self) -> String;
+    /// The backend itself, for a module's own store to find its engine
+    /// (`starling_storage::kit::engine`).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// All storage handles of a deployment.
@@ -205,8 +211,6 @@ pub struct Storage {
     pub archive: Arc<dyn ArchiveStore>,
     /// Inboxes (XEP-0430).
     pub inbox: Arc<dyn InboxStore>,
-    /// Group-chat rooms (XEP-0045).
-    pub muc: Arc<dyn MucStore>,
     /// Pubsub nodes and items (XEP-0060, PEP XEP-0163).
     pub pubsub: Arc<dyn PubsubStore>,
     /// Admin API tokens.
@@ -215,6 +219,41 @@ pub struct Storage {
     pub domains: Arc<dyn DomainStore>,
     /// The backend's lifecycle.
     pub backend: Arc<dyn StorageBackend>,
+    /// What modules store on their own, for account and domain deletion
+    /// (empty as the backend opens it; the server adds every module's,
+    /// enabled or not: `modules::owned_data`).
+    pub owned: Arc<[Arc<dyn OwnedData>]>,
+}
+
+/// One versioned step of the database schema, with each engine's SQL
+/// (which may hold several statements). Versions are global: the
+/// backend's own steps and every module's (`Module::SCHEMA`) are applied
+/// together, each once, in version order; a new step takes the next
+/// unused number.
+#[derive(Clone, Copy, Debug)]
+pub struct SchemaStep {
+    /// Its version, unique across the backend and all modules.
+    pub version: i64,
+    /// A short name for logs.
+    pub name: &'static str,
+    /// The SQLite script.
+    pub sqlite: &'static str,
+    /// The PostgreSQL script.
+    pub postgres: &'static str,
+}
+
+/// Data a module stores on its own (with its own store trait), so that
+/// deleting an account or a domain deletes it too.
+#[async_trait]
+pub trait OwnedData: Send + Sync + 'static {
+    /// The module's name, for logs and errors.
+    fn name(&self) -> &'static str;
+    /// Deletes what is stored for the account `jid` (what other users
+    /// keep about it stays theirs).
+    async fn remove_user(&self, jid: &BareJid) -> StorageResult<()>;
+    /// Deletes everything stored under the service domain `domain` (the
+    /// rooms of `conference.example.org`), when that domain is removed.
+    async fn remove_service(&self, domain: &str) -> StorageResult<()>;
 }
 
 impl Storage {
@@ -229,7 +268,9 @@ impl Storage {
         self.offline.remove_user(jid).await?;
         self.archive.remove_user(jid).await?;
         self.inbox.remove_user(jid).await?;
-        self.muc.remove_user(jid).await?;
+        for owned in self.owned.iter() {
+            owned.remove_user(jid).await?;
+        }
         self.pubsub.remove_user(jid).await?;
         self.accounts.delete(jid).await
     }

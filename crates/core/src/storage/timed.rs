@@ -17,27 +17,29 @@
 use super::{
     AccountChanges, AccountStore, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery,
     ArchiveRecord, ArchiveStore, ArchivedMessage, BlockingStore, FastSlot, FastToken, InboxEntry,
-    InboxQuery, InboxStore, InboxTotals, InboxUpdate, LastActivityStore, MucStore, OfflineMessage,
-    OfflineStore, OfflineStoreError, PubsubStore, PubsubSubscription, RoomAffiliation,
-    RosterChange, RosterItem, RosterStore, Storage, StorageError, StorageResult, StoredItem,
-    StoredNode, StoredRoom, UserDataStore,
+    InboxQuery, InboxStore, InboxTotals, InboxUpdate, LastActivityStore, OfflineMessage,
+    OfflineStore, OfflineStoreError, PubsubStore, PubsubSubscription, RosterChange, RosterItem,
+    RosterStore, Storage, StorageError, StorageResult, StoredItem, StoredNode, UserDataStore,
 };
 use crate::metrics::{LatencyHistogram, Metrics, StorageOp};
-use async_trait::async_trait;
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
 use std::sync::Arc;
-use std::time::Instant;
 
-/// A store whose calls are timed.
-struct Timed<T: ?Sized> {
-    inner: Arc<T>,
-    read: LatencyHistogram,
-    write: LatencyHistogram,
+/// A store whose calls are timed (see [`timed_store!`](crate::timed_store),
+/// which implements the store's trait for it).
+pub struct Timed<T: ?Sized> {
+    /// The store.
+    pub inner: Arc<T>,
+    /// The histogram of its reads.
+    pub read: LatencyHistogram,
+    /// The histogram of its writes.
+    pub write: LatencyHistogram,
 }
 
 impl<T: ?Sized> Timed<T> {
-    fn wrap(inner: Arc<T>, metrics: &Metrics, store: &str) -> Arc<Timed<T>> {
+    /// `inner`, timed into `metrics` as `store`.
+    pub fn wrap(inner: Arc<T>, metrics: &Metrics, store: &str) -> Arc<Timed<T>> {
         Arc::new(Timed {
             inner,
             read: metrics.storage_latency(store, StorageOp::Read),
@@ -59,7 +61,6 @@ impl Storage {
             offline: Timed::wrap(self.offline.clone(), metrics, "offline"),
             archive: Timed::wrap(self.archive.clone(), metrics, "archive"),
             inbox: Timed::wrap(self.inbox.clone(), metrics, "inbox"),
-            muc: Timed::wrap(self.muc.clone(), metrics, "muc"),
             pubsub: Timed::wrap(self.pubsub.clone(), metrics, "pubsub"),
             ..self
         }
@@ -68,13 +69,15 @@ impl Storage {
 
 /// `impl $trait for Timed<dyn $trait>`: each `read fn …;` or `write fn …;`
 /// forwards to the inner store and records its duration in that class.
-macro_rules! timed {
+/// A module's own store trait is timed with it too (`modules/muc/store/`).
+#[macro_export]
+macro_rules! timed_store {
     ($trait:ident { $( $op:ident fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty; )* }) => {
-        #[async_trait]
-        impl $trait for Timed<dyn $trait> {
+        #[$crate::async_trait]
+        impl $trait for $crate::storage::Timed<dyn $trait> {
             $(
                 async fn $name(&self $(, $arg: $ty)*) -> $ret {
-                    let start = Instant::now();
+                    let start = ::std::time::Instant::now();
                     let r = self.inner.$name($($arg),*).await;
                     self.$op.observe(start.elapsed());
                     r
@@ -84,7 +87,7 @@ macro_rules! timed {
     };
 }
 
-timed!(AccountStore {
+timed_store!(AccountStore {
     write fn create(&self, jid: &BareJid, credentials: &[ScramCredentials]) -> StorageResult<()>;
     write fn create_many(&self, accounts: &[(BareJid, Vec<ScramCredentials>)]) -> StorageResult<u64>;
     read fn exists(&self, jid: &BareJid) -> StorageResult<bool>;
@@ -101,7 +104,7 @@ timed!(AccountStore {
     read fn account_changes(&self, after: i64) -> StorageResult<AccountChanges>;
 });
 
-timed!(RosterStore {
+timed_store!(RosterStore {
     read fn get_roster(&self, owner: &BareJid) -> StorageResult<(u64, Vec<RosterItem>)>;
     read fn get_item(&self, owner: &BareJid, contact: &BareJid) -> StorageResult<Option<RosterItem>>;
     read fn items_for_contact(&self, owners: &[BareJid], contact: &BareJid) -> StorageResult<Vec<(BareJid, RosterItem)>>;
@@ -116,27 +119,27 @@ timed!(RosterStore {
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 });
 
-timed!(BlockingStore {
+timed_store!(BlockingStore {
     read fn blocklist(&self, owner: &BareJid) -> StorageResult<Vec<String>>;
     write fn block(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
     write fn unblock(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
     write fn unblock_all(&self, owner: &BareJid) -> StorageResult<Vec<String>>;
 });
 
-timed!(UserDataStore {
+timed_store!(UserDataStore {
     read fn get(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<Option<String>>;
     write fn set(&self, owner: &BareJid, kind: &str, key: &str, value: &str) -> StorageResult<()>;
     write fn delete(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<()>;
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 });
 
-timed!(LastActivityStore {
+timed_store!(LastActivityStore {
     read fn get(&self, owner: &BareJid) -> StorageResult<Option<(u64, String)>>;
     write fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()>;
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 });
 
-timed!(OfflineStore {
+timed_store!(OfflineStore {
     write fn store(&self, owner: &BareJid, from: &str, stanza: &str, stamp_millis: i64, max_per_user: u32, archive: &[ArchiveRecord]) -> Result<(), OfflineStoreError>;
     read fn fetch_all(&self, owner: &BareJid) -> Result<Vec<OfflineMessage>, StorageError>;
     write fn delete_up_to(&self, owner: &BareJid, up_to_id: i64) -> Result<u64, StorageError>;
@@ -145,7 +148,7 @@ timed!(OfflineStore {
     write fn remove_user(&self, owner: &BareJid) -> Result<(), StorageError>;
 });
 
-timed!(ArchiveStore {
+timed_store!(ArchiveStore {
     write fn append(&self, records: &[ArchiveRecord]) -> StorageResult<()>;
     read fn query(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<ArchivePage>;
     read fn count(&self, owner: &BareJid, q: &ArchiveQuery) -> StorageResult<u64>;
@@ -162,7 +165,7 @@ timed!(ArchiveStore {
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 });
 
-timed!(InboxStore {
+timed_store!(InboxStore {
     write fn apply(&self, updates: &[InboxUpdate]) -> StorageResult<()>;
     read fn list(&self, owner: &BareJid, q: &InboxQuery) -> StorageResult<Vec<InboxEntry>>;
     read fn get(&self, owner: &BareJid, remote: &str) -> StorageResult<Option<InboxEntry>>;
@@ -171,21 +174,7 @@ timed!(InboxStore {
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 });
 
-timed!(MucStore {
-    read fn room(&self, room: &BareJid) -> StorageResult<Option<StoredRoom>>;
-    write fn put_room(&self, room: &StoredRoom) -> StorageResult<()>;
-    write fn delete_room(&self, room: &BareJid) -> StorageResult<bool>;
-    read fn rooms(&self, service: &str, after: Option<&str>, limit: u32) -> StorageResult<Vec<StoredRoom>>;
-    read fn affiliations(&self, room: &BareJid) -> StorageResult<Vec<RoomAffiliation>>;
-    write fn set_affiliations(&self, room: &BareJid, changes: &[RoomAffiliation]) -> StorageResult<()>;
-    read fn rooms_of(&self, jid: &BareJid) -> StorageResult<Vec<(BareJid, RoomAffiliation)>>;
-    write fn remove_user(&self, jid: &BareJid) -> StorageResult<()>;
-    read fn light_blocking(&self, user: &BareJid) -> StorageResult<Vec<(String, BareJid)>>;
-    write fn set_light_blocking(&self, user: &BareJid, deny: &[(String, BareJid)], allow: &[(String, BareJid)]) -> StorageResult<()>;
-    read fn light_refusing(&self, users: &[BareJid], room: &BareJid, by: &BareJid) -> StorageResult<Vec<BareJid>>;
-});
-
-timed!(PubsubStore {
+timed_store!(PubsubStore {
     read fn node(&self, service: &str, node: &str) -> StorageResult<Option<StoredNode>>;
     write fn create_node(&self, node: &StoredNode) -> StorageResult<()>;
     write fn set_node_config(&self, service: &str, node: &str, config: &str) -> StorageResult<bool>;

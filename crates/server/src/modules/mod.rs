@@ -62,11 +62,13 @@ pub use version::Version;
 use serde::Deserialize as _;
 use starling_core::hooks::HookRegistry;
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
+use starling_core::storage::{OwnedData, SchemaStep, Storage};
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// Every module the server knows, in registration order (handlers of equal
 /// priority run in this order). Adding a module is one line here.
@@ -97,6 +99,46 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
     &Entry::<Version>(PhantomData),
     &Entry::<Time>(PhantomData),
 ];
+
+/// Every module's schema steps ([`Module::SCHEMA`]), enabled or not.
+pub fn schema() -> Vec<SchemaStep> {
+    MODULES.iter().flat_map(|m| m.schema()).copied().collect()
+}
+
+/// `storage` with every module's [`OwnedData`] (enabled or not), so that
+/// deleting an account or a domain reaches what modules store on their
+/// own.
+pub fn with_owned_data(mut storage: Storage) -> Storage {
+    let owned: Vec<Arc<dyn OwnedData>> = MODULES
+        .iter()
+        .filter_map(|m| m.owned_data(&storage))
+        .collect();
+    storage.owned = owned.into();
+    storage
+}
+
+/// Opens `backend` as the server does: the backend's schema and every
+/// module's, and every module's owned data attached. Commands and tests
+/// open a server's storage through this (`starling_storage::open` alone
+/// knows no module's tables).
+pub async fn open_storage(
+    backend: &starling_storage::BackendConfig,
+) -> Result<Storage, starling_storage::OpenError> {
+    open_storage_with(backend, starling_storage::OpenOptions::default()).await
+}
+
+/// [`open_storage`] with non-default options (their `schema` is replaced).
+pub async fn open_storage_with(
+    backend: &starling_storage::BackendConfig,
+    options: starling_storage::OpenOptions,
+) -> Result<Storage, starling_storage::OpenError> {
+    let options = starling_storage::OpenOptions {
+        schema: schema(),
+        ..options
+    };
+    let storage = starling_storage::open_with(backend, &options).await?;
+    Ok(with_owned_data(storage))
+}
 
 /// A module's configuration, type-erased so the `[modules]` section can
 /// hold every module's own struct.
@@ -135,6 +177,10 @@ pub trait ModuleEntry: Sync {
     fn needs(&self) -> &'static [&'static str];
     /// [`Module::HTTP`].
     fn http(&self) -> bool;
+    /// [`Module::SCHEMA`].
+    fn schema(&self) -> &'static [SchemaStep];
+    /// [`Module::owned_data`].
+    fn owned_data(&self, storage: &Storage) -> Option<Arc<dyn OwnedData>>;
     /// [`Module::subdomain`].
     fn subdomain<'c>(&self, cfg: &'c dyn AnyConfig) -> Option<&'c str>;
     /// [`Module::claimed_domains`].
@@ -179,6 +225,12 @@ impl<M: Module> ModuleEntry for Entry<M> {
     }
     fn http(&self) -> bool {
         M::HTTP
+    }
+    fn schema(&self) -> &'static [SchemaStep] {
+        M::SCHEMA
+    }
+    fn owned_data(&self, storage: &Storage) -> Option<Arc<dyn OwnedData>> {
+        M::owned_data(storage)
     }
     fn subdomain<'c>(&self, cfg: &'c dyn AnyConfig) -> Option<&'c str> {
         M::subdomain(downcast::<M>(cfg))

@@ -1768,15 +1768,13 @@ async fn admin_rooms_create_join_affiliate_message_and_destroy() {
     assert!(v["error"].as_str().unwrap().contains("exists"), "{v}");
     // Stored before the API answered.
     let stored = starling_proto::BareJid::new(LOBBY).unwrap();
-    assert!(ts
-        .server
-        .env
-        .storage
-        .muc
-        .room(&stored)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(
+        starling_server::modules::muc::store::open(&ts.server.env.storage)
+            .room(&stored)
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     // Bob enters: not locked (item-not-found), not created by him (201).
     let mut bob = ts.login("bob").await;
@@ -1977,15 +1975,13 @@ async fn admin_rooms_create_join_affiliate_message_and_destroy() {
         Some("closing time"),
         "{p}"
     );
-    assert!(ts
-        .server
-        .env
-        .storage
-        .muc
-        .room(&stored)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        starling_server::modules::muc::store::open(&ts.server.env.storage)
+            .room(&stored)
+            .await
+            .unwrap()
+            .is_none()
+    );
     for (method, path, body) in [
         ("GET", format!("/api/v1/rooms/{LOBBY}"), None),
         ("DELETE", format!("/api/v1/rooms/{LOBBY}"), None),

@@ -157,7 +157,9 @@ async fn archive_purge_and_retention_commands() {
     let day = 86_400_000_000i64;
     let alice = starling_proto::BareJid::new("alice@localhost").unwrap();
     let bob = starling_proto::BareJid::new("bob@localhost").unwrap();
-    let storage = starling_storage::open(&db_cfg).await.unwrap();
+    let storage = starling_server::modules::open_storage(&db_cfg)
+        .await
+        .unwrap();
     let mut recs = Vec::new();
     for (n, (owner, age_days)) in [
         (&alice, 40),
@@ -213,7 +215,9 @@ async fn archive_purge_and_retention_commands() {
     assert!(!ok && err.contains("XEP-0082"), "{err}");
     let (ok, out, err) = run(&["archive", "purge", "bob@localhost"]);
     assert!(ok && out.contains("deleted 1 archived"), "{out}{err}");
-    let storage = starling_storage::open(&db_cfg).await.unwrap();
+    let storage = starling_server::modules::open_storage(&db_cfg)
+        .await
+        .unwrap();
     let all = ArchiveQuery {
         limit: 10,
         ..Default::default()
@@ -1222,11 +1226,14 @@ async fn room_create_list_serve_and_destroy() {
         serde_json::from_str::<serde_json::Value>(&out).unwrap(),
         serde_json::json!([])
     );
-    let storage = starling_storage::open(&backend).await.unwrap();
+    let storage = starling_server::modules::open_storage(&backend)
+        .await
+        .unwrap();
     let room = starling_proto::BareJid::new(lobby).unwrap();
     let alice_jid = starling_proto::BareJid::new("alice@localhost").unwrap();
-    assert!(storage.muc.affiliations(&room).await.unwrap().is_empty());
-    assert!(storage.muc.rooms_of(&alice_jid).await.unwrap().is_empty());
+    let muc = starling_server::modules::muc::store::open(&storage);
+    assert!(muc.affiliations(&room).await.unwrap().is_empty());
+    assert!(muc.rooms_of(&alice_jid).await.unwrap().is_empty());
     let all = starling_core::storage::ArchiveQuery {
         limit: 10,
         ..Default::default()
@@ -1240,28 +1247,28 @@ async fn room_create_list_serve_and_destroy() {
 /// says the commands act on storage and what a running server does.
 #[tokio::test(flavor = "multi_thread")]
 async fn room_list_pages_through_many_rooms() {
-    use starling_core::storage::StoredRoom;
+    use starling_server::modules::muc::store::StoredRoom;
     use starling_server::modules::muc::{stored_config_for_cli, CliRoom, MucConfig};
     let dir = temp_dir();
     let cfg = write_binary_config(&dir, 1, 2);
     let db_cfg = starling_server::Config::load(&cfg)
         .unwrap()
         .backend_config();
-    let storage = starling_storage::open(&db_cfg).await.unwrap();
+    let storage = starling_server::modules::open_storage(&db_cfg)
+        .await
+        .unwrap();
+    let muc = starling_server::modules::muc::store::open(&storage);
     let n = 1_201;
     for i in 0..n {
         let config = stored_config_for_cli(&MucConfig::default(), &CliRoom::default()).unwrap();
-        storage
-            .muc
-            .put_room(&StoredRoom {
-                jid: starling_proto::BareJid::new(&format!("r{i:05}@conference.localhost"))
-                    .unwrap(),
-                config,
-                subject: String::new(),
-                created_at: 1_700_000_000_000,
-            })
-            .await
-            .unwrap();
+        muc.put_room(&StoredRoom {
+            jid: starling_proto::BareJid::new(&format!("r{i:05}@conference.localhost")).unwrap(),
+            config,
+            subject: String::new(),
+            created_at: 1_700_000_000_000,
+        })
+        .await
+        .unwrap();
     }
     storage.backend.close().await;
     let (ok, out, err) = run_cli(&cfg, &["room", "list"], "");

@@ -403,7 +403,7 @@ async fn domain_operations_refuse_configured_domains_and_bad_names() {
 #[tokio::test(flavor = "multi_thread")]
 async fn domain_written_to_the_database_elsewhere_is_served_within_seconds() {
     let server = TestServer::start().await;
-    let storage = starling_storage::open(&server.backend_config())
+    let storage = starling_server::modules::open_storage(&server.backend_config())
         .await
         .unwrap();
     let offline = starling_server::domains::Domains::new(
@@ -535,7 +535,9 @@ async fn domain_cli_adds_lists_sets_and_removes_with_progress() {
     let backend = starling_server::Config::load(&cfg)
         .unwrap()
         .backend_config();
-    let s = starling_storage::open(&backend).await.unwrap();
+    let s = starling_server::modules::open_storage(&backend)
+        .await
+        .unwrap();
     let accounts: Vec<_> = (0..1500)
         .map(|i| (BareJid::new(&format!("u{i}@cli.example")).unwrap(), vec![]))
         .collect();

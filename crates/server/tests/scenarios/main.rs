@@ -43,6 +43,7 @@ mod sasl2;
 mod server_info;
 mod services;
 mod shutdown;
+mod stores;
 mod stream_management;
 mod upload;
 mod web_client;

@@ -641,7 +641,9 @@ async fn queued_archive_writes_survive_a_graceful_shutdown() {
     // database again (whichever backend the tests run on) and look.
     let backend = server.backend_config();
     server.server.shutdown().await;
-    let db = starling_storage::open(&backend).await.unwrap();
+    let db = starling_server::modules::open_storage(&backend)
+        .await
+        .unwrap();
     let bob_jid = starling_proto::BareJid::new("bob@localhost").unwrap();
     let n = db
         .archive

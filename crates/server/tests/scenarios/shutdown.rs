@@ -133,7 +133,9 @@ async fn graceful_shutdown_under_load_loses_nothing_accepted() {
         assert_eq!(q.queued.get(), 0, "{queue}: everything written");
     }
 
-    let db = starling_storage::open(&backend).await.unwrap();
+    let db = starling_server::modules::open_storage(&backend)
+        .await
+        .unwrap();
     let all = starling_core::storage::ArchiveQuery {
         limit: 10_000_000,
         ..Default::default()

@@ -7,10 +7,10 @@
 //!
 //! One file per store (`accounts.rs`: accounts, their change log, auth
 //! caches and FAST tokens; `roster.rs`, `user_data.rs`, `offline.rs`,
-//! `archive.rs` with its buckets, `inbox.rs`, `muc.rs`, `muc_light.rs`,
-//! `pubsub.rs`, `admin.rs`, `domains.rs`), `concurrency.rs` for stores
+//! `archive.rs` with its buckets, `inbox.rs`, `pubsub.rs`, `admin.rs`, `domains.rs`), `concurrency.rs` for stores
 //! raced by concurrent callers; this file holds [`run_all`] and the
-//! helpers the files share.
+//! helpers the files share. A module's own store has its suite in its
+//! folder (`modules/muc/store/conformance.rs` of the server).
 
 mod accounts;
 mod admin;
@@ -18,8 +18,6 @@ mod archive;
 mod concurrency;
 mod domains;
 mod inbox;
-mod muc;
-mod muc_light;
 mod offline;
 mod pubsub;
 mod roster;
@@ -31,8 +29,6 @@ pub use archive::{archive, archive_buckets, bucket_test_options};
 pub use concurrency::concurrency;
 pub use domains::domains;
 pub use inbox::inbox;
-pub use muc::muc;
-pub use muc_light::muc_light_blocking;
 pub use offline::{offline, offline_with_archive};
 pub use pubsub::pubsub;
 pub use roster::roster;
@@ -60,8 +56,6 @@ where
     offline_with_archive(&make().await).await;
     archive(&make().await).await;
     inbox(&make().await).await;
-    muc(&make().await).await;
-    muc_light_blocking(&make().await).await;
     pubsub(&make().await).await;
     concurrency(&make().await).await;
 }

@@ -24,8 +24,8 @@ use crate::migrate;
 use crate::{now_secs, split, OpenError};
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Row};
-use starling_core::storage::StorageBackend;
+use sqlx::{Connection, PgConnection, PgPool};
+use starling_core::storage::{SchemaStep, StorageBackend};
 use starling_proto::BareJid;
 use std::str::FromStr;
 use std::time::Duration;
@@ -42,9 +42,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0005_inbox_unindexed.sql"),
     include_str!("0006_fast_tokens.sql"),
     include_str!("0007_archive_buckets.sql"),
-    include_str!("0008_muc.sql"),
     include_str!("0009_inbox_groups.sql"),
-    include_str!("0010_muclight_blocking.sql"),
     include_str!("0011_pubsub.sql"),
     include_str!("0012_admin.sql"),
     include_str!("0013_domains.sql"),
@@ -192,13 +190,13 @@ impl PostgresStorage {
             target: target.clone(),
             buckets: std::sync::Arc::new(crate::buckets::BucketWriter::new(options)),
         };
-        db.migrate(first).await?;
+        db.migrate(first, &options.schema).await?;
         Ok(db)
     }
 
     /// Applies pending migrations on `conn`, in one transaction holding
     /// [`MIGRATION_LOCK`]: concurrent starters wait, then find nothing to do.
-    async fn migrate(&self, mut conn: PgConnection) -> Result<(), OpenError> {
+    async fn migrate(&self, mut conn: PgConnection, extra: &[SchemaStep]) -> Result<(), OpenError> {
         let fail = |source: sqlx::Error| OpenError::Postgres {
             target: self.target.clone(),
             hint: hint(&source),
@@ -217,19 +215,16 @@ impl PostgresStorage {
         .execute(&mut *tx)
         .await
         .map_err(fail)?;
-        let current: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) FROM starling_schema")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(fail)?
-            .get(0);
-        if current > migrate::SUPPORTED {
-            return Err(OpenError::TooNew {
-                found: current,
-                supported: migrate::SUPPORTED,
-            });
-        }
-        for m in migrate::pending(&MIGRATIONS, current) {
-            if current > 0 {
+        let applied: std::collections::HashSet<i64> =
+            sqlx::query_scalar("SELECT version FROM starling_schema")
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(fail)?
+                .into_iter()
+                .collect();
+        let plan = migrate::plan(&MIGRATIONS, extra, migrate::Engine::Postgres)?;
+        for m in migrate::pending(plan, &applied)? {
+            if !applied.is_empty() {
                 // An existing database: a step may rebuild an index over
                 // the whole archive; say so before the wait.
                 tracing::info!(version = m.version, name = m.name, db = %self.target, "applying schema migration (minutes on a large archive)");
@@ -285,6 +280,10 @@ impl StorageBackend for PostgresStorage {
 
     fn describe(&self) -> String {
         self.target.clone()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

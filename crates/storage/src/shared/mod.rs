@@ -26,7 +26,6 @@ mod archive;
 pub(crate) mod buckets;
 mod domains;
 mod im;
-mod muc;
 mod offline;
 mod pubsub;
 
@@ -53,11 +52,11 @@ impl Store {
             offline: me.clone(),
             archive: me.clone(),
             inbox: me.clone(),
-            muc: me.clone(),
             pubsub: me.clone(),
             admin_tokens: me.clone(),
             domains: me.clone(),
             backend: me,
+            owned: Arc::new([]),
         }
     }
 

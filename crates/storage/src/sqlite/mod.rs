@@ -17,8 +17,8 @@ use crate::migrate;
 use crate::{now_secs, OpenError};
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
-use starling_core::storage::StorageBackend;
+use sqlx::SqlitePool;
+use starling_core::storage::{SchemaStep, StorageBackend};
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,9 +34,7 @@ const MIGRATIONS: migrate::Scripts = [
     include_str!("0005_inbox_unindexed.sql"),
     include_str!("0006_fast_tokens.sql"),
     include_str!("0007_archive_buckets.sql"),
-    include_str!("0008_muc.sql"),
     include_str!("0009_inbox_groups.sql"),
-    include_str!("0010_muclight_blocking.sql"),
     include_str!("0011_pubsub.sql"),
     include_str!("0012_admin.sql"),
     include_str!("0013_domains.sql"),
@@ -157,7 +155,7 @@ impl SqliteStorage {
                 merge_inline: options.inbox_merge_inline,
             },
         };
-        db.migrate().await?;
+        db.migrate(&options.schema).await?;
         // What a crash left in the inbox log goes into the table first.
         db.recover_inbox_log()
             .await
@@ -174,7 +172,7 @@ impl SqliteStorage {
         Ok(db)
     }
 
-    async fn migrate(&self) -> Result<(), OpenError> {
+    async fn migrate(&self, extra: &[SchemaStep]) -> Result<(), OpenError> {
         let conn_err = |source| OpenError::Connect {
             target: self.target.clone(),
             source,
@@ -186,19 +184,16 @@ impl SqliteStorage {
         .execute(&self.writer)
         .await
         .map_err(conn_err)?;
-        let current: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) FROM starling_schema")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(conn_err)?
-            .get(0);
-        if current > migrate::SUPPORTED {
-            return Err(OpenError::TooNew {
-                found: current,
-                supported: migrate::SUPPORTED,
-            });
-        }
-        for m in migrate::pending(&MIGRATIONS, current) {
-            if current > 0 {
+        let applied: std::collections::HashSet<i64> =
+            sqlx::query_scalar("SELECT version FROM starling_schema")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(conn_err)?
+                .into_iter()
+                .collect();
+        let plan = migrate::plan(&MIGRATIONS, extra, migrate::Engine::Sqlite)?;
+        for m in migrate::pending(plan, &applied)? {
+            if !applied.is_empty() {
                 // An existing database: a step may rebuild an index over
                 // the whole archive; say so before the wait.
                 tracing::info!(version = m.version, name = m.name, db = %self.target, "applying schema migration (minutes on a large archive)");
@@ -322,6 +317,10 @@ impl StorageBackend for SqliteStorage {
 
     fn describe(&self) -> String {
         self.target.clone()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

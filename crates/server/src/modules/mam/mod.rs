@@ -934,7 +934,7 @@ mod tests {
     async fn ids_stay_unique_and_increasing_when_the_store_is_ahead_of_the_clock() {
         let dir =
             std::env::temp_dir().join(format!("starling-mam-{}", starling_proto::random_id(8)));
-        let storage = starling_storage::open(&starling_storage::BackendConfig::Sqlite {
+        let storage = crate::modules::open_storage(&starling_storage::BackendConfig::Sqlite {
             path: dir.join("db.sqlite"),
             pool_size: 1,
         })

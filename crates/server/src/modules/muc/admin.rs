@@ -26,12 +26,12 @@
 use super::config::{RoomConfig, Whois, MAX_NAME_CHARS};
 use super::host::{AdminFailure, Host, Listing};
 use super::room::Room;
+use super::store::{RoomAffiliation, StoredRoom};
 use super::{MucKind, NS_ADMIN, NS_MUC_ADMIN, NS_MUC_OWNER};
 use starling_core::admin::{
     AffiliationEntry, Affiliations, Applied, OccupantEntry, RoomAdmin, RoomChange, RoomDetails,
     RoomError, RoomSummary,
 };
-use starling_core::storage::{RoomAffiliation, StoredRoom};
 use starling_proto::{ns, BareJid, Jid, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::collections::BTreeMap;
@@ -424,8 +424,7 @@ impl RoomAdmin for MucAdmin {
         // the page is the first `limit` of stored and live together.
         let page = self
             .host
-            .storage
-            .muc
+            .store
             .rooms(service, after, u32::try_from(limit).unwrap_or(u32::MAX))
             .await
             .map_err(storage_failed)?;
@@ -469,7 +468,7 @@ impl RoomAdmin for MucAdmin {
                 return Ok(live);
             }
         }
-        let storage = &self.host.storage.muc;
+        let storage = &self.host.store;
         let Some(stored) = storage.room(room).await.map_err(storage_failed)? else {
             return Ok(None);
         };

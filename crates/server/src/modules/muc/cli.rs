@@ -229,6 +229,7 @@ async fn room_list(
     service: Option<String>,
     json: bool,
 ) -> anyhow::Result<()> {
+    let muc = super::store::open(storage);
     let services = match service {
         Some(s) => {
             let domain = BareJid::new(&s)
@@ -258,15 +259,11 @@ async fn room_list(
     for service in &services {
         let mut after: Option<String> = None;
         loop {
-            let page = storage
-                .muc
-                .rooms(service, after.as_deref(), ROOM_PAGE)
-                .await?;
+            let page = muc.rooms(service, after.as_deref(), ROOM_PAGE).await?;
             let Some(last) = page.last() else { break };
             after = last.jid.node().map(|n| n.as_str().to_owned());
             for r in &page {
-                let owners = storage
-                    .muc
+                let owners = muc
                     .affiliations(&r.jid)
                     .await?
                     .into_iter()
@@ -310,7 +307,8 @@ async fn room_create(
     owner: &str,
     opts: &CliRoom,
 ) -> anyhow::Result<()> {
-    use starling_core::storage::{RoomAffiliation, StoredRoom};
+    use super::store::{RoomAffiliation, StoredRoom};
+    let muc = super::store::open(storage);
     let jid = parse_room(jid, cfg)?;
     check_muc_service(cfg, jid.domain().as_str(), true)?;
     if !cfg.modules.is_enabled("muc") {
@@ -320,7 +318,7 @@ async fn room_create(
     let svc = cfg.modules.get::<Muc>();
     let config = stored_config_for_cli(svc, opts)
         .map_err(|e| anyhow::anyhow!("cannot create {jid}: {e}"))?;
-    if let Some(existing) = storage.muc.room(&jid).await? {
+    if let Some(existing) = muc.room(&jid).await? {
         bail!(
             "room {jid} already exists (created {}): choose another name, or delete it first with `starling room destroy {jid}`",
             starling_proto::datetime::xep0082_datetime(
@@ -338,8 +336,7 @@ async fn room_create(
         note!("warning: {owner} has no account yet; create it with `starling user add {owner}`");
     }
     if svc.max_rooms_per_user > 0 {
-        let owned = storage
-            .muc
+        let owned = muc
             .rooms_of(&owner)
             .await?
             .iter()
@@ -354,24 +351,22 @@ async fn room_create(
     let created_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    storage
-        .muc
-        .put_room(&StoredRoom {
-            jid: jid.clone(),
-            config,
-            subject: String::new(),
-            created_at,
-        })
-        .await?;
+    muc.put_room(&StoredRoom {
+        jid: jid.clone(),
+        config,
+        subject: String::new(),
+        created_at,
+    })
+    .await?;
     let owner_row = RoomAffiliation {
         jid: owner.to_string(),
         affiliation: "owner".into(),
         nick: None,
         reason: None,
     };
-    if let Err(e) = storage.muc.set_affiliations(&jid, &[owner_row]).await {
+    if let Err(e) = muc.set_affiliations(&jid, &[owner_row]).await {
         // No room without its owner.
-        let _ = storage.muc.delete_room(&jid).await;
+        let _ = muc.delete_room(&jid).await;
         return Err(e.into());
     }
     out!("created {jid} (owner {owner})")?;
@@ -379,15 +374,16 @@ async fn room_create(
 }
 
 async fn room_destroy(storage: &Storage, cfg: &Config, jid: &str, yes: bool) -> anyhow::Result<()> {
+    let muc = super::store::open(storage);
     let jid = parse_room(jid, cfg)?;
     check_muc_service(cfg, jid.domain().as_str(), false)?;
-    if storage.muc.room(&jid).await?.is_none() {
+    if muc.room(&jid).await?.is_none() {
         bail!(
             "no stored room {jid}: see `starling room list --service {}` (a temporary room lives only in the running server; its owner destroys it through XMPP)",
             jid.domain()
         );
     }
-    let affiliations = storage.muc.affiliations(&jid).await?;
+    let affiliations = muc.affiliations(&jid).await?;
     let stdin = std::io::stdin();
     if !yes && stdin.is_terminal() {
         let owners: Vec<&str> = affiliations
@@ -418,7 +414,7 @@ async fn room_destroy(storage: &Storage, cfg: &Config, jid: &str, yes: bool) -> 
     // The archive first: if deleting the room then fails, running the
     // command again finds the room and finishes.
     let messages = storage.archive.purge_user(&jid, None).await?;
-    storage.muc.delete_room(&jid).await?;
+    muc.delete_room(&jid).await?;
     out!(
         "destroyed {jid}: {} affiliation(s) and {messages} archived message(s) deleted",
         affiliations.len()

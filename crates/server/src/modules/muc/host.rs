@@ -389,8 +389,10 @@ pub(super) struct Host<K: Kind> {
     pub ids: Arc<ArchiveIds>,
     /// The rooms' archive rows, written behind.
     pub archive: WriteBehind<ArchiveRecord>,
-    /// Rooms, affiliations, archive.
+    /// The archive (and the rest of the shared storage).
     pub storage: Storage,
+    /// Rooms and affiliations (the group-chat store, `store/`).
+    pub store: Arc<dyn super::store::MucStore>,
     next_gen: AtomicU64,
     /// The full-queue warning, throttled (a flood must not flood the log).
     full_log: starling_core::throttle::LogThrottle,
@@ -455,6 +457,7 @@ impl<K: Kind> Host<K> {
             ids: ctx.archive_ids.clone(),
             archive,
             storage: ctx.storage.clone(),
+            store: super::store::open_timed(ctx.storage, ctx.metrics),
             next_gen: AtomicU64::new(1),
             full_log: Default::default(),
             rooms_live: Default::default(),
@@ -820,7 +823,7 @@ impl<K: Kind> AccountRemovedHandler for RoomService<K> {
     /// most 5 s each), so it has let go before the stored rows go; a room
     /// on another cluster node gets the request over the bus.
     async fn account_removed(&self, env: &Env, jid: &BareJid) {
-        let rooms = match self.0.storage.muc.rooms_of(jid).await {
+        let rooms = match self.0.store.rooms_of(jid).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(module = K::MODULE, user = %jid, error = %e, "listing the rooms of a deleted account failed");

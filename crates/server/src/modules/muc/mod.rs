@@ -58,6 +58,7 @@ mod host;
 pub mod light;
 mod mam;
 mod room;
+pub mod store;
 
 use config::RoomConfig;
 use host::{error, CreateRefused, Host, Kind, Listing, Settings};
@@ -65,13 +66,14 @@ use room::{Ctx, Out, Room};
 use serde::Deserialize;
 use starling_core::hooks::HookRegistry;
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::{ArchiveQuery, StorageResult, StoredRoom};
+use starling_core::storage::{ArchiveQuery, StorageResult};
 use starling_core::{async_trait, Env};
 use starling_proto::{
     ns, BareJid, ErrorType, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };
 use starling_xml::Element;
 use std::sync::Arc;
+use store::StoredRoom;
 
 const NAME: &str = "muc";
 /// XEP-0045 namespaces.
@@ -209,7 +211,14 @@ impl Module for Muc {
         "XEP-0045 multi-user chat (with XEP-0359 stanza ids, XEP-0410 self-ping, XEP-0421 occupant ids) at conference.<domain>";
     type Config = MucConfig;
     const STORAGE: &'static [&'static str] = &["muc", "archive"];
+    /// The group-chat store's tables, MUC Light's included (`store/`).
+    const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
 
+    fn owned_data(
+        storage: &starling_core::storage::Storage,
+    ) -> Option<Arc<dyn starling_core::storage::OwnedData>> {
+        Some(Arc::new(store::MucData::new(storage)))
+    }
     fn subdomain(cfg: &Self::Config) -> Option<&str> {
         Some(&cfg.subdomain)
     }
@@ -395,7 +404,7 @@ impl Kind for MucKind {
 impl Inner {
     /// Loads a stored room (with its affiliations and recent history).
     async fn load(&self, jid: &BareJid) -> StorageResult<Option<Room>> {
-        let Some(stored) = self.storage.muc.room(jid).await? else {
+        let Some(stored) = self.store.room(jid).await? else {
             return Ok(None);
         };
         let config = RoomConfig::from_stored(&stored.config).unwrap_or_else(|| {
@@ -404,7 +413,7 @@ impl Inner {
         });
         let mut room = Room::new(jid.clone(), config, stored.subject, stored.created_at);
         room.stored = true;
-        for a in self.storage.muc.affiliations(jid).await? {
+        for a in self.store.affiliations(jid).await? {
             if let Some(aff) = room::Affiliation::parse(&a.affiliation) {
                 room.affiliations.insert(
                     a.jid,
@@ -560,8 +569,7 @@ impl Inner {
         // Stored rooms, a page at a time, until enough public ones.
         loop {
             let page = self
-                .storage
-                .muc
+                .store
                 .rooms(&service, cursor.as_deref(), 500)
                 .await
                 .map_err(|e| {
@@ -625,8 +633,7 @@ impl Inner {
     /// How many rooms `who` owns (stored ones).
     async fn owned_rooms(&self, who: &BareJid) -> StorageResult<usize> {
         Ok(self
-            .storage
-            .muc
+            .store
             .rooms_of(who)
             .await?
             .iter()
@@ -638,15 +645,14 @@ impl Inner {
     async fn persist(&self, room: &mut Room, out: &mut Out) -> StorageResult<()> {
         if out.destroyed {
             if room.stored {
-                self.storage.muc.delete_room(&room.jid).await?;
+                self.store.delete_room(&room.jid).await?;
                 room.stored = false;
             }
             return Ok(());
         }
         if room.config.persistent && !room.locked {
             if !room.stored || out.save {
-                self.storage
-                    .muc
+                self.store
                     .put_room(&StoredRoom {
                         jid: room.jid.clone(),
                         config: room.config.to_stored(),
@@ -662,24 +668,23 @@ impl Inner {
                 let all: Vec<_> = room
                     .affiliations
                     .iter()
-                    .map(|(j, a)| starling_core::storage::RoomAffiliation {
+                    .map(|(j, a)| store::RoomAffiliation {
                         jid: j.clone(),
                         affiliation: a.affiliation.as_str().to_owned(),
                         nick: a.nick.clone(),
                         reason: a.reason.clone(),
                     })
                     .collect();
-                self.storage.muc.set_affiliations(&room.jid, &all).await?;
+                self.store.set_affiliations(&room.jid, &all).await?;
                 room.stored = true;
             } else if !out.affiliations.is_empty() {
-                self.storage
-                    .muc
+                self.store
                     .set_affiliations(&room.jid, &out.affiliations)
                     .await?;
             }
         } else if room.stored && !room.config.persistent {
             // Made temporary: it lives on in memory until it empties.
-            self.storage.muc.delete_room(&room.jid).await?;
+            self.store.delete_room(&room.jid).await?;
             room.stored = false;
         }
         Ok(())
@@ -962,7 +967,7 @@ async fn apply(
             || (r.is_empty() && (!r.config.persistent || r.locked) && !r.waiting_for_first)
         {
             if r.stored {
-                if let Err(e) = inner.storage.muc.delete_room(&r.jid).await {
+                if let Err(e) = inner.store.delete_room(&r.jid).await {
                     tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room failed");
                 }
             }

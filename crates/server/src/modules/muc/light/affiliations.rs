@@ -9,7 +9,7 @@ use super::{
     MucLightConfig, NAME, NS_AFFILIATIONS,
 };
 use crate::modules::muc::host::{self, error};
-use starling_core::storage::RoomAffiliation;
+use crate::modules::muc::store::RoomAffiliation;
 use starling_core::Env;
 use starling_proto::{BareJid, Stanza, StanzaError, StanzaErrorCondition};
 use starling_xml::Element;
@@ -79,8 +79,7 @@ pub(super) async fn check_newcomers(
         }
     }
     let refusing = if host.cfg.blocking {
-        host.storage
-            .muc
+        host.store
             .light_refusing(newcomers, room, by)
             .await
             .map_err(|e| internal(e, "reading blocking lists"))?
@@ -91,8 +90,7 @@ pub(super) async fn check_newcomers(
         let service = room.domain().as_str();
         for n in newcomers.iter().filter(|n| !refusing.contains(n)) {
             let rooms = host
-                .storage
-                .muc
+                .store
                 .rooms_of(n)
                 .await
                 .map_err(|e| internal(e, "counting rooms"))?;
@@ -270,14 +268,13 @@ pub(super) async fn affiliations(
         return Ok(Done::Destroyed(out));
     }
     let rows: Vec<RoomAffiliation> = changes.iter().map(|(j, a)| row(j, *a)).collect();
-    host.storage
-        .muc
+    host.store
         .set_affiliations(&r.jid, &rows)
         .await
         .map_err(|e| internal(e, "storing the room's members"))?;
     let prev = std::mem::replace(&mut r.version, new_version());
     let old = std::mem::replace(&mut r.members, after);
-    if let Err(e) = host.storage.muc.put_room(&r.to_stored()).await {
+    if let Err(e) = host.store.put_room(&r.to_stored()).await {
         tracing::error!(module = NAME, room = %r.jid, error = %e, "storing the room's version failed");
     }
     let list = |parent: &mut Element| {

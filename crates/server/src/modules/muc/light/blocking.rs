@@ -15,8 +15,7 @@ pub(super) async fn blocking(
 ) -> Result<Option<Element>, StanzaError> {
     if get {
         let list = host
-            .storage
-            .muc
+            .store
             .light_blocking(who)
             .await
             .map_err(|e| internal(e, "reading a blocking list"))?;
@@ -55,8 +54,7 @@ pub(super) async fn blocking(
     }
     if !deny.is_empty() {
         let now = host
-            .storage
-            .muc
+            .store
             .light_blocking(who)
             .await
             .map_err(|e| internal(e, "reading a blocking list"))?;
@@ -71,8 +69,7 @@ pub(super) async fn blocking(
             ));
         }
     }
-    host.storage
-        .muc
+    host.store
         .set_light_blocking(who, &deny, &allow)
         .await
         .map_err(|e| internal(e, "storing a blocking list"))?;

@@ -71,7 +71,7 @@ pub(super) async fn configure(
     for (k, v) in &fields {
         r.config.insert(k.clone(), v.clone());
     }
-    if let Err(e) = host.storage.muc.put_room(&r.to_stored()).await {
+    if let Err(e) = host.store.put_room(&r.to_stored()).await {
         r.version = prev;
         return Err(internal(e, "storing the configuration"));
     }

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::modules::muc::host::{self};
 use crate::modules::muc::room::now_millis;
-use starling_core::storage::RoomAffiliation;
+use crate::modules::muc::store::RoomAffiliation;
 use starling_core::Env;
 use starling_proto::{BareJid, Stanza, StanzaError};
 use starling_xml::Element;
@@ -91,13 +91,11 @@ pub(super) async fn create(
         created_at: now_millis(),
     };
     let rows: Vec<RoomAffiliation> = room.members.iter().map(|(j, a)| row(j, Some(*a))).collect();
-    host.storage
-        .muc
+    host.store
         .put_room(&room.to_stored())
         .await
         .map_err(|e| internal(e, "storing the room"))?;
-    host.storage
-        .muc
+    host.store
         .set_affiliations(jid, &rows)
         .await
         .map_err(|e| internal(e, "storing the room's members"))?;

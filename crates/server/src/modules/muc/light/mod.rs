@@ -36,10 +36,11 @@
 
 use super::host::{self, error, Host, Kind, Listing, Settings};
 use super::mam;
+use super::store::{RoomAffiliation, StoredRoom};
 use serde::{Deserialize, Serialize};
 use starling_core::hooks::HookRegistry;
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::{RoomAffiliation, StorageResult, StoredRoom};
+use starling_core::storage::StorageResult;
 use starling_core::{async_trait, Env};
 use starling_proto::{
     ns, BareJid, ErrorType, FullJid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
@@ -327,7 +328,7 @@ impl Kind for LightKind {
     const MODULE: &'static str = NAME;
 
     async fn load(host: &Arc<Inner>, jid: &BareJid) -> StorageResult<Option<LightRoom>> {
-        let Some(stored) = host.storage.muc.room(jid).await? else {
+        let Some(stored) = host.store.room(jid).await? else {
             return Ok(None);
         };
         let Ok(s) = serde_json::from_str::<Stored>(&stored.config) else {
@@ -335,7 +336,7 @@ impl Kind for LightKind {
             return Ok(None);
         };
         let mut members = BTreeMap::new();
-        for a in host.storage.muc.affiliations(jid).await? {
+        for a in host.store.affiliations(jid).await? {
             let aff = LAff::parse(&a.affiliation).flatten();
             if let (Some(aff), Ok(j)) = (aff, BareJid::new(&a.jid)) {
                 members.insert(j, aff);
@@ -551,7 +552,7 @@ impl Done {
 /// The room is gone: its stored state and its archive (after what is
 /// still queued for it).
 async fn destroyed(host: &Inner, jid: &BareJid) {
-    if let Err(e) = host.storage.muc.delete_room(jid).await {
+    if let Err(e) = host.store.delete_room(jid).await {
         tracing::error!(module = NAME, room = %jid, error = %e, "deleting the room failed");
     }
     host.archive.flush().await;

@@ -97,8 +97,7 @@ async fn my_rooms(
         .and_then(|s| s.get_child("after", NS_RSM))
         .map(|a| a.text());
     let mut rooms: Vec<BareJid> = host
-        .storage
-        .muc
+        .store
         .rooms_of(who)
         .await
         .map_err(|e| internal(e, "listing rooms"))?
@@ -116,8 +115,7 @@ async fn my_rooms(
     let mut q = Element::new("query", ns::DISCO_ITEMS);
     for j in &page {
         let stored = host
-            .storage
-            .muc
+            .store
             .room(j)
             .await
             .map_err(|e| internal(e, "reading a room"))?;

@@ -6,9 +6,9 @@
 
 use super::{err, Aff, Affiliation, ItemExtra, Out, Role, Room};
 use crate::modules::muc::config::RoomConfig;
+use crate::modules::muc::store::RoomAffiliation;
 use crate::modules::muc::NS_MUC_ADMIN;
 use starling_core::forms::{FormBuilder, Submitted};
-use starling_core::storage::RoomAffiliation;
 use starling_proto::{ns, BareJid, FullJid, StanzaError, StanzaErrorCondition};
 use starling_xml::Element;
 

@@ -23,8 +23,9 @@
 //!   self-ping XEP-0410, forwarded requests).
 
 use super::config::{RoomConfig, Whois};
+use super::store::RoomAffiliation;
 use super::{MucConfig, NS_MUC_ADMIN, NS_MUC_OWNER, NS_MUC_USER, NS_OCCUPANT_ID};
-use starling_core::storage::{ArchiveId, ArchiveIds, ArchiveRecord, RoomAffiliation};
+use starling_core::storage::{ArchiveId, ArchiveIds, ArchiveRecord};
 use starling_proto::{
     ns, BareJid, FullJid, Jid, Stanza, StanzaError, StanzaErrorCondition, StanzaKind,
 };

@@ -1,4 +1,6 @@
-//! [`MucStore`]: group-chat rooms and their affiliations.
+//! [`MucStore`] in SQL, the same on both engines (compiled once for each,
+//! where `Store` is its backend: see `mod.rs`): group-chat rooms and
+//! their affiliations.
 //!
 //! A room JID `name@service` is keyed by `(service, name)`, its domain and
 //! node (as [`split`] gives an account's). Writers of one stored room are
@@ -13,12 +15,18 @@
 //! touches its rows in key order, whatever the caller's order, so two of
 //! them never wait for each other in a cycle (PostgreSQL).
 
-use super::{backend, split, Db, Dialect, Store};
-use async_trait::async_trait;
-use sqlx::{Database, Row};
-use starling_core::storage::{MucStore, RoomAffiliation, StorageError, StorageResult, StoredRoom};
+use super::super::{MucStore, RoomAffiliation, StoredRoom};
+use super::Store;
+use starling_core::async_trait;
+use starling_core::storage::{StorageError, StorageResult};
 use starling_proto::BareJid;
+use starling_storage::for_update;
+use starling_storage::kit::sqlx::{self, Database, Row};
+use starling_storage::kit::{backend, split, SqlEngine};
 use std::collections::{BTreeMap, HashSet};
+
+/// The driver of this engine.
+type Db = <Store as SqlEngine>::Db;
 
 /// Users per [`MucStore::light_refusing`] statement (bound parameters stay
 /// far below either engine's limit).
@@ -67,7 +75,7 @@ impl MucStore for Store {
         )
         .bind(service)
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await
         .map_err(backend)?;
         Ok(row.as_ref().and_then(room_from_row))
@@ -88,7 +96,7 @@ impl MucStore for Store {
         .bind(room.config.as_str())
         .bind(room.subject.as_str())
         .bind(room.created_at)
-        .execute(&self.writer)
+        .execute(self.writer())
         .await
         .map_err(backend)?;
         Ok(())
@@ -130,7 +138,7 @@ impl MucStore for Store {
         .bind(service)
         .bind(after.unwrap_or(""))
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await
         .map_err(backend)?;
         Ok(rows.iter().filter_map(room_from_row).collect())
@@ -144,7 +152,7 @@ impl MucStore for Store {
         )
         .bind(service)
         .bind(name)
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await
         .map_err(backend)?;
         Ok(rows.iter().map(affiliation_from_row).collect())
@@ -210,7 +218,7 @@ impl MucStore for Store {
              WHERE jid = $1 ORDER BY service, name",
         )
         .bind(jid.as_str())
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await
         .map_err(backend)?;
         Ok(rows
@@ -242,7 +250,7 @@ impl MucStore for Store {
             "SELECT kind, jid FROM muclight_blocking WHERE owner = $1 ORDER BY kind, jid",
         )
         .bind(user.as_str())
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await
         .map_err(backend)?;
         Ok(rows
@@ -318,7 +326,7 @@ impl MucStore for Store {
                 sep.push_bind(u.as_str());
             }
             b.push(")");
-            let rows = b.build().fetch_all(&self.pool).await.map_err(backend)?;
+            let rows = b.build().fetch_all(self.reader()).await.map_err(backend)?;
             refusing.extend(rows.iter().map(|r| r.get::<String, _>("owner")));
         }
         // In the caller's order, each once.
