@@ -199,14 +199,3 @@ pub trait UserDataStore: Send + Sync + 'static {
     /// Deletes every document of `owner`.
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 }
-
-/// Last logout time and status (XEP-0012).
-#[async_trait]
-pub trait LastActivityStore: Send + Sync + 'static {
-    /// Seconds since the Unix epoch of the last logout, and its status text.
-    async fn get(&self, owner: &BareJid) -> StorageResult<Option<(u64, String)>>;
-    /// Records a logout.
-    async fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()>;
-    /// Deletes the record.
-    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
-}

@@ -28,10 +28,7 @@ pub use archive::{
     UnreadChange, WithFilter, FLAG_BODY,
 };
 pub use domains::{DomainSettings, DomainState, DomainStore, StoredDomain};
-pub use im::{
-    BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, Subscription,
-    UserDataStore,
-};
+pub use im::{BlockingStore, RosterChange, RosterItem, RosterStore, Subscription, UserDataStore};
 pub use offline::{OfflineMessage, OfflineStore, OfflineStoreError};
 pub use pubsub::{PubsubStore, PubsubSubscription, StoredItem, StoredNode};
 
@@ -203,8 +200,6 @@ pub struct Storage {
     pub blocking: Arc<dyn BlockingStore>,
     /// vCards and private XML.
     pub user_data: Arc<dyn UserDataStore>,
-    /// Last logout times.
-    pub last_activity: Arc<dyn LastActivityStore>,
     /// Offline messages (XEP-0160).
     pub offline: Arc<dyn OfflineStore>,
     /// Message archives (XEP-0313).
@@ -264,7 +259,6 @@ impl Storage {
         self.roster.remove_user(jid).await?;
         self.blocking.unblock_all(jid).await?;
         self.user_data.remove_user(jid).await?;
-        self.last_activity.remove_user(jid).await?;
         self.offline.remove_user(jid).await?;
         self.archive.remove_user(jid).await?;
         self.inbox.remove_user(jid).await?;

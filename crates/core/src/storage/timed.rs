@@ -17,9 +17,9 @@
 use super::{
     AccountChanges, AccountStore, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery,
     ArchiveRecord, ArchiveStore, ArchivedMessage, BlockingStore, FastSlot, FastToken, InboxEntry,
-    InboxQuery, InboxStore, InboxTotals, InboxUpdate, LastActivityStore, OfflineMessage,
-    OfflineStore, OfflineStoreError, PubsubStore, PubsubSubscription, RosterChange, RosterItem,
-    RosterStore, Storage, StorageError, StorageResult, StoredItem, StoredNode, UserDataStore,
+    InboxQuery, InboxStore, InboxTotals, InboxUpdate, OfflineMessage, OfflineStore,
+    OfflineStoreError, PubsubStore, PubsubSubscription, RosterChange, RosterItem, RosterStore,
+    Storage, StorageError, StorageResult, StoredItem, StoredNode, UserDataStore,
 };
 use crate::metrics::{LatencyHistogram, Metrics, StorageOp};
 use starling_proto::sasl::{ScramCredentials, ScramHash};
@@ -57,7 +57,6 @@ impl Storage {
             roster: Timed::wrap(self.roster.clone(), metrics, "roster"),
             blocking: Timed::wrap(self.blocking.clone(), metrics, "blocking"),
             user_data: Timed::wrap(self.user_data.clone(), metrics, "user_data"),
-            last_activity: Timed::wrap(self.last_activity.clone(), metrics, "last_activity"),
             offline: Timed::wrap(self.offline.clone(), metrics, "offline"),
             archive: Timed::wrap(self.archive.clone(), metrics, "archive"),
             inbox: Timed::wrap(self.inbox.clone(), metrics, "inbox"),
@@ -130,12 +129,6 @@ timed_store!(UserDataStore {
     read fn get(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<Option<String>>;
     write fn set(&self, owner: &BareJid, kind: &str, key: &str, value: &str) -> StorageResult<()>;
     write fn delete(&self, owner: &BareJid, kind: &str, key: &str) -> StorageResult<()>;
-    write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
-});
-
-timed_store!(LastActivityStore {
-    read fn get(&self, owner: &BareJid) -> StorageResult<Option<(u64, String)>>;
-    write fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()>;
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 });
 

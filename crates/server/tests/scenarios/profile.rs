@@ -21,11 +21,7 @@ async fn until_logout_recorded(server: &TestServer, user: &str) -> (u64, String)
         &format!("{user}'s logout is recorded"),
         Duration::from_secs(10),
         async || {
-            server
-                .server
-                .env
-                .storage
-                .last_activity
+            starling_server::modules::last::store::open(&server.server.env.storage)
                 .get(&jid)
                 .await
                 .unwrap()

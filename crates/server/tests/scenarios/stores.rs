@@ -4,6 +4,7 @@
 //! (`scripts/test-all.sh` runs this module on both).
 
 use starling_core::storage::Storage;
+use starling_server::modules::last::store::conformance as last;
 use starling_server::modules::muc::store::conformance;
 use starling_testkit::{test_pg_admin_url, TestDatabase};
 use std::future::Future;
@@ -60,6 +61,12 @@ async fn muc_domain_removal() {
     on_fresh(|s| async move { conformance::muc_domain_removal(&s).await }).await;
 }
 
+/// Last activity (XEP-0012): replaced per logout, removed with the account.
+#[tokio::test]
+async fn last_activity_records() {
+    on_fresh(|s| async move { last::last_activity(&s).await }).await;
+}
+
 /// A database opened by the storage crate alone (no module's tables, as
 /// an older build made it) gets the modules' steps when the server opens
 /// it: the group-chat tables are there and usable.
@@ -82,7 +89,13 @@ async fn module_steps_are_applied_to_an_existing_database() {
     let room = starling_proto::BareJid::new("coffee@conference.example.org").unwrap();
     let muc = starling_server::modules::muc::store::open(&s);
     assert_eq!(muc.room(&room).await.unwrap(), None);
-    assert_eq!(s.owned.len(), 1, "the group-chat module's data is attached");
+    let last = starling_server::modules::last::store::open(&s);
+    assert_eq!(last.get(&room).await.unwrap(), None);
+    assert_eq!(
+        s.owned.iter().map(|o| o.name()).collect::<Vec<_>>(),
+        ["last", "muc"],
+        "every module's own data is attached"
+    );
     s.backend.close().await;
     let _ = std::fs::remove_dir_all(dir);
 }

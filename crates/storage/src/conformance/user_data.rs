@@ -1,10 +1,10 @@
-//! Per-user data: block lists, private documents, last activity, and
+//! Per-user data: block lists, private documents, and
 //! account deletion removing every concern's data.
 
 use super::{creds, jid};
 use starling_core::storage::{RosterItem, Storage};
 
-/// Block lists, per-user documents, last activity, and account deletion
+/// Block lists, per-user documents, and account deletion
 /// removing every concern's data.
 pub async fn user_data(s: &Storage) {
     let alice = jid("alice@example.org");
@@ -66,15 +66,6 @@ pub async fn user_data(s: &Storage) {
         None
     );
 
-    let l = s.last_activity.as_ref();
-    assert_eq!(l.get(&alice).await.unwrap(), None);
-    l.set(&alice, 1_700_000_000, "gone fishing").await.unwrap();
-    l.set(&alice, 1_700_000_100, "").await.unwrap();
-    assert_eq!(
-        l.get(&alice).await.unwrap(),
-        Some((1_700_000_100, String::new()))
-    );
-
     // delete_account removes every concern's rows.
     s.accounts.create(&alice, &creds("pw")).await.unwrap();
     s.roster
@@ -87,6 +78,5 @@ pub async fn user_data(s: &Storage) {
     assert_eq!(s.roster.count(&alice).await.unwrap(), 0);
     assert!(s.blocking.blocklist(&alice).await.unwrap().is_empty());
     assert_eq!(s.user_data.get(&alice, "vcard", "").await.unwrap(), None);
-    assert_eq!(s.last_activity.get(&alice).await.unwrap(), None);
     assert!(!s.delete_account(&alice).await.unwrap());
 }

@@ -1,7 +1,8 @@
 -- Instant-messaging core: rosters (RFC 6121) with per-owner versions and
 -- tombstones for XEP-0237, pending subscription requests, block lists
--- (XEP-0191), per-user XML documents (XEP-0054, XEP-0049), last activity
--- (XEP-0012). Every table is keyed by the owner (domain, username) first.
+-- (XEP-0191), per-user XML documents (XEP-0054, XEP-0049). (Last activity
+-- was created here until it became the last-activity module's step 17.)
+-- Every table is keyed by the owner (domain, username) first.
 CREATE TABLE roster_versions (
     domain   TEXT COLLATE "C" NOT NULL,
     username TEXT COLLATE "C" NOT NULL,
@@ -48,12 +49,4 @@ CREATE TABLE user_data (
     key      TEXT COLLATE "C" NOT NULL,
     value    TEXT NOT NULL,
     PRIMARY KEY (domain, username, kind, key)
-);
-
-CREATE TABLE last_activity (
-    domain   TEXT COLLATE "C" NOT NULL,
-    username TEXT COLLATE "C" NOT NULL,
-    at       BIGINT NOT NULL, -- seconds since the Unix epoch
-    status   TEXT   NOT NULL,
-    PRIMARY KEY (domain, username)
 );

@@ -14,8 +14,8 @@ use crate::now_secs;
 use async_trait::async_trait;
 use sqlx::{Database, Row};
 use starling_core::storage::{
-    BlockingStore, LastActivityStore, RosterChange, RosterItem, RosterStore, StorageResult,
-    Subscription, UserDataStore,
+    BlockingStore, RosterChange, RosterItem, RosterStore, StorageResult, Subscription,
+    UserDataStore,
 };
 use starling_proto::BareJid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -467,45 +467,6 @@ impl UserDataStore for Store {
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
         self.exec_for_owner(
             "DELETE FROM user_data WHERE domain = $1 AND username = $2",
-            owner,
-        )
-        .await
-    }
-}
-
-#[async_trait]
-impl LastActivityStore for Store {
-    async fn get(&self, owner: &BareJid) -> StorageResult<Option<(u64, String)>> {
-        let (domain, user) = split(owner);
-        let row =
-            sqlx::query("SELECT at, status FROM last_activity WHERE domain = $1 AND username = $2")
-                .bind(domain)
-                .bind(user)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(backend)?;
-        Ok(row.map(|r| (r.get::<i64, _>(0) as u64, r.get(1))))
-    }
-
-    async fn set(&self, owner: &BareJid, at_unix_secs: u64, status: &str) -> StorageResult<()> {
-        let (domain, user) = split(owner);
-        sqlx::query(
-            "INSERT INTO last_activity (domain, username, at, status) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (domain, username) DO UPDATE SET at = excluded.at, status = excluded.status",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(at_unix_secs as i64)
-        .bind(status)
-        .execute(&self.writer)
-        .await
-        .map_err(backend)?;
-        Ok(())
-    }
-
-    async fn remove_user(&self, owner: &BareJid) -> StorageResult<()> {
-        self.exec_for_owner(
-            "DELETE FROM last_activity WHERE domain = $1 AND username = $2",
             owner,
         )
         .await

@@ -48,7 +48,6 @@ impl Store {
             roster: me.clone(),
             blocking: me.clone(),
             user_data: me.clone(),
-            last_activity: me.clone(),
             offline: me.clone(),
             archive: me.clone(),
             inbox: me.clone(),

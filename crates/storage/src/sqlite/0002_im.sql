@@ -1,7 +1,7 @@
 -- Instant-messaging core: rosters (RFC 6121) with per-owner versions and
 -- tombstones for XEP-0237, pending subscription requests, block lists
--- (XEP-0191), per-user XML documents (XEP-0054, XEP-0049), last activity
--- (XEP-0012).
+-- (XEP-0191), per-user XML documents (XEP-0054, XEP-0049). (Last activity
+-- was created here until it became the last-activity module's step 17.)
 CREATE TABLE roster_versions (
     domain   TEXT    NOT NULL,
     username TEXT    NOT NULL,
@@ -49,12 +49,4 @@ CREATE TABLE user_data (
     key      TEXT NOT NULL,
     value    TEXT NOT NULL,
     PRIMARY KEY (domain, username, kind, key)
-) WITHOUT ROWID;
-
-CREATE TABLE last_activity (
-    domain   TEXT    NOT NULL,
-    username TEXT    NOT NULL,
-    at       INTEGER NOT NULL,
-    status   TEXT    NOT NULL,
-    PRIMARY KEY (domain, username)
 ) WITHOUT ROWID;

@@ -12,7 +12,8 @@
 //!
 //! Hooks: iq handler `{jabber:iq:last}query` (server and account scope),
 //! `user_send` (status of unavailable presence), `session_closed`.
-//! Storage: last_activity, roster, accounts. Config: `[modules.last]`.
+//! Storage: its own store (`store/`: the last-activity table), roster,
+//! accounts. Config: `[modules.last]`.
 
 use starling_core::hooks::{
     HookRegistry, IqHandler, IqResponse, IqScope, SessionClosedHandler, UserSendHandler,
@@ -24,6 +25,10 @@ use starling_xml::Element;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+pub mod store;
+
+use store::LastActivityStore;
+
 const NAME: &str = "last";
 /// XEP-0012 namespace.
 pub const NS_LAST: &str = "jabber:iq:last";
@@ -31,6 +36,7 @@ pub const NS_LAST: &str = "jabber:iq:last";
 /// The last-activity module.
 pub struct Last {
     started: Instant,
+    store: Arc<dyn LastActivityStore>,
 }
 
 /// Per-session state: the status text of the session's last unavailable
@@ -45,10 +51,11 @@ fn now_unix() -> u64 {
 }
 
 impl Last {
-    /// Registers the module.
-    pub fn register(reg: &mut HookRegistry) {
+    /// Registers the module, recording in `store`.
+    pub fn register(reg: &mut HookRegistry, store: Arc<dyn LastActivityStore>) {
         let m = Arc::new(Last {
             started: Instant::now(),
+            store,
         });
         reg.iq(NAME, IqScope::Server, "query", NS_LAST, m.clone());
         reg.iq(NAME, IqScope::Account, "query", NS_LAST, m.clone());
@@ -110,7 +117,7 @@ impl IqHandler for Last {
         {
             return Self::answer(0, "");
         }
-        match env.storage.last_activity.get(&owner).await {
+        match self.store.get(&owner).await {
             Ok(Some((at, status))) => Self::answer(now_unix().saturating_sub(at), &status),
             Ok(None) => IqResponse::Error(StanzaErrorCondition::ItemNotFound.into()),
             Err(e) => internal(e),
@@ -155,11 +162,7 @@ impl SessionClosedHandler for Last {
             .remove::<LastStatus>()
             .map(|s| s.0)
             .unwrap_or_default();
-        cx.env
-            .storage
-            .last_activity
-            .set(&owner, now_unix(), &status)
-            .await?;
+        self.store.set(&owner, now_unix(), &status).await?;
         Ok(Flow::Continue)
     }
 }
@@ -169,12 +172,19 @@ impl Module for Last {
     const SUMMARY: &'static str = "XEP-0012 last activity";
     type Config = EnabledConfig;
     const STORAGE: &'static [&'static str] = &["last_activity", "roster", "accounts"];
+    const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
+
+    fn owned_data(
+        storage: &starling_core::storage::Storage,
+    ) -> Option<Arc<dyn starling_core::storage::OwnedData>> {
+        Some(Arc::new(store::LastData::new(storage)))
+    }
 
     fn enabled(cfg: &EnabledConfig) -> bool {
         cfg.enabled
     }
 
-    async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        Last::register(reg);
+    async fn start(_cfg: &EnabledConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Last::register(reg, store::open_timed(ctx.storage, ctx.metrics));
     }
 }
