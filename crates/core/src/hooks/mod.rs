@@ -11,7 +11,8 @@
 //! chain has run; handlers never write to the socket themselves.
 //!
 //! A handler that returns an error is logged and skipped; the chain goes on
-//! and the connection stays up (invariant 3).//!
+//! and the connection stays up (invariant 3).
+//!
 //! The files: this one the result types, the chains and the registry's
 //! and the frozen set's state; `session.rs` what a session handler gets
 //! ([`SessionCtx`], [`Action`]); `handlers.rs` the hook traits and their

@@ -11,7 +11,8 @@
 //! JSON or an [`ApiError`], and a thin axum handler that extracts the
 //! input and writes the answer. The web admin page (`web.rs`) calls the
 //! same operations, so a change made there is checked, performed and
-//! logged exactly as through the API.//!
+//! logged exactly as through the API.
+//!
 //! This file holds the route table, the errors and input helpers every
 //! endpoint uses, and the server's statistics; the endpoints by resource:
 //! `users.rs` (accounts, bans, offline messages, archives), `sessions.rs`
