@@ -25,7 +25,6 @@
 //! Architecture invariant: this crate has no I/O of its own and no knowledge
 //! of any XEP. It is small on purpose so module authors have a stable target.
 
-pub mod admin;
 pub mod disco;
 mod env;
 mod extensions;

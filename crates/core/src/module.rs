@@ -92,6 +92,10 @@ pub trait Module: Send + Sync + 'static {
     /// with the backend's when the storage opens, whether the module is
     /// enabled or not (so turning it on later needs no migration).
     const SCHEMA: &'static [crate::storage::SchemaStep] = &[];
+    /// The admin API paths (prefixes) the module serves when it is enabled,
+    /// so that while it is off they answer 404 saying which module to
+    /// turn on.
+    const ADMIN_PATHS: &'static [&'static str] = &[];
 
     /// What the module stores on its own, for account and domain deletion;
     /// asked once when the storage opens, whether the module is enabled or

@@ -6,6 +6,7 @@ use crate::c2s::C2sShared;
 use crate::cluster::Cluster;
 use crate::config::{Config, TlsMode};
 use crate::listen;
+use crate::modules::common::admin_api::AdminExtensions;
 use crate::routing::router::LocalRouter;
 use crate::routing::sessions::SessionTable;
 use crate::tls::TlsContext;
@@ -321,7 +322,7 @@ pub async fn start_with(
         configured: domains.clone(),
         domains: domain_service.clone(),
         web: crate::admin::web::WebState::default(),
-        rooms: modules.rooms,
+        extensions: modules.admin,
     };
     let (admin_addrs, admin_listeners) = serve_admin(&cfg, bound.admin, admin, &gates)?;
     let client_gate = gates.gate(cfg.server.max_connections);
@@ -467,9 +468,9 @@ struct Started {
     http_routes: HttpRoutes,
     /// The admin API's way to ask session tasks for their facts.
     probe: Arc<crate::admin::SessionProbe>,
-    /// What the admin API's rooms endpoints use, when the group-chat
-    /// module is enabled (`admin/rooms.rs`).
-    rooms: Option<Arc<dyn starling_core::admin::RoomAdmin>>,
+    /// The admin endpoints, OpenAPI paths and web admin pages modules
+    /// added (the group-chat module's rooms).
+    admin: AdminExtensions,
 }
 
 /// The node's archive id generator, seeded above the greatest id in
@@ -506,6 +507,7 @@ async fn start_modules(
     let mut reg = HookRegistry::new();
     reg.provide(http);
     reg.provide(gates);
+    reg.provide(AdminExtensions::default());
     let is_enabled = |name: &str| cfg.modules.is_enabled(name);
     let archive_ids = archive_ids(storage, cfg.server.node_id).await;
     let ctx = ModuleCtx {
@@ -523,17 +525,20 @@ async fn start_modules(
         if m.enabled(c) {
             reg.begin_module(m.name());
             m.start(c, &ctx, &mut reg).await;
+        } else if let Some(ext) = reg.provided::<AdminExtensions>() {
+            ext.disabled
+                .extend(m.admin_paths().iter().map(|p| (*p, m.name())));
         }
     }
     reg.end_module();
     // The admin API asks session tasks for their facts through a timer
-    // handler of its own (admin/mod.rs, SessionProbe); the group-chat
-    // module, when enabled, provides what its rooms endpoints use.
+    // handler of its own (admin/mod.rs, SessionProbe); modules added
+    // their endpoints and pages to the AdminExtensions provided above.
     let probe = Arc::new(crate::admin::SessionProbe::default());
     reg.timer(crate::admin::PROBE_MODULE, probe.clone());
-    let rooms = reg
-        .take_provided::<starling_core::admin::Provided>()
-        .map(|p| p.0);
+    let admin = reg
+        .take_provided::<AdminExtensions>()
+        .expect("provided above; modules cannot take it");
     extra(&mut reg);
     let http_routes = reg
         .take_provided::<HttpRoutes>()
@@ -556,7 +561,7 @@ async fn start_modules(
         hooks,
         http_routes,
         probe,
-        rooms,
+        admin,
     })
 }
 
@@ -588,7 +593,7 @@ fn serve_admin(
     if bound.is_empty() {
         return Ok((addrs, tasks));
     }
-    let app = crate::admin::routes(Arc::new(state), cfg.admin.max_body_bytes);
+    let app = crate::admin::routes(state, cfg.admin.max_body_bytes);
     let door = Arc::new(gates.gate(cfg.admin.max_connections).door("admin"));
     let timeouts = listen::http::timeouts(&cfg.http);
     for listener in bound {

@@ -623,18 +623,7 @@ fn line(s: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{s}");
 }
 
-/// Percent-encodes a path segment or query value.
-pub(crate) fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~@".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub(crate) use crate::modules::common::admin_api::percent_encode as enc;
 
 async fn execute(a: &CtlArgs) -> Result<(), Failure> {
     let client = Client::new(a)?;

@@ -1,8 +1,8 @@
 //! The admin surface (docs/admin.md): a plain HTTP listener of its own
 //! (`[admin] listen`, `127.0.0.1:5290` by default) serving
 //!
-//! - `/api/v1/…`, the admin API (JSON; [`api`]; group-chat rooms in
-//!   [`rooms`], through what the MUC module provides), behind bearer
+//! - `/api/v1/…`, the admin API (JSON; [`api`]; modules add theirs, the
+//!   group-chat rooms, through `AdminExtensions`), behind bearer
 //!   tokens ([`tokens`]; made offline by `starling admin token create`).
 //!   Every change is logged at INFO as `admin action` with `token=`,
 //!   `action=` and `target=`;
@@ -39,7 +39,7 @@
 pub(crate) mod api;
 pub mod ctl;
 pub(crate) mod openapi;
-pub(crate) mod rooms;
+pub(crate) use crate::modules::common::admin_api::{error, json, AdminExtensions, Caller};
 pub mod tokens;
 pub(crate) mod web;
 
@@ -189,9 +189,9 @@ pub(crate) struct AdminState {
     pub domains: Arc<crate::domains::Domains>,
     /// The web admin page's sessions and login limits ([`web`]).
     pub web: web::WebState,
-    /// Group-chat rooms ([`rooms`]), from the MUC module; `None` when it
-    /// is disabled.
-    pub rooms: Option<Arc<dyn starling_core::admin::RoomAdmin>>,
+    /// What modules added: endpoints (taken when the router is built),
+    /// OpenAPI paths, web admin pages.
+    pub extensions: AdminExtensions,
 }
 
 /// The admin listeners' shared state.
@@ -199,27 +199,30 @@ pub(crate) type Shared = Arc<AdminState>;
 
 /// The router of the admin listener: health, metrics, the OpenAPI
 /// document, and the token-protected API.
-pub(crate) fn routes(state: Shared, max_body: usize) -> Router {
-    let api = api::routes().route_layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        authenticate,
-    ));
+pub(crate) fn routes(mut state: AdminState, max_body: usize) -> Router {
+    let added = std::mem::take(&mut state.extensions.routes);
+    let pages: Vec<&'static str> = state.extensions.pages.iter().map(|p| p.path).collect();
+    let state: Shared = Arc::new(state);
+    let api = added
+        .into_iter()
+        .fold(api::routes(), |r, (_, path, handler)| {
+            r.route(path, handler.with_state(()))
+        })
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ));
     Router::new()
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
         .route(openapi::PATH, get(openapi_document))
         .merge(api)
-        .merge(web::routes())
+        .merge(web::routes(&pages))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
-
-/// The name of the token that authenticated a request (a request
-/// extension set by [`authenticate`]).
-#[derive(Clone, Debug)]
-pub(crate) struct Caller(pub String);
 
 /// How often a token's `last_used_at` is written at most, milliseconds.
 const TOUCH_EVERY_MS: i64 = 60_000;
@@ -313,27 +316,6 @@ async fn authenticate(State(st): State<Shared>, mut req: Request, next: Next) ->
     next.run(req).await
 }
 
-/// A JSON response.
-pub(crate) fn json(status: StatusCode, body: &serde_json::Value) -> Response {
-    (
-        status,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        format!("{body}\n"),
-    )
-        .into_response()
-}
-
-/// A JSON error: `{"error": message, "status": code}`.
-pub(crate) fn error(status: StatusCode, message: &str) -> Response {
-    json(
-        status,
-        &serde_json::json!({ "error": message, "status": status.as_u16() }),
-    )
-}
-
 fn unauthorized(message: &str) -> Response {
     let mut r = error(StatusCode::UNAUTHORIZED, message);
     r.headers_mut().insert(
@@ -343,11 +325,22 @@ fn unauthorized(message: &str) -> Response {
     r
 }
 
-async fn not_found() -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "no such endpoint (see /api/openapi.json)",
-    )
+async fn not_found(State(st): State<Shared>, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let off = st.extensions.disabled.iter().find(|(prefix, _)| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    });
+    match off {
+        Some((_, module)) => error(
+            StatusCode::NOT_FOUND,
+            &format!("this endpoint is the {module} module's, which is off ([modules.{module}] enabled = false)"),
+        ),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "no such endpoint (see /api/openapi.json)",
+        ),
+    }
 }
 
 /// `GET /health/live`: the process serves requests.
@@ -382,6 +375,6 @@ async fn metrics(State(st): State<Shared>) -> Response {
 }
 
 /// `GET /api/openapi.json`.
-async fn openapi_document() -> Response {
-    json(StatusCode::OK, &openapi::document())
+async fn openapi_document(State(st): State<Shared>) -> Response {
+    json(StatusCode::OK, &openapi::document(&st.extensions.openapi))
 }

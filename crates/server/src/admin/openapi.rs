@@ -2,6 +2,7 @@
 //! [`PATH`]. Written by hand (no generator crate): the test below checks
 //! that every route the router serves is described, and nothing else.
 
+use crate::modules::common::admin_api::openapi::{body, err, limit, ok, op, query};
 use serde_json::{json, Value};
 
 /// Where the document is served (no token needed).
@@ -24,46 +25,9 @@ fn jid_param() -> Value {
     })
 }
 
-fn query(name: &str, description: &str, schema: Value) -> Value {
-    json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema })
-}
-
-fn limit(default: u32, max: u32) -> Value {
-    query(
-        "limit",
-        "Page size.",
-        json!({ "type": "integer", "minimum": 1, "maximum": max, "default": default }),
-    )
-}
-
-fn body(schema: Value) -> Value {
-    json!({ "required": false, "content": { "application/json": { "schema": schema } } })
-}
-
-fn ok(description: &str, schema: Value) -> Value {
-    json!({ "description": description, "content": { "application/json": { "schema": schema } } })
-}
-
-fn err(description: &str) -> Value {
-    json!({ "description": description, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } })
-}
-
-/// An operation with the responses every API operation shares.
-fn op(summary: &str, params: Vec<Value>, request: Option<Value>, responses: Value) -> Value {
-    let mut r = responses;
-    r["400"] = err("Malformed input (JID, query or body).");
-    r["401"] = err("Missing or invalid bearer token.");
-    r["413"] = err("Body larger than [admin] max_body_bytes.");
-    r["503"] = err("Storage failed, or the server is starting or shutting down.");
-    let mut o = json!({ "summary": summary, "parameters": params, "responses": r });
-    if let Some(b) = request {
-        o["requestBody"] = b;
-    }
-    o
-}
-
-/// The document.
-pub(crate) fn document() -> Value {
+/// The document, with the paths modules add (`extra`: their
+/// `AdminExtensions::openapi`).
+pub(crate) fn document(extra: &[Value]) -> Value {
     let object = |props: Value| json!({ "type": "object", "properties": props });
     let user_page = object(json!({
         "domain": { "type": "string" },
@@ -257,135 +221,12 @@ pub(crate) fn document() -> Value {
             }
         }
     });
-    for more in [domain_paths(), room_paths()] {
+    for more in std::iter::once(domain_paths()).chain(extra.iter().cloned()) {
         if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), more) {
             paths.extend(more);
         }
     }
     doc
-}
-
-/// The rooms endpoints (XEP-0045 rooms of the group-chat service).
-fn room_paths() -> Value {
-    let object = |props: Value| json!({ "type": "object", "properties": props });
-    let summary = object(json!({
-        "jid": { "type": "string" }, "name": { "type": "string" },
-        "persistent": { "type": "boolean" }, "public": { "type": "boolean" },
-        "members_only": { "type": "boolean" },
-        "locked": { "type": "boolean", "description": "Not enterable until its owner configures it (XEP-0045 §10.1)." },
-        "occupants": { "type": "integer", "description": "0 for a room not loaded on this node." },
-        "loaded": { "type": "boolean", "description": "Loaded on this node." },
-        "node": { "type": "integer", "description": "The cluster node that runs it." }
-    }));
-    let entry = object(json!({
-        "jid": { "type": "string" }, "nick": { "type": "string", "nullable": true },
-        "reason": { "type": "string", "nullable": true }
-    }));
-    let list = json!({ "type": "array", "items": entry });
-    let details = object(json!({
-        "jid": { "type": "string" }, "loaded": { "type": "boolean" }, "node": { "type": "integer" },
-        "name": { "type": "string" }, "description": { "type": "string" }, "subject": { "type": "string" },
-        "persistent": { "type": "boolean" }, "public": { "type": "boolean" },
-        "members_only": { "type": "boolean" }, "moderated": { "type": "boolean" },
-        "password_protected": { "type": "boolean" }, "logging": { "type": "boolean" },
-        "locked": { "type": "boolean" }, "max_users": { "type": "integer" },
-        "whois": { "type": "string", "enum": ["moderators", "anyone"] },
-        "created_at": { "type": "string", "format": "date-time", "nullable": true },
-        "affiliations": object(json!({ "owner": list.clone(), "admin": list.clone(), "member": list.clone(), "outcast": list })),
-        "occupants": { "type": "array", "description": "Only when the room is loaded on this node.", "items": object(json!({
-            "nick": { "type": "string" },
-            "role": { "type": "string", "enum": ["moderator", "participant", "visitor"] },
-            "affiliation": { "type": "string", "enum": ["owner", "admin", "member", "none"] },
-            "jid": { "type": "string", "description": "The real JID (the session that joined last)." },
-            "sessions": { "type": "array", "items": { "type": "string" } }
-        })) }
-    }));
-    let room_param = json!({
-        "name": "jid", "in": "path", "required": true,
-        "description": "The room, name@service.",
-        "schema": { "type": "string", "example": "lobby@conference.example.org" }
-    });
-    let forwarded = ok("The room runs on another cluster node, which got the request (its outcome is in that node's log).",
-        object(json!({ "room": { "type": "string" }, "node": { "type": "integer" }, "status": { "type": "string" } })));
-    let no_room = err("No such room, or group chat is disabled ([modules.muc] enabled = false).");
-    json!({
-        "/api/v1/rooms": {
-            "get": op("Rooms of the group-chat service, by service then name, a page at a time: those loaded on this node and the stored (persistent) ones.",
-                vec![
-                    query("service", "Only this service (conference.<domain>); default: the service of every served domain.", json!({ "type": "string" })),
-                    query("after", "Start after this room JID (the previous page's `next`).", json!({ "type": "string" })),
-                    limit(100, 1000),
-                ], None,
-                json!({
-                    "200": ok("One page.", object(json!({
-                        "service": { "type": "string", "nullable": true },
-                        "rooms": { "type": "array", "items": summary },
-                        "next": { "type": "string", "nullable": true, "description": "The `after` of the next page; null on the last page." }
-                    }))),
-                    "404": no_room.clone()
-                })),
-            "post": op("Create a room owned by an account, unlocked, without anyone entering (like ejabberd's create_room); the service's new-room defaults apply to what is not given.", vec![],
-                Some(json!({ "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "required": ["jid", "owner"],
-                    "properties": {
-                        "jid": { "type": "string", "example": "lobby@conference.example.org" },
-                        "owner": { "type": "string", "description": "An existing account of this server." },
-                        "name": { "type": "string" },
-                        "persistent": { "type": "boolean", "default": true, "description": "A temporary room waits idle_unload_secs for its first occupant and ends with its last." },
-                        "public": { "type": "boolean" }, "members_only": { "type": "boolean" }
-                    }
-                } } } })),
-                json!({
-                    "201": ok("Created.", details.clone()),
-                    "202": forwarded.clone(),
-                    "404": no_room.clone(),
-                    "409": err("The room exists.")
-                }))
-        },
-        "/api/v1/rooms/{jid}": {
-            "get": op("A room: configuration, affiliations, and occupants when it is loaded on this node.", vec![room_param.clone()], None,
-                json!({ "200": ok("The room.", details), "404": no_room.clone() })),
-            "delete": op("Destroy a room as its owner would (XEP-0045 §10.9): occupants get unavailable presence with <destroy/> and the reason; its stored data and archive are deleted.",
-                vec![room_param.clone(), query("reason", "Given to the occupants.", json!({ "type": "string" }))], None,
-                json!({
-                    "200": ok("Destroyed.", object(json!({ "room": { "type": "string" }, "destroyed": { "type": "boolean" } }))),
-                    "202": forwarded.clone(),
-                    "404": no_room.clone()
-                }))
-        },
-        "/api/v1/rooms/{jid}/affiliations/{user}": {
-            "put": op("Set an affiliation as an owner's muc#admin request does (XEP-0045 §9–§10): occupants see the presence change; an outcast is removed (301), a non-member of a members-only room too (321).",
-                vec![room_param.clone(), json!({
-                    "name": "user", "in": "path", "required": true,
-                    "description": "A bare JID (user@domain), or a domain.",
-                    "schema": { "type": "string", "example": "bob@example.org" }
-                })],
-                Some(json!({ "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "required": ["affiliation"],
-                    "properties": {
-                        "affiliation": { "type": "string", "enum": ["owner", "admin", "member", "outcast", "none"] },
-                        "reason": { "type": "string" }
-                    }
-                } } } })),
-                json!({
-                    "200": ok("Set.", object(json!({ "room": { "type": "string" }, "jid": { "type": "string" }, "affiliation": { "type": "string" } }))),
-                    "202": forwarded.clone(),
-                    "404": no_room.clone(),
-                    "409": err("The room would keep no owner.")
-                }))
-        },
-        "/api/v1/rooms/{jid}/messages": {
-            "post": op("Send a groupchat message from the room itself to its occupants (archived when the room logs).", vec![room_param],
-                Some(json!({ "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "required": ["body"], "properties": { "body": { "type": "string" } }
-                } } } })),
-                json!({
-                    "200": ok("Sent.", object(json!({ "room": { "type": "string" }, "id": { "type": "string" } }))),
-                    "202": forwarded,
-                    "404": no_room
-                }))
-        }
-    })
 }
 
 /// The domain endpoints (a document of their own: one `json!` for
@@ -474,12 +315,19 @@ mod tests {
     /// method, and the document describes no route that is not served.
     #[test]
     fn openapi_describes_every_route_and_only_those() {
-        let doc = document();
+        // With the group-chat module's endpoints, the one module that adds
+        // some today.
+        let doc = document(&[crate::modules::muc::admin_openapi()]);
         let paths = doc["paths"].as_object().expect("paths");
         let mut served: Vec<(String, String)> = super::super::api::table()
             .into_iter()
             .map(|(m, p, _)| (m.to_owned(), p.to_owned()))
             .collect();
+        served.extend(
+            crate::modules::muc::ADMIN_ROUTES
+                .iter()
+                .map(|(m, p)| (m.to_string(), p.to_string())),
+        );
         served.extend(
             OTHER_ROUTES
                 .iter()

@@ -179,6 +179,8 @@ pub trait ModuleEntry: Sync {
     fn http(&self) -> bool;
     /// [`Module::SCHEMA`].
     fn schema(&self) -> &'static [SchemaStep];
+    /// [`Module::ADMIN_PATHS`].
+    fn admin_paths(&self) -> &'static [&'static str];
     /// [`Module::owned_data`].
     fn owned_data(&self, storage: &Storage) -> Option<Arc<dyn OwnedData>>;
     /// [`Module::subdomain`].
@@ -228,6 +230,9 @@ impl<M: Module> ModuleEntry for Entry<M> {
     }
     fn schema(&self) -> &'static [SchemaStep] {
         M::SCHEMA
+    }
+    fn admin_paths(&self) -> &'static [&'static str] {
+        M::ADMIN_PATHS
     }
     fn owned_data(&self, storage: &Storage) -> Option<Arc<dyn OwnedData>> {
         M::owned_data(storage)

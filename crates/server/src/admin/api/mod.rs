@@ -17,21 +17,22 @@
 //! endpoint uses, and the server's statistics; the endpoints by resource:
 //! `users.rs` (accounts, bans, offline messages, archives), `sessions.rs`
 //! (sessions, kicks, messages from the server) and `domains.rs` (hosted
-//! domains and their settings). Group-chat rooms are `admin/rooms.rs`.
+//! domains and their settings). Modules add theirs (the group-chat
+//! rooms: `modules/muc/admin/api.rs`).
 
-use super::{error, json, rooms, Caller, Shared};
+use super::{json, Shared};
 use crate::accounts::AccountError;
-use axum::body::Bytes;
+pub(crate) use crate::modules::common::admin_api::{
+    account, audit, bad, limit, query, storage_failed, ApiError, Body, OpResult,
+};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{delete, get, patch, post, put, MethodRouter};
 use axum::Router;
-use serde::de::DeserializeOwned;
 use serde_json::{json as j, Value};
 use starling_core::CloseReason;
 use starling_proto::{BareJid, StreamError, StreamErrorCondition};
-use std::collections::HashMap;
 
 mod domains;
 mod sessions;
@@ -95,20 +96,6 @@ pub(crate) fn table() -> Vec<(&'static str, &'static str, MethodRouter<Shared>)>
             "/api/v1/domains/{name}/settings",
             patch(patch_domain_settings),
         ),
-        ("get", "/api/v1/rooms", get(rooms::list_rooms)),
-        ("post", "/api/v1/rooms", post(rooms::create_room)),
-        ("get", "/api/v1/rooms/{jid}", get(rooms::get_room)),
-        ("delete", "/api/v1/rooms/{jid}", delete(rooms::destroy_room)),
-        (
-            "put",
-            "/api/v1/rooms/{jid}/affiliations/{user}",
-            put(rooms::set_affiliation),
-        ),
-        (
-            "post",
-            "/api/v1/rooms/{jid}/messages",
-            post(rooms::send_room_message),
-        ),
     ]
 }
 
@@ -122,138 +109,6 @@ pub(crate) fn routes() -> Router<Shared> {
 }
 
 type ApiResult = Result<Response, ApiError>;
-
-/// What an operation answers: the JSON body, or an [`ApiError`].
-pub(crate) type OpResult = Result<Value, ApiError>;
-
-/// An error answer (small, unlike a `Response`, so `Result`s stay small).
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    pub(crate) status: StatusCode,
-    pub(crate) message: String,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-}
-
-impl axum::response::IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        error(self.status, &self.message)
-    }
-}
-
-pub(crate) fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, message)
-}
-
-pub(crate) fn storage_failed(e: impl std::fmt::Display) -> ApiError {
-    tracing::error!(error = %e, "admin API: storage failed");
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "storage failed; see the server log",
-    )
-}
-
-/// Logs a change made through the API: grep `admin action`.
-fn audit(caller: &Caller, action: &str, target: &str) {
-    tracing::info!(token = %caller.0, action, target, "admin action");
-}
-
-/// A JSON request body: 400 when it is not the expected object, 413 when
-/// it is larger than `[admin] max_body_bytes`.
-pub(crate) struct Body<T>(pub(crate) T);
-
-impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "request body too large ([admin] max_body_bytes)".to_owned()
-            } else {
-                format!("cannot read the request body: {e}")
-            };
-            ApiError::new(status, message)
-        })?;
-        // An empty body is an empty object: every field is optional there.
-        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
-        };
-        serde_json::from_slice(bytes)
-            .map(Body)
-            .map_err(|e| bad(format!("the body is not the expected JSON object: {e}")))
-    }
-}
-
-/// The query string's parameters, percent-decoded (`+` is a space).
-pub(crate) fn query(raw: &Option<String>) -> Result<HashMap<String, String>, ApiError> {
-    let mut out = HashMap::new();
-    for pair in raw
-        .as_deref()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let k = percent_decode(k).ok_or_else(|| bad("malformed query string"))?;
-        let v = percent_decode(v).ok_or_else(|| bad("malformed query string"))?;
-        out.insert(k, v);
-    }
-    Ok(out)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// `limit` from the query: 1..=max, `default` when absent.
-pub(crate) fn limit(q: &HashMap<String, String>, default: u32, max: u32) -> Result<u32, ApiError> {
-    match q.get("limit") {
-        None => Ok(default),
-        Some(v) => v
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| bad(format!("limit must be a number from 1 to {max}"))),
-    }
-}
-
-/// An account's JID (`user@domain`, no resource).
-pub(crate) fn account(s: &str) -> Result<BareJid, ApiError> {
-    BareJid::new(s)
-        .ok()
-        .filter(|j| j.node().is_some())
-        .ok_or_else(|| bad(format!("{s:?} is not an account JID (user@domain)")))
-}
 
 fn served(st: &Shared, domain: &str) -> bool {
     st.env.hosts.is_local(domain)

@@ -3,25 +3,12 @@
 //! and error pages.
 
 use super::Flash;
+use crate::modules::common::admin_api::AdminPage;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::fmt::Write as _;
 
-/// HTML-escapes text for element content and quoted attribute values.
-pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub(crate) use crate::modules::common::admin_api::esc;
 
 pub(super) const STYLE: &str = "body{font:15px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#f6f7f9}\
 header{background:#1d3557;color:#fff;padding:.6em 1em;display:flex;gap:1.2em;align-items:center}\
@@ -33,13 +20,20 @@ form.inline{display:inline}input,select,button{font:inherit;margin:.1em}\
 .cards{display:flex;flex-wrap:wrap;gap:1em}.card{background:#fff;border:1px solid #ddd;padding:.6em 1em;min-width:10em}\
 .card b{display:block;font-size:1.6em}code{background:#eee;padding:0 .2em}";
 
-/// A whole page. `nav`: (active section, token name, csrf) once logged in.
-pub(super) fn page(
-    title: &str,
-    nav: Option<(&str, &str, &str)>,
-    flash: Option<&Flash>,
-    body: &str,
-) -> String {
+/// The navigation of a logged-in page.
+pub(super) struct Nav<'a> {
+    /// The active section's title.
+    pub active: &'a str,
+    /// The token's name.
+    pub token: &'a str,
+    /// The session's CSRF value (the logout form).
+    pub csrf: &'a str,
+    /// The pages modules added, linked after the admin's own.
+    pub pages: &'a [AdminPage],
+}
+
+/// A whole page. `nav` once logged in.
+pub(super) fn page(title: &str, nav: Option<Nav<'_>>, flash: Option<&Flash>, body: &str) -> String {
     let mut h = String::with_capacity(body.len() + 2048);
     let _ = write!(
         h,
@@ -53,14 +47,21 @@ pub(super) fn page(
             ""
         },
     );
-    if let Some((active, token, csrf)) = nav {
-        for (href, name) in [
+    if let Some(Nav {
+        active,
+        token,
+        csrf,
+        pages,
+    }) = nav
+    {
+        let own = [
             ("/admin", "Dashboard"),
             ("/admin/users", "Users"),
             ("/admin/domains", "Domains"),
             ("/admin/sessions", "Sessions"),
-            ("/admin/rooms", "Rooms"),
-        ] {
+        ];
+        let added = pages.iter().map(|p| (p.path, p.title));
+        for (href, name) in own.into_iter().chain(added) {
             let _ = write!(
                 h,
                 "<a href=\"{href}\"{}>{name}</a>",

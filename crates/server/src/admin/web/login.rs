@@ -2,10 +2,10 @@
 //! expiry, a still-valid token), the login form and login with an admin
 //! token (limited per address), logout.
 
-use super::html::{cookie, error_page, html, page, redirect, same_origin, set_cookie};
+use super::html::{cookie, error_page, html, page, redirect, same_origin, set_cookie, Nav};
 use super::{random_token, same, Flash, COOKIE, LOGIN_COOKIE, LOGIN_WINDOW};
 use crate::admin::api::{self, ApiError};
-use crate::admin::{tokens, Caller, Shared};
+use crate::admin::{tokens, AdminState, Caller, Shared};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -24,6 +24,18 @@ pub(super) struct Logged {
     pub(super) read_only: bool,
     pub(super) csrf: String,
     pub(super) flash: Option<Flash>,
+}
+
+impl Logged {
+    /// The navigation of a page of section `active`.
+    pub(super) fn nav<'a>(&'a self, st: &'a AdminState, active: &'a str) -> Nav<'a> {
+        Nav {
+            active,
+            token: &self.caller.0,
+            csrf: &self.csrf,
+            pages: &st.extensions.pages,
+        }
+    }
 }
 
 /// The request's web session, or the response to give instead (the login

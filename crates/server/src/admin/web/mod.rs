@@ -20,7 +20,8 @@
 //!   queues, cluster nodes, uptime; refreshes itself every 5 s), users
 //!   (pages of a domain's accounts; create, delete, password, ban,
 //!   unban), domains (list, add, disable, enable, remove), sessions
-//!   (list, kick), rooms (list only), logout.
+//!   (list, kick), logout; and the pages modules add (the group-chat
+//!   rooms, list only).
 //! - Every action calls the API's operation (`api::user_create`,
 //!   `api::domain_remove`, …): the same checks, the same effects, the same
 //!   `admin action` log line with the token's name. Actions answer with a
@@ -30,10 +31,12 @@
 //! This file holds the web sessions' state and the routes; the rest by
 //! concern: `html.rs` (escaping, the page frame, forms, cookies, the
 //! origin check), `login.rs` (the session check, login, logout),
-//! `pages.rs` (dashboard, users, domains, sessions, rooms) and
+//! `pages.rs` (dashboard, users, domains, sessions, modules' pages) and
 //! `actions.rs` (the POST actions, through the API's operations).
 
 use super::Shared;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use axum::Router;
 use std::collections::HashMap;
@@ -49,7 +52,7 @@ mod pages;
 
 use actions::action;
 use login::{login, login_page, logout};
-use pages::{dashboard, domains_page, rooms_page, sessions_page, users_page};
+use pages::{dashboard, domains_page, module_page, sessions_page, users_page};
 
 /// The session cookie.
 const COOKIE: &str = "starling_admin";
@@ -232,9 +235,10 @@ fn alive(w: &WebSession, now: Instant) -> bool {
     now.duration_since(w.last_seen) < SESSION_IDLE && now.duration_since(w.created) < SESSION_MAX
 }
 
-/// The web page's routes (no bearer token: the session cookie).
-pub(crate) fn routes() -> Router<Shared> {
-    Router::new()
+/// The web page's routes (no bearer token: the session cookie), with the
+/// pages modules added (`pages`: their paths, in order).
+pub(crate) fn routes(pages: &[&'static str]) -> Router<Shared> {
+    let own = Router::new()
         .route("/admin", get(dashboard))
         .route("/admin/", get(dashboard))
         .route("/admin/login", get(login_page).post(login))
@@ -242,8 +246,17 @@ pub(crate) fn routes() -> Router<Shared> {
         .route("/admin/users", get(users_page))
         .route("/admin/domains", get(domains_page))
         .route("/admin/sessions", get(sessions_page))
-        .route("/admin/rooms", get(rooms_page))
-        .route("/admin/{section}/{action}", post(action))
+        .route("/admin/{section}/{action}", post(action));
+    pages.iter().enumerate().fold(own, |r, (index, path)| {
+        r.route(
+            path,
+            get(
+                move |State(st): State<Shared>, headers: HeaderMap, RawQuery(raw): RawQuery| {
+                    module_page(st, headers, raw, index)
+                },
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

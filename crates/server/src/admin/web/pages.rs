@@ -1,7 +1,7 @@
 //! The web admin pages: dashboard, users, domains, sessions and rooms,
 //! each read through the API's operations.
 
-use super::html::{esc, form, html, page};
+use super::html::{error_page, esc, form, html, page};
 use super::login::logged;
 use super::{Flash, PAGE};
 use crate::admin::api::{self};
@@ -152,7 +152,7 @@ pub(super) async fn dashboard(State(st): State<Shared>, headers: HeaderMap) -> R
         StatusCode::OK,
         page(
             "Dashboard",
-            Some(("Dashboard", &me.caller.0, &me.csrf)),
+            Some(me.nav(&st, "Dashboard")),
             me.flash.as_ref(),
             &b,
         ),
@@ -168,7 +168,7 @@ pub(super) async fn users_page(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let me = match logged(&st, &headers, true).await {
+    let mut me = match logged(&st, &headers, true).await {
         Ok(m) => m,
         Err(r) => return r,
     };
@@ -176,7 +176,7 @@ pub(super) async fn users_page(
     let domain = q.get("domain").filter(|d| !d.is_empty()).cloned();
     let after = q.get("after").cloned();
     let mut b = String::new();
-    let mut flash = me.flash;
+    let mut flash = me.flash.take();
     let listed = api::users_page(&st, domain.as_deref(), after.as_deref(), PAGE).await;
     let (domain, users, next) = match &listed {
         Ok(v) => (
@@ -260,12 +260,7 @@ pub(super) async fn users_page(
     }
     html(
         StatusCode::OK,
-        page(
-            "Users",
-            Some(("Users", &me.caller.0, &me.csrf)),
-            flash.as_ref(),
-            &b,
-        ),
+        page("Users", Some(me.nav(&st, "Users")), flash.as_ref(), &b),
     )
 }
 
@@ -285,11 +280,11 @@ fn settings_text(v: &Value) -> String {
 }
 
 pub(super) async fn domains_page(State(st): State<Shared>, headers: HeaderMap) -> Response {
-    let me = match logged(&st, &headers, true).await {
+    let mut me = match logged(&st, &headers, true).await {
         Ok(m) => m,
         Err(r) => return r,
     };
-    let mut flash = me.flash;
+    let mut flash = me.flash.take();
     let list = match api::domains_list(&st).await {
         Ok(v) => v["domains"].as_array().cloned().unwrap_or_default(),
         Err(e) => {
@@ -356,12 +351,7 @@ registration <select name=\"registration\"><option value=\"\">default</option><o
     b.push_str("</table><p>Settings are changed with <code>starling ctl domains set</code> or the API.</p>");
     html(
         StatusCode::OK,
-        page(
-            "Domains",
-            Some(("Domains", &me.caller.0, &me.csrf)),
-            flash.as_ref(),
-            &b,
-        ),
+        page("Domains", Some(me.nav(&st, "Domains")), flash.as_ref(), &b),
     )
 }
 
@@ -370,13 +360,13 @@ pub(super) async fn sessions_page(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let me = match logged(&st, &headers, true).await {
+    let mut me = match logged(&st, &headers, true).await {
         Ok(m) => m,
         Err(r) => return r,
     };
     let q = query_of(&raw);
     let after = q.get("after").cloned().unwrap_or_default();
-    let mut flash = me.flash;
+    let mut flash = me.flash.take();
     let (sessions, next) = match api::sessions_page(&st, None, None, &after, PAGE as usize).await {
         Ok(v) => (
             v["sessions"].as_array().cloned().unwrap_or_default(),
@@ -436,92 +426,38 @@ pub(super) async fn sessions_page(
         StatusCode::OK,
         page(
             "Sessions",
-            Some(("Sessions", &me.caller.0, &me.csrf)),
+            Some(me.nav(&st, "Sessions")),
             flash.as_ref(),
             &b,
         ),
     )
 }
 
-/// Group-chat rooms, read only (changes: the API or `starling ctl rooms`).
-pub(super) async fn rooms_page(
-    State(st): State<Shared>,
+/// A page a module added (`AdminExtensions::pages`): the login checked
+/// here, the body the module's, in the admin's frame.
+pub(super) async fn module_page(
+    st: Shared,
     headers: HeaderMap,
-    RawQuery(raw): RawQuery,
+    raw: Option<String>,
+    index: usize,
 ) -> Response {
-    let me = match logged(&st, &headers, true).await {
+    let mut me = match logged(&st, &headers, true).await {
         Ok(m) => m,
         Err(r) => return r,
     };
-    let q = query_of(&raw);
-    let mut flash = me.flash;
-    let page_of = crate::admin::rooms::rooms_page(
-        &st,
-        None,
-        q.get("after").map(String::as_str),
-        PAGE as usize,
-    )
-    .await;
-    let (rooms, next) = match page_of {
-        Ok(v) => (
-            v["rooms"].as_array().cloned().unwrap_or_default(),
-            v["next"].as_str().map(str::to_owned),
-        ),
-        Err(e) => {
-            flash = Some(Flash {
-                ok: false,
-                text: e.message,
-            });
-            (Vec::new(), None)
+    let Some(p) = st.extensions.pages.get(index) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let mut flash = me.flash.take();
+    let body = match (p.body)(query_of(&raw)).await {
+        Ok(b) => b,
+        Err(text) => {
+            flash = Some(Flash { ok: false, text });
+            String::new()
         }
     };
-    let mut b = String::from(
-        "<p>Rooms loaded on this node and stored ones. Changes: the API \
-(<code>/api/v1/rooms</code>) or <code>starling ctl rooms</code>.</p>",
-    );
-    if rooms.is_empty() {
-        b.push_str("<p id=\"no-rooms\">No rooms.</p>");
-    } else {
-        b.push_str("<table id=\"rooms\"><tr><th>room</th><th>name</th><th>kind</th><th>occupants</th><th>node</th></tr>");
-        for r in &rooms {
-            let jid = num(&r["jid"]);
-            let flag = |k: &str, yes: &'static str, no: &'static str| {
-                if r[k] == Value::Bool(true) {
-                    yes
-                } else {
-                    no
-                }
-            };
-            let _ = write!(
-                b,
-                "<tr data-jid=\"{}\"><td>{}</td><td>{}</td><td>{}, {}, {}{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&jid),
-                esc(&jid),
-                esc(&num(&r["name"])),
-                flag("persistent", "persistent", "temporary"),
-                flag("public", "public", "hidden"),
-                flag("members_only", "members-only", "open"),
-                flag("locked", ", locked", ""),
-                esc(&num(&r["occupants"])),
-                esc(&num(&r["node"])),
-            );
-        }
-        b.push_str("</table>");
-    }
-    if let Some(n) = next {
-        let _ = write!(
-            b,
-            "<p><a id=\"next\" href=\"/admin/rooms?after={}\">Next page</a></p>",
-            esc(&crate::admin::ctl::enc(&n))
-        );
-    }
     html(
         StatusCode::OK,
-        page(
-            "Rooms",
-            Some(("Rooms", &me.caller.0, &me.csrf)),
-            flash.as_ref(),
-            &b,
-        ),
+        page(p.title, Some(me.nav(&st, p.title)), flash.as_ref(), &body),
     )
 }

@@ -12,6 +12,7 @@
 //!   MUC Light, PEP, PubSub);
 //! - [`check_subdomain`]: the `subdomain` setting of a service module.
 
+pub mod admin_api;
 pub mod archive_query;
 pub mod avatar;
 pub mod pubsub;

@@ -60,6 +60,10 @@ mod mam;
 mod room;
 pub mod store;
 
+use crate::modules::common::admin_api::AdminExtensions;
+#[cfg(test)]
+pub(crate) use admin::{openapi as admin_openapi, ROUTES as ADMIN_ROUTES};
+
 use config::RoomConfig;
 use host::{error, CreateRefused, Host, Kind, Listing, Settings};
 use room::{Ctx, Out, Room};
@@ -213,6 +217,7 @@ impl Module for Muc {
     const STORAGE: &'static [&'static str] = &["muc", "archive"];
     /// The group-chat store's tables, MUC Light's included (`store/`).
     const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
+    const ADMIN_PATHS: &'static [&'static str] = &["/api/v1/rooms"];
 
     fn owned_data(
         storage: &starling_core::storage::Storage,
@@ -259,10 +264,10 @@ impl Module for Muc {
         };
         let host =
             Host::<MucKind>::start(cfg.clone(), settings, &cfg.name, "muc_archive", ctx, reg);
-        // The admin API's rooms endpoints (admin/rooms.rs) go through it.
-        reg.provide(starling_core::admin::Provided(Arc::new(
-            admin::MucAdmin::new(host, ctx.node_id),
-        )));
+        // The admin listener's rooms endpoints and page (admin/api.rs).
+        if let Some(ext) = reg.provided::<AdminExtensions>() {
+            admin::extend(ext, Arc::new(admin::MucAdmin::new(host, ctx.node_id)));
+        }
     }
 }
 

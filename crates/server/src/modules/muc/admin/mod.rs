@@ -1,6 +1,8 @@
-//! The group-chat service's side of the admin API's rooms endpoints
-//! (`crate::admin::rooms`, docs/admin.md): a [`RoomAdmin`] the module
-//! provides in the hook registry when it starts.
+//! The group-chat service in the admin listener (docs/admin.md): its
+//! rooms endpoints and web admin page (`api.rs`), which the module adds
+//! when it starts ([`extend`]), over [`MucAdmin`], the server acting as
+//! the service's administrator (this file; `contract.rs` the operations'
+//! types).
 //!
 //! - **Changes** are stanzas of the server acting as the service's
 //!   administrator: from the bare JID of the served domain the service is
@@ -28,7 +30,8 @@ use super::host::{AdminFailure, Host, Listing};
 use super::room::Room;
 use super::store::{RoomAffiliation, StoredRoom};
 use super::{MucKind, NS_ADMIN, NS_MUC_ADMIN, NS_MUC_OWNER};
-use starling_core::admin::{
+use crate::modules::common::admin_api::{AdminExtensions, AdminPage};
+use contract::{
     AffiliationEntry, Affiliations, Applied, OccupantEntry, RoomAdmin, RoomChange, RoomDetails,
     RoomError, RoomSummary,
 };
@@ -36,6 +39,24 @@ use starling_proto::{ns, BareJid, Jid, Stanza, StanzaKind};
 use starling_xml::Element;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+mod api;
+mod contract;
+
+#[cfg(test)]
+pub(crate) use api::{openapi, ROUTES};
+
+/// Adds the rooms endpoints, their OpenAPI paths and the web admin's
+/// rooms page to `ext`, over `admin`.
+pub(super) fn extend(ext: &mut AdminExtensions, admin: Arc<MucAdmin>) {
+    ext.routes.extend(api::routes(&admin));
+    ext.openapi.push(api::openapi());
+    ext.pages.push(AdminPage {
+        path: "/admin/rooms",
+        title: "Rooms",
+        body: Arc::new(move |q| Box::pin(api::page(admin.clone(), q))),
+    });
+}
 
 /// A creation request ([`create_request`]).
 pub(super) struct CreateRequest {

@@ -1,17 +1,10 @@
-//! The contracts between the admin API (`starling-server`'s `admin/`) and
-//! the modules whose state it shows and changes, like
-//! [`crate::roster::SessionRoster`] between the roster and presence
-//! modules: the admin API defines no module's types and imports no module;
-//! a module implements the trait and provides it in the hook registry
-//! (`reg.provide(…)`), the server takes it back after the modules started.
-//!
-//! - [`RoomAdmin`]: group-chat rooms (XEP-0045), `/api/v1/rooms…`,
-//!   implemented by the MUC module (`modules/muc/admin.rs`).
+//! The operations of the rooms endpoints (`api.rs`) on the service
+//! ([`RoomAdmin`], implemented by `MucAdmin` in `mod.rs`) and their types,
+//! which the endpoints serialize as they are.
 
-use async_trait::async_trait;
 use serde::Serialize;
+use starling_core::async_trait;
 use starling_proto::BareJid;
-use std::sync::Arc;
 
 /// What the group-chat module offers the admin API.
 #[async_trait]
@@ -34,9 +27,6 @@ pub trait RoomAdmin: Send + Sync + 'static {
     /// Applies a change through the room's rules.
     async fn change(&self, room: &BareJid, change: RoomChange) -> Result<Applied, RoomError>;
 }
-
-/// The module's [`RoomAdmin`], as it is provided in the hook registry.
-pub struct Provided(pub Arc<dyn RoomAdmin>);
 
 /// A room in a list.
 #[derive(Clone, Debug, Serialize)]
