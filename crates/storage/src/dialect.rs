@@ -104,14 +104,6 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
         accounts: &[(BareJid, Vec<ScramCredentials>)],
     ) -> StorageResult<u64>;
 
-    /// [`BlockingStore::block`](starling_core::storage::BlockingStore::block):
-    /// the newly added JIDs, in the caller's order, each once.
-    async fn insert_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
-
-    /// [`BlockingStore::unblock`](starling_core::storage::BlockingStore::unblock):
-    /// the removed JIDs, in the caller's order, each once.
-    async fn delete_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
-
     /// [`OfflineStore::store`](starling_core::storage::OfflineStore::store):
     /// the quota check, the insert and the message's archive rows, atomic
     /// against every other writer of the owner's queue.

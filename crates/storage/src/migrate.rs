@@ -16,8 +16,9 @@ use std::collections::{BTreeMap, HashSet};
 /// The backend's own schema steps, by version. A new step of a concern
 /// kept here takes the next unused version (across modules' steps too:
 /// 8 and 10 are the group-chat module's, `modules/muc/store/`; 17 the
-/// last-activity module's, `modules/last/store/`), and its script goes to
-/// both backends' [`Scripts`].
+/// last-activity module's, `modules/last/store/`; 18 the blocking
+/// module's, `modules/blocking/store/`), and its script goes to both
+/// backends' [`Scripts`].
 const STEPS: [(i64, &str); 14] = [
     (1, "accounts"),
     (2, "im-core"),

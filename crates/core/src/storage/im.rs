@@ -172,19 +172,6 @@ pub trait RosterStore: Send + Sync + 'static {
     async fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
 }
 
-/// Block lists (XEP-0191), as JID strings (bare, full or domain JIDs).
-#[async_trait]
-pub trait BlockingStore: Send + Sync + 'static {
-    /// The block list, sorted.
-    async fn blocklist(&self, owner: &BareJid) -> StorageResult<Vec<String>>;
-    /// Adds JIDs (existing ones are kept); returns those newly added.
-    async fn block(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
-    /// Removes JIDs; returns those that were present.
-    async fn unblock(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
-    /// Empties the list; returns what was in it.
-    async fn unblock_all(&self, owner: &BareJid) -> StorageResult<Vec<String>>;
-}
-
 /// Small per-user XML documents: vCard (XEP-0054) under kind "vcard" and
 /// key "", private XML (XEP-0049) under kind "private" keyed by
 /// `{namespace}name`. Values are serialized XML.

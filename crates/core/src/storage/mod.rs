@@ -28,7 +28,7 @@ pub use archive::{
     UnreadChange, WithFilter, FLAG_BODY,
 };
 pub use domains::{DomainSettings, DomainState, DomainStore, StoredDomain};
-pub use im::{BlockingStore, RosterChange, RosterItem, RosterStore, Subscription, UserDataStore};
+pub use im::{RosterChange, RosterItem, RosterStore, Subscription, UserDataStore};
 pub use offline::{OfflineMessage, OfflineStore, OfflineStoreError};
 pub use pubsub::{PubsubStore, PubsubSubscription, StoredItem, StoredNode};
 
@@ -196,8 +196,6 @@ pub struct Storage {
     pub accounts: Arc<dyn AccountStore>,
     /// Rosters and pending subscription requests.
     pub roster: Arc<dyn RosterStore>,
-    /// Block lists.
-    pub blocking: Arc<dyn BlockingStore>,
     /// vCards and private XML.
     pub user_data: Arc<dyn UserDataStore>,
     /// Offline messages (XEP-0160).
@@ -257,7 +255,6 @@ impl Storage {
     /// anyway, so a half-deleted account can be cleaned up).
     pub async fn delete_account(&self, jid: &BareJid) -> StorageResult<bool> {
         self.roster.remove_user(jid).await?;
-        self.blocking.unblock_all(jid).await?;
         self.user_data.remove_user(jid).await?;
         self.offline.remove_user(jid).await?;
         self.archive.remove_user(jid).await?;

@@ -16,10 +16,10 @@
 
 use super::{
     AccountChanges, AccountStore, ArchiveId, ArchivePage, ArchivePrefs, ArchiveQuery,
-    ArchiveRecord, ArchiveStore, ArchivedMessage, BlockingStore, FastSlot, FastToken, InboxEntry,
-    InboxQuery, InboxStore, InboxTotals, InboxUpdate, OfflineMessage, OfflineStore,
-    OfflineStoreError, PubsubStore, PubsubSubscription, RosterChange, RosterItem, RosterStore,
-    Storage, StorageError, StorageResult, StoredItem, StoredNode, UserDataStore,
+    ArchiveRecord, ArchiveStore, ArchivedMessage, FastSlot, FastToken, InboxEntry, InboxQuery,
+    InboxStore, InboxTotals, InboxUpdate, OfflineMessage, OfflineStore, OfflineStoreError,
+    PubsubStore, PubsubSubscription, RosterChange, RosterItem, RosterStore, Storage, StorageError,
+    StorageResult, StoredItem, StoredNode, UserDataStore,
 };
 use crate::metrics::{LatencyHistogram, Metrics, StorageOp};
 use starling_proto::sasl::{ScramCredentials, ScramHash};
@@ -55,7 +55,6 @@ impl Storage {
         Storage {
             accounts: Timed::wrap(self.accounts.clone(), metrics, "accounts"),
             roster: Timed::wrap(self.roster.clone(), metrics, "roster"),
-            blocking: Timed::wrap(self.blocking.clone(), metrics, "blocking"),
             user_data: Timed::wrap(self.user_data.clone(), metrics, "user_data"),
             offline: Timed::wrap(self.offline.clone(), metrics, "offline"),
             archive: Timed::wrap(self.archive.clone(), metrics, "archive"),
@@ -116,13 +115,6 @@ timed_store!(RosterStore {
     write fn put_pending_request(&self, owner: &BareJid, from: &BareJid, stanza: &str) -> StorageResult<()>;
     write fn remove_pending_request(&self, owner: &BareJid, from: &BareJid) -> StorageResult<()>;
     write fn remove_user(&self, owner: &BareJid) -> StorageResult<()>;
-});
-
-timed_store!(BlockingStore {
-    read fn blocklist(&self, owner: &BareJid) -> StorageResult<Vec<String>>;
-    write fn block(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
-    write fn unblock(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>>;
-    write fn unblock_all(&self, owner: &BareJid) -> StorageResult<Vec<String>>;
 });
 
 timed_store!(UserDataStore {

@@ -4,6 +4,7 @@
 //! (`scripts/test-all.sh` runs this module on both).
 
 use starling_core::storage::Storage;
+use starling_server::modules::blocking::store::conformance as blocking;
 use starling_server::modules::last::store::conformance as last;
 use starling_server::modules::muc::store::conformance;
 use starling_testkit::{test_pg_admin_url, TestDatabase};
@@ -61,6 +62,13 @@ async fn muc_domain_removal() {
     on_fresh(|s| async move { conformance::muc_domain_removal(&s).await }).await;
 }
 
+/// Block lists (XEP-0191): changes reported in order, removed with the
+/// account.
+#[tokio::test]
+async fn block_lists() {
+    on_fresh(|s| async move { blocking::blocking(&s).await }).await;
+}
+
 /// Last activity (XEP-0012): replaced per logout, removed with the account.
 #[tokio::test]
 async fn last_activity_records() {
@@ -93,7 +101,7 @@ async fn module_steps_are_applied_to_an_existing_database() {
     assert_eq!(last.get(&room).await.unwrap(), None);
     assert_eq!(
         s.owned.iter().map(|o| o.name()).collect::<Vec<_>>(),
-        ["last", "muc"],
+        ["blocking", "last", "muc"],
         "every module's own data is attached"
     );
     s.backend.close().await;

@@ -1,34 +1,13 @@
-//! Per-user data: block lists, private documents, and
-//! account deletion removing every concern's data.
+//! Per-user data: private documents, and account deletion removing
+//! every concern's data.
 
 use super::{creds, jid};
 use starling_core::storage::{RosterItem, Storage};
 
-/// Block lists, per-user documents, and account deletion
-/// removing every concern's data.
+/// Per-user documents, and account deletion removing every concern's
+/// data.
 pub async fn user_data(s: &Storage) {
     let alice = jid("alice@example.org");
-    let b = s.blocking.as_ref();
-    assert_eq!(
-        b.block(&alice, &["x@y".into(), "spam.example".into()])
-            .await
-            .unwrap(),
-        ["x@y", "spam.example"]
-    );
-    assert_eq!(
-        b.block(&alice, &["x@y".into()]).await.unwrap(),
-        Vec::<String>::new()
-    );
-    assert_eq!(b.blocklist(&alice).await.unwrap(), ["spam.example", "x@y"]);
-    assert_eq!(
-        b.unblock(&alice, &["x@y".into(), "z@y".into()])
-            .await
-            .unwrap(),
-        ["x@y"]
-    );
-    assert_eq!(b.unblock_all(&alice).await.unwrap(), ["spam.example"]);
-    assert!(b.blocklist(&alice).await.unwrap().is_empty());
-
     let d = s.user_data.as_ref();
     assert_eq!(d.get(&alice, "vcard", "").await.unwrap(), None);
     d.set(&alice, "vcard", "", "<vCard xmlns='vcard-temp'/>")
@@ -72,11 +51,9 @@ pub async fn user_data(s: &Storage) {
         .put_item(&alice, &RosterItem::new(jid("bob@example.org")))
         .await
         .unwrap();
-    s.blocking.block(&alice, &["x@y".into()]).await.unwrap();
     assert!(s.delete_account(&alice).await.unwrap());
     assert!(!s.accounts.exists(&alice).await.unwrap());
     assert_eq!(s.roster.count(&alice).await.unwrap(), 0);
-    assert!(s.blocking.blocklist(&alice).await.unwrap().is_empty());
     assert_eq!(s.user_data.get(&alice, "vcard", "").await.unwrap(), None);
     assert!(!s.delete_account(&alice).await.unwrap());
 }

@@ -129,49 +129,6 @@ impl Dialect for PostgresStorage {
         Ok(created.len() as u64)
     }
 
-    async fn insert_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        // One statement; WITH ORDINALITY keeps the caller's order, and
-        // repeats within `jids` are inserted (and reported) once.
-        let rows = sqlx::query(
-            "WITH added AS (
-                 INSERT INTO blocklist (domain, username, jid)
-                 SELECT $1, $2, j FROM unnest($3::text[]) AS t(j)
-                 ON CONFLICT DO NOTHING
-                 RETURNING jid)
-             SELECT t.j FROM unnest($3::text[]) WITH ORDINALITY AS t(j, n)
-             JOIN added a ON a.jid = t.j
-             GROUP BY t.j ORDER BY MIN(t.n)",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(jids)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    async fn delete_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        let rows = sqlx::query(
-            "WITH gone AS (
-                 DELETE FROM blocklist
-                 WHERE domain = $1 AND username = $2 AND jid = ANY($3::text[])
-                 RETURNING jid)
-             SELECT t.j FROM unnest($3::text[]) WITH ORDINALITY AS t(j, n)
-             JOIN gone g ON g.jid = t.j
-             GROUP BY t.j ORDER BY MIN(t.n)",
-        )
-        .bind(domain)
-        .bind(user)
-        .bind(jids)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
     /// A transaction takes the owner's advisory lock
     /// ([`OwnerLock::Offline`]), then inserts only if the owner's count is
     /// under the quota. The insert is a new statement, so under READ

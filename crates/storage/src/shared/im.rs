@@ -14,8 +14,7 @@ use crate::now_secs;
 use async_trait::async_trait;
 use sqlx::{Database, Row};
 use starling_core::storage::{
-    BlockingStore, RosterChange, RosterItem, RosterStore, StorageResult, Subscription,
-    UserDataStore,
+    RosterChange, RosterItem, RosterStore, StorageResult, Subscription, UserDataStore,
 };
 use starling_proto::BareJid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -372,45 +371,6 @@ impl RosterStore for Store {
                 .map_err(backend)?;
         }
         tx.commit().await.map_err(backend)
-    }
-}
-
-#[async_trait]
-impl BlockingStore for Store {
-    async fn blocklist(&self, owner: &BareJid) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        let rows = sqlx::query(
-            "SELECT jid FROM blocklist WHERE domain = $1 AND username = $2 ORDER BY jid",
-        )
-        .bind(domain)
-        .bind(user)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
-    }
-
-    async fn block(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        self.insert_blocked(owner, jids).await
-    }
-
-    async fn unblock(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        self.delete_blocked(owner, jids).await
-    }
-
-    async fn unblock_all(&self, owner: &BareJid) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        let rows =
-            sqlx::query("DELETE FROM blocklist WHERE domain = $1 AND username = $2 RETURNING jid")
-                .bind(domain)
-                .bind(user)
-                .fetch_all(&self.writer)
-                .await
-                .map_err(backend)?;
-        // RETURNING gives no order guarantee.
-        let mut v: Vec<String> = rows.into_iter().map(|r| r.get(0)).collect();
-        v.sort();
-        Ok(v)
     }
 }
 

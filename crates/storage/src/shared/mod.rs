@@ -46,7 +46,6 @@ impl Store {
         Storage {
             accounts: me.clone(),
             roster: me.clone(),
-            blocking: me.clone(),
             user_data: me.clone(),
             offline: me.clone(),
             archive: me.clone(),

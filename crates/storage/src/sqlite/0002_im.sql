@@ -1,7 +1,7 @@
 -- Instant-messaging core: rosters (RFC 6121) with per-owner versions and
--- tombstones for XEP-0237, pending subscription requests, block lists
--- (XEP-0191), per-user XML documents (XEP-0054, XEP-0049). (Last activity
--- was created here until it became the last-activity module's step 17.)
+-- tombstones for XEP-0237, pending subscription requests, per-user XML
+-- documents (XEP-0054, XEP-0049). (Block lists and last activity were
+-- created here until they became their modules' steps 18 and 17.)
 CREATE TABLE roster_versions (
     domain   TEXT    NOT NULL,
     username TEXT    NOT NULL,
@@ -33,13 +33,6 @@ CREATE TABLE subscription_requests (
     stanza     TEXT    NOT NULL,
     created_at INTEGER NOT NULL,
     PRIMARY KEY (domain, username, contact)
-) WITHOUT ROWID;
-
-CREATE TABLE blocklist (
-    domain   TEXT NOT NULL,
-    username TEXT NOT NULL,
-    jid      TEXT NOT NULL,
-    PRIMARY KEY (domain, username, jid)
 ) WITHOUT ROWID;
 
 CREATE TABLE user_data (

@@ -101,51 +101,6 @@ impl Dialect for SqliteStorage {
         Ok(created)
     }
 
-    async fn insert_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        let mut tx = self.writer.begin().await.map_err(backend)?;
-        let mut added = Vec::new();
-        for j in jids {
-            let n = sqlx::query(
-                "INSERT INTO blocklist (domain, username, jid) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-            )
-            .bind(domain)
-            .bind(user)
-            .bind(j)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-            if n > 0 {
-                added.push(j.clone());
-            }
-        }
-        tx.commit().await.map_err(backend)?;
-        Ok(added)
-    }
-
-    async fn delete_blocked(&self, owner: &BareJid, jids: &[String]) -> StorageResult<Vec<String>> {
-        let (domain, user) = split(owner);
-        let mut tx = self.writer.begin().await.map_err(backend)?;
-        let mut removed = Vec::new();
-        for j in jids {
-            let n =
-                sqlx::query("DELETE FROM blocklist WHERE domain = ? AND username = ? AND jid = ?")
-                    .bind(domain)
-                    .bind(user)
-                    .bind(j)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?
-                    .rows_affected();
-            if n > 0 {
-                removed.push(j.clone());
-            }
-        }
-        tx.commit().await.map_err(backend)?;
-        Ok(removed)
-    }
-
     async fn insert_offline(
         &self,
         owner: &BareJid,

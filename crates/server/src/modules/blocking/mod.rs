@@ -37,6 +37,10 @@ use starling_xml::Element;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+pub mod store;
+
+use store::BlockingStore;
+
 const NAME: &str = "blocking";
 /// XEP-0191 namespace.
 pub const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -48,9 +52,10 @@ const CACHE_LIMIT: usize = 200_000;
 type List = Arc<HashSet<String>>;
 
 /// The blocking module.
-#[derive(Default)]
 pub struct Blocking {
     cache: RwLock<HashMap<BareJid, List>>,
+    /// The block lists (`store/`).
+    store: Arc<dyn BlockingStore>,
 }
 
 /// Per-session state: this session asked for the block list (§3.2), so it
@@ -58,9 +63,12 @@ pub struct Blocking {
 struct Interested;
 
 impl Blocking {
-    /// Registers the module.
-    pub fn register(reg: &mut HookRegistry) {
-        let m = Arc::new(Blocking::default());
+    /// Registers the module, keeping block lists in `store`.
+    pub fn register(reg: &mut HookRegistry, store: Arc<dyn BlockingStore>) {
+        let m = Arc::new(Blocking {
+            cache: RwLock::default(),
+            store,
+        });
         reg.iq(NAME, IqScope::Account, "blocklist", NS_BLOCKING, m.clone());
         reg.iq(NAME, IqScope::Account, "block", NS_BLOCKING, m.clone());
         reg.iq(NAME, IqScope::Account, "unblock", NS_BLOCKING, m.clone());
@@ -72,7 +80,7 @@ impl Blocking {
         reg.cache(NAME, m);
     }
 
-    async fn list(&self, env: &Env, owner: &BareJid) -> StorageResult<List> {
+    async fn list(&self, owner: &BareJid) -> StorageResult<List> {
         if let Some(l) = self
             .cache
             .read()
@@ -81,14 +89,7 @@ impl Blocking {
         {
             return Ok(l.clone());
         }
-        let list: List = Arc::new(
-            env.storage
-                .blocking
-                .blocklist(owner)
-                .await?
-                .into_iter()
-                .collect(),
-        );
+        let list: List = Arc::new(self.store.blocklist(owner).await?.into_iter().collect());
         let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= CACHE_LIMIT {
             cache.clear();
@@ -108,11 +109,11 @@ impl Blocking {
     }
 
     /// True if `owner` blocks `other` (XEP-0016 §2.1 matching order).
-    async fn blocks(&self, env: &Env, owner: &BareJid, other: &Jid) -> bool {
+    async fn blocks(&self, owner: &BareJid, other: &Jid) -> bool {
         if other.to_bare() == *owner {
             return false; // never between a user's own resources
         }
-        let list = match self.list(env, owner).await {
+        let list = match self.list(owner).await {
             Ok(l) => l,
             Err(e) => {
                 // Fail open for delivery but say so: a storage outage must
@@ -246,7 +247,7 @@ impl IqHandler for Blocking {
             )
         };
         match (iq.type_attr(), query.name()) {
-            (Some("get"), "blocklist") => match self.list(env, &owner).await {
+            (Some("get"), "blocklist") => match self.list(&owner).await {
                 Ok(list) => {
                     let mut sorted: Vec<&String> = list.iter().collect();
                     sorted.sort();
@@ -276,7 +277,7 @@ impl IqHandler for Blocking {
                 };
                 // Presence goes out before the block takes effect.
                 self.presence_effects(env, &owner, &jids, true).await;
-                let result = env.storage.blocking.block(&owner, &jids).await;
+                let result = self.store.block(&owner, &jids).await;
                 self.forget(env, &owner);
                 match result {
                     Ok(_) => {
@@ -293,9 +294,9 @@ impl IqHandler for Blocking {
                     Err(e) => return IqResponse::Error(e),
                 };
                 let result = if jids.is_empty() {
-                    env.storage.blocking.unblock_all(&owner).await
+                    self.store.unblock_all(&owner).await
                 } else {
-                    env.storage.blocking.unblock(&owner, &jids).await
+                    self.store.unblock(&owner, &jids).await
                 };
                 self.forget(env, &owner);
                 match result {
@@ -323,7 +324,7 @@ impl InboundHandler for Blocking {
         let owner = to.to_bare();
         let from_bare = from.to_bare();
         // Inbound rule: the recipient blocks the sender (§3.5).
-        let inbound = self.blocks(env, &owner, from).await;
+        let inbound = self.blocks(&owner, from).await;
         // Outbound rule for what the server routes on a local user's behalf
         // (presence broadcasts): the sender blocks the recipient. Errors are
         // exempt: they are the server's bounces of the blocked JID's own
@@ -332,7 +333,7 @@ impl InboundHandler for Blocking {
             && !stanza.is_error()
             && env.hosts.is_local(from.domain().as_str())
             && from.node().is_some()
-            && self.blocks(env, &from_bare, to).await;
+            && self.blocks(&from_bare, to).await;
         if !inbound && !outbound {
             return Ok(Flow::Continue);
         }
@@ -363,7 +364,7 @@ impl InboundHandler for Blocking {
 impl SessionOpenedHandler for Blocking {
     async fn session_opened(&self, cx: &mut SessionCtx<'_>) -> HookResult {
         let me = cx.jid().to_bare();
-        if let Err(e) = self.list(cx.env, &me).await {
+        if let Err(e) = self.list(&me).await {
             // Read again at the first stanza.
             tracing::warn!(module = NAME, user = %me, error = %e, "reading the block list failed");
         }
@@ -387,7 +388,7 @@ impl UserSendHandler for Blocking {
             return Ok(Flow::Continue);
         };
         let me = cx.jid().to_bare();
-        if !self.blocks(cx.env, &me, to).await {
+        if !self.blocks(&me, to).await {
             return Ok(Flow::Continue);
         }
         // §3.6: not routed; an error for message and iq, presence dropped.
@@ -427,13 +428,20 @@ impl Module for Blocking {
     const SUMMARY: &'static str = "XEP-0191 blocking command";
     type Config = EnabledConfig;
     const STORAGE: &'static [&'static str] = &["blocking", "roster"];
+    const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
+
+    fn owned_data(
+        storage: &starling_core::storage::Storage,
+    ) -> Option<Arc<dyn starling_core::storage::OwnedData>> {
+        Some(Arc::new(store::BlockingData::new(storage)))
+    }
 
     fn enabled(cfg: &EnabledConfig) -> bool {
         cfg.enabled
     }
 
-    async fn start(_cfg: &EnabledConfig, _ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
-        Blocking::register(reg);
+    async fn start(_cfg: &EnabledConfig, ctx: &ModuleCtx<'_>, reg: &mut HookRegistry) {
+        Blocking::register(reg, store::open_timed(ctx.storage, ctx.metrics));
     }
 }
 
