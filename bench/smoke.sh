@@ -62,6 +62,11 @@ tls = "starttls"
 address = "127.0.0.1:$hport"
 tls = false
 
+# No admin listener: its default port (5290) would collide with another
+# suite's server (test-all.sh runs them at the same time).
+[admin]
+listen = []
+
 [c2s]
 require_tls = false
 max_bytes_per_second = 0

@@ -59,8 +59,9 @@ done
 export STARLING_BIN="$target_dir/debug/starling" BENCH_BIN="$target_dir/debug/starling-bench"
 
 # The suites below are independent of each other (each starts its own
-# Starling on free loopback ports, with its own data directory, virtual
-# environment and node_modules), so they run at the same time: most of
+# Starling on free loopback ports — no default port, not even the admin
+# listener's — with its own data directory, virtual environment and
+# node_modules), so they run at the same time: most of
 # their time is spent waiting on sockets, a browser or a container build,
 # and the one that needs CPU (fuzzing) fills the gaps. Each writes to a
 # log of its own, printed whole when it ends; the step fails if one fails,
@@ -70,14 +71,18 @@ rm -rf "$logs"
 mkdir -p "$logs"
 names=()
 pids=()
-started=()
 suite() {
   local name=$1
   shift
-  ("$@") >"$logs/$name.log" 2>&1 &
+  (
+    t0=$SECONDS
+    rc=0
+    "$@" || rc=$?
+    echo "$((SECONDS - t0))" >"$logs/$name.secs"
+    exit $rc
+  ) >"$logs/$name.log" 2>&1 &
   names+=("$name")
   pids+=($!)
-  started+=("$SECONDS")
   printf '    started %s (%s)\n' "$name" "$logs/$name.log"
 }
 
@@ -112,9 +117,9 @@ failed=()
 for i in "${!pids[@]}"; do
   rc=0
   wait "${pids[$i]}" || rc=$?
-  printf '\n==> [%4ds] %s: %s after %ds (log %s)\n' "$SECONDS" "${names[$i]}" \
+  printf '\n==> [%4ds] %s: %s in %ss (log %s)\n' "$SECONDS" "${names[$i]}" \
     "$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")" \
-    "$((SECONDS - started[$i]))" "$logs/${names[$i]}.log"
+    "$(cat "$logs/${names[$i]}.secs" 2>/dev/null || echo '?')" "$logs/${names[$i]}.log"
   cat "$logs/${names[$i]}.log"
   [ $rc -eq 0 ] || failed+=("${names[$i]}")
 done

@@ -35,6 +35,11 @@ tls = "direct"
 address = "127.0.0.1:$p3"
 tls = false
 
+# No admin listener: its default port (5290) would collide with another
+# suite's server (scripts/test-all.sh runs them at the same time).
+[admin]
+listen = []
+
 [modules.register]
 enabled = true
 max_per_ip = 100000
