@@ -92,6 +92,10 @@ pub trait Module: Send + Sync + 'static {
     /// with the backend's when the storage opens, whether the module is
     /// enabled or not (so turning it on later needs no migration).
     const SCHEMA: &'static [crate::storage::SchemaStep] = &[];
+    /// The conformance suite of the module's own store (run on every
+    /// engine by the scenario tests' `stores` module, for every module of
+    /// the server's list).
+    const STORE_SUITES: &'static [crate::storage::StoreSuite] = &[];
     /// The admin API paths (prefixes) the module serves when it is enabled,
     /// so that while it is off they answer 404 saying which module to
     /// turn on.

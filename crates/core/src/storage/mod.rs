@@ -235,6 +235,15 @@ pub struct SchemaStep {
     pub postgres: &'static str,
 }
 
+/// One function of a module store's conformance suite: `(name, run)`,
+/// `run` panicking on the first deviation, on a fresh, empty storage
+/// opened with every module's schema and owned data. `Module::STORE_SUITES`
+/// lists a module's; the scenario tests run every module's on each engine.
+pub type StoreSuite = (
+    &'static str,
+    for<'a> fn(&'a Storage) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>,
+);
+
 /// Data a module stores on its own (with its own store trait), so that
 /// deleting an account or a domain deletes it too.
 #[async_trait]

@@ -62,7 +62,7 @@ pub use version::Version;
 use serde::Deserialize as _;
 use starling_core::hooks::HookRegistry;
 use starling_core::module::{ConfigProblem, Module, ModuleCtx};
-use starling_core::storage::{OwnedData, SchemaStep, Storage};
+use starling_core::storage::{OwnedData, SchemaStep, Storage, StoreSuite};
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
@@ -103,6 +103,15 @@ pub static MODULES: &[&dyn ModuleEntry] = &[
 /// Every module's schema steps ([`Module::SCHEMA`]), enabled or not.
 pub fn schema() -> Vec<SchemaStep> {
     MODULES.iter().flat_map(|m| m.schema()).copied().collect()
+}
+
+/// Every module's store conformance suites ([`Module::STORE_SUITES`]),
+/// with the module's name.
+pub fn store_suites() -> Vec<(&'static str, StoreSuite)> {
+    MODULES
+        .iter()
+        .flat_map(|m| m.store_suites().iter().map(move |s| (m.name(), *s)))
+        .collect()
 }
 
 /// `storage` with every module's [`OwnedData`] (enabled or not), so that
@@ -181,6 +190,8 @@ pub trait ModuleEntry: Sync {
     fn schema(&self) -> &'static [SchemaStep];
     /// [`Module::ADMIN_PATHS`].
     fn admin_paths(&self) -> &'static [&'static str];
+    /// [`Module::STORE_SUITES`].
+    fn store_suites(&self) -> &'static [StoreSuite];
     /// [`Module::owned_data`].
     fn owned_data(&self, storage: &Storage) -> Option<Arc<dyn OwnedData>>;
     /// [`Module::subdomain`].
@@ -233,6 +244,9 @@ impl<M: Module> ModuleEntry for Entry<M> {
     }
     fn admin_paths(&self) -> &'static [&'static str] {
         M::ADMIN_PATHS
+    }
+    fn store_suites(&self) -> &'static [StoreSuite] {
+        M::STORE_SUITES
     }
     fn owned_data(&self, storage: &Storage) -> Option<Arc<dyn OwnedData>> {
         M::owned_data(storage)

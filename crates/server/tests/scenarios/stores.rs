@@ -1,12 +1,10 @@
 //! The conformance suites of modules' own stores (a module keeps its
-//! store in its folder: `modules/muc/store/`), on the backend the tests
+//! store in its folder: `modules/muc/store/`; it lists its suite as
+//! `Module::STORE_SUITES`), on the backend the tests
 //! run on: SQLite, or PostgreSQL with `STARLING_TEST_BACKEND=postgres`
 //! (`scripts/test-all.sh` runs this module on both).
 
 use starling_core::storage::Storage;
-use starling_server::modules::blocking::store::conformance as blocking;
-use starling_server::modules::last::store::conformance as last;
-use starling_server::modules::muc::store::conformance;
 use starling_testkit::{test_pg_admin_url, TestDatabase};
 use std::future::Future;
 
@@ -44,35 +42,31 @@ where
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// XEP-0045 rooms and affiliations (`MucStore`).
+/// Every module's store suites (`Module::STORE_SUITES`: group chat,
+/// MUC Light blocking lists, last activity, block lists…), each on a fresh
+/// storage. A module with a store of its own is covered by adding it to
+/// the server's list of modules; nothing to add here.
 #[tokio::test]
-async fn muc_rooms_and_affiliations() {
-    on_fresh(|s| async move { conformance::muc(&s).await }).await;
-}
-
-/// MUC Light blocking lists.
-#[tokio::test]
-async fn muc_light_blocking_lists() {
-    on_fresh(|s| async move { conformance::muc_light_blocking(&s).await }).await;
-}
-
-/// Removing a service domain removes its rooms and their archives.
-#[tokio::test]
-async fn muc_domain_removal() {
-    on_fresh(|s| async move { conformance::muc_domain_removal(&s).await }).await;
-}
-
-/// Block lists (XEP-0191): changes reported in order, removed with the
-/// account.
-#[tokio::test]
-async fn block_lists() {
-    on_fresh(|s| async move { blocking::blocking(&s).await }).await;
-}
-
-/// Last activity (XEP-0012): replaced per logout, removed with the account.
-#[tokio::test]
-async fn last_activity_records() {
-    on_fresh(|s| async move { last::last_activity(&s).await }).await;
+async fn every_module_store_passes_its_suite() {
+    let suites = starling_server::modules::store_suites();
+    let names: Vec<String> = suites
+        .iter()
+        .map(|(m, (n, _))| format!("{m}: {n}"))
+        .collect();
+    for want in [
+        "muc: rooms and affiliations",
+        "blocking: block lists",
+        "last: last activity",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+    for (module, (name, run)) in suites {
+        eprintln!("store suite {module}: {name}");
+        on_fresh(|s| async move { run(&s).await }).await;
+    }
 }
 
 /// A database opened by the storage crate alone (no module's tables, as

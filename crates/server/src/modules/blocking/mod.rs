@@ -429,6 +429,7 @@ impl Module for Blocking {
     type Config = EnabledConfig;
     const STORAGE: &'static [&'static str] = &["blocking", "roster"];
     const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
+    const STORE_SUITES: &'static [starling_core::storage::StoreSuite] = store::conformance::SUITES;
 
     fn owned_data(
         storage: &starling_core::storage::Storage,

@@ -173,6 +173,7 @@ impl Module for Last {
     type Config = EnabledConfig;
     const STORAGE: &'static [&'static str] = &["last_activity", "roster", "accounts"];
     const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
+    const STORE_SUITES: &'static [starling_core::storage::StoreSuite] = store::conformance::SUITES;
 
     fn owned_data(
         storage: &starling_core::storage::Storage,

@@ -217,6 +217,7 @@ impl Module for Muc {
     const STORAGE: &'static [&'static str] = &["muc", "archive"];
     /// The group-chat store's tables, MUC Light's included (`store/`).
     const SCHEMA: &'static [starling_core::storage::SchemaStep] = store::SCHEMA;
+    const STORE_SUITES: &'static [starling_core::storage::StoreSuite] = store::conformance::SUITES;
     const ADMIN_PATHS: &'static [&'static str] = &["/api/v1/rooms"];
 
     fn owned_data(

@@ -3,8 +3,11 @@
 //! run on). Each function takes a fresh, empty [`Storage`] opened with
 //! every module's schema and owned data (`modules::open_storage`).
 
-use starling_core::storage::Storage;
+use starling_core::storage::{Storage, StoreSuite};
 use starling_proto::BareJid;
+
+/// The suite, for `Module::STORE_SUITES`.
+pub const SUITES: &[StoreSuite] = &[("block lists", |s| Box::pin(blocking(s)))];
 
 /// Block lists: additions and removals report what changed in the
 /// caller's order, each once (repeats in one call too); the list is

@@ -3,8 +3,11 @@
 //! tests run on). Each function takes a fresh, empty [`Storage`] opened
 //! with every module's schema and owned data (`modules::open_storage`).
 
-use starling_core::storage::Storage;
+use starling_core::storage::{Storage, StoreSuite};
 use starling_proto::BareJid;
+
+/// The suite, for `Module::STORE_SUITES`.
+pub const SUITES: &[StoreSuite] = &[("last activity", |s| Box::pin(last_activity(s)))];
 
 /// A record is replaced by the next logout (status text stored verbatim,
 /// SQL-looking or empty), one account's never another's, and removed with

@@ -6,8 +6,8 @@
 //! its SQL written once and compiled for each engine (`on_sqlite.rs`,
 //! `on_postgres.rs`); [`SCHEMA`], its table (step 17; databases made
 //! before it have the table from step 2); [`LastData`], what account
-//! deletion removes; `conformance.rs`, the suite both engines pass (the
-//! scenario tests' `stores` module).
+//! deletion removes; `conformance.rs`, the suite both engines pass (listed as
+//! `Module::STORE_SUITES`, run by the scenario tests' `stores` module).
 
 pub mod conformance;
 mod on_postgres;

@@ -7,7 +7,7 @@
 //! the first deviation.
 
 use super::{MucData, RoomAffiliation, StoredRoom};
-use starling_core::storage::{ArchiveId, ArchiveRecord, OwnedData, Storage, FLAG_BODY};
+use starling_core::storage::{ArchiveId, ArchiveRecord, OwnedData, Storage, StoreSuite, FLAG_BODY};
 use starling_proto::sasl::{ScramCredentials, ScramHash};
 use starling_proto::BareJid;
 
@@ -21,6 +21,15 @@ fn creds(password: &str) -> Vec<ScramCredentials> {
         .map(|h| ScramCredentials::generate(h, password, 64).expect("derive"))
         .collect()
 }
+
+/// The suite, for `Module::STORE_SUITES`.
+pub const SUITES: &[StoreSuite] = &[
+    ("rooms and affiliations", |s| Box::pin(muc(s))),
+    ("MUC Light blocking lists", |s| {
+        Box::pin(muc_light_blocking(s))
+    }),
+    ("domain removal", |s| Box::pin(muc_domain_removal(s))),
+];
 
 /// Group-chat rooms (XEP-0045): rooms stored, updated (config and subject
 /// replaced, creation time kept), listed by name in pages per service and

@@ -12,7 +12,8 @@
 //! `postgres/`, the schema steps ([`SCHEMA`], versions 8 and 10, applied
 //! with the backend's own); [`MucData`], what account and domain deletion
 //! remove; `conformance.rs`, the suite both engines pass (run by the
-//! scenario tests' `muc_store` module, on SQLite and on PostgreSQL).
+//! scenario tests' `stores` module, on SQLite and on PostgreSQL, through
+//! `Module::STORE_SUITES`).
 
 pub mod conformance;
 
