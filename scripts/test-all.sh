@@ -23,8 +23,21 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*"; }
 
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+logs="$target_dir/test-logs"
+rm -rf "$logs"
+mkdir -p "$logs"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+# The fuzz targets build in their own target directory (fuzz/target, its
+# own flags), so they compile beside clippy and the test build below; the
+# tests do not start until this build is done, so that no test shares the
+# CPU with a compiler (on a fresh machine this build is the longest).
+step "fuzz targets: building in the background (fuzz/run.sh build, log $logs/fuzz-build.log)"
+fuzz/run.sh build >"$logs/fuzz-build.log" 2>&1 &
+fuzz_build=$!
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
@@ -45,10 +58,20 @@ export STARLING_TEST_PG_URL STARLING_REQUIRE_PG=1 STARLING_REQUIRE_CLUSTER=1
 # 89 s of CPU either way). A caller's own setting wins.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-6}"
 
+step "cargo test: build"
+cargo test --workspace --no-run
+
+step "waiting for the fuzz targets' build"
+if ! wait "$fuzz_build"; then
+  cat "$logs/fuzz-build.log"
+  echo "test-all: the fuzz targets did not build" >&2
+  exit 1
+fi
+tail -n 1 "$logs/fuzz-build.log"
+
 step "cargo test (workspace; scenario tests on SQLite)"
 cargo test --workspace
 
-target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 # The binaries below (starling, starling-bench) are the ones the test build
 # made for the integration tests (CARGO_BIN_EXE_*): building them with
 # `cargo build` would resolve features without the dev-dependencies and
@@ -66,9 +89,6 @@ export STARLING_BIN="$target_dir/debug/starling" BENCH_BIN="$target_dir/debug/st
 # and the one that needs CPU (fuzzing) fills the gaps. Each writes to a
 # log of its own, printed whole when it ends; the step fails if one fails,
 # after all have ended.
-logs="$target_dir/test-logs"
-rm -rf "$logs"
-mkdir -p "$logs"
 names=()
 pids=()
 suite() {
@@ -89,7 +109,8 @@ suite() {
 # Every parser of outside input under coverage-guided fuzzing for a few
 # seconds each (fuzz/README.md): stable Rust and a C++ compiler (for
 # libFuzzer) only; its own target directory (fuzz/target), built without
-# debug info. A crash fails the step and names the command to reproduce it.
+# debug info (above). A crash fails the step and names the command to
+# reproduce it.
 fuzz_short() { fuzz/run.sh short; }
 
 # Every cargo command below selects the whole workspace, so that all of
