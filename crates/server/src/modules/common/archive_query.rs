@@ -80,8 +80,18 @@ pub fn parse(q: &Element, default_page: u32, max_page: u32) -> Result<Request, S
                 "the form must be of type submit",
             ));
         }
+        let mut seen = std::collections::HashSet::new();
         for f in x.children().filter(|c| c.is("field", ns::DATA_FORMS)) {
             let var = f.attr("var").unwrap_or("");
+            // XEP-0004 §3.2: a field's var identifies it in its form. A
+            // second `ids` field would also get past the page's bound on
+            // ids (the fuzzer's mam target found that).
+            if !var.is_empty() && !seen.insert(var) {
+                return Err(err(
+                    StanzaErrorCondition::BadRequest,
+                    &format!("field {var:?} is in the form twice"),
+                ));
+            }
             let values: Vec<String> = f
                 .children()
                 .filter(|c| c.is("value", ns::DATA_FORMS))
@@ -492,6 +502,32 @@ mod tests {
         assert_eq!(r.queryid.as_deref(), Some("x"));
         assert_eq!(r.ids_to_check, vec![a, b]);
         assert_eq!(parse(&q(""), 50, 250).unwrap().query.limit, 50);
+    }
+
+    /// XEP-0004 §3.2: one field per var. Two `ids` fields of one value
+    /// each passed the one-page bound (which counted one field's values):
+    /// the fuzzer's mam target, `fuzz/corpus/mam/repeated-ids`.
+    #[test]
+    fn a_field_given_twice_is_refused() {
+        let a = ArchiveId::from_parts(1_700_000_000_000_000, 1).encode();
+        let b = ArchiveId::from_parts(1_700_000_000_000_001, 1).encode();
+        let form = |fields: &str| {
+            q(&format!(
+                "<x xmlns='jabber:x:data' type='submit'>{fields}</x>"
+            ))
+        };
+        let ids = |v: &str| format!("<field var='ids'><value>{v}</value></field>");
+        assert_eq!(
+            cond(parse(&form(&format!("{}{}", ids(&a), ids(&b))), 1, 1)),
+            StanzaErrorCondition::BadRequest
+        );
+        let with = "<field var='with'><value>juliet@capulet.lit</value></field>";
+        assert_eq!(
+            cond(parse(&form(&format!("{with}{with}")), 50, 250)),
+            StanzaErrorCondition::BadRequest
+        );
+        // One field of one id is one page of 1.
+        assert_eq!(parse(&form(&ids(&a)), 1, 1).unwrap().query.ids.len(), 1);
     }
 
     #[test]
