@@ -9,7 +9,7 @@ use sha1::Digest as _;
 use starling_server::modules::component::{ComponentEntry, NS_COMPONENT_ACCEPT};
 use starling_server::modules::Component;
 use starling_testkit::stanza::iq_get;
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{msg, presence};
 use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
 use starling_testkit::{error_condition, eventually, free_port, ns, Client, TestServer};
 use std::net::SocketAddr;
@@ -962,7 +962,7 @@ async fn a_gateway_takes_part_in_roster_subscriptions() {
     let mut gw = Comp::login(addr, GW, GW_SECRET).await;
     for contact in [GW, "bob@gw.localhost"] {
         alice
-            .send(&format!("<presence to='{contact}' type='subscribe'/>"))
+            .send(&presence().to(contact).ty("subscribe").to_string())
             .await;
         // §3.1.2: the request reaches the gateway from the user's bare JID.
         let p = loop {

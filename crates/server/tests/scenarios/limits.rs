@@ -7,7 +7,7 @@
 
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{msg, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
@@ -234,7 +234,7 @@ async fn create_room(c: &mut Client, room: &str) -> Element {
 
 async fn leave_room(c: &mut Client, room: &str) {
     let occupant = format!("{room}@conference.localhost/nick");
-    c.send(&format!("<presence type='unavailable' to='{occupant}'/>"))
+    c.send(&presence().to(&occupant).ty("unavailable").to_string())
         .await;
     // The room routes this after it handled the leave (and ended).
     c.recv_until(|e| {

@@ -10,8 +10,8 @@ use starling_testkit::muc::{
     admin_set, body, configure, instant, item, join, join_error, join_with, open_room, room,
     statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
 };
-use starling_testkit::stanza::msg;
 use starling_testkit::stanza::{iq_get, iq_set};
+use starling_testkit::stanza::{msg, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::time::Duration;
@@ -227,7 +227,8 @@ async fn private_messages_nick_changes_and_leaving() {
 
     // §7.6: nick change: unavailable with 303 and the new nick, then the
     // new presence.
-    bob.send(&format!("<presence to='{r}/Robert'/>")).await;
+    bob.send(&presence().to(&format!("{r}/Robert")).to_string())
+        .await;
     let un = alice.recv_until(|e| e.name() == "presence").await;
     assert_eq!(un.attr("type"), Some("unavailable"));
     assert_eq!(un.attr("from"), Some(format!("{r}/Bob").as_str()));
@@ -240,7 +241,8 @@ async fn private_messages_nick_changes_and_leaving() {
     assert!(statuses(&own).contains(&"303".into()) && statuses(&own).contains(&"110".into()));
     bob.recv_until(|e| e.name() == "presence").await;
     // The old nick is free, taking alice's is a conflict (§7.6.3).
-    bob.send(&format!("<presence to='{r}/Alice'/>")).await;
+    bob.send(&presence().to(&format!("{r}/Alice")).to_string())
+        .await;
     let e = bob.recv_until(|e| e.name() == "presence").await;
     assert_eq!(error_condition(&e).as_deref(), Some("conflict"), "{e}");
 
@@ -846,7 +848,12 @@ async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
     alice.barrier_via(&r).await;
     // The room outlives its last occupant.
     alice
-        .send(&format!("<presence to='{r}/Alice' type='unavailable'/>"))
+        .send(
+            &presence()
+                .to(&format!("{r}/Alice"))
+                .ty("unavailable")
+                .to_string(),
+        )
         .await;
     alice.barrier_via(&r).await;
     server.server.shutdown().await; // keeps the data directory
@@ -922,7 +929,12 @@ async fn a_flood_into_one_room_leaves_other_rooms_alone() {
     alice.send(&burst).await;
     // Leaving during the flood is never refused (no ghost occupant).
     carol
-        .send(&format!("<presence to='{busy}/Carol' type='unavailable'/>"))
+        .send(
+            &presence()
+                .to(&format!("{busy}/Carol"))
+                .ty("unavailable")
+                .to_string(),
+        )
         .await;
     bob.send(&msg(&calm).groupchat().id("c").body("fine").to_string())
         .await;
@@ -1226,7 +1238,12 @@ mod room_archive {
         alice.barrier_via(&r).await;
         alice.barrier_via(&gone).await;
         alice
-            .send(&format!("<presence to='{gone}/Alice' type='unavailable'/>"))
+            .send(
+                &presence()
+                    .to(&format!("{gone}/Alice"))
+                    .ty("unavailable")
+                    .to_string(),
+            )
             .await;
         // The room handled the leaving (and ended): it, or the service for
         // the room that is no more, answers after.

@@ -6,6 +6,7 @@ use crate::im_common;
 use im_common::*;
 use starling_core::storage::Subscription;
 use starling_server::modules;
+use starling_testkit::stanza::presence;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, TestServer};
 
@@ -45,8 +46,13 @@ async fn outbound_table(table: &str, kind: &str, rows: Vec<Out>) {
         let mut uc = login_full(&server, &u).await;
         let mut cc = login_full(&server, &c).await;
         sync(&mut uc).await;
-        uc.send(&format!("<presence to='{c}@localhost' type='{kind}'/>"))
-            .await;
+        uc.send(
+            &presence()
+                .to(&format!("{c}@localhost"))
+                .ty(kind)
+                .to_string(),
+        )
+        .await;
         let u_got = sync(&mut uc).await;
         let c_got = sync(&mut cc).await;
         let ctx = format!(
