@@ -61,8 +61,9 @@ pub(crate) trait Dialect: Send + Sync + Sized + 'static {
 
     /// True where `SELECT … FOR UPDATE` exists and is needed (PostgreSQL,
     /// where several nodes write at once); SQLite has one writer at a time
-    /// and no such clause. Used through the `for_update!` macro of
-    /// `shared/`, which picks one of two literals at compile time.
+    /// and no such clause. Read through `kit::SqlEngine::ROW_LOCKS` by the
+    /// `for_update!` macro (`kit.rs`), which picks one of two literals at
+    /// compile time.
     const ROW_LOCKS: bool;
 
     /// The archive table, read through its by-conversation index

@@ -41,7 +41,8 @@
 //!    `excluded.`, `RETURNING`; reads on `self.pool`, every write on
 //!    `self.writer` (SQLite's one write connection, whose page cache stays
 //!    warm; the same pool on PostgreSQL); `self.begin_write()` for a
-//!    transaction that reads before it writes, with `for_update!` on the
+//!    transaction that reads before it writes, with `for_update!` (the
+//!    macro of [`kit`]) on the
 //!    rows it protects.
 //! 4. Only where the engines really differ (a batch over arrays, an
 //!    advisory lock, a type with no common spelling), add a method to
@@ -56,6 +57,7 @@ pub mod conformance;
 mod dialect;
 mod dynsql;
 pub mod fsperm;
+#[macro_use]
 pub mod kit;
 mod migrate;
 pub mod postgres;

@@ -133,17 +133,9 @@ pub fn with_owned_data(mut storage: Storage) -> Storage {
 pub async fn open_storage(
     backend: &starling_storage::BackendConfig,
 ) -> Result<Storage, starling_storage::OpenError> {
-    open_storage_with(backend, starling_storage::OpenOptions::default()).await
-}
-
-/// [`open_storage`] with non-default options (their `schema` is replaced).
-pub async fn open_storage_with(
-    backend: &starling_storage::BackendConfig,
-    options: starling_storage::OpenOptions,
-) -> Result<Storage, starling_storage::OpenError> {
     let options = starling_storage::OpenOptions {
         schema: schema(),
-        ..options
+        ..Default::default()
     };
     let storage = starling_storage::open_with(backend, &options).await?;
     Ok(with_owned_data(storage))

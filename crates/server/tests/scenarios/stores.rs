@@ -8,6 +8,47 @@ use starling_core::storage::Storage;
 use starling_testkit::{test_pg_admin_url, TestDatabase};
 use std::future::Future;
 
+/// A fresh, empty database on the backend the tests run on, removed by
+/// [`Fresh::remove`].
+struct Fresh {
+    dir: std::path::PathBuf,
+    database: Option<TestDatabase>,
+    backend: starling_storage::BackendConfig,
+}
+
+impl Fresh {
+    async fn new() -> Fresh {
+        let dir =
+            std::env::temp_dir().join(format!("starling-store-{}", starling_proto::random_id(12)));
+        let database = match test_pg_admin_url() {
+            Some(admin) => Some(TestDatabase::for_data_dir(&admin, &dir).await),
+            None => None,
+        };
+        let backend = match &database {
+            Some(db) => starling_storage::BackendConfig::Postgres {
+                url: db.url.clone(),
+                pool_size: 2,
+            },
+            None => starling_storage::BackendConfig::Sqlite {
+                path: dir.join("starling.db"),
+                pool_size: 2,
+            },
+        };
+        Fresh {
+            dir,
+            database,
+            backend,
+        }
+    }
+
+    async fn remove(self) {
+        if let Some(db) = self.database {
+            db.drop_database().await;
+        }
+        let _ = std::fs::remove_dir_all(self.dir);
+    }
+}
+
 /// Runs `suite` on a fresh storage opened as the server opens it (every
 /// module's schema and owned data), then removes it.
 async fn on_fresh<F, Fut>(suite: F)
@@ -15,31 +56,13 @@ where
     F: FnOnce(Storage) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let dir =
-        std::env::temp_dir().join(format!("starling-store-{}", starling_proto::random_id(12)));
-    let database = match test_pg_admin_url() {
-        Some(admin) => Some(TestDatabase::for_data_dir(&admin, &dir).await),
-        None => None,
-    };
-    let backend = match &database {
-        Some(db) => starling_storage::BackendConfig::Postgres {
-            url: db.url.clone(),
-            pool_size: 2,
-        },
-        None => starling_storage::BackendConfig::Sqlite {
-            path: dir.join("starling.db"),
-            pool_size: 2,
-        },
-    };
-    let storage = starling_server::modules::open_storage(&backend)
+    let fresh = Fresh::new().await;
+    let storage = starling_server::modules::open_storage(&fresh.backend)
         .await
         .expect("open a fresh storage");
     suite(storage.clone()).await;
     storage.backend.close().await;
-    if let Some(db) = database {
-        db.drop_database().await;
-    }
-    let _ = std::fs::remove_dir_all(dir);
+    fresh.remove().await;
 }
 
 /// Every module's store suites (`Module::STORE_SUITES`: group chat,
@@ -74,15 +97,8 @@ async fn every_module_store_passes_its_suite() {
 /// it: the group-chat tables are there and usable.
 #[tokio::test]
 async fn module_steps_are_applied_to_an_existing_database() {
-    if test_pg_admin_url().is_some() {
-        return; // the same code path on PostgreSQL; the SQLite file is enough
-    }
-    let dir =
-        std::env::temp_dir().join(format!("starling-store-{}", starling_proto::random_id(12)));
-    let backend = starling_storage::BackendConfig::Sqlite {
-        path: dir.join("starling.db"),
-        pool_size: 1,
-    };
+    let fresh = Fresh::new().await;
+    let backend = fresh.backend.clone();
     let bare = starling_storage::open(&backend).await.unwrap();
     bare.backend.close().await;
     let s = starling_server::modules::open_storage(&backend)
@@ -99,5 +115,5 @@ async fn module_steps_are_applied_to_an_existing_database() {
         "every module's own data is attached"
     );
     s.backend.close().await;
-    let _ = std::fs::remove_dir_all(dir);
+    fresh.remove().await;
 }

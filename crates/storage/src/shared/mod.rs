@@ -7,18 +7,8 @@
 //! Statements use `$1…$n` placeholders, `TRUE`/`FALSE`, and
 //! `for_update!` where PostgreSQL must lock a row.
 
-/// `$sql` with ` FOR UPDATE` appended where the engine has row locks
-/// ([`Dialect::ROW_LOCKS`]); both texts are literals, chosen at compile
-/// time.
-macro_rules! for_update {
-    ($sql:literal) => {
-        if <Store as crate::dialect::Dialect>::ROW_LOCKS {
-            concat!($sql, " FOR UPDATE")
-        } else {
-            $sql
-        }
-    };
-}
+// `for_update!` is `kit`'s (textually in scope: `#[macro_use] pub mod kit`
+// in lib.rs comes before the backends), the one a module's store uses too.
 
 mod accounts;
 mod admin;
