@@ -75,6 +75,18 @@ export async function login(user, { bosh = false, settings = null } = {}) {
     ws.on("framesent", (f) => frames.push({ dir: "sent", data: String(f.payload) }));
     ws.on("framereceived", (f) => frames.push({ dir: "received", data: String(f.payload) }));
   });
+  // BOSH carries the same frames in HTTP bodies: a request's body when it
+  // is sent (a long poll's answer may come much later), its response's
+  // body when that arrives.
+  page.on("request", (req) => {
+    if (req.url().includes("/http-bind") && req.postData()) frames.push({ dir: "sent", data: req.postData() });
+  });
+  page.on("requestfinished", async (req) => {
+    if (!req.url().includes("/http-bind")) return;
+    const res = await req.response().catch(() => null);
+    const text = res ? await res.text().catch(() => "") : "";
+    if (text) frames.push({ dir: "received", data: text });
+  });
   page.sockets = sockets;
   page.frames = frames;
   // What the page logs as errors (Converse logs failures there), for
@@ -95,6 +107,11 @@ export async function login(user, { bosh = false, settings = null } = {}) {
   await page.fill("#converse-login-password", `pw-${user}`);
   await page.click("button[type=submit]");
   await page.waitForSelector("converse-roster", { timeout: STEP });
+  // Available to others only once the server has its initial presence
+  // (RFC 6121 §4.2; a message sent to it before goes to its offline
+  // store): the server's copy of that presence back to it (§4.2.2) says so.
+  const own = new RegExp(String.raw`<presence\b(?![^>]*\btype=)[^>]*\bfrom=["']${user}@localhost/`);
+  await waitForFrame(page, "received", (f) => own.test(f), "initial presence back from the server");
   return page;
 }
 
@@ -114,16 +131,33 @@ export function chatBox(page, jid) {
     .first();
 }
 
-/** Opens the one-to-one chat with `jid` on `page` (as webchat.test.js). */
+/** Opens the one-to-one chat with `jid` on `page`, as a user would:
+ * by Converse's own route (`#converse/chat?jid=…`, its routeToChat on
+ * `hashchange`) or, when the contact is in the roster, by clicking it.
+ * The route alone can miss: before Converse has fetched its chats the
+ * open waits, under load for seconds; and in the full-screen (one chat
+ * at a time) view it does not replace a chat already shown. So the route
+ * is set again (a `hashchange` needs a different hash first) and the
+ * contact clicked if there is one, until the chat shows or STEP passes. */
 export async function openChat(page, jid) {
-  // Converse's own route; if the chat does not show (the route can race
-  // with a chat box that an incoming message created), click the contact.
-  await page.evaluate((j) => { location.hash = `converse/chat?jid=${j}`; }, jid);
-  try {
-    await chatBox(page, jid).waitFor({ timeout: 4000 });
-  } catch {
-    await page.locator("converse-roster a", { hasText: jid }).first().click({ timeout: STEP });
-    await chatBox(page, jid).waitFor({ timeout: STEP });
+  const box = chatBox(page, jid);
+  const contact = page.locator("converse-roster a", { hasText: jid }).first();
+  const deadline = Date.now() + STEP;
+  for (;;) {
+    await page.evaluate((j) => {
+      location.hash = "";
+      location.hash = `converse/chat?jid=${j}`;
+    }, jid);
+    try {
+      await box.waitFor({ timeout: 3000 });
+      break;
+    } catch (err) {
+      if (Date.now() > deadline) {
+        const errs = page.errors.length ? `; errors in its console: ${page.errors.slice(-5).join(" | ")}` : "";
+        throw new Error(`${page.who}: the chat with ${jid} did not open within ${STEP} ms${errs}`, { cause: err });
+      }
+    }
+    if (await contact.count()) await contact.click({ timeout: 3000 }).catch(() => {});
   }
   page.chatWith = jid;
 }
@@ -151,7 +185,7 @@ export async function waitForFrame(page, dir, match, what, { since = 0 } = {}) {
     if (f) return f.data;
     if (Date.now() > deadline) {
       const errs = page.errors.length ? `; errors in its console: ${page.errors.slice(-5).join(" | ")}` : "";
-      throw new Error(`${page.who}: no ${what} ${dir} over the WebSocket within ${STEP} ms${errs}`);
+      throw new Error(`${page.who}: no ${what} ${dir} within ${STEP} ms${errs}`);
     }
     await new Promise((r) => setTimeout(r, 100));
   }

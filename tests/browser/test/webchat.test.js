@@ -7,36 +7,9 @@
 // of every page are written to ARTIFACTS when a test fails.
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { URL, STEP, closeBrowser, login, screenshots, waitForText } from "../lib/converse.js";
+import { URL, closeBrowser, login, openChat, say, screenshots, waitForText } from "../lib/converse.js";
 
 after(closeBrowser);
-
-/** The message box of the chat with `jid`, once it is shown. */
-function chatBox(page, jid) {
-  return page
-    .locator(`converse-chat:has(converse-chat-heading[jid="${jid}"]) textarea.chat-textarea:visible`)
-    .first();
-}
-
-async function openChat(page, jid) {
-  // Converse's own route; if the chat does not show (the route can race
-  // with a chat box that an incoming message created), click the contact.
-  await page.evaluate((j) => { location.hash = `converse/chat?jid=${j}`; }, jid);
-  try {
-    await chatBox(page, jid).waitFor({ timeout: 4000 });
-  } catch {
-    await page.locator("converse-roster a", { hasText: jid }).first().click({ timeout: STEP });
-    await chatBox(page, jid).waitFor({ timeout: STEP });
-  }
-  page.chatWith = jid;
-}
-
-/** Sends `text` in the chat last opened with openChat. */
-async function say(page, text) {
-  const box = chatBox(page, page.chatWith);
-  await box.fill(text);
-  await box.press("Enter");
-}
 
 test("browsers chat over WebSocket and BOSH; history survives a new login", { timeout: 120000 }, async (t) => {
   assert.ok(URL, "WEBCHAT_URL is not set (run tests/browser/run.sh)");
