@@ -21,6 +21,7 @@
 //! The namespaces are spelled out here rather than taken from the server,
 //! so that tests check the server against the specification's names.
 
+use crate::stanza::presence;
 use crate::{error_condition, ns, Client};
 use starling_xml::Element;
 
@@ -94,6 +95,20 @@ pub async fn join_with(c: &mut Client, room: &str, nick: &str, extra: &str) -> V
             return got;
         }
     }
+}
+
+/// An entering presence (§7.2.2) to `to` (an occupant JID, room/nick)
+/// with `extra` inside its `<x xmlns=muc>` (a `<password/>`, a
+/// `<history/>`; empty: none), for tests that read the room's answer
+/// themselves, e.g. to a nick it must refuse. `to` is escaped
+/// ([`crate::stanza`]).
+pub fn enter(to: &str, extra: &str) -> String {
+    let x = if extra.is_empty() {
+        format!("<x xmlns='{MUC}'/>")
+    } else {
+        format!("<x xmlns='{MUC}'>{extra}</x>")
+    };
+    presence().to(to).child(&x).to_string()
 }
 
 /// [`join_with`] with nothing inside `<x/>`.

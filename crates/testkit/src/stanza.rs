@@ -171,6 +171,25 @@ pub fn iq_set(to: &str, id: &str, payload: &str) -> String {
     with_to(iq("set", id), to).child(payload).to_string()
 }
 
+/// `<query xmlns='…'>inner</query>` (`inner` as is; empty: a self-closed
+/// `<query/>`), the payload of many iq namespaces (disco, MAM, MUC admin
+/// and owner, MUC Light), to go in [`iq_get`] or [`iq_set`].
+///
+/// ```
+/// use starling_testkit::stanza::{iq_get, query};
+/// assert_eq!(query("jabber:iq:roster", ""), "<query xmlns='jabber:iq:roster'/>");
+/// assert_eq!(
+///     iq_get("", "v1", &query("jabber:iq:version", "<name/>")),
+///     "<iq type='get' id='v1'><query xmlns='jabber:iq:version'><name/></query></iq>"
+/// );
+/// ```
+pub fn query(xmlns: &str, inner: &str) -> String {
+    Stanza::new("query")
+        .attr("xmlns", xmlns)
+        .child(inner)
+        .to_string()
+}
+
 fn with_to(s: Stanza, to: &str) -> Stanza {
     if to.is_empty() {
         s

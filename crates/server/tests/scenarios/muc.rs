@@ -7,11 +7,10 @@
 //! disco answers correctly.
 
 use starling_testkit::muc::{
-    admin_set, body, configure, instant, item, join, join_error, join_with, open_room, room,
+    admin_set, body, configure, enter, instant, item, join, join_error, join_with, open_room, room,
     statuses, MUC, MUC_ADMIN, MUC_OWNER, MUC_USER, SERVICE,
 };
-use starling_testkit::stanza::{iq_get, iq_set};
-use starling_testkit::stanza::{msg, presence};
+use starling_testkit::stanza::{iq, iq_get, iq_set, msg, presence, query};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::time::Duration;
@@ -20,13 +19,7 @@ use std::time::Duration;
 async fn item_jids(c: &mut Client, to: &str) -> Vec<String> {
     let id = format!("items-{}", starling_proto::random_id(6));
     let r = c
-        .iq(
-            &format!(
-                "<iq to='{to}' type='get' id='{id}'><query xmlns='{}'/></iq>",
-                ns::DISCO_ITEMS
-            ),
-            &id,
-        )
+        .iq(&iq_get(to, &id, &query(ns::DISCO_ITEMS, "")), &id)
         .await;
     r.get_child("query", ns::DISCO_ITEMS)
         .unwrap_or_else(|| panic!("no disco#items result: {r}"))
@@ -247,9 +240,13 @@ async fn private_messages_nick_changes_and_leaving() {
     assert_eq!(error_condition(&e).as_deref(), Some("conflict"), "{e}");
 
     // §7.14: leaving; a closed connection leaves too (directed presence).
-    bob.send(&format!(
-        "<presence to='{r}/Robert' type='unavailable'><status>bye</status></presence>"
-    ))
+    bob.send(
+        &presence()
+            .to(&format!("{r}/Robert"))
+            .ty("unavailable")
+            .status("bye")
+            .to_string(),
+    )
     .await;
     let un = alice.recv_until(|e| e.name() == "presence").await;
     assert_eq!(un.attr("type"), Some("unavailable"));
@@ -371,7 +368,11 @@ async fn entering_errors_password_members_ban_nick_full_and_bad_nick() {
     // §9.2: the ban list.
     let l = alice
         .iq(
-            &format!("<iq to='{r3}' type='get' id='bl'><query xmlns='{MUC_ADMIN}'><item affiliation='outcast'/></query></iq>"),
+            &iq_get(
+                &r3,
+                "bl",
+                &query(MUC_ADMIN, "<item affiliation='outcast'/>"),
+            ),
             "bl",
         )
         .await;
@@ -408,7 +409,7 @@ async fn moderated_rooms_visitors_voice_and_kick() {
     // §8.5: the voice list is for moderators.
     let l = bob
         .iq(
-            &format!("<iq to='{r}' type='get' id='vl'><query xmlns='{MUC_ADMIN}'><item role='participant'/></query></iq>"),
+            &iq_get(&r, "vl", &query(MUC_ADMIN, "<item role='participant'/>")),
             "vl",
         )
         .await;
@@ -499,18 +500,10 @@ async fn affiliations_admins_owners_and_the_last_owner() {
     .await;
     assert_eq!(error_condition(&a).as_deref(), Some("not-allowed"), "{a}");
     // Only owners see the owner list and the configuration form (§10.5, §10.2).
-    let f = bob
-        .iq(
-            &format!("<iq to='{r}' type='get' id='cf'><query xmlns='{MUC_OWNER}'/></iq>"),
-            "cf",
-        )
-        .await;
+    let f = bob.iq(&iq_get(&r, "cf", &query(MUC_OWNER, "")), "cf").await;
     assert_eq!(error_condition(&f).as_deref(), Some("forbidden"));
     let f = alice
-        .iq(
-            &format!("<iq to='{r}' type='get' id='cf'><query xmlns='{MUC_OWNER}'/></iq>"),
-            "cf",
-        )
+        .iq(&iq_get(&r, "cf", &query(MUC_OWNER, "")), "cf")
         .await;
     let form = f
         .get_child("query", MUC_OWNER)
@@ -551,7 +544,10 @@ async fn affiliations_admins_owners_and_the_last_owner() {
     assert_eq!(a.attr("type"), Some("result"), "{a}");
     // §9.5: the member list.
     let l = bob
-        .iq(&format!("<iq to='{r}' type='get' id='ml'><query xmlns='{MUC_ADMIN}'><item affiliation='member'/></query></iq>"), "ml")
+        .iq(
+            &iq_get(&r, "ml", &query(MUC_ADMIN, "<item affiliation='member'/>")),
+            "ml",
+        )
         .await;
     let jids: Vec<_> = l
         .get_child("query", MUC_ADMIN)
@@ -571,17 +567,25 @@ async fn destroying_a_room_with_an_alternate_venue() {
     let mut bob = server.login("bob").await;
     join(&mut bob, &r, "Bob").await;
     let d = bob
-        .iq(
-            &format!(
-                "<iq to='{r}' type='set' id='d'><query xmlns='{MUC_OWNER}'><destroy/></query></iq>"
-            ),
-            "d",
-        )
+        .iq(&iq_set(&r, "d", &query(MUC_OWNER, "<destroy/>")), "d")
         .await;
     assert_eq!(error_condition(&d).as_deref(), Some("forbidden"));
     // §10.9
     let d = alice
-        .iq(&format!("<iq to='{r}' type='set' id='d'><query xmlns='{MUC_OWNER}'><destroy jid='{}'><reason>moved</reason></destroy></query></iq>", room("new")), "d")
+        .iq(
+            &iq_set(
+                &r,
+                "d",
+                &query(
+                    MUC_OWNER,
+                    &format!(
+                        "<destroy jid='{}'><reason>moved</reason></destroy>",
+                        room("new")
+                    ),
+                ),
+            ),
+            "d",
+        )
         .await;
     assert_eq!(d.attr("type"), Some("result"), "{d}");
     let p = bob.recv_until(|e| e.name() == "presence").await;
@@ -600,13 +604,7 @@ async fn destroying_a_room_with_an_alternate_venue() {
     );
     // The room is gone: disco answers item-not-found.
     let i = bob
-        .iq(
-            &format!(
-                "<iq to='{r}' type='get' id='i'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
-            "i",
-        )
+        .iq(&iq_get(&r, "i", &query(ns::DISCO_INFO, "")), "i")
         .await;
     assert_eq!(
         error_condition(&i).as_deref(),
@@ -623,10 +621,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     // §6.1: the server lists the service.
     let items = alice
         .iq(
-            &format!(
-                "<iq to='localhost' type='get' id='it'><query xmlns='{}'/></iq>",
-                ns::DISCO_ITEMS
-            ),
+            &iq_get("localhost", "it", &query(ns::DISCO_ITEMS, "")),
             "it",
         )
         .await;
@@ -662,10 +657,7 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     let mut bob = server.login("bob").await;
     let d = bob
         .iq(
-            &format!(
-                "<iq to='{r}/Alice' type='get' id='od'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
+            &iq_get(&format!("{r}/Alice"), "od", &query(ns::DISCO_INFO, "")),
             "od",
         )
         .await;
@@ -674,16 +666,22 @@ async fn discovery_of_the_service_rooms_and_occupants() {
     // comes back from the occupant JID.
     join(&mut bob, &r, "Bob").await;
     alice.barrier_via(&r).await;
-    bob.send(&format!(
-        "<iq to='{r}/Alice' type='get' id='od2'><query xmlns='{}'/></iq>",
-        ns::DISCO_INFO
+    bob.send(&iq_get(
+        &format!("{r}/Alice"),
+        "od2",
+        &query(ns::DISCO_INFO, ""),
     ))
     .await;
     let q = alice.recv_until(|e| e.name() == "iq").await;
     assert_eq!(q.attr("from"), Some(format!("{r}/Bob").as_str()), "{q}");
     let id = q.attr("id").unwrap().to_owned();
     alice
-        .send(&format!("<iq to='{r}/Bob' type='result' id='{id}'><query xmlns='{}'><feature var='x-test'/></query></iq>", ns::DISCO_INFO))
+        .send(
+            &iq("result", &id)
+                .to(&format!("{r}/Bob"))
+                .child(&query(ns::DISCO_INFO, "<feature var='x-test'/>"))
+                .to_string(),
+        )
         .await;
     let a = bob.recv_until(|e| e.name() == "iq").await;
     assert_eq!(a.attr("id"), Some("od2"), "{a}");
@@ -720,7 +718,12 @@ async fn invitations_mediated_direct_and_declined() {
     let mut bob = server.login("bob").await;
     // §7.8.2: mediated.
     alice
-        .send(&format!("<message to='{r}' id='inv'><x xmlns='{MUC_USER}'><invite to='bob@localhost'><reason>come</reason></invite></x></message>"))
+        .send(
+            &msg(&r)
+                .id("inv")
+                .child(&format!("<x xmlns='{MUC_USER}'><invite to='bob@localhost'><reason>come</reason></invite></x>"))
+                .to_string(),
+        )
         .await;
     let m = bob.recv_message().await;
     assert_eq!(m.attr("from"), Some(r.as_str()));
@@ -736,7 +739,12 @@ async fn invitations_mediated_direct_and_declined() {
         Some("come")
     );
     // Declining reaches the inviter.
-    bob.send(&format!("<message to='{r}' id='dec'><x xmlns='{MUC_USER}'><decline to='alice@localhost'><reason>busy</reason></decline></x></message>"))
+    bob.send(
+        &msg(&r)
+            .id("dec")
+            .child(&format!("<x xmlns='{MUC_USER}'><decline to='alice@localhost'><reason>busy</reason></decline></x>"))
+            .to_string(),
+    )
         .await;
     let m = alice.recv_message().await;
     let d = m
@@ -746,7 +754,12 @@ async fn invitations_mediated_direct_and_declined() {
     assert_eq!(d.attr("from"), Some("bob@localhost"));
     // XEP-0249 direct invitations are client to client: they pass through.
     alice
-        .send(&format!("<message to='bob@localhost' id='di'><x xmlns='jabber:x:conference' jid='{r}'/></message>"))
+        .send(
+            &msg("bob@localhost")
+                .id("di")
+                .child(&format!("<x xmlns='jabber:x:conference' jid='{r}'/>"))
+                .to_string(),
+        )
         .await;
     let m = bob.recv_message().await;
     assert_eq!(
@@ -778,9 +791,10 @@ async fn registering_a_nickname_reserves_it() {
     // §7.12: discovering the reserved nick.
     let d = bob
         .iq(
-            &format!(
-                "<iq to='{r}' type='get' id='rn'><query xmlns='{}' node='x-roomuser-item'/></iq>",
-                ns::DISCO_INFO
+            &iq_get(
+                &r,
+                "rn",
+                &format!("<query xmlns='{}' node='x-roomuser-item'/>", ns::DISCO_INFO),
             ),
             "rn",
         )
@@ -889,13 +903,7 @@ async fn persistent_rooms_survive_a_restart_with_history_and_affiliations() {
     );
     // Persistent public rooms are listed even when empty.
     let l = carol
-        .iq(
-            &format!(
-                "<iq to='{SERVICE}' type='get' id='rl'><query xmlns='{}'/></iq>",
-                ns::DISCO_ITEMS
-            ),
-            "rl",
-        )
+        .iq(&iq_get(SERVICE, "rl", &query(ns::DISCO_ITEMS, "")), "rl")
         .await;
     assert!(l.to_string().contains("Forever"), "{l}");
     server.stop().await;
@@ -1018,9 +1026,14 @@ mod room_archive {
                 String::new()
             };
             alice
-                .send(&format!(
-                    "<message to='{r}' type='groupchat' id='m{i}'><body>m{i}</body>{forged}</message>"
-                ))
+                .send(
+                    &msg(&r)
+                        .groupchat()
+                        .id(&format!("m{i}"))
+                        .body(&format!("m{i}"))
+                        .child(&forged)
+                        .to_string(),
+                )
                 .await;
         }
         alice.barrier_via(&r).await;
@@ -1129,7 +1142,7 @@ mod room_archive {
         // §5: metadata; §4.1.5: the form.
         let md = bob
             .iq(
-                &format!("<iq to='{r}' type='get' id='md'><metadata xmlns='{MAM}'/></iq>"),
+                &iq_get(&r, "md", &format!("<metadata xmlns='{MAM}'/>")),
                 "md",
             )
             .await;
@@ -1146,7 +1159,7 @@ mod room_archive {
         );
         let fq = bob
             .iq(
-                &format!("<iq to='{r}' type='get' id='fq'><query xmlns='{MAM}'/></iq>"),
+                &iq_get(&r, "fq", &starling_testkit::stanza::query(MAM, "")),
                 "fq",
             )
             .await;
@@ -1272,6 +1285,12 @@ mod room_archive {
 async fn moderators_retract_messages_leaving_a_tombstone() {
     const MODERATE: &str = "urn:xmpp:message-moderate:1";
     const RETRACT: &str = "urn:xmpp:message-retract:1";
+    // XEP-0425 §3: the request to retract the message of stanza id `id`.
+    let moderate = |id: &str, extra: &str| {
+        format!(
+            "<moderate id='{id}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/>{extra}</moderate>"
+        )
+    };
     let server = TestServer::start().await;
     let mut alice = server.login("alice").await;
     let r = open_room(&mut alice, "modroom", "Alice").await;
@@ -1299,12 +1318,12 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     assert!(f.contains(&MODERATE.to_owned()), "XEP-0425 §2: {f:?}");
     // XEP-0425 §3: a participant may not moderate.
     let e = bob
-        .iq(&format!("<iq to='{r}' type='set' id='mod1'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod1")
+        .iq(&iq_set(&r, "mod1", &moderate(&sid, "")), "mod1")
         .await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
     // An id the room never gave: item-not-found.
     let e = alice
-        .iq(&format!("<iq to='{r}' type='set' id='mod2'><moderate id='0000000000000' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod2")
+        .iq(&iq_set(&r, "mod2", &moderate("0000000000000", "")), "mod2")
         .await;
     assert_eq!(
         error_condition(&e).as_deref(),
@@ -1313,7 +1332,11 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     );
     // The moderator retracts: everyone gets the retraction from the room.
     alice
-        .send(&format!("<iq to='{r}' type='set' id='mod3'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/><reason>spam</reason></moderate></iq>"))
+        .send(&iq_set(
+            &r,
+            "mod3",
+            &moderate(&sid, "<reason>spam</reason>"),
+        ))
         .await;
     let n = bob.recv_message().await;
     assert_eq!(n.attr("from"), Some(r.as_str()), "{n}");
@@ -1366,7 +1389,7 @@ async fn moderators_retract_messages_leaving_a_tombstone() {
     );
     // Retracting it again: it is already gone.
     let e = alice
-        .iq(&format!("<iq to='{r}' type='set' id='mod4'><moderate id='{sid}' xmlns='{MODERATE}'><retract xmlns='{RETRACT}'/></moderate></iq>"), "mod4")
+        .iq(&iq_set(&r, "mod4", &moderate(&sid, "")), "mod4")
         .await;
     assert_eq!(
         error_condition(&e).as_deref(),
@@ -1442,19 +1465,9 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
     assert!(f.contains(&"vcard-temp".to_owned()), "{f:?}");
     // Only owners set it.
     let vcard = "<vCard xmlns='vcard-temp'><PHOTO><TYPE>image/png</TYPE><BINVAL>aGVsbG8=</BINVAL></PHOTO></vCard>";
-    let e = bob
-        .iq(
-            &format!("<iq to='{r}' type='set' id='v1'>{vcard}</iq>"),
-            "v1",
-        )
-        .await;
+    let e = bob.iq(&iq_set(&r, "v1", vcard), "v1").await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
-    let ok = alice
-        .iq(
-            &format!("<iq to='{r}' type='set' id='v2'>{vcard}</iq>"),
-            "v2",
-        )
-        .await;
+    let ok = alice.iq(&iq_set(&r, "v2", vcard), "v2").await;
     assert_eq!(ok.attr("type"), Some("result"), "{ok}");
     // Occupants get the XEP-0153 hash from the room's JID: SHA-1("hello").
     let p = bob.recv_until(|e| e.name() == "presence").await;
@@ -1473,13 +1486,7 @@ async fn owners_set_a_room_avatar_and_occupants_hear_of_it() {
         .await;
     assert!(v.to_string().contains("aGVsbG8="), "{v}");
     let i = bob
-        .iq(
-            &format!(
-                "<iq to='{r}' type='get' id='v4'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
-            "v4",
-        )
+        .iq(&iq_get(&r, "v4", &query(ns::DISCO_INFO, "")), "v4")
         .await;
     assert!(
         i.to_string()
@@ -1510,10 +1517,7 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
     let mut bob = server.login("bob").await;
     // Nicknames: blank, padded, absent.
     for nick in [" ", " padded"] {
-        bob.send(&format!(
-            "<presence to='{r}/{nick}'><x xmlns='{MUC}'/></presence>"
-        ))
-        .await;
+        bob.send(&enter(&format!("{r}/{nick}"), "")).await;
         let e = bob
             .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
             .await;
@@ -1522,8 +1526,7 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
             "{nick:?}: {e}"
         );
     }
-    bob.send(&format!("<presence to='{r}'><x xmlns='{MUC}'/></presence>"))
-        .await;
+    bob.send(&enter(&r, "")).await;
     let e = bob
         .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
         .await;
@@ -1535,9 +1538,13 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
     // An oversized subject (max_subject_len: 1024 characters).
     let long = "s".repeat(1025);
     alice
-        .send(&format!(
-            "<message to='{r}' type='groupchat' id='big'><subject>{long}</subject></message>"
-        ))
+        .send(
+            &msg(&r)
+                .groupchat()
+                .id("big")
+                .child(&format!("<subject>{long}</subject>"))
+                .to_string(),
+        )
         .await;
     let e = alice.recv_message().await;
     assert_eq!(
@@ -1548,15 +1555,30 @@ async fn bad_input_gets_the_right_errors_and_other_rooms_carry_on() {
     // A forged muc#user payload claiming a real JID is not passed on.
     join(&mut bob, &r, "Bob").await;
     alice.barrier_via(&r).await;
-    bob.send(&format!("<message to='{r}' type='groupchat' id='f'><body>hi</body><x xmlns='{MUC_USER}'><item jid='ceo@localhost/desk'/></x></message>"))
-        .await;
+    bob.send(
+        &msg(&r)
+            .groupchat()
+            .id("f")
+            .body("hi")
+            .child(&format!(
+                "<x xmlns='{MUC_USER}'><item jid='ceo@localhost/desk'/></x>"
+            ))
+            .to_string(),
+    )
+    .await;
     let m = alice.recv_message().await;
     assert_eq!(body(&m), "hi");
     assert!(!m.to_string().contains("ceo@localhost"), "{m}");
     // §11.1: a copy bounced by the occupant's server as gone removes the
     // occupant (333); the bounce is not relayed.
     alice.barrier_via(&r).await;
-    bob.send(&format!("<message to='{r}/Alice' type='error' id='x'><error type='cancel'><service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></message>"))
+    bob.send(
+        &msg(&format!("{r}/Alice"))
+            .ty("error")
+            .id("x")
+            .child("<error type='cancel'><service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error>")
+            .to_string(),
+    )
         .await;
     let gone = alice.recv().await;
     assert_eq!(gone.name(), "presence", "no relayed error first: {gone}");
@@ -1641,7 +1663,13 @@ async fn an_acknowledged_group_message_is_in_the_rooms_archive() {
         // XEP-0198: the ack covers the message only once it is durable,
         // here in the room's archive (docs/durability.md).
         alice
-            .send(&format!("<message to='{r}' type='groupchat' id='d{i}'><body>kept {i}</body></message><r xmlns='urn:xmpp:sm:3'/>"))
+            .send(&format!(
+                "{}<r xmlns='urn:xmpp:sm:3'/>",
+                msg(&r)
+                    .groupchat()
+                    .id(&format!("d{i}"))
+                    .body(&format!("kept {i}"))
+            ))
             .await;
         alice.recv_until(|e| e.name() == "a").await;
         let page = server
@@ -1759,7 +1787,7 @@ async fn a_deleted_account_loses_its_affiliations() {
     assert_eq!(item(&p).attr("affiliation"), Some("none"), "{p}");
     let members = alice
         .iq(
-            &format!("<iq to='{r}' type='get' id='mem'><query xmlns='{MUC_ADMIN}'><item affiliation='member'/></query></iq>"),
+            &iq_get(&r, "mem", &query(MUC_ADMIN, "<item affiliation='member'/>")),
             "mem",
         )
         .await;

@@ -3,7 +3,7 @@
 //! each test's comments) and its error cases.
 
 use starling_testkit::muc::{body, room_on};
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{self, msg, presence, query};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
@@ -61,12 +61,12 @@ async fn create(c: &mut Client, name: &str, roomname: &str, members: &[&str]) ->
         .iter()
         .map(|m| format!("<user affiliation='member'>{m}@localhost</user>"))
         .collect();
-    request(
-        c,
-        &format!("<iq to='{}' type='set' id='create-{name}'><query xmlns='{CREATE}'><configuration><roomname>{roomname}</roomname></configuration><occupants>{occ}</occupants></query></iq>", room(name)),
-        &format!("create-{name}"),
-    )
-    .await
+    let id = format!("create-{name}");
+    let payload = query(
+        CREATE,
+        &format!("<configuration><roomname>{roomname}</roomname></configuration><occupants>{occ}</occupants>"),
+    );
+    request(c, &stanza::iq_set(&room(name), &id, &payload), &id).await
 }
 
 /// The next affiliations notification from `room`.
@@ -79,12 +79,7 @@ async fn aff_note(c: &mut Client, room: &str) -> Element {
 }
 
 async fn iq_set(c: &mut Client, to: &str, id: &str, payload: &str) -> Reply {
-    request(
-        c,
-        &format!("<iq to='{to}' type='set' id='{id}'>{payload}</iq>"),
-        id,
-    )
-    .await
+    request(c, &stanza::iq_set(to, id, payload), id).await
 }
 
 /// An iq's reply and what arrived before it (the notifications MUC Light
@@ -131,11 +126,7 @@ async fn request(c: &mut Client, xml: &str, id: &str) -> Reply {
 }
 
 async fn iq_get(c: &mut Client, to: &str, id: &str, payload: &str) -> Element {
-    c.iq(
-        &format!("<iq to='{to}' type='get' id='{id}'>{payload}</iq>"),
-        id,
-    )
-    .await
+    c.iq(&stanza::iq_get(to, id, payload), id).await
 }
 
 /// The rooms of the service `c` is in (disco#items): (jid, name, version).
@@ -234,7 +225,10 @@ async fn the_service_is_discovered_and_rooms_are_created_with_their_members() {
         &mut dave,
         SERVICE,
         "createrandom",
-        &format!("<query xmlns='{CREATE}'><configuration><roomname>Random Cave</roomname></configuration></query>"),
+        &query(
+            CREATE,
+            "<configuration><roomname>Random Cave</roomname></configuration>",
+        ),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -255,7 +249,7 @@ async fn the_service_is_discovered_and_rooms_are_created_with_their_members() {
             &mut dave,
             &room(id),
             id,
-            &format!("<query xmlns='{CREATE}'><occupants>{occ}</occupants></query>"),
+            &query(CREATE, &format!("<occupants>{occ}</occupants>")),
         )
         .await;
         assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{id}: {e}");
@@ -269,13 +263,7 @@ async fn the_service_is_discovered_and_rooms_are_created_with_their_members() {
     )
     .await;
     assert_eq!(e.attr("type"), Some("result"), "{e}");
-    let info = iq_get(
-        &mut dave,
-        &room("c5"),
-        "i5",
-        &format!("<query xmlns='{AFF}'/>"),
-    )
-    .await;
+    let info = iq_get(&mut dave, &room("c5"), "i5", &query(AFF, "")).await;
     let mut u = users(info.get_child("query", AFF).unwrap());
     u.sort();
     assert_eq!(
@@ -323,11 +311,17 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
     // "Sending a message to a room": every member's account, the sender
     // too, from room/sender-bare-jid, with the room's stanza id.
     alice
-        .send(&format!(
-            "<message to='{}' type='groupchat' id='m1'><body>Harpier cries</body><stanza-id xmlns='urn:xmpp:sid:0' by='{}' id='forged'/></message>",
-            room("chat"),
-            room("chat")
-        ))
+        .send(
+            &msg(&room("chat"))
+                .groupchat()
+                .id("m1")
+                .body("Harpier cries")
+                .child(&format!(
+                    "<stanza-id xmlns='urn:xmpp:sid:0' by='{}' id='forged'/>",
+                    room("chat")
+                ))
+                .to_string(),
+        )
         .await;
     let mut ids = Vec::new();
     for c in [&mut alice, &mut bob, &mut bob2] {
@@ -355,9 +349,10 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
     // timer before reading the ping.
     carol.expect_nothing_via(&room("chat")).await;
     carol
-        .send(&format!(
-            "<iq to='{}' type='set' id='mam'><query xmlns='{MAM}' queryid='q1'/></iq>",
-            room("chat")
+        .send(&stanza::iq_set(
+            &room("chat"),
+            "mam",
+            &format!("<query xmlns='{MAM}' queryid='q1'/>"),
         ))
         .await;
     let mut got = Vec::new();
@@ -404,17 +399,14 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
         Some("item-not-found"),
         "{e}"
     );
-    for (id, payload) in [
-        ("u2", format!("<query xmlns='{CONFIG}'/>")),
-        ("u3", format!("<query xmlns='{MAM}'/>")),
-    ] {
+    for (id, payload) in [("u2", query(CONFIG, "")), ("u3", query(MAM, ""))] {
         let t = if id == "u3" { "set" } else { "get" };
         let e = dave
             .iq(
-                &format!(
-                    "<iq to='{}' type='{t}' id='{id}'>{payload}</iq>",
-                    room("chat")
-                ),
+                &stanza::iq(t, id)
+                    .to(&room("chat"))
+                    .child(&payload)
+                    .to_string(),
                 id,
             )
             .await;
@@ -430,7 +422,7 @@ async fn messages_reach_every_members_account_and_the_room_archive() {
         .await;
     let e = bob.recv_message().await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
-    bob.send(&format!("<presence to='{}/bob'/>", room("chat")))
+    bob.send(&presence().to(&format!("{}/bob", room("chat"))).to_string())
         .await;
     // The room ignored the presence before it answered this ping.
     bob.expect_nothing_via(&room("chat")).await;
@@ -452,7 +444,7 @@ async fn room_information_is_versioned() {
         &mut alice,
         &room("info"),
         "g1",
-        &format!("<query xmlns='{CONFIG}'><version/></query>"),
+        &query(CONFIG, "<version/>"),
     )
     .await;
     let q = r
@@ -474,7 +466,7 @@ async fn room_information_is_versioned() {
             &mut alice,
             &room("info"),
             "g2",
-            &format!("<query xmlns='{ns}'><version>{v}</version></query>"),
+            &query(ns, &format!("<version>{v}</version>")),
         )
         .await;
         assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -485,7 +477,7 @@ async fn room_information_is_versioned() {
         &mut alice,
         &room("info"),
         "g3",
-        &format!("<query xmlns='{AFF}'><version>old</version></query>"),
+        &query(AFF, "<version>old</version>"),
     )
     .await;
     let mut u = users(r.get_child("query", AFF).unwrap());
@@ -497,13 +489,7 @@ async fn room_information_is_versioned() {
             ("bob@localhost".to_owned(), "member".to_owned())
         ]
     );
-    let r = iq_get(
-        &mut alice,
-        &room("info"),
-        "g4",
-        &format!("<query xmlns='{INFO}'/>"),
-    )
-    .await;
+    let r = iq_get(&mut alice, &room("info"), "g4", &query(INFO, "")).await;
     let q = r.get_child("query", INFO).unwrap_or_else(|| panic!("{r}"));
     assert_eq!(child_text(q, "version", INFO).as_deref(), Some(v.as_str()));
     assert_eq!(
@@ -541,7 +527,7 @@ async fn configuration_changes_are_announced_with_both_versions() {
         &mut alice,
         &room("conf"),
         "conf2",
-        &format!("<query xmlns='{CONFIG}'><roomname>A Darker Cave</roomname></query>"),
+        &query(CONFIG, "<roomname>A Darker Cave</roomname>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -572,7 +558,7 @@ async fn configuration_changes_are_announced_with_both_versions() {
         &mut alice,
         &room("conf"),
         "subj",
-        &format!("<query xmlns='{CONFIG}'><subject>To be or not to be?</subject></query>"),
+        &query(CONFIG, "<subject>To be or not to be?</subject>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -586,7 +572,7 @@ async fn configuration_changes_are_announced_with_both_versions() {
         &mut bob,
         &room("conf"),
         "c3",
-        &format!("<query xmlns='{CONFIG}'><roomname>Mine</roomname></query>"),
+        &query(CONFIG, "<roomname>Mine</roomname>"),
     )
     .await;
     assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
@@ -609,13 +595,7 @@ async fn configuration_changes_are_announced_with_both_versions() {
             "",
         ),
     ] {
-        let r = iq_set(
-            &mut alice,
-            &room("conf"),
-            id,
-            &format!("<query xmlns='{CONFIG}'>{body}</query>"),
-        )
-        .await;
+        let r = iq_set(&mut alice, &room("conf"), id, &query(CONFIG, &body)).await;
         if cond.is_empty() {
             assert_eq!(r.attr("type"), Some("result"), "{r}");
         } else {
@@ -637,7 +617,7 @@ async fn configuration_changes_are_announced_with_both_versions() {
         &mut bob,
         &room("open"),
         "c8",
-        &format!("<query xmlns='{CONFIG}'><roomname>Bob's</roomname></query>"),
+        &query(CONFIG, "<roomname>Bob's</roomname>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -661,7 +641,7 @@ async fn the_occupant_list_changes_by_the_rules() {
         &mut alice,
         &room("crew"),
         "member1",
-        &format!("<query xmlns='{AFF}'><user affiliation='member'>dave@localhost</user><user affiliation='none'>carol@localhost</user></query>"),
+        &query(AFF, "<user affiliation='member'>dave@localhost</user><user affiliation='none'>carol@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -754,13 +734,7 @@ async fn the_occupant_list_changes_by_the_rules() {
         ),
     ] {
         let c = if who == "alice" { &mut alice } else { &mut bob };
-        let e = iq_set(
-            c,
-            &room("crew"),
-            id,
-            &format!("<query xmlns='{AFF}'>{body}</query>"),
-        )
-        .await;
+        let e = iq_set(c, &room("crew"), id, &query(AFF, body)).await;
         assert_eq!(error_condition(&e).as_deref(), Some(cond), "{id}: {e}");
     }
     // Rule 6: a new owner makes the old one a member.
@@ -768,7 +742,7 @@ async fn the_occupant_list_changes_by_the_rules() {
         &mut alice,
         &room("crew"),
         "own",
-        &format!("<query xmlns='{AFF}'><user affiliation='owner'>bob@localhost</user></query>"),
+        &query(AFF, "<user affiliation='owner'>bob@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -790,7 +764,7 @@ async fn the_occupant_list_changes_by_the_rules() {
         &mut bob,
         &room("crew"),
         "leave1",
-        &format!("<query xmlns='{AFF}'><user affiliation='none'>bob@localhost</user></query>"),
+        &query(AFF, "<user affiliation='none'>bob@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -814,7 +788,7 @@ async fn the_occupant_list_changes_by_the_rules() {
         &mut alice,
         &room("small"),
         "full",
-        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user></query>"),
+        &query(AFF, "<user affiliation='member'>carol@localhost</user>"),
     )
     .await;
     assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
@@ -838,17 +812,17 @@ async fn users_block_rooms_and_inviters() {
         &mut carol,
         SERVICE,
         "block1",
-        &format!("<query xmlns='{BLOCKING}'><room action='deny'>{}</room><user action='deny'>bob@localhost</user></query>", room("one")),
+        &query(
+            BLOCKING,
+            &format!(
+                "<room action='deny'>{}</room><user action='deny'>bob@localhost</user>",
+                room("one")
+            ),
+        ),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
-    let list = iq_get(
-        &mut carol,
-        SERVICE,
-        "getblock1",
-        &format!("<query xmlns='{BLOCKING}'/>"),
-    )
-    .await;
+    let list = iq_get(&mut carol, SERVICE, "getblock1", &query(BLOCKING, "")).await;
     let items: Vec<(String, String, String)> = list
         .get_child("query", BLOCKING)
         .unwrap()
@@ -878,7 +852,7 @@ async fn users_block_rooms_and_inviters() {
         &mut alice,
         &room("one"),
         "blocked1",
-        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user><user affiliation='member'>dave@localhost</user></query>"),
+        &query(AFF, "<user affiliation='member'>carol@localhost</user><user affiliation='member'>dave@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -892,7 +866,7 @@ async fn users_block_rooms_and_inviters() {
         &mut bob,
         &room("two"),
         "blocked2",
-        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user></query>"),
+        &query(AFF, "<user affiliation='member'>carol@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -910,7 +884,13 @@ async fn users_block_rooms_and_inviters() {
         &mut carol,
         SERVICE,
         "unblock1",
-        &format!("<query xmlns='{BLOCKING}'><room action='allow'>{}</room><user action='allow'>zed@localhost</user></query>", room("one")),
+        &query(
+            BLOCKING,
+            &format!(
+                "<room action='allow'>{}</room><user action='allow'>zed@localhost</user>",
+                room("one")
+            ),
+        ),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -918,7 +898,7 @@ async fn users_block_rooms_and_inviters() {
         &mut alice,
         &room("one"),
         "add2",
-        &format!("<query xmlns='{AFF}'><user affiliation='member'>carol@localhost</user></query>"),
+        &query(AFF, "<user affiliation='member'>carol@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -930,13 +910,7 @@ async fn users_block_rooms_and_inviters() {
         ("b3", "<user action='deny'>not a jid</user>"),
         ("b4", ""),
     ] {
-        let e = iq_set(
-            &mut carol,
-            SERVICE,
-            id,
-            &format!("<query xmlns='{BLOCKING}'>{body}</query>"),
-        )
-        .await;
+        let e = iq_set(&mut carol, SERVICE, id, &query(BLOCKING, body)).await;
         assert_eq!(
             error_condition(&e).as_deref(),
             Some("bad-request"),
@@ -965,23 +939,11 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
     bob.barrier_via(&room("doomed")).await;
     alice.barrier_via(&room("doomed")).await;
     // Only the owner may destroy.
-    let e = iq_set(
-        &mut bob,
-        &room("doomed"),
-        "d0",
-        &format!("<query xmlns='{DESTROY}'/>"),
-    )
-    .await;
+    let e = iq_set(&mut bob, &room("doomed"), "d0", &query(DESTROY, "")).await;
     assert_eq!(error_condition(&e).as_deref(), Some("not-allowed"), "{e}");
     // "Destroying a room": each member's own 'none' and the destroy
     // marker, no version.
-    let r = iq_set(
-        &mut alice,
-        &room("doomed"),
-        "destroy1",
-        &format!("<query xmlns='{DESTROY}'/>"),
-    )
-    .await;
+    let r = iq_set(&mut alice, &room("doomed"), "destroy1", &query(DESTROY, "")).await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     for (m, me) in [
         (r.note(&room("doomed")), "alice@localhost"),
@@ -992,13 +954,7 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
         assert!(x.get_child("version", AFF).is_none());
         assert!(m.get_child("x", DESTROY).is_some(), "{m}");
     }
-    let e = iq_get(
-        &mut alice,
-        &room("doomed"),
-        "d2",
-        &format!("<query xmlns='{CONFIG}'/>"),
-    )
-    .await;
+    let e = iq_get(&mut alice, &room("doomed"), "d2", &query(CONFIG, "")).await;
     assert_eq!(
         error_condition(&e).as_deref(),
         Some("item-not-found"),
@@ -1009,10 +965,7 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
     create(&mut alice, "doomed", "Again", &[]).await;
     alice.barrier_via(&room("doomed")).await;
     alice
-        .send(&format!(
-            "<iq to='{}' type='set' id='mam'><query xmlns='{MAM}'/></iq>",
-            room("doomed")
-        ))
+        .send(&stanza::iq_set(&room("doomed"), "mam", &query(MAM, "")))
         .await;
     let mut n = 0;
     loop {
@@ -1029,7 +982,7 @@ async fn rooms_are_destroyed_by_the_owner_or_when_empty() {
         &mut alice,
         &room("doomed"),
         "bye",
-        &format!("<query xmlns='{AFF}'><user affiliation='none'>alice@localhost</user></query>"),
+        &query(AFF, "<user affiliation='none'>alice@localhost</user>"),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -1089,7 +1042,7 @@ async fn groups_are_in_the_inbox_and_rooms_outlive_their_task() {
         &mut bob,
         &room("team"),
         "v",
-        &format!("<query xmlns='{CONFIG}'><version>{v}</version></query>"),
+        &query(CONFIG, &format!("<version>{v}</version>")),
     )
     .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -1142,13 +1095,7 @@ async fn a_deleted_account_leaves_its_rooms() {
         assert!(x.get_child("prev-version", AFF).is_some(), "{m}");
     }
     assert_eq!(heirs, 2, "both are told of the one new owner");
-    let list = iq_get(
-        &mut bob,
-        &room("club"),
-        "aff",
-        &format!("<query xmlns='{AFF}'/>"),
-    )
-    .await;
+    let list = iq_get(&mut bob, &room("club"), "aff", &query(AFF, "")).await;
     let q = list
         .get_child("query", AFF)
         .unwrap_or_else(|| panic!("{list}"));
@@ -1162,13 +1109,7 @@ async fn a_deleted_account_leaves_its_rooms() {
     // A new account with the same name is a stranger to the club.
     let mut again = server.login("alice").await;
     assert!(my_rooms(&mut again).await.is_empty());
-    let e = iq_get(
-        &mut again,
-        &room("club"),
-        "cfg",
-        &format!("<query xmlns='{CONFIG}'/>"),
-    )
-    .await;
+    let e = iq_get(&mut again, &room("club"), "cfg", &query(CONFIG, "")).await;
     assert_eq!(
         error_condition(&e).as_deref(),
         Some("item-not-found"),

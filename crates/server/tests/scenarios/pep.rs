@@ -10,6 +10,7 @@ use base64::Engine;
 use sha1::Digest;
 use starling_testkit::pubsub::{self, app_error, item_ids, no_event, EVENT, OWNER, PUBSUB};
 use starling_testkit::roster::{self, Subscription};
+use starling_testkit::stanza::{iq, iq_get, iq_set, presence, query};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
@@ -56,9 +57,11 @@ async fn announce(c: &mut Client, features: &[&str], lie: bool) -> bool {
 async fn announce_with(c: &mut Client, features: &[&str], lie: bool) -> (bool, Vec<Element>) {
     let mut seen = Vec::new();
     let (ver, xml) = disco_info(features);
-    c.send(&format!(
-        "<presence><c xmlns='http://jabber.org/protocol/caps' hash='sha-1' node='https://starling.test' ver='{ver}'/></presence>"
-    ))
+    c.send(
+        &presence()
+            .child(&format!("<c xmlns='http://jabber.org/protocol/caps' hash='sha-1' node='https://starling.test' ver='{ver}'/>"))
+            .to_string(),
+    )
     .await;
     let mut asked = false;
     for el in c.barrier().await {
@@ -76,12 +79,15 @@ async fn announce_with(c: &mut Client, features: &[&str], lie: bool) -> (bool, V
             } else {
                 xml.clone()
             };
-            c.send(&format!(
-                "<iq type='result' id='{}' to='{}'><query xmlns='{}' node='https://starling.test#{ver}'>{xml}</query></iq>",
-                el.attr("id").unwrap(),
-                el.attr("from").unwrap(),
-                ns::DISCO_INFO
-            ))
+            c.send(
+                &iq("result", el.attr("id").unwrap())
+                    .to(el.attr("from").unwrap())
+                    .child(&format!(
+                        "<query xmlns='{}' node='https://starling.test#{ver}'>{xml}</query>",
+                        ns::DISCO_INFO
+                    ))
+                    .to_string(),
+            )
             .await;
             asked = true;
             continue;
@@ -152,10 +158,7 @@ async fn accounts_are_pep_services_with_the_publish_features() {
     }
     let r = alice
         .iq(
-            &format!(
-                "<iq type='get' id='di' to='alice@localhost'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
+            &iq_get("alice@localhost", "di", &query(ns::DISCO_INFO, "")),
             "di",
         )
         .await;
@@ -347,12 +350,15 @@ async fn access_models_decide_who_sees_the_items() {
         Some("item-not-found"),
         "{e}"
     );
-    let e = bob
-        .iq(
-            &format!("<iq type='set' id='intrude' to='alice@localhost'><pubsub xmlns='{PUBSUB}'><publish node='urn:x:status'><item><s xmlns='urn:x:status'>pwned</s></item></publish></pubsub></iq>"),
-            "intrude",
-        )
-        .await;
+    let e = pubsub::publish(
+        &mut bob,
+        "alice@localhost",
+        "urn:x:status",
+        "",
+        "<s xmlns='urn:x:status'>pwned</s>",
+        "",
+    )
+    .await;
     assert_eq!(error_condition(&e).as_deref(), Some("forbidden"), "{e}");
     server.stop().await;
 }
@@ -401,30 +407,50 @@ async fn publish_options_items_retract_purge_delete_and_configuration() {
     assert_eq!(error_condition(&e).as_deref(), Some("conflict"), "{e}");
     assert_eq!(app_error(&e).as_deref(), Some("precondition-not-met"));
     // §8.2: the owner reconfigures; lowering max_items trims.
-    let r = alice
-        .iq(&format!("<iq type='get' id='cf'><pubsub xmlns='{OWNER}'><configure node='urn:x:feed'/></pubsub></iq>"), "cf")
-        .await;
+    let r = pubsub::request(
+        &mut alice,
+        "",
+        "get",
+        OWNER,
+        "<configure node='urn:x:feed'/>",
+    )
+    .await;
     assert!(r.to_string().contains("pubsub#max_items"), "{r}");
-    let r = alice
-        .iq(&format!("<iq type='set' id='cs'><pubsub xmlns='{OWNER}'><configure node='urn:x:feed'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>http://jabber.org/protocol/pubsub#node_config</value></field>{}</x></configure></pubsub></iq>", field("pubsub#max_items", "1")), "cs")
-        .await;
+    let r = pubsub::request(
+        &mut alice,
+        "",
+        "set",
+        OWNER,
+        &format!("<configure node='urn:x:feed'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>http://jabber.org/protocol/pubsub#node_config</value></field>{}</x></configure>", field("pubsub#max_items", "1")),
+    )
+    .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     assert_eq!(
         item_ids(&items(&mut alice, "", "urn:x:feed", "").await),
         ["b"]
     );
-    let e = alice
-        .iq(&format!("<iq type='set' id='cs2'><pubsub xmlns='{OWNER}'><configure node='urn:x:feed'><x xmlns='jabber:x:data' type='submit'>{}</x></configure></pubsub></iq>", field("pubsub#access_model", "authorize")), "cs2")
-        .await;
+    let e = pubsub::request(
+        &mut alice,
+        "",
+        "set",
+        OWNER,
+        &format!("<configure node='urn:x:feed'><x xmlns='jabber:x:data' type='submit'>{}</x></configure>", field("pubsub#access_model", "authorize")),
+    )
+    .await;
     assert_eq!(
         error_condition(&e).as_deref(),
         Some("not-acceptable"),
         "{e}"
     );
     // §7.2: retract with notify.
-    let r = alice
-        .iq(&format!("<iq type='set' id='rt'><pubsub xmlns='{PUBSUB}'><retract node='urn:x:feed' notify='true'><item id='b'/></retract></pubsub></iq>"), "rt")
-        .await;
+    let r = pubsub::request(
+        &mut alice,
+        "",
+        "set",
+        PUBSUB,
+        "<retract node='urn:x:feed' notify='true'><item id='b'/></retract>",
+    )
+    .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     let ev = event(&mut bob, "alice@localhost").await;
     let retract = ev
@@ -432,9 +458,14 @@ async fn publish_options_items_retract_purge_delete_and_configuration() {
         .and_then(|i| i.get_child("retract", EVENT))
         .unwrap_or_else(|| panic!("{ev}"));
     assert_eq!(retract.attr("id"), Some("b"));
-    let e = alice
-        .iq(&format!("<iq type='set' id='rt2'><pubsub xmlns='{PUBSUB}'><retract node='urn:x:feed'><item id='b'/></retract></pubsub></iq>"), "rt2")
-        .await;
+    let e = pubsub::request(
+        &mut alice,
+        "",
+        "set",
+        PUBSUB,
+        "<retract node='urn:x:feed'><item id='b'/></retract>",
+    )
+    .await;
     assert_eq!(
         error_condition(&e).as_deref(),
         Some("item-not-found"),
@@ -443,17 +474,13 @@ async fn publish_options_items_retract_purge_delete_and_configuration() {
     // §8.5 purge, §8.4 delete: notified.
     publish(&mut alice, "urn:x:feed", "z", "<e xmlns='urn:x:feed'/>", "").await;
     event(&mut bob, "alice@localhost").await;
-    let r = alice
-        .iq(&format!("<iq type='set' id='pg'><pubsub xmlns='{OWNER}'><purge node='urn:x:feed'/></pubsub></iq>"), "pg")
-        .await;
+    let r = pubsub::request(&mut alice, "", "set", OWNER, "<purge node='urn:x:feed'/>").await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     assert!(event(&mut bob, "alice@localhost")
         .await
         .has_child("purge", EVENT));
     assert!(item_ids(&items(&mut alice, "", "urn:x:feed", "").await).is_empty());
-    let r = alice
-        .iq(&format!("<iq type='set' id='dl'><pubsub xmlns='{OWNER}'><delete node='urn:x:feed'/></pubsub></iq>"), "dl")
-        .await;
+    let r = pubsub::request(&mut alice, "", "set", OWNER, "<delete node='urn:x:feed'/>").await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     assert!(event(&mut bob, "alice@localhost")
         .await
@@ -478,14 +505,8 @@ async fn bad_publish_requests_get_their_errors() {
         ("<publish node='n'><item id='1'><a xmlns='urn:x'/><b xmlns='urn:x'/></item></publish>", "bad-request", "invalid-payload"),
         ("<publish node='n'><item id='1'><a xmlns='urn:x'/></item><item id='2'><a xmlns='urn:x'/></item></publish>", "bad-request", "invalid-payload"),
     ];
-    for (i, (xml, cond, app)) in cases.iter().enumerate() {
-        let id = format!("bad{i}");
-        let e = alice
-            .iq(
-                &format!("<iq type='set' id='{id}'><pubsub xmlns='{PUBSUB}'>{xml}</pubsub></iq>"),
-                &id,
-            )
-            .await;
+    for (xml, cond, app) in &cases {
+        let e = pubsub::request(&mut alice, "", "set", PUBSUB, xml).await;
         assert_eq!(error_condition(&e).as_deref(), Some(*cond), "{xml}: {e}");
         assert_eq!(app_error(&e).as_deref(), Some(*app), "{xml}: {e}");
     }
@@ -530,9 +551,9 @@ async fn private_bookmarks(c: &mut Client, set: Option<&str>) -> Element {
         None => ("get", "<storage xmlns='storage:bookmarks'/>".to_owned()),
     };
     c.iq(
-        &format!(
-            "<iq type='{ty}' id='{rid}'><query xmlns='jabber:iq:private'>{inner}</query></iq>"
-        ),
+        &iq(ty, &rid)
+            .child(&query("jabber:iq:private", &inner))
+            .to_string(),
         &rid,
     )
     .await
@@ -761,7 +782,11 @@ async fn pep_and_vcard_avatars_are_converted_both_ways() {
         .collect();
     let r = carol
         .iq(
-            &format!("<iq type='set' id='vs'><vCard xmlns='vcard-temp'><FN>Carol</FN><PHOTO><TYPE>image/jpeg</TYPE><BINVAL>{jb64}</BINVAL></PHOTO></vCard></iq>"),
+            &iq_set(
+                "",
+                "vs",
+                &format!("<vCard xmlns='vcard-temp'><FN>Carol</FN><PHOTO><TYPE>image/jpeg</TYPE><BINVAL>{jb64}</BINVAL></PHOTO></vCard>"),
+            ),
             "vs",
         )
         .await;
@@ -791,12 +816,14 @@ async fn malformed_forms_and_oversize_items_are_refused() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     // publish-options whose FORM_TYPE is not publish-options.
-    let e = alice
-        .iq(
-            &format!("<iq type='set' id='po'><pubsub xmlns='{PUBSUB}'><publish node='urn:x:a'><item id='1'><a xmlns='urn:x'/></item></publish><publish-options><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>urn:x:wrong</value></field></x></publish-options></pubsub></iq>"),
-            "po",
-        )
-        .await;
+    let e = pubsub::request(
+        &mut alice,
+        "",
+        "set",
+        PUBSUB,
+        "<publish node='urn:x:a'><item id='1'><a xmlns='urn:x'/></item></publish><publish-options><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE' type='hidden'><value>urn:x:wrong</value></field></x></publish-options>",
+    )
+    .await;
     assert_eq!(error_condition(&e).as_deref(), Some("bad-request"), "{e}");
     assert_eq!(app_error(&e).as_deref(), Some("invalid-options"), "{e}");
     // A boolean that is not one.
@@ -825,7 +852,11 @@ async fn malformed_forms_and_oversize_items_are_refused() {
     // An item beyond the stanza size limit ends only the sender's stream.
     let big = "x".repeat(300 * 1024);
     alice
-        .send(&format!("<iq type='set' id='big'><pubsub xmlns='{PUBSUB}'><publish node='urn:x:big'><item id='1'><a xmlns='urn:x'>{big}</a></item></publish></pubsub></iq>"))
+        .send(&iq_set(
+            "",
+            "big",
+            &format!("<pubsub xmlns='{PUBSUB}'><publish node='urn:x:big'><item id='1'><a xmlns='urn:x'>{big}</a></item></publish></pubsub>"),
+        ))
         .await;
     alice.expect_stream_error("policy-violation").await;
     let r = publish(&mut bob, "urn:x:ok", "1", "<a xmlns='urn:x'/>", "").await;

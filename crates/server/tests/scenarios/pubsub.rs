@@ -11,7 +11,7 @@ use starling_testkit::pubsub::{
     self, app_error, event_items, form, item_ids, no_event, no_event_after, request, subids, EVENT,
     NODE_CONFIG, OWNER, PUBSUB, SUB_OPTIONS,
 };
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{msg, query};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
@@ -1841,12 +1841,14 @@ async fn bad_input_is_refused_or_stored_as_given() {
         None,
     );
     // JID addressing is not built; other namespaces are not served.
-    let r = alice
-        .iq(
-            &format!("<iq to='node@{SVC}' type='get' id='j1'><pubsub xmlns='{PUBSUB}'><items node='x'/></pubsub></iq>"),
-            "j1",
-        )
-        .await;
+    let r = request(
+        &mut alice,
+        &format!("node@{SVC}"),
+        "get",
+        PUBSUB,
+        "<items node='x'/>",
+    )
+    .await;
     assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
     let r = request(
         &mut alice,
@@ -1872,14 +1874,7 @@ async fn bad_input_is_refused_or_stored_as_given() {
 
     let server = TestServer::start().await;
     let mut alice = server.login("alice").await;
-    let r = request(
-        &mut alice,
-        SVC,
-        "get",
-        "",
-        &format!("<query xmlns='{}'/>", ns::DISCO_INFO),
-    )
-    .await;
+    let r = request(&mut alice, SVC, "get", "", &query(ns::DISCO_INFO, "")).await;
     assert_eq!(
         error_condition(&r).as_deref(),
         Some("remote-server-not-found"),
