@@ -4,7 +4,7 @@
 //! default (`jabber:client`).
 //!
 //! ```
-//! use starling_testkit::stanza::{iq_get, msg, presence};
+//! use starling_testkit::stanza::{empty, iq_get, iq_set, msg, presence};
 //! assert_eq!(
 //!     msg("bob@localhost").chat().id("m1").body("hi & bye").to_string(),
 //!     "<message to='bob@localhost' type='chat' id='m1'><body>hi &amp; bye</body></message>"
@@ -12,6 +12,10 @@
 //! assert_eq!(
 //!     iq_get("localhost", "p1", "<ping xmlns='urn:xmpp:ping'/>"),
 //!     "<iq type='get' id='p1' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
+//! );
+//! assert_eq!(
+//!     iq_set("", "s1", &empty("enable", "urn:xmpp:carbons:2")),
+//!     "<iq type='set' id='s1'><enable xmlns='urn:xmpp:carbons:2'/></iq>"
 //! );
 //! assert_eq!(presence().to("room@conference.localhost/me").to_string(),
 //!     "<presence to='room@conference.localhost/me'/>");
@@ -159,6 +163,12 @@ pub fn presence() -> Stanza {
 /// payload ([`Stanza::child`]).
 pub fn iq(ty: &str, id: &str) -> Stanza {
     Stanza::new("iq").ty(ty).id(id)
+}
+
+/// A childless element `<name xmlns='xmlns'/>`: the payload of many a
+/// get or set (`empty("prefs", MAM)`), where the element alone is asked.
+pub fn empty(name: &str, xmlns: &str) -> String {
+    format!("<{name} xmlns='{}'/>", escape(xmlns))
 }
 
 /// An iq get with `payload` to `to` (empty: no `to`, the own account).

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 use starling_proto::sasl::Mechanism;
-use starling_testkit::stanza::iq_set;
+use starling_testkit::stanza::{empty, iq, iq_set, presence};
 use starling_testkit::{
     eventually, free_port, http_request as http, poll_for, poll_for_blocking,
     write_binary_config_with_admin, Client, TestServer,
@@ -1711,9 +1711,12 @@ const LOBBY: &str = "lobby@conference.localhost";
 /// Enters `room` as `nick` and reads up to the subject (the end of
 /// entering, XEP-0045 §7.2.15); returns what arrived.
 async fn enter(c: &mut Client, room: &str, nick: &str) -> String {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'/></presence>"
-    ))
+    c.send(
+        &presence()
+            .to(&format!("{room}/{nick}"))
+            .child(&empty("x", MUC))
+            .to_string(),
+    )
     .await;
     let mut got = String::new();
     loop {
@@ -1863,9 +1866,13 @@ async fn admin_rooms_create_join_affiliate_message_and_destroy() {
     // `from`, so a forged request is an occupant's, refused.
     let e = carol
         .iq(
-            &format!(
-                "<iq from='localhost' to='{LOBBY}' type='set' id='forged'><query xmlns='{MUC}#admin'><item affiliation='owner' jid='carol@localhost'/></query></iq>"
-            ),
+            &iq("set", "forged")
+                .attr("from", "localhost")
+                .to(LOBBY)
+                .child(&format!(
+                    "<query xmlns='{MUC}#admin'><item affiliation='owner' jid='carol@localhost'/></query>"
+                ))
+                .to_string(),
             "forged",
         )
         .await;

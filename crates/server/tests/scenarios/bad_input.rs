@@ -2,6 +2,7 @@
 //! error it deserves, only the offending session is affected, and the server
 //! keeps serving everyone else (DESIGN.md invariant 7).
 
+use starling_testkit::stanza::msg;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::time::Duration;
 
@@ -12,11 +13,8 @@ const HEADER: &str = "<?xml version='1.0'?><stream:stream to='localhost' version
 async fn others_still_served(server: &TestServer) {
     let mut a = server.login("witness-a").await;
     let mut b = server.login("witness-b").await;
-    a.send(&format!(
-        "<message to='{}' type='chat'><body>still here</body></message>",
-        b.jid
-    ))
-    .await;
+    a.send(&msg(&b.jid).chat().body("still here").to_string())
+        .await;
     let m = b.recv().await;
     assert_eq!(
         m.get_child("body", ns::CLIENT).unwrap().text(),
@@ -277,11 +275,11 @@ async fn flood_is_throttled_and_others_unaffected() {
     let mut b = server.login("b").await;
     // 512 KiB of headlines (fits in socket buffers), then a ping: at 64 KiB/s
     // the server reaches the ping only after ~7 s.
-    let msg = format!(
+    let headline = format!(
         "<message to='nobody@localhost' type='headline'><body>{}</body></message>",
         "z".repeat(950)
     );
-    let flood: String = std::iter::repeat_n(msg.as_str(), 512).collect();
+    let flood: String = std::iter::repeat_n(headline.as_str(), 512).collect();
     let flood_start = std::time::Instant::now();
     flooder.send(&flood).await;
     flooder
@@ -289,11 +287,8 @@ async fn flood_is_throttled_and_others_unaffected() {
         .await;
     let start = std::time::Instant::now();
     for i in 0..20 {
-        a.send(&format!(
-            "<message to='{}' type='chat'><body>{i}</body></message>",
-            b.jid
-        ))
-        .await;
+        a.send(&msg(&b.jid).chat().body(&i.to_string()).to_string())
+            .await;
         assert_eq!(
             b.recv().await.get_child("body", ns::CLIENT).unwrap().text(),
             i.to_string()

@@ -1,8 +1,8 @@
 //! Blocking Command (XEP-0191) over real sockets.
 
 use starling_testkit::roster::{self, Subscription};
-use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq_get, iq_set, presence};
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -10,7 +10,11 @@ const NS_BLOCKING: &str = "urn:xmpp:blocking";
 async fn block(c: &mut Client, jids: &[&str]) -> starling_testkit::starling_xml::Element {
     let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
     c.iq(
-        &format!("<iq type='set' id='b'><block xmlns='urn:xmpp:blocking'>{items}</block></iq>"),
+        &iq_set(
+            "",
+            "b",
+            &format!("<block xmlns='{NS_BLOCKING}'>{items}</block>"),
+        ),
         "b",
     )
     .await
@@ -19,7 +23,11 @@ async fn block(c: &mut Client, jids: &[&str]) -> starling_testkit::starling_xml:
 async fn unblock(c: &mut Client, jids: &[&str]) -> starling_testkit::starling_xml::Element {
     let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
     c.iq(
-        &format!("<iq type='set' id='u'><unblock xmlns='urn:xmpp:blocking'>{items}</unblock></iq>"),
+        &iq_set(
+            "",
+            "u",
+            &format!("<unblock xmlns='{NS_BLOCKING}'>{items}</unblock>"),
+        ),
         "u",
     )
     .await
@@ -117,7 +125,7 @@ async fn blocked_contact_cannot_reach_user_by_message_presence_or_iq() {
         )
         .await;
     assert_eq!(error_condition(&r).as_deref(), Some("service-unavailable"));
-    bob.send(&format!("<presence to='{}'/>", alice.jid)).await;
+    bob.send(&presence().to(&alice.jid).to_string()).await;
     bob.expect_nothing().await; // no error for presence (and it was routed)
     alice.expect_nothing().await; // and nothing delivered
     server.stop().await;

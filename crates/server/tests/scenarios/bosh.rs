@@ -7,6 +7,7 @@
 //! (`bad-request`), and terminate (§13). Other users are never affected.
 
 use base64::Engine;
+use starling_testkit::stanza::{empty, iq_get, iq_set, msg, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{eventually, ns, TestServer};
 use std::net::SocketAddr;
@@ -153,10 +154,8 @@ async fn bosh_login_and_chat_with_a_tcp_user_both_ways() {
         !held.is_finished(),
         "an empty request is held (long polling)"
     );
-    tcp.send(&format!(
-        "<message to='{full}' type='chat'><body>to bosh</body></message>"
-    ))
-    .await;
+    tcp.send(&msg(&full).chat().body("to bosh").to_string())
+        .await;
     let r = held.await.unwrap();
     let m = r
         .get_child("message", ns::CLIENT)
@@ -374,10 +373,8 @@ async fn a_paused_bosh_session_that_never_returns_resumes_over_tcp() {
         async || (detached.get() == 1).then_some(()),
     )
     .await;
-    bob.send(&format!(
-        "<message to='{full}' type='chat'><body>while paused</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().body("while paused").to_string())
+        .await;
     bob.barrier().await; // queued in the detached session
 
     let mut tcp = starling_testkit::Client::connect(server.starttls_addr()).await;
@@ -454,11 +451,8 @@ async fn a_flooding_bosh_client_is_throttled_and_others_unaffected() {
     throttled.notified().await;
     let start = std::time::Instant::now();
     for i in 0..20 {
-        a.send(&format!(
-            "<message to='{}' type='chat'><body>{i}</body></message>",
-            b.jid
-        ))
-        .await;
+        a.send(&msg(&b.jid).chat().body(&i.to_string()).to_string())
+            .await;
         let m = b.recv_message().await;
         assert_eq!(
             m.get_child("body", ns::CLIENT).map(|b| b.text()),
@@ -490,15 +484,25 @@ async fn room_messages_reach_a_bosh_occupant_whole() {
     let mut carol = server.login("carol").await;
     let room = "lobby@conference.localhost";
     for (c, nick) in [(&mut alice, "alice"), (&mut carol, "carol")] {
-        c.send(&format!(
-            "<presence to='{room}/{nick}'><x xmlns='{MUC}'/></presence>"
-        ))
+        c.send(
+            &presence()
+                .to(&format!("{room}/{nick}"))
+                .child(&empty("x", MUC))
+                .to_string(),
+        )
         .await;
         c.recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
             .await;
         if nick == "alice" {
             let r = c
-                .iq(&format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query></iq>"), "inst")
+                .iq(
+                    &iq_set(
+                        room,
+                        "inst",
+                        &format!("<query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query>"),
+                    ),
+                    "inst",
+                )
                 .await;
             assert_eq!(r.attr("type"), Some("result"), "{r}");
         }
@@ -528,9 +532,13 @@ async fn room_messages_reach_a_bosh_occupant_whole() {
     // The room answers in order: its broadcasts of bob's join came first.
     alice.barrier_via(room).await;
     alice
-        .send(&format!(
-            "<message to='{room}' type='groupchat' id='g1'><body>to all &amp; &lt;you&gt;</body></message>"
-        ))
+        .send(
+            &msg(room)
+                .groupchat()
+                .id("g1")
+                .body("to all & <you>")
+                .to_string(),
+        )
         .await;
     let mut got = None;
     for _ in 0..10 {
@@ -622,16 +630,22 @@ async fn stop_polling_then_resume(
     // Twelve messages of about 6 KiB while the BOSH user does not poll.
     let filler = "m".repeat(6 * 1024);
     for i in 0..12 {
-        a.send(&format!(
-            "<message to='{jid}' type='chat' id='m{i}'><body>{i} {filler}</body></message>"
-        ))
+        a.send(
+            &msg(&jid)
+                .chat()
+                .id(&format!("m{i}"))
+                .body(&format!("{i} {filler}"))
+                .to_string(),
+        )
         .await;
     }
     // Barriers: the bounces are written with or right after these answers.
     let mut bounced = Vec::new();
     for barrier in ["p1", "p2"] {
-        a.send(&format!(
-            "<iq type='get' id='{barrier}' to='localhost'><ping xmlns='urn:xmpp:ping'/></iq>"
+        a.send(&iq_get(
+            "localhost",
+            barrier,
+            "<ping xmlns='urn:xmpp:ping'/>",
         ))
         .await;
         loop {

@@ -3,7 +3,7 @@
 //! no duplicates when a bare-JID message reaches several resources, the
 //! `<private/>` exclusion, the §6.1 eligibility rules and forged carbons.
 
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{empty, iq_get, iq_set, msg};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
 
@@ -16,11 +16,7 @@ fn bare_of(c: &Client) -> String {
 
 async fn set_carbons(c: &mut Client, on: bool, id: &str) -> Element {
     let what = if on { "enable" } else { "disable" };
-    c.iq(
-        &format!("<iq type='set' id='{id}'><{what} xmlns='{NS_CARBONS}'/></iq>"),
-        id,
-    )
-    .await
+    c.iq(&iq_set("", id, &empty(what, NS_CARBONS)), id).await
 }
 
 /// §4: enables carbons and checks the result.
@@ -87,21 +83,12 @@ async fn enable_disable_repeated_are_results_and_feature_advertised() {
     // An enable addressed to the own bare JID is handled too.
     let id = "e3";
     let r = a
-        .iq(
-            &format!(
-                "<iq type='set' id='{id}' to='{}'><enable xmlns='{NS_CARBONS}'/></iq>",
-                bare_of(&a)
-            ),
-            id,
-        )
+        .iq(&iq_set(&bare_of(&a), id, &empty("enable", NS_CARBONS)), id)
         .await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     // A get is not defined: bad-request.
     let r = a
-        .iq(
-            &format!("<iq type='get' id='g1'><enable xmlns='{NS_CARBONS}'/></iq>"),
-            "g1",
-        )
+        .iq(&iq_get("", "g1", &empty("enable", NS_CARBONS)), "g1")
         .await;
     assert_eq!(r.attr("type"), Some("error"), "{r}");
     server.stop().await;
@@ -202,10 +189,13 @@ async fn private_messages_are_not_copied() {
     let (mut a1, mut a2, _a3, mut bob) = setup(&server).await;
     let private = format!("<private xmlns='{NS_CARBONS}'/><no-copy xmlns='urn:xmpp:hints'/>");
     // §8: sending side.
-    a1.send(&format!(
-        "<message to='{}' type='chat'><body>secret out</body>{private}</message>",
-        bob.jid
-    ))
+    a1.send(
+        &msg(&bob.jid)
+            .chat()
+            .body("secret out")
+            .child(&private)
+            .to_string(),
+    )
     .await;
     let m = bob.recv_message().await;
     assert_eq!(body(&m), "secret out");
@@ -213,10 +203,13 @@ async fn private_messages_are_not_copied() {
     assert!(m.has_child("private", NS_CARBONS), "{m}");
     a2.expect_nothing().await;
     // §8: receiving side.
-    bob.send(&format!(
-        "<message to='{}' type='chat'><body>secret in</body>{private}</message>",
-        a1.jid
-    ))
+    bob.send(
+        &msg(&a1.jid)
+            .chat()
+            .body("secret in")
+            .child(&private)
+            .to_string(),
+    )
     .await;
     assert_eq!(body(&a1.recv_message().await), "secret in");
     a2.expect_nothing().await;
@@ -265,11 +258,14 @@ async fn forged_carbons_are_dropped() {
     let server = TestServer::start().await;
     let (mut a1, mut a2, _a3, mut bob) = setup(&server).await;
     let forged = |kind: &str, to: &str| {
-        format!(
-            "<message to='{to}' type='chat'><{kind} xmlns='{NS_CARBONS}'><forwarded xmlns='{NS_FORWARD}'>\
-             <message xmlns='jabber:client' from='juliet@localhost/balcony' to='{to}' type='chat'>\
-             <body>meet me</body></message></forwarded></{kind}></message>"
-        )
+        msg(to)
+            .chat()
+            .child(&format!(
+                "<{kind} xmlns='{NS_CARBONS}'><forwarded xmlns='{NS_FORWARD}'>\
+                 <message xmlns='jabber:client' from='juliet@localhost/balcony' to='{to}' type='chat'>\
+                 <body>meet me</body></message></forwarded></{kind}>"
+            ))
+            .to_string()
     };
     // §11 (the Tybalt example in §7): from another user, to the bare and
     // the full JID, received and sent: never delivered.

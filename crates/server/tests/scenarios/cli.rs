@@ -2,7 +2,7 @@
 //! real process that shuts down gracefully on SIGTERM.
 
 use starling_proto::sasl::Mechanism;
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{empty, iq_get, msg, presence};
 use starling_testkit::{
     eventually, eventually_blocking, free_port, poll_for, write_binary_config, Client,
 };
@@ -1120,10 +1120,7 @@ async fn room_create_list_serve_and_destroy() {
         "{features:?}"
     );
     let form = alice
-        .iq(
-            &format!("<iq to='{lobby}' type='get' id='cf'><query xmlns='{MUC_OWNER}'/></iq>"),
-            "cf",
-        )
+        .iq(&iq_get(lobby, "cf", &empty("query", MUC_OWNER)), "cf")
         .await;
     assert_eq!(
         form.attr("type"),
@@ -1144,9 +1141,12 @@ async fn room_create_list_serve_and_destroy() {
     );
     // Unlocked: the owner enters an existing room (no 201) and talks.
     alice
-        .send(&format!(
-            "<presence to='{lobby}/Alice'><x xmlns='{MUC}'/></presence>"
-        ))
+        .send(
+            &presence()
+                .to(&format!("{lobby}/Alice"))
+                .child(&empty("x", MUC))
+                .to_string(),
+        )
         .await;
     let own = alice
         .recv_until(|e| {
@@ -1176,9 +1176,10 @@ async fn room_create_list_serve_and_destroy() {
     // The hidden room is not in the service's room list.
     let items = alice
         .iq(
-            &format!(
-                "<iq to='conference.localhost' type='get' id='rl'><query xmlns='{}'/></iq>",
-                ns::DISCO_ITEMS
+            &iq_get(
+                "conference.localhost",
+                "rl",
+                &empty("query", ns::DISCO_ITEMS),
             ),
             "rl",
         )
@@ -1191,9 +1192,12 @@ async fn room_create_list_serve_and_destroy() {
         .collect();
     assert_eq!(listed, [lobby], "{items}");
     alice
-        .send(&format!(
-            "<presence to='{lobby}/Alice' type='unavailable'/>"
-        ))
+        .send(
+            &presence()
+                .to(&format!("{lobby}/Alice"))
+                .ty("unavailable")
+                .to_string(),
+        )
         .await;
     // The room has handled the leave (and sent alice her unavailable
     // presence) once it answers her ping.

@@ -13,7 +13,7 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::Config;
 use starling_testkit::stanza::msg;
-use starling_testkit::stanza::{iq_get, iq_set};
+use starling_testkit::stanza::{empty, iq_get, iq_set};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{
     eventually, free_port, muc, ns, poll_for, roster::befriend, Client, TestDatabase, TestServer,
@@ -267,10 +267,7 @@ fn bare(c: &Client) -> String {
 /// The XEP-0430 inbox of `c`: (conversation, unread, entry id) each.
 async fn inbox_entries(c: &mut Client) -> Vec<(String, String, String)> {
     const INBOX: &str = "urn:xmpp:inbox:1";
-    c.send(&format!(
-        "<iq type='get' id='inbq'><inbox xmlns='{INBOX}'/></iq>"
-    ))
-    .await;
+    c.send(&iq_get("", "inbq", &empty("inbox", INBOX))).await;
     let mut entries = Vec::new();
     loop {
         let el = c.recv().await;
@@ -959,12 +956,7 @@ async fn a_subscription_handshake_across_nodes() {
     wait_for(&n1, "omar's entry", |s| entries_of(s, 2) == 1).await;
     for c in [&mut nina, &mut omar] {
         // §2.2: a session that asked for the roster gets its pushes.
-        let r = c
-            .iq(
-                &format!("<iq type='get' id='rg'><query xmlns='{ROSTER}'/></iq>"),
-                "rg",
-            )
-            .await;
+        let r = c.iq(&iq_get("", "rg", &empty("query", ROSTER)), "rg").await;
         assert_eq!(r.attr("type"), Some("result"), "{r}");
     }
     let push_of = |e: &Element| -> Option<(String, String)> {
@@ -1256,12 +1248,7 @@ async fn a_rooms_node_dies_and_its_occupants_enter_again_elsewhere() {
 /// A MUC Light room's version, asked by a member.
 async fn light_version(c: &mut Client, room: &str) -> String {
     const CONFIG: &str = "urn:xmpp:muclight:0#configuration";
-    let r = c
-        .iq(
-            &format!("<iq to='{room}' type='get' id='v'><query xmlns='{CONFIG}'/></iq>"),
-            "v",
-        )
-        .await;
+    let r = c.iq(&iq_get(room, "v", &empty("query", CONFIG)), "v").await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
     r.get_child("query", CONFIG)
         .and_then(|q| q.get_child("version", CONFIG))

@@ -8,7 +8,7 @@
 use sha1::Digest as _;
 use starling_server::modules::component::{ComponentEntry, NS_COMPONENT_ACCEPT};
 use starling_server::modules::Component;
-use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::{iq, iq_get};
 use starling_testkit::stanza::{msg, presence};
 use starling_testkit::starling_xml::{Element, Limits, StreamEvent, StreamHeader, StreamParser};
 use starling_testkit::{error_condition, eventually, free_port, ns, Client, TestServer};
@@ -145,9 +145,13 @@ impl Comp {
     /// its stanzas in order). Returns the elements that came before it.
     async fn barrier(&mut self, domain: &str) -> Vec<Element> {
         let id = format!("barrier-{}", starling_proto::random_id(8));
-        self.send(&format!(
-            "<iq from='{domain}' to='localhost' type='get' id='{id}'><ping xmlns='urn:xmpp:ping'/></iq>"
-        ))
+        self.send(
+            &iq("get", &id)
+                .attr("from", domain)
+                .to("localhost")
+                .child("<ping xmlns='urn:xmpp:ping'/>")
+                .to_string(),
+        )
         .await;
         let mut before = Vec::new();
         loop {
@@ -395,10 +399,14 @@ async fn users_and_the_component_exchange_messages_and_iqs() {
         "kept"
     );
     // The answer, from a JID of the component's domain.
-    gw.send(&format!(
-        "<message from='bob@gw.localhost/irc' to='{}' type='chat' id='r1'><body>hi alice</body></message>",
-        alice.jid
-    ))
+    gw.send(
+        &msg(&alice.jid)
+            .attr("from", "bob@gw.localhost/irc")
+            .chat()
+            .id("r1")
+            .body("hi alice")
+            .to_string(),
+    )
     .await;
     let r = next_message(&mut alice).await;
     assert_eq!(r.attr("from"), Some("bob@gw.localhost/irc"));
@@ -414,12 +422,16 @@ async fn users_and_the_component_exchange_messages_and_iqs() {
     assert!(q.is("iq", NS_COMPONENT_ACCEPT), "{q}");
     assert_eq!(q.attr("type"), Some("get"));
     assert_eq!(q.attr("from"), Some(alice.jid.as_str()));
-    gw.send(&format!(
-        "<iq type='result' id='d1' from='gw.localhost' to='{}'>\
-         <query xmlns='http://jabber.org/protocol/disco#info'>\
-         <identity category='gateway' type='irc' name='IRC'/></query></iq>",
-        alice.jid
-    ))
+    gw.send(
+        &iq("result", "d1")
+            .attr("from", "gw.localhost")
+            .to(&alice.jid)
+            .child(
+                "<query xmlns='http://jabber.org/protocol/disco#info'>\
+                 <identity category='gateway' type='irc' name='IRC'/></query>",
+            )
+            .to_string(),
+    )
     .await;
     let a = alice.recv_until(|e| e.attr("id") == Some("d1")).await;
     assert_eq!(a.attr("type"), Some("result"), "{a}");
@@ -561,10 +573,13 @@ async fn from_outside_its_domain_ends_only_that_stream() {
         .await;
     let m = bot.recv().await;
     assert_eq!(m.attr("id"), Some("ok"));
-    bot.send(&format!(
-        "<message from='x@bot.localhost' to='{}' id='ok2'><body>fine</body></message>",
-        alice.jid
-    ))
+    bot.send(
+        &msg(&alice.jid)
+            .attr("from", "x@bot.localhost")
+            .id("ok2")
+            .body("fine")
+            .to_string(),
+    )
     .await;
     let m = next_message(&mut alice).await;
     assert_eq!(
@@ -878,10 +893,13 @@ async fn on_a_cluster_a_component_serves_users_of_every_node() {
     let m = gw.recv().await;
     assert_eq!(m.attr("id"), Some("n2"), "{m}");
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
-    gw.send(&format!(
-        "<message from='x@gw.localhost' to='{}' id='back'><body>to node 2</body></message>",
-        alice.jid
-    ))
+    gw.send(
+        &msg(&alice.jid)
+            .attr("from", "x@gw.localhost")
+            .id("back")
+            .body("to node 2")
+            .to_string(),
+    )
     .await;
     assert_eq!(next_message(&mut alice).await.attr("id"), Some("back"));
     // An iq request from node 2, answered by the component.
@@ -890,10 +908,12 @@ async fn on_a_cluster_a_component_serves_users_of_every_node() {
         .await;
     let q = gw.recv().await;
     assert_eq!(q.attr("id"), Some("q2"), "{q}");
-    gw.send(&format!(
-        "<iq type='result' id='q2' from='gw.localhost' to='{}'/>",
-        alice.jid
-    ))
+    gw.send(
+        &iq("result", "q2")
+            .attr("from", "gw.localhost")
+            .to(&alice.jid)
+            .to_string(),
+    )
     .await;
     let r = alice.recv_until(|e| e.attr("id") == Some("q2")).await;
     assert_eq!(r.attr("type"), Some("result"), "{r}");
@@ -973,9 +993,13 @@ async fn a_gateway_takes_part_in_roster_subscriptions() {
         };
         assert_eq!(p.attr("from"), Some("alice@localhost"), "{p}");
         assert_eq!(p.attr("to"), Some(contact));
-        gw.send(&format!(
-            "<presence from='{contact}' to='alice@localhost' type='subscribed'/>"
-        ))
+        gw.send(
+            &presence()
+                .attr("from", contact)
+                .to("alice@localhost")
+                .ty("subscribed")
+                .to_string(),
+        )
         .await;
         let push = alice
             .recv_until(|e| {

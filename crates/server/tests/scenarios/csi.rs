@@ -8,7 +8,7 @@ use crate::im_common;
 use im_common::{login_full, set_state, sync, St};
 use starling_proto::sasl::Mechanism;
 use starling_server::modules;
-use starling_testkit::stanza::iq_get;
+use starling_testkit::stanza::{empty, iq_get, msg, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
 
@@ -57,10 +57,8 @@ async fn quiet_sync(c: &mut Client) -> Vec<Element> {
 }
 
 async fn chat_state(bob: &mut Client, to: &str, state: &str) {
-    bob.send(&format!(
-        "<message to='{to}' type='chat'><{state} xmlns='{CHATSTATES}'/></message>"
-    ))
-    .await;
+    bob.send(&msg(to).chat().child(&empty(state, CHATSTATES)).to_string())
+        .await;
 }
 
 #[tokio::test]
@@ -90,8 +88,7 @@ async fn inactive_holds_presence_and_chat_states_newest_per_sender() {
 
     let mut bob = login_full(&server, "bob").await;
     for s in ["away", "dnd", "xa"] {
-        bob.send(&format!("<presence><show>{s}</show></presence>"))
-            .await;
+        bob.send(&presence().show(s).to_string()).await;
     }
     for st in ["composing", "paused", "composing"] {
         chat_state(&mut bob, "alice@localhost", st).await;

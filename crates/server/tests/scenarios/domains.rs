@@ -8,8 +8,8 @@ use starling_proto::sasl::Mechanism;
 use starling_proto::BareJid;
 use starling_server::domains::{apply_setting, validate_name, DomainError};
 use starling_server::tls::CertificateFacts;
-use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{empty, iq_get, iq_set};
 use starling_testkit::{eventually, ns, poll_for, Client, TestServer};
 use std::time::Duration;
 
@@ -619,14 +619,11 @@ async fn domain_disabled_modules_are_off_for_that_domain_only_and_back_at_once()
 
     // Requests to a switched-off module: service-unavailable (RFC 6120
     // §8.3.3.19), for the account and for the server.
-    let q = format!("<iq type='set' id='mq'><query xmlns='{MAM}'/></iq>");
+    let q = iq_set("", "mq", &empty("query", MAM));
     let r = alice.iq(&q, "mq").await;
     assert_eq!(condition(&r).as_deref(), Some("service-unavailable"), "{r}");
     let r = alice
-        .iq(
-            &format!("<iq type='get' id='ib'><inbox xmlns='{INBOX}'/></iq>"),
-            "ib",
-        )
+        .iq(&iq_get("", "ib", &empty("inbox", INBOX)), "ib")
         .await;
     assert_eq!(condition(&r).as_deref(), Some("service-unavailable"), "{r}");
     // The domain's group-chat service does not exist: asked as any

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use starling_core::storage::{RosterItem, Subscription};
+use starling_testkit::stanza::presence;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, Client, TestServer};
 
@@ -153,7 +154,12 @@ pub async fn write_side(server: &TestServer, owner: &str, other: &str, st: St) {
         store.put_item(&o, &item).await.unwrap();
     }
     if pending_in {
-        let xml = format!("<presence xmlns='jabber:client' type='subscribe' from='{c}' to='{o}'/>");
+        let xml = presence()
+            .attr("xmlns", ns::CLIENT)
+            .ty("subscribe")
+            .attr("from", &c.to_string())
+            .to(&o.to_string())
+            .to_string();
         store.put_pending_request(&o, &c, &xml).await.unwrap();
     }
 }

@@ -3,7 +3,8 @@
 //! (XEP-0333) and by MongooseIM's reset iq, filters, paging and totals,
 //! corrections, retractions, and the errors for bad requests.
 
-use starling_testkit::stanza::msg;
+use starling_testkit::mam;
+use starling_testkit::stanza::{empty, iq_get, iq_set, msg};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 
@@ -52,8 +53,10 @@ impl Inbox {
 }
 
 async fn inbox(c: &mut Client, id: &str, attrs: &str, inner: &str) -> Inbox {
-    c.send(&format!(
-        "<iq type='get' id='{id}'><inbox xmlns='{INBOX}' {attrs}>{inner}</inbox></iq>"
+    c.send(&iq_get(
+        "",
+        id,
+        &format!("<inbox xmlns='{INBOX}' {attrs}>{inner}</inbox>"),
     ))
     .await;
     let mut entries = Vec::new();
@@ -178,9 +181,10 @@ async fn unread_counts_follow_messages_and_markers() {
     // MongooseIM's explicit reset.
     let r = alice
         .iq(
-            &format!(
-                "<iq type='set' id='rs'><reset xmlns='{CONV}' jid='{}'/></iq>",
-                bare_of(&bob)
+            &iq_set(
+                "",
+                "rs",
+                &format!("<reset xmlns='{CONV}' jid='{}'/>", bare_of(&bob)),
             ),
             "rs",
         )
@@ -212,10 +216,14 @@ async fn corrections_retractions_paging_and_errors() {
     assert_eq!(i.summary(), [(bare_of(&bob), 1)]);
     assert_eq!(i.entries[0].body.as_deref(), Some("hello"));
     // XEP-0424: retracting the last message leaves its tombstone in the inbox.
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='r'><retract xmlns='urn:xmpp:message-retract:1' id='o2'/><body>retracted</body></message>",
-        bare_of(&alice)
-    ))
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .id("r")
+            .child("<retract xmlns='urn:xmpp:message-retract:1' id='o2'/>")
+            .body("retracted")
+            .to_string(),
+    )
     .await;
     alice.recv_message().await;
     let i = ok_inbox(&mut alice, "r", "", "").await;
@@ -228,13 +236,7 @@ async fn corrections_retractions_paging_and_errors() {
         say(&mut c, &mut alice, &format!("u{n}"), &format!("from {n}")).await;
         others.push(c);
     }
-    let p1 = ok_inbox(
-        &mut alice,
-        "p1",
-        "",
-        &format!("<set xmlns='{RSM}'><max>2</max></set>"),
-    )
-    .await;
+    let p1 = ok_inbox(&mut alice, "p1", "", &mam::max(2, "")).await;
     assert_eq!(
         p1.entries
             .iter()
@@ -248,10 +250,7 @@ async fn corrections_retractions_paging_and_errors() {
         &mut alice,
         "p2",
         "",
-        &format!(
-            "<set xmlns='{RSM}'><max>10</max><after>{}</after></set>",
-            p1.rsm("last").unwrap()
-        ),
+        &mam::max(10, &format!("<after>{}</after>", p1.rsm("last").unwrap())),
     )
     .await;
     assert_eq!(
@@ -268,23 +267,13 @@ async fn corrections_retractions_paging_and_errors() {
     );
     // Bad requests.
     for (id, attrs, inner, cond) in [
-        (
-            "x1",
-            "",
-            format!("<set xmlns='{RSM}'><after>nope</after></set>"),
-            "item-not-found",
-        ),
-        (
-            "x2",
-            "",
-            format!("<set xmlns='{RSM}'><max>many</max></set>"),
-            "bad-request",
-        ),
+        ("x1", "", mam::rsm("<after>nope</after>"), "item-not-found"),
+        ("x2", "", mam::rsm("<max>many</max>"), "bad-request"),
         ("x3", "unread-only='maybe'", String::new(), "bad-request"),
         (
             "x4",
             "",
-            format!("<set xmlns='{RSM}'><index>1</index></set>"),
+            mam::rsm("<index>1</index>"),
             "feature-not-implemented",
         ),
     ] {
@@ -297,21 +286,12 @@ async fn corrections_retractions_paging_and_errors() {
         );
     }
     let r = alice
-        .iq(
-            &format!("<iq type='set' id='rb'><reset xmlns='{CONV}'/></iq>"),
-            "rb",
-        )
+        .iq(&iq_set("", "rb", &empty("reset", CONV)), "rb")
         .await;
     assert_eq!(error_condition(&r).as_deref(), Some("bad-request"));
     // Someone else's inbox.
     let r = bob
-        .iq(
-            &format!(
-                "<iq type='get' id='o' to='{}'><inbox xmlns='{INBOX}'/></iq>",
-                bare_of(&alice)
-            ),
-            "o",
-        )
+        .iq(&iq_get(&bare_of(&alice), "o", &empty("inbox", INBOX)), "o")
         .await;
     assert_eq!(error_condition(&r).as_deref(), Some("forbidden"), "{r}");
     server.stop().await;

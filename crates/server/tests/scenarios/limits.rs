@@ -7,7 +7,7 @@
 
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
-use starling_testkit::stanza::{msg, presence};
+use starling_testkit::stanza::{empty, iq_get, iq_set, msg, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
@@ -221,9 +221,12 @@ const MUC_OWNER: &str = "http://jabber.org/protocol/muc#owner";
 /// Sends the presence that creates (or enters) `room` and returns the
 /// answer that ends it: the subject message, or an error presence.
 async fn create_room(c: &mut Client, room: &str) -> Element {
-    c.send(&format!(
-        "<presence to='{room}@conference.localhost/nick'><x xmlns='{MUC}'/></presence>"
-    ))
+    c.send(
+        &presence()
+            .to(&format!("{room}@conference.localhost/nick"))
+            .child(&empty("x", MUC))
+            .to_string(),
+    )
     .await;
     c.recv_until(|e| {
         (e.name() == "message" && e.has_child("subject", ns::CLIENT))
@@ -248,7 +251,11 @@ async fn leave_room(c: &mut Client, room: &str) {
 async fn make_persistent(c: &mut Client, room: &str) {
     let r = c
         .iq(
-            &format!("<iq to='{room}@conference.localhost' type='set' id='cfg'><query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#roomconfig</value></field><field var='muc#roomconfig_persistentroom'><value>1</value></field></x></query></iq>"),
+            &iq_set(
+                &format!("{room}@conference.localhost"),
+                "cfg",
+                &format!("<query xmlns='{MUC_OWNER}'><x xmlns='jabber:x:data' type='submit'><field var='FORM_TYPE'><value>http://jabber.org/protocol/muc#roomconfig</value></field><field var='muc#roomconfig_persistentroom'><value>1</value></field></x></query>"),
+            ),
             "cfg",
         )
         .await;
@@ -304,8 +311,10 @@ async fn muc_rooms_per_user_count_temporary_and_persistent_and_free_on_destroy()
 const MAM: &str = "urn:xmpp:mam:2";
 
 fn mam_query(id: &str, max: u32) -> String {
-    format!(
-        "<iq type='set' id='{id}'><query xmlns='{MAM}' queryid='{id}'><set xmlns='http://jabber.org/protocol/rsm'><max>{max}</max></set></query></iq>"
+    iq_set(
+        "",
+        id,
+        &format!("<query xmlns='{MAM}' queryid='{id}'><set xmlns='http://jabber.org/protocol/rsm'><max>{max}</max></set></query>"),
     )
 }
 
@@ -370,8 +379,10 @@ const PUBSUB_ERRORS: &str = "http://jabber.org/protocol/pubsub#errors";
 async fn publish_kb(c: &mut Client, node: &str, id: &str) -> Element {
     let data = "a".repeat(1000);
     c.iq(
-        &format!(
-            "<iq type='set' id='pub'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'><data xmlns='urn:example:quota'>{data}</data></item></publish></pubsub></iq>"
+        &iq_set(
+            "",
+            "pub",
+            &format!("<pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'><data xmlns='urn:example:quota'>{data}</data></item></publish></pubsub>"),
         ),
         "pub",
     )
@@ -381,7 +392,11 @@ async fn publish_kb(c: &mut Client, node: &str, id: &str) -> Element {
 async fn item_count(c: &mut Client, node: &str) -> usize {
     let r = c
         .iq(
-            &format!("<iq type='get' id='items'><pubsub xmlns='{PUBSUB}'><items node='{node}'/></pubsub></iq>"),
+            &iq_get(
+                "",
+                "items",
+                &format!("<pubsub xmlns='{PUBSUB}'><items node='{node}'/></pubsub>"),
+            ),
             "items",
         )
         .await;
@@ -416,7 +431,11 @@ async fn pep_publish_over_max_bytes_per_user_is_refused_and_retract_frees_it() {
     assert!(refused.to_string().contains("of 2500 bytes"), "{refused}");
     let missing = alice
         .iq(
-            &format!("<iq type='get' id='items'><pubsub xmlns='{PUBSUB}'><items node='n3'/></pubsub></iq>"),
+            &iq_get(
+                "",
+                "items",
+                &format!("<pubsub xmlns='{PUBSUB}'><items node='n3'/></pubsub>"),
+            ),
             "items",
         )
         .await;
@@ -427,7 +446,13 @@ async fn pep_publish_over_max_bytes_per_user_is_refused_and_retract_frees_it() {
     // Retracting frees its bytes.
     let r = alice
         .iq(
-            &format!("<iq type='set' id='ret'><pubsub xmlns='{PUBSUB}'><retract node='n2'><item id='x'/></retract></pubsub></iq>"),
+            &iq_set(
+                "",
+                "ret",
+                &format!(
+                    "<pubsub xmlns='{PUBSUB}'><retract node='n2'><item id='x'/></retract></pubsub>"
+                ),
+            ),
             "ret",
         )
         .await;
@@ -512,8 +537,10 @@ async fn pubsub_publish_over_max_bytes_per_owner_is_refused_and_retract_frees_it
     let mut bob = server.login("bob").await;
     let publish = |node: &str, id: &str| {
         let data = "a".repeat(1000);
-        format!(
-            "<iq type='set' id='pub' to='pubsub.localhost'><pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'><data xmlns='urn:example:quota'>{data}</data></item></publish></pubsub></iq>"
+        iq_set(
+            "pubsub.localhost",
+            "pub",
+            &format!("<pubsub xmlns='{PUBSUB}'><publish node='{node}'><item id='{id}'><data xmlns='urn:example:quota'>{data}</data></item></publish></pubsub>"),
         )
     };
     // alice's nodes (created by publishing) hold two KB.
@@ -537,7 +564,13 @@ async fn pubsub_publish_over_max_bytes_per_owner_is_refused_and_retract_frees_it
     // Retracting frees the owner's bytes.
     let r = alice
         .iq(
-            &format!("<iq type='set' id='ret' to='pubsub.localhost'><pubsub xmlns='{PUBSUB}'><retract node='a2'><item id='x'/></retract></pubsub></iq>"),
+            &iq_set(
+                "pubsub.localhost",
+                "ret",
+                &format!(
+                    "<pubsub xmlns='{PUBSUB}'><retract node='a2'><item id='x'/></retract></pubsub>"
+                ),
+            ),
             "ret",
         )
         .await;

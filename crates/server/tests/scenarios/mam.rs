@@ -5,7 +5,7 @@
 //! the errors each XEP prescribes for bad queries.
 
 use starling_testkit::mam::{err_query, form, ok_query, rsm, FORWARD as FWD, MAM};
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{empty, iq_get, iq_set, msg};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, eventually, ns, Client, TestServer};
 use std::time::Duration;
@@ -175,10 +175,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
     assert_eq!(count.rsm("count").as_deref(), Some("12"));
     // Metadata (§6).
     let md = bob
-        .iq(
-            &format!("<iq type='get' id='md'><metadata xmlns='{MAM}'/></iq>"),
-            "md",
-        )
+        .iq(&iq_get("", "md", &empty("metadata", MAM)), "md")
         .await;
     let md = md.get_child("metadata", MAM).expect("metadata");
     assert_eq!(
@@ -195,10 +192,7 @@ async fn archived_both_ways_with_stanza_ids_and_paging() {
         .is_some());
     // The query form (§4.1.5) lists every field, ids with an open validate.
     let fr = bob
-        .iq(
-            &format!("<iq type='get' id='form'><query xmlns='{MAM}'/></iq>"),
-            "form",
-        )
+        .iq(&iq_get("", "form", &empty("query", MAM)), "form")
         .await;
     let x = fr
         .get_child("query", MAM)
@@ -378,12 +372,7 @@ async fn what_is_not_archived_and_preferences() {
         .is_some());
 
     // XEP-0441 preferences: default never with an always-list.
-    let pr = bob
-        .iq(
-            &format!("<iq type='get' id='pg'><prefs xmlns='{MAM}'/></iq>"),
-            "pg",
-        )
-        .await;
+    let pr = bob.iq(&iq_get("", "pg", &empty("prefs", MAM)), "pg").await;
     assert_eq!(
         pr.get_child("prefs", MAM).and_then(|p| p.attr("default")),
         Some("always")
@@ -391,7 +380,7 @@ async fn what_is_not_archived_and_preferences() {
     let mut carol = server.login("carol").await;
     let set = bob
         .iq(
-            &format!("<iq type='set' id='ps'><prefs xmlns='{MAM}' default='never'><always><jid>{}</jid></always><never/></prefs></iq>", bare_of(&carol)),
+            &iq_set("", "ps", &format!("<prefs xmlns='{MAM}' default='never'><always><jid>{}</jid></always><never/></prefs>", bare_of(&carol))),
             "ps",
         )
         .await;
@@ -413,7 +402,11 @@ async fn what_is_not_archived_and_preferences() {
     assert!(!p.bodies().contains(&"not kept".to_owned()));
     // Roster mode: carol is not in bob's roster, so nothing is kept.
     bob.iq(
-        &format!("<iq type='set' id='pr'><prefs xmlns='{MAM}' default='roster'/></iq>"),
+        &iq_set(
+            "",
+            "pr",
+            &format!("<prefs xmlns='{MAM}' default='roster'/>"),
+        ),
         "pr",
     )
     .await;
@@ -426,7 +419,11 @@ async fn what_is_not_archived_and_preferences() {
     // Bad preference values.
     let bad = bob
         .iq(
-            &format!("<iq type='set' id='pb'><prefs xmlns='{MAM}' default='sometimes'/></iq>"),
+            &iq_set(
+                "",
+                "pb",
+                &format!("<prefs xmlns='{MAM}' default='sometimes'/>"),
+            ),
             "pb",
         )
         .await;
@@ -440,12 +437,31 @@ async fn retraction_leaves_tombstones_and_only_the_author_may_retract() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     let b = bare_of(&bob);
-    alice.send(&format!("<message to='{b}' type='chat' id='oops'><body>wrong chat</body><origin-id xmlns='{SID}' id='oops-origin'/></message>")).await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .id("oops")
+                .body("wrong chat")
+                .child(&format!("<origin-id xmlns='{SID}' id='oops-origin'/>"))
+                .to_string(),
+        )
+        .await;
     bob.recv_message().await;
     chat(&mut alice, &bare_of(&bob), "keep", "fine").await;
     bob.recv_message().await;
     // XEP-0424 §3: retract by origin id.
-    alice.send(&format!("<message to='{b}' type='chat' id='r1'><retract xmlns='{RETRACT}' id='oops-origin'/><fallback xmlns='urn:xmpp:fallback:0' for='{RETRACT}'/><body>/me retracted a message</body><store xmlns='urn:xmpp:hints'/></message>")).await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .id("r1")
+                .child(&format!("<retract xmlns='{RETRACT}' id='oops-origin'/><fallback xmlns='urn:xmpp:fallback:0' for='{RETRACT}'/>"))
+                .body("/me retracted a message")
+                .child("<store xmlns='urn:xmpp:hints'/>")
+                .to_string(),
+        )
+        .await;
     let r = bob.recv_message().await;
     assert_eq!(
         r.get_child("retract", RETRACT).and_then(|x| x.attr("id")),
@@ -473,10 +489,13 @@ async fn retraction_leaves_tombstones_and_only_the_author_may_retract() {
     }
     // Bob tries to retract alice's message: forbidden, not delivered, and
     // nothing changes in either archive.
-    bob.send(&format!(
-        "<message to='{}' type='chat' id='r2'><retract xmlns='{RETRACT}' id='keep'/></message>",
-        bare_of(&alice)
-    ))
+    bob.send(
+        &msg(&bare_of(&alice))
+            .chat()
+            .id("r2")
+            .child(&format!("<retract xmlns='{RETRACT}' id='keep'/>"))
+            .to_string(),
+    )
     .await;
     let e = bob.recv_message().await;
     assert_eq!(e.attr("type"), Some("error"));
@@ -488,7 +507,16 @@ async fn retraction_leaves_tombstones_and_only_the_author_may_retract() {
     // A forged retraction from carol cannot touch alice's message in bob's
     // archive: only messages from the same bare JID are matched (§6).
     let mut carol = server.login("carol").await;
-    carol.send(&format!("<message to='{b}' type='chat' id='r3'><retract xmlns='{RETRACT}' id='keep'/><body>x</body></message>")).await;
+    carol
+        .send(
+            &msg(&b)
+                .chat()
+                .id("r3")
+                .child(&format!("<retract xmlns='{RETRACT}' id='keep'/>"))
+                .body("x")
+                .to_string(),
+        )
+        .await;
     bob.recv_message().await;
     let p = ok_query(&mut bob, "", "h3", &form(&[("with", &bare_of(&alice))])).await;
     assert_eq!(p.bodies()[1], "fine");
@@ -560,23 +588,11 @@ async fn bad_queries_get_their_errors() {
     );
     // §8: someone else's archive → forbidden.
     let p = bob
-        .iq(
-            &format!(
-                "<iq type='set' id='x' to='{}'><query xmlns='{MAM}'/></iq>",
-                bare_of(&alice)
-            ),
-            "x",
-        )
+        .iq(&iq_set(&bare_of(&alice), "x", &empty("query", MAM)), "x")
         .await;
     assert_eq!(error_condition(&p).as_deref(), Some("forbidden"), "{p}");
     let p = bob
-        .iq(
-            &format!(
-                "<iq type='get' id='y' to='{}'><prefs xmlns='{MAM}'/></iq>",
-                bare_of(&alice)
-            ),
-            "y",
-        )
+        .iq(&iq_get(&bare_of(&alice), "y", &empty("prefs", MAM)), "y")
         .await;
     assert_eq!(error_condition(&p).as_deref(), Some("forbidden"), "{p}");
     // The session survives all of it.
@@ -592,7 +608,15 @@ async fn spoofed_stanza_ids_are_removed_and_offline_messages_are_archived() {
     let mut bob = server.login("bob").await;
     let b = bare_of(&bob);
     // XEP-0359 §5: a stanza-id claiming to be by the recipient is dropped.
-    alice.send(&format!("<message to='{b}' type='chat'><body>x</body><stanza-id xmlns='{SID}' by='{b}' id='forged'/><stanza-id xmlns='{SID}' by='elsewhere.example' id='kept'/></message>")).await;
+    alice
+        .send(
+            &msg(&b)
+                .chat()
+                .body("x")
+                .child(&format!("<stanza-id xmlns='{SID}' by='{b}' id='forged'/><stanza-id xmlns='{SID}' by='elsewhere.example' id='kept'/>"))
+                .to_string(),
+        )
+        .await;
     let m = bob.recv_message().await;
     let ids: Vec<(Option<&str>, Option<&str>)> = m
         .children()
@@ -677,10 +701,16 @@ async fn sent_carbons_carry_the_senders_archive_id_and_recipients_never_see_it()
     assert_eq!(r.attr("type"), Some("result"));
     let alice = bare_of(&a1);
     // A client's own forged stanza-id by alice is removed too.
-    a1.send(&format!(
-        "<message to='{}' type='chat' id='s1'><body>hi</body><stanza-id xmlns='{SID}' by='{alice}' id='forged'/></message>",
-        bare_of(&bob)
-    ))
+    a1.send(
+        &msg(&bare_of(&bob))
+            .chat()
+            .id("s1")
+            .body("hi")
+            .child(&format!(
+                "<stanza-id xmlns='{SID}' by='{alice}' id='forged'/>"
+            ))
+            .to_string(),
+    )
     .await;
     let got = bob.recv_message().await;
     let by: Vec<Option<&str>> = got

@@ -3,6 +3,7 @@
 //! XEP-0440 (channel-binding advertisement), legacy session iq.
 
 use starling_proto::sasl::{ChannelBindingType, Mechanism};
+use starling_testkit::stanza::msg;
 use starling_testkit::{ns, Client, Event, TestServer};
 use std::time::Duration;
 
@@ -519,10 +520,7 @@ async fn metrics_count_sessions_stanzas_and_auth_failures() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat'><body>m</body></message>",
-            bob.jid
-        ))
+        .send(&msg(&bob.jid).chat().body("m").to_string())
         .await;
     bob.recv().await;
     let mut c = Client::connect(server.starttls_addr()).await;
@@ -561,7 +559,13 @@ async fn idle_session_hibernates_parser_and_resumes() {
     // hibernated).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     alice
-        .send(&format!("<message to='{}' type='chat'><body>after nap</body><x xmlns='urn:example:x'/></message>", bob.jid))
+        .send(
+            &msg(&bob.jid)
+                .chat()
+                .body("after nap")
+                .child("<x xmlns='urn:example:x'/>")
+                .to_string(),
+        )
         .await;
     let m = bob.recv().await;
     assert_eq!(m.get_child("body", ns::CLIENT).unwrap().text(), "after nap");

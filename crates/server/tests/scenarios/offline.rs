@@ -570,9 +570,12 @@ async fn stored_messages_come_before_live_ones_when_the_recipient_becomes_availa
                 let mut n = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 200 {
                     alice
-                        .send(&format!(
-                            "<message to='bob@localhost' type='chat'><body>{n:06}</body></message>"
-                        ))
+                        .send(
+                            &msg("bob@localhost")
+                                .chat()
+                                .body(&format!("{n:06}"))
+                                .to_string(),
+                        )
                         .await;
                     n += 1;
                     count.store(n, std::sync::atomic::Ordering::Relaxed);

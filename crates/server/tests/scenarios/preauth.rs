@@ -8,7 +8,7 @@
 //! and after SASL2 (which has none). WebSocket: `websocket.rs`.
 
 use starling_proto::sasl::Mechanism;
-use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq_set, msg};
 use starling_testkit::{bosh_post, ns, Client, TestServer};
 
 const BIND: &str = "http://jabber.org/protocol/httpbind";
@@ -37,9 +37,13 @@ async fn tcp_element_over_preauth_limit_is_refused_until_authenticated() {
     // After TLS, still unauthenticated.
     let mut c = Client::connect(server.starttls_addr()).await;
     c.negotiate_tls().await;
-    c.send(&format!(
-        "<iq type='set' id='r1'><query xmlns='jabber:iq:register'><username>{}</username></query></iq>",
-        filler()
+    c.send(&iq_set(
+        "",
+        "r1",
+        &format!(
+            "<query xmlns='jabber:iq:register'><username>{}</username></query>",
+            filler()
+        ),
     ))
     .await;
     c.expect_stream_error("policy-violation").await;

@@ -6,6 +6,7 @@ use crate::im_common;
 
 use im_common::*;
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::presence;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{Client, TestServer};
 
@@ -152,10 +153,7 @@ async fn directed_presence_is_cleaned_up_when_the_connection_drops() {
     let mut dave = login_full(&server, "dave").await;
     let mut alice = login_full(&server, "alice").await;
     alice
-        .send(&format!(
-            "<presence to='{}'><show>chat</show></presence>",
-            carol.jid
-        ))
+        .send(&presence().to(&carol.jid).show("chat").to_string())
         .await;
     alice.send("<presence to='dave@localhost'/>").await;
     // §4.6.1: directed unavailable removes dave from the list.
@@ -246,7 +244,7 @@ async fn probes_are_answered_by_the_server() {
         .unwrap();
     assert_eq!(text_of(away, "show").as_deref(), Some("away"));
     // Full-JID probe: only that resource, no details.
-    bob.send(&format!("<presence to='{}' type='probe'/>", alice2.jid))
+    bob.send(&presence().to(&alice2.jid).ty("probe").to_string())
         .await;
     let got = sync(&mut bob).await;
     let p = presences(&got, None);

@@ -5,6 +5,7 @@
 use starling_proto::BareJid;
 use starling_server::modules;
 use starling_testkit::roster::{self, Subscription};
+use starling_testkit::stanza::iq_set;
 use starling_testkit::{error_condition, eventually, TestServer};
 use std::time::Duration;
 
@@ -86,8 +87,10 @@ async fn vcard_others_and_oversized_rejected_without_change() {
     let big = "x".repeat(2000);
     let r = alice
         .iq(
-            &format!(
-                "<iq type='set' id='b'><vCard xmlns='vcard-temp'><DESC>{big}</DESC></vCard></iq>"
+            &iq_set(
+                "",
+                "b",
+                &format!("<vCard xmlns='vcard-temp'><DESC>{big}</DESC></vCard>"),
             ),
             "b",
         )
@@ -166,7 +169,14 @@ async fn private_storage_roundtrip_and_errors() {
     assert_eq!(error_condition(&r).as_deref(), Some("not-acceptable"));
     let big = "y".repeat(800);
     let r = alice
-        .iq(&format!("<iq type='set' id='p6'><query xmlns='jabber:iq:private'><prefs xmlns='urn:example:prefs'>{big}</prefs></query></iq>"), "p6")
+        .iq(
+            &iq_set(
+                "",
+                "p6",
+                &format!("<query xmlns='jabber:iq:private'><prefs xmlns='urn:example:prefs'>{big}</prefs></query>"),
+            ),
+            "p6",
+        )
         .await;
     assert_eq!(error_condition(&r).as_deref(), Some("not-acceptable"));
     // Someone else's → forbidden.

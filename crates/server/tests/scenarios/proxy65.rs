@@ -9,6 +9,7 @@ use starling_core::hooks::{Service, ServiceAddress};
 use starling_core::{async_trait, Env};
 use starling_proto::{Jid, Stanza};
 use starling_server::modules::proxy65::{Allowed, Proxy65Config};
+use starling_testkit::stanza::{empty, iq_get, iq_set};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, Client, TestServer};
 use std::net::SocketAddr;
@@ -44,11 +45,7 @@ fn hash(sid: &str, requester: &str, target: &str) -> String {
 
 /// §4: the `<streamhost/>` the proxy returns to `c`, or the error.
 async fn streamhost_reply(c: &mut Client) -> Element {
-    c.iq(
-        &format!("<iq to='{PROXY}' type='get' id='sh'><query xmlns='{BS}'/></iq>"),
-        "sh",
-    )
-    .await
+    c.iq(&iq_get(PROXY, "sh", &empty("query", BS)), "sh").await
 }
 
 /// The proxy's SOCKS5 address, as its streamhost says.
@@ -126,7 +123,11 @@ async fn socks_refused(proxy: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 async fn activate(c: &mut Client, sid: &str, target: &str) -> Element {
     let id = format!("act-{}", starling_proto::random_id(6));
     c.iq(
-        &format!("<iq to='{PROXY}' type='set' id='{id}'><query xmlns='{BS}' sid='{sid}'><activate>{target}</activate></query></iq>"),
+        &iq_set(
+            PROXY,
+            &id,
+            &format!("<query xmlns='{BS}' sid='{sid}'><activate>{target}</activate></query>"),
+        ),
         &id,
     )
     .await
@@ -213,10 +214,7 @@ async fn discovery_lists_the_proxy_with_its_identity_and_streamhost() {
 
     let info = alice
         .iq(
-            &format!(
-                "<iq to='{PROXY}' type='get' id='info'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
+            &iq_get(PROXY, "info", &empty("query", ns::DISCO_INFO)),
             "info",
         )
         .await;
@@ -359,7 +357,11 @@ async fn activation_errors_and_only_the_requester_activates() {
 
     let r = alice
         .iq(
-            &format!("<iq to='{PROXY}' type='set' id='nosid'><query xmlns='{BS}'><activate>{bob_jid}</activate></query></iq>"),
+            &iq_set(
+                PROXY,
+                "nosid",
+                &format!("<query xmlns='{BS}'><activate>{bob_jid}</activate></query>"),
+            ),
             "nosid",
         )
         .await;

@@ -17,8 +17,10 @@ async fn register(
     password: &str,
 ) -> starling_testkit::starling_xml::Element {
     c.iq(
-        &format!(
-            "<iq type='set' id='reg'><query xmlns='jabber:iq:register'><username>{user}</username><password>{password}</password></query></iq>"
+        &iq_set(
+            "",
+            "reg",
+            &format!("<query xmlns='jabber:iq:register'><username>{user}</username><password>{password}</password></query>"),
         ),
         "reg",
     )

@@ -6,7 +6,7 @@ use crate::im_common;
 use im_common::*;
 use starling_core::storage::Subscription;
 use starling_server::modules;
-use starling_testkit::stanza::presence;
+use starling_testkit::stanza::{iq, iq_get, iq_set, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, TestServer};
 
@@ -110,11 +110,14 @@ async fn inbound_table(table: &str, kind: &str, rows: Vec<In>) {
         set_state(&server, &u, &c, row.old).await;
         let mut uc = login_full(&server, &u).await;
         sync(&mut uc).await;
-        let el: Element = format!(
-            "<presence xmlns='jabber:client' from='{c}@localhost' to='{u}@localhost' type='{kind}'/>"
-        )
-        .parse()
-        .unwrap();
+        let el: Element = presence()
+            .attr("xmlns", ns::CLIENT)
+            .attr("from", &format!("{c}@localhost"))
+            .to(&format!("{u}@localhost"))
+            .ty(kind)
+            .to_string()
+            .parse()
+            .unwrap();
         let stanza = starling_proto::Stanza::from_element(el).unwrap();
         server.server.env.route(stanza).await;
         let got = sync(&mut uc).await;
@@ -588,7 +591,7 @@ async fn subscription_spoofing_changes_nothing() {
     // A subscription presence to a full JID is treated as to the bare JID
     // and never delivered raw to that resource.
     mallory
-        .send(&format!("<presence to='{}' type='unsubscribe'/>", bob.jid))
+        .send(&presence().to(&bob.jid).ty("unsubscribe").to_string())
         .await;
     sync(&mut mallory).await;
     let b = sync(&mut bob).await;
@@ -861,9 +864,7 @@ async fn bad_roster_sets_are_rejected_and_change_nothing() {
         let id = format!("bad{i}");
         let r = alice
             .iq(
-                &format!(
-                    "<iq type='set' id='{id}'><query xmlns='jabber:iq:roster'>{items}</query></iq>"
-                ),
+                &iq_set("", &id, &format!("<query xmlns='{ROSTER}'>{items}</query>")),
                 &id,
             )
             .await;
@@ -881,7 +882,10 @@ async fn bad_roster_sets_are_rejected_and_change_nothing() {
     for t in ["get", "set"] {
         let r = alice
             .iq(
-                &format!("<iq type='{t}' id='o{t}' to='bob@localhost'><query xmlns='jabber:iq:roster'><item jid='a@localhost'/></query></iq>"),
+                &iq(t, &format!("o{t}"))
+                    .to("bob@localhost")
+                    .child("<query xmlns='jabber:iq:roster'><item jid='a@localhost'/></query>")
+                    .to_string(),
                 &format!("o{t}"),
             )
             .await;
@@ -914,7 +918,11 @@ async fn roster_size_limit() {
     for j in ["a@localhost", "b@localhost"] {
         let r = alice
             .iq(
-                &format!("<iq type='set' id='{j}'><query xmlns='jabber:iq:roster'><item jid='{j}'/></query></iq>"),
+                &iq_set(
+                    "",
+                    j,
+                    &format!("<query xmlns='{ROSTER}'><item jid='{j}'/></query>"),
+                ),
                 j,
             )
             .await;
@@ -988,7 +996,7 @@ async fn roster_versioning() {
     // Same version → empty result (no query), no pushes.
     let r = alice
         .iq(
-            &format!("<iq type='get' id='v1'><query xmlns='jabber:iq:roster' ver='{ver}'/></iq>"),
+            &iq_get("", "v1", &format!("<query xmlns='{ROSTER}' ver='{ver}'/>")),
             "v1",
         )
         .await;
@@ -1013,8 +1021,10 @@ async fn roster_versioning() {
         .to_owned();
     let mut later = login_full(&server, "alice").await;
     later
-        .send(&format!(
-            "<iq type='get' id='v2'><query xmlns='jabber:iq:roster' ver='{ver}'/></iq>"
+        .send(&iq_get(
+            "",
+            "v2",
+            &format!("<query xmlns='{ROSTER}' ver='{ver}'/>"),
         ))
         .await;
     let got = sync(&mut later).await;
@@ -1133,8 +1143,8 @@ async fn simultaneous_mutual_subscriptions_end_both_on_both_sides() {
             let (ja, jb) = (format!("ra{i}@localhost"), format!("rb{i}@localhost"));
             sends.push(async move {
                 let (to_b, to_a) = (
-                    format!("<presence to='{jb}' type='{step}'/>"),
-                    format!("<presence to='{ja}' type='{step}'/>"),
+                    presence().to(&jb).ty(step).to_string(),
+                    presence().to(&ja).ty(step).to_string(),
                 );
                 tokio::join!(a.send(&to_b), b.send(&to_a));
             });

@@ -2,8 +2,8 @@
 //! (server rules), RFC 6121 §8.5 (local user delivery rules).
 
 use starling_server::modules;
-use starling_testkit::stanza::iq_get;
 use starling_testkit::stanza::msg;
+use starling_testkit::stanza::{iq, iq_get, presence};
 use starling_testkit::{error_condition, ns, TestServer};
 
 fn body(el: &starling_testkit::starling_xml::Element) -> String {
@@ -39,10 +39,13 @@ async fn spoofed_from_is_rewritten() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<message from='admin@localhost/console' to='{}' type='chat'><body>trust me</body></message>",
-            bob.jid
-        ))
+        .send(
+            &msg(&bob.jid)
+                .attr("from", "admin@localhost/console")
+                .chat()
+                .body("trust me")
+                .to_string(),
+        )
         .await;
     let m = bob.recv().await;
     assert_eq!(m.attr("from"), Some(alice.jid.as_str()));
@@ -56,10 +59,13 @@ async fn unknown_payloads_pass_through_untouched() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<message to='{}' type='chat'><body>x &amp; y</body><custom xmlns='urn:example:x' a='1'><deep><b>t</b></deep></custom></message>",
-            bob.jid
-        ))
+        .send(
+            &msg(&bob.jid)
+                .chat()
+                .body("x & y")
+                .child("<custom xmlns='urn:example:x' a='1'><deep><b>t</b></deep></custom>")
+                .to_string(),
+        )
         .await;
     let m = bob.recv().await;
     let custom = m
@@ -241,7 +247,7 @@ async fn iq_between_full_jids_and_result_routed_back() {
         .await;
     let q = bob.recv().await;
     assert_eq!(q.attr("from"), Some(alice.jid.as_str()));
-    bob.send(&format!("<iq to='{}' type='result' id='q1'/>", alice.jid))
+    bob.send(&iq("result", "q1").to(&alice.jid).to_string())
         .await;
     let r = alice.recv().await;
     assert_eq!((r.attr("type"), r.attr("id")), (Some("result"), Some("q1")));
@@ -349,10 +355,7 @@ async fn directed_presence_to_full_jid_delivered() {
     let mut alice = server.login("alice").await;
     let mut bob = server.login("bob").await;
     alice
-        .send(&format!(
-            "<presence to='{}'><show>away</show></presence>",
-            bob.jid
-        ))
+        .send(&presence().to(&bob.jid).show("away").to_string())
         .await;
     let p = bob.recv().await;
     assert_eq!(p.name(), "presence");
@@ -427,10 +430,11 @@ async fn server_pings_idle_client_and_drops_silent_one() {
     assert_eq!(ping.attr("from"), Some("localhost"));
     assert_eq!(ping.attr("type"), Some("get"));
     alive
-        .send(&format!(
-            "<iq type='result' id='{}' to='localhost'/>",
-            ping.attr("id").unwrap()
-        ))
+        .send(
+            &iq("result", ping.attr("id").unwrap())
+                .to("localhost")
+                .to_string(),
+        )
         .await;
     silent.recv_until(|e| e.has_child("ping", ns::PING)).await;
     silent.expect_stream_error("connection-timeout").await;

@@ -83,11 +83,8 @@ async fn scram_succeeds_with_the_identity_and_features_and_no_restart() {
         // The stream goes on: bind and chat.
         let jid = c.bind(None).await;
         assert!(jid.starts_with("alice@localhost/"), "{jid}");
-        c.send(&format!(
-            "<message to='{}' type='chat'><body>{mech:?}</body></message>",
-            bob.jid
-        ))
-        .await;
+        c.send(&msg(&bob.jid).chat().body(&format!("{mech:?}")).to_string())
+            .await;
         let m = bob.recv_message().await;
         assert_eq!(m.attr("from"), Some(jid.as_str()));
         c.close().await;

@@ -6,6 +6,7 @@
 
 use base64::Engine;
 use sha1::Digest;
+use starling_testkit::stanza::{empty, iq_get};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{ns, TestServer};
 
@@ -96,7 +97,11 @@ async fn the_server_announces_its_capabilities_and_contact_addresses() {
     // §6.2: the node#ver query answers what the hash was made of.
     let r = alice
         .iq(
-            &format!("<iq type='get' id='caps' to='localhost'><query xmlns='{}' node='{node}#{ver}'/></iq>", ns::DISCO_INFO),
+            &iq_get(
+                "localhost",
+                "caps",
+                &format!("<query xmlns='{}' node='{node}#{ver}'/>", ns::DISCO_INFO),
+            ),
             "caps",
         )
         .await;
@@ -107,10 +112,7 @@ async fn the_server_announces_its_capabilities_and_contact_addresses() {
     // XEP-0157 / XEP-0128: the contact addresses in the plain disco#info.
     let r = alice
         .iq(
-            &format!(
-                "<iq type='get' id='di' to='localhost'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
+            &iq_get("localhost", "di", &empty("query", ns::DISCO_INFO)),
             "di",
         )
         .await;
@@ -135,9 +137,10 @@ async fn the_server_announces_its_capabilities_and_contact_addresses() {
     // Another node is not known.
     let e = alice
         .iq(
-            &format!(
-                "<iq type='get' id='n' to='localhost'><query xmlns='{}' node='{node}#bogus'/></iq>",
-                ns::DISCO_INFO
+            &iq_get(
+                "localhost",
+                "n",
+                &format!("<query xmlns='{}' node='{node}#bogus'/>", ns::DISCO_INFO),
             ),
             "n",
         )
@@ -224,10 +227,7 @@ async fn external_services_list_stun_and_turn_with_credentials() {
     let f = alice.disco_features("localhost").await;
     assert!(f.iter().any(|x| x == NS), "{f:?}");
     let r = alice
-        .iq(
-            &format!("<iq type='get' id='s' to='localhost'><services xmlns='{NS}'/></iq>"),
-            "s",
-        )
+        .iq(&iq_get("localhost", "s", &empty("services", NS)), "s")
         .await;
     let list: Vec<Element> = r
         .get_child("services", NS)
@@ -273,8 +273,10 @@ async fn external_services_list_stun_and_turn_with_credentials() {
     // §3.2: one type only.
     let r = alice
         .iq(
-            &format!(
-                "<iq type='get' id='t' to='localhost'><services xmlns='{NS}' type='turns'/></iq>"
+            &iq_get(
+                "localhost",
+                "t",
+                &format!("<services xmlns='{NS}' type='turns'/>"),
             ),
             "t",
         )
@@ -287,7 +289,14 @@ async fn external_services_list_stun_and_turn_with_credentials() {
     );
     // §3.3: credentials for one service; an unknown one is item-not-found.
     let r = alice
-        .iq(&format!("<iq type='get' id='c' to='localhost'><credentials xmlns='{NS}'><service host='turn.localhost' type='turn'/></credentials></iq>"), "c")
+        .iq(
+            &iq_get(
+                "localhost",
+                "c",
+                &format!("<credentials xmlns='{NS}'><service host='turn.localhost' type='turn'/></credentials>"),
+            ),
+            "c",
+        )
         .await;
     let svc = r
         .get_child("credentials", NS)
@@ -295,7 +304,14 @@ async fn external_services_list_stun_and_turn_with_credentials() {
         .unwrap_or_else(|| panic!("{r}"));
     assert!(svc.attr("password").is_some(), "{r}");
     let e = alice
-        .iq(&format!("<iq type='get' id='u' to='localhost'><credentials xmlns='{NS}'><service host='nope.localhost' type='turn'/></credentials></iq>"), "u")
+        .iq(
+            &iq_get(
+                "localhost",
+                "u",
+                &format!("<credentials xmlns='{NS}'><service host='nope.localhost' type='turn'/></credentials>"),
+            ),
+            "u",
+        )
         .await;
     assert_eq!(
         starling_testkit::error_condition(&e).as_deref(),

@@ -6,6 +6,7 @@
 
 use starling_server::modules::upload::UploadConfig;
 use starling_server::modules::Upload;
+use starling_testkit::stanza::{empty, iq_get};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{error_condition, ns, poll_for, Client, TestServer};
 use std::net::SocketAddr;
@@ -38,7 +39,11 @@ pub(crate) async fn request(
         .map(|t| format!(" content-type='{t}'"))
         .unwrap_or_default();
     c.iq(
-        &format!("<iq to='{SERVICE}' type='get' id='{id}'><request xmlns='{NS}' filename='{filename}' size='{size}'{ct}/></iq>"),
+        &iq_get(
+            SERVICE,
+            &id,
+            &format!("<request xmlns='{NS}' filename='{filename}' size='{size}'{ct}/>"),
+        ),
         &id,
     )
     .await
@@ -233,10 +238,7 @@ async fn discovery_lists_the_service_with_its_max_file_size() {
     assert!(listed, "{items}");
     let info = alice
         .iq(
-            &format!(
-                "<iq to='{SERVICE}' type='get' id='i2'><query xmlns='{}'/></iq>",
-                ns::DISCO_INFO
-            ),
+            &iq_get(SERVICE, "i2", &empty("query", ns::DISCO_INFO)),
             "i2",
         )
         .await;
@@ -411,7 +413,11 @@ async fn ephemeral_uploads_are_never_served_after_their_deadline() {
     let stamp = starling_proto::datetime::xep0082_datetime(u128::from(deadline) * 1000);
     let ask = |name: &'static str, purpose: String| {
         let id = format!("p-{name}");
-        format!("<iq to='{SERVICE}' type='get' id='{id}'><request xmlns='{NS}' filename='{name}' size='5'>{purpose}</request></iq>")
+        iq_get(
+            SERVICE,
+            &id,
+            &format!("<request xmlns='{NS}' filename='{name}' size='5'>{purpose}</request>"),
+        )
     };
     let ephemeral = |name: &'static str, expire: &str| {
         ask(
@@ -430,17 +436,14 @@ async fn ephemeral_uploads_are_never_served_after_their_deadline() {
             &slot(
                 &mut alice,
                 "blog.jpg",
-                ask("blog.jpg", format!("<permanent xmlns='{PURPOSE}'/>")),
+                ask("blog.jpg", empty("permanent", PURPOSE)),
             )
             .await,
         )
         .0,
     );
     for (name, req) in [
-        (
-            "none.jpg",
-            ask("none.jpg", format!("<ephemeral xmlns='{PURPOSE}'/>")),
-        ),
+        ("none.jpg", ask("none.jpg", empty("ephemeral", PURPOSE))),
         ("bad.jpg", ephemeral("bad.jpg", "tomorrow")),
         ("past.jpg", ephemeral("past.jpg", "2020-01-01T00:00:00Z")),
     ] {

@@ -8,6 +8,7 @@
 
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
+use starling_testkit::stanza::{empty, iq_set, msg, presence};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{eventually, ns, Client, Event, TestServer, Transport};
 use std::time::Duration;
@@ -148,19 +149,19 @@ async fn websocket_and_tcp_users_chat_both_ways_over_ws_and_wss() {
         );
         probe.close().await;
 
-        web.send(&format!(
-            "<message to='{}' type='chat' id='w1'><body>from the web</body></message>",
-            tcp.jid
-        ))
+        web.send(
+            &msg(&tcp.jid)
+                .chat()
+                .id("w1")
+                .body("from the web")
+                .to_string(),
+        )
         .await;
         let m = tcp.recv_message().await;
         assert_eq!(body(&m), "from the web");
         assert_eq!(m.attr("from"), Some(web.jid.as_str()));
-        tcp.send(&format!(
-            "<message to='{}' type='chat' id='t1'><body>from tcp</body></message>",
-            web.jid
-        ))
-        .await;
+        tcp.send(&msg(&web.jid).chat().id("t1").body("from tcp").to_string())
+            .await;
         let m = web.recv_message().await;
         assert_eq!(body(&m), "from tcp");
         // An iq round trip, answered by the server.
@@ -277,17 +278,13 @@ async fn a_websocket_session_resumes_over_tcp() {
     let enabled = web.recv_until(|e| e.is("enabled", SM)).await;
     let id = enabled.attr("id").expect("resumption id").to_owned();
     let full = web.jid.clone();
-    bob.send(&format!(
-        "<message to='{full}' type='chat' id='m1'><body>one</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().id("m1").body("one").to_string())
+        .await;
     assert_eq!(body(&web.recv_message().await), "one");
     drop(web); // the browser tab dies: no <close/>, no ack
     until_detached(&server, 1).await;
-    bob.send(&format!(
-        "<message to='{full}' type='chat' id='m2'><body>two</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().id("m2").body("two").to_string())
+        .await;
     bob.barrier().await; // m2 is queued in the detached session
 
     let mut tcp = Client::connect(server.starttls_addr()).await;
@@ -324,17 +321,13 @@ async fn a_tcp_session_resumes_over_websocket() {
     let enabled = tcp.recv_until(|e| e.is("enabled", SM)).await;
     let id = enabled.attr("id").expect("resumption id").to_owned();
     let full = tcp.jid.clone();
-    bob.send(&format!(
-        "<message to='{full}' type='chat' id='m1'><body>one &amp; &lt;only&gt;</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().id("m1").body("one & <only>").to_string())
+        .await;
     assert_eq!(body(&tcp.recv_message().await), "one & <only>");
     drop(tcp); // no </stream:stream>, no ack
     until_detached(&server, 1).await;
-    bob.send(&format!(
-        "<message to='{full}' type='chat' id='m2'><body>two</body></message>"
-    ))
-    .await;
+    bob.send(&msg(&full).chat().id("m2").body("two").to_string())
+        .await;
     bob.barrier().await; // m2 is queued in the detached session
 
     let mut web = Client::connect_websocket(server.http_addr(false), false).await;
@@ -436,24 +429,21 @@ async fn a_flooding_websocket_client_is_throttled_and_others_unaffected() {
     let mut b = server.login("b").await;
     // 256 KiB of headlines, one per WebSocket message, then a ping: at
     // 64 KiB/s the ping is reached after about 3 s.
-    let msg = format!(
+    let headline = format!(
         "<message xmlns='jabber:client' to='nobody@localhost' type='headline'><body>{}</body></message>",
         "z".repeat(950)
     );
     let flood_start = std::time::Instant::now();
     for _ in 0..256 {
-        flooder.send(&msg).await;
+        flooder.send(&headline).await;
     }
     flooder
         .send("<iq xmlns='jabber:client' to='localhost' type='get' id='after-flood'><ping xmlns='urn:xmpp:ping'/></iq>")
         .await;
     let start = std::time::Instant::now();
     for i in 0..20 {
-        a.send(&format!(
-            "<message to='{}' type='chat'><body>{i}</body></message>",
-            b.jid
-        ))
-        .await;
+        a.send(&msg(&b.jid).chat().body(&i.to_string()).to_string())
+            .await;
         assert_eq!(body(&b.recv().await), i.to_string());
     }
     assert!(
@@ -509,15 +499,25 @@ async fn room_messages_reach_a_websocket_occupant_whole() {
     let mut web = server.login_over("bob", WS).await;
     let room = "lobby@conference.localhost";
     for (c, nick) in [(&mut alice, "alice"), (&mut web, "bob")] {
-        c.send(&format!(
-            "<presence to='{room}/{nick}'><x xmlns='{MUC}'/></presence>"
-        ))
+        c.send(
+            &presence()
+                .to(&format!("{room}/{nick}"))
+                .child(&empty("x", MUC))
+                .to_string(),
+        )
         .await;
         c.recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
             .await;
         if nick == "alice" {
             let r = c
-                .iq(&format!("<iq to='{room}' type='set' id='inst'><query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query></iq>"), "inst")
+                .iq(
+                    &iq_set(
+                        room,
+                        "inst",
+                        &format!("<query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query>"),
+                    ),
+                    "inst",
+                )
                 .await;
             assert_eq!(r.attr("type"), Some("result"), "{r}");
         }
@@ -525,9 +525,13 @@ async fn room_messages_reach_a_websocket_occupant_whole() {
     // The room answers in order: its broadcasts of bob's join came first.
     alice.barrier_via(room).await;
     alice
-        .send(&format!(
-            "<message to='{room}' type='groupchat' id='g1'><body>to all &amp; &lt;you&gt;</body></message>"
-        ))
+        .send(
+            &msg(room)
+                .groupchat()
+                .id("g1")
+                .body("to all & <you>")
+                .to_string(),
+        )
         .await;
     for c in [&mut web, &mut alice] {
         let m = c.recv_message().await;
