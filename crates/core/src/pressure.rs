@@ -1,7 +1,8 @@
 //! Back-pressure from storage to the sockets.
 //!
 //! A write-behind queue that falls behind the database raises the pressure;
-//! while it is raised, sessions stop reading from their sockets (they keep
+//! while it is raised, sessions that have used their quota of stanzas in
+//! this episode of pressure stop reading from their sockets (they keep
 //! delivering what others send them), so senders are slowed down by TCP
 //! flow control instead of the queues growing memory and latency without
 //! bound, or sessions blocking in the middle of routing while their own
@@ -10,7 +11,7 @@
 //!
 //! The check on the hot path is one relaxed atomic load.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
 /// The server-wide pressure gate.
@@ -18,6 +19,9 @@ use tokio::sync::Notify;
 pub struct Pressure {
     /// Sources that are currently over their high-water mark.
     raised: AtomicUsize,
+    /// Counts the times the pressure went up from none: sessions keep
+    /// their per-episode quota of stanzas against it.
+    episode: AtomicU32,
     relieved: Notify,
 }
 
@@ -35,7 +39,17 @@ impl Pressure {
     /// One source went over its high-water mark. Each `raise` is matched by
     /// exactly one [`Pressure::lower`] from the same source.
     pub fn raise(&self) {
-        self.raised.fetch_add(1, Ordering::AcqRel);
+        if self.raised.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.episode.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Which episode of pressure this is (or was last): it changes each
+    /// time the pressure rises from none. A session under pressure reads
+    /// on until it has handled its quota of stanzas in the episode, so a
+    /// person sending now and then is not held up with the flooders.
+    pub fn episode(&self) -> u32 {
+        self.episode.load(Ordering::Relaxed)
     }
 
     /// One source drained below its low-water mark.
@@ -64,6 +78,20 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
+
+    #[test]
+    fn an_episode_starts_when_the_pressure_rises_from_none() {
+        let p = Pressure::new();
+        let first = p.episode();
+        p.raise();
+        assert_eq!(p.episode(), first + 1);
+        p.raise(); // a second source: the same episode
+        p.lower();
+        assert_eq!(p.episode(), first + 1);
+        p.lower();
+        p.raise();
+        assert_eq!(p.episode(), first + 2, "risen again from none");
+    }
 
     #[tokio::test]
     async fn relieved_waits_until_every_source_lowered() {
