@@ -801,6 +801,14 @@ impl Config {
             ));
         }
         match self.storage.backend.as_str() {
+            // A URL with the default backend was meant for PostgreSQL: say
+            // so instead of quietly serving from a new SQLite file.
+            "sqlite" if self.storage.url.is_some() => {
+                return Err(invalid(
+                    "storage.url",
+                    "is for PostgreSQL, but backend is \"sqlite\": add backend = \"postgres\" to [storage], or remove url (SQLite uses path)".into(),
+                ))
+            }
             "sqlite" => {}
             "postgres" => match self.database_url() {
                 None => {
@@ -895,6 +903,18 @@ mod tests {
             .to_string();
         assert!(err.contains("max_stanza_bites"), "{err}");
         assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn a_storage_url_without_the_postgres_backend_is_refused() {
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        let err = parse("[storage]\nurl = \"postgres://u@127.0.0.1/db\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("storage.url"), "{err}");
+        assert!(err.contains("backend = \"postgres\""), "{err}");
+        parse("[storage]\nbackend = \"postgres\"\nurl = \"postgres://u@127.0.0.1/db\"\n")
+            .expect("the two together");
     }
 
     /// Each module parses its own `[modules.<name>]` table into its own
