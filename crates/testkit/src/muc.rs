@@ -81,10 +81,7 @@ pub fn body(m: &Element) -> String {
 /// including the subject message, which ends the entering sequence
 /// (§7.2.15). Panics on an error presence.
 pub async fn join_with(c: &mut Client, room: &str, nick: &str, extra: &str) -> Vec<Element> {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
-    ))
-    .await;
+    c.send(&enter(&format!("{room}/{nick}"), extra)).await;
     let mut got = Vec::new();
     loop {
         let el = c.recv().await;
@@ -119,10 +116,7 @@ pub async fn join(c: &mut Client, room: &str, nick: &str) -> Vec<Element> {
 /// A join that must fail: the condition of the error presence, which must
 /// come from the occupant JID asked for (stanzas before it are skipped).
 pub async fn join_error(c: &mut Client, room: &str, nick: &str, extra: &str) -> String {
-    c.send(&format!(
-        "<presence to='{room}/{nick}'><x xmlns='{MUC}'>{extra}</x></presence>"
-    ))
-    .await;
+    c.send(&enter(&format!("{room}/{nick}"), extra)).await;
     let el = c
         .recv_until(|e| e.name() == "presence" && e.attr("type") == Some("error"))
         .await;

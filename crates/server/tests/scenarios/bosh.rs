@@ -7,7 +7,8 @@
 //! (`bad-request`), and terminate (§13). Other users are never affected.
 
 use base64::Engine;
-use starling_testkit::stanza::{empty, iq_get, iq_set, msg, presence};
+use starling_testkit::muc;
+use starling_testkit::stanza::{iq_get, msg};
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{eventually, ns, TestServer};
 use std::net::SocketAddr;
@@ -483,30 +484,9 @@ async fn room_messages_reach_a_bosh_occupant_whole() {
     let mut alice = server.login("alice").await;
     let mut carol = server.login("carol").await;
     let room = "lobby@conference.localhost";
-    for (c, nick) in [(&mut alice, "alice"), (&mut carol, "carol")] {
-        c.send(
-            &presence()
-                .to(&format!("{room}/{nick}"))
-                .child(&empty("x", MUC))
-                .to_string(),
-        )
-        .await;
-        c.recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
-            .await;
-        if nick == "alice" {
-            let r = c
-                .iq(
-                    &iq_set(
-                        room,
-                        "inst",
-                        &format!("<query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query>"),
-                    ),
-                    "inst",
-                )
-                .await;
-            assert_eq!(r.attr("type"), Some("result"), "{r}");
-        }
-    }
+    muc::join(&mut alice, room, "alice").await;
+    muc::instant(&mut alice, room).await;
+    muc::join(&mut carol, room, "carol").await;
     let (mut b, _) = Bosh::create(server.http_addr(false), 2).await;
     let bob = b.login("bob").await;
     let mut r = b

@@ -8,7 +8,8 @@
 
 use starling_core::SessionTransport;
 use starling_proto::sasl::Mechanism;
-use starling_testkit::stanza::{empty, iq_set, msg, presence};
+use starling_testkit::muc;
+use starling_testkit::stanza::msg;
 use starling_testkit::starling_xml::Element;
 use starling_testkit::{eventually, ns, Client, Event, TestServer, Transport};
 use std::time::Duration;
@@ -493,35 +494,13 @@ async fn an_idle_websocket_session_hibernates_its_parser_and_resumes() {
 /// whole stanza with its namespace (RFC 7395 §3.3.3).
 #[tokio::test]
 async fn room_messages_reach_a_websocket_occupant_whole() {
-    const MUC: &str = "http://jabber.org/protocol/muc";
     let server = TestServer::start().await;
     let mut alice = server.login("alice").await;
     let mut web = server.login_over("bob", WS).await;
     let room = "lobby@conference.localhost";
-    for (c, nick) in [(&mut alice, "alice"), (&mut web, "bob")] {
-        c.send(
-            &presence()
-                .to(&format!("{room}/{nick}"))
-                .child(&empty("x", MUC))
-                .to_string(),
-        )
-        .await;
-        c.recv_until(|e| e.name() == "message" && e.has_child("subject", ns::CLIENT))
-            .await;
-        if nick == "alice" {
-            let r = c
-                .iq(
-                    &iq_set(
-                        room,
-                        "inst",
-                        &format!("<query xmlns='{MUC}#owner'><x xmlns='jabber:x:data' type='submit'/></query>"),
-                    ),
-                    "inst",
-                )
-                .await;
-            assert_eq!(r.attr("type"), Some("result"), "{r}");
-        }
-    }
+    muc::join(&mut alice, room, "alice").await;
+    muc::instant(&mut alice, room).await;
+    muc::join(&mut web, room, "bob").await;
     // The room answers in order: its broadcasts of bob's join came first.
     alice.barrier_via(room).await;
     alice
